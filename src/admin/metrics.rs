@@ -1,0 +1,133 @@
+//! Prometheus metrics, registered once and shared by the proxy and the admin listener.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// Every metric rangeway exports. Names are part of the operator contract (dashboards, alerts).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    response_bytes: IntCounterVec,
+    upstream_errors: IntCounterVec,
+    upstream_ignored_range: IntCounterVec,
+    duration: HistogramVec,
+    active: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new("rangeway_requests_total", "Requests answered, by route and status code."),
+            &["route", "status"],
+        )
+        .expect("valid metric");
+        let response_bytes = IntCounterVec::new(
+            Opts::new(
+                "rangeway_response_body_bytes_total",
+                "Body bytes sent to clients, by route.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "rangeway_upstream_errors_total",
+                "Upstream failures, by route and kind (connect, tls, timeout, io, protocol, bad_range_answer).",
+            ),
+            &["route", "kind"],
+        )
+        .expect("valid metric");
+        let upstream_ignored_range = IntCounterVec::new(
+            Opts::new(
+                "rangeway_upstream_ignored_range_total",
+                "Ranged requests the upstream answered with the whole object, cut by rangeway.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rangeway_request_duration_seconds",
+                "Time from request to the end of the response, by route.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                300.0,
+            ]),
+            &["route"],
+        )
+        .expect("valid metric");
+        let active = IntGauge::new("rangeway_active_downloads", "Responses in flight.")
+            .expect("valid metric");
+        for collector in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(response_bytes.clone()),
+            Box::new(upstream_errors.clone()),
+            Box::new(upstream_ignored_range.clone()),
+            Box::new(duration.clone()),
+            Box::new(active.clone()),
+        ] {
+            registry.register(collector).expect("metric names are unique");
+        }
+        Self {
+            registry,
+            requests,
+            response_bytes,
+            upstream_errors,
+            upstream_ignored_range,
+            duration,
+            active,
+        }
+    }
+
+    pub fn request(&self, route: &str, status: u16, bytes: u64, elapsed: Duration) {
+        self.requests.with_label_values(&[route, &status.to_string()]).inc();
+        self.response_bytes.with_label_values(&[route]).inc_by(bytes);
+        self.duration.with_label_values(&[route]).observe(elapsed.as_secs_f64());
+    }
+
+    pub fn upstream_error(&self, route: &str, kind: &str) {
+        self.upstream_errors.with_label_values(&[route, kind]).inc();
+    }
+
+    pub fn upstream_ignored_range(&self, route: &str) {
+        self.upstream_ignored_range.with_label_values(&[route]).inc();
+    }
+
+    /// Counts a response in flight until the returned guard is dropped.
+    pub fn active_download(&self) -> ActiveDownload {
+        self.active.inc();
+        ActiveDownload(self.active.clone())
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 * 1024);
+        // Encoding into a Vec cannot fail on I/O; a failure would be a bug in a collector.
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Decrements the in-flight gauge when the request's context is dropped, however it ends.
+#[derive(Debug)]
+pub struct ActiveDownload(IntGauge);
+
+impl Drop for ActiveDownload {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

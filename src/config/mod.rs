@@ -1,0 +1,194 @@
+//! rangeway's configuration: a TOML file, overridden by `RANGEWAY__SECTION__KEY` environment
+//! variables, validated in one pass that reports every problem with its path and its fix.
+//!
+//! ```text
+//! routes[1].upstream: no upstream named "orign" — did you mean "origin"? Otherwise define …
+//! server.grace_period: 30 is a bare number, without a unit — write "30s" (or another unit: ...)
+//! ```
+//!
+//! # Sources
+//! The file is read through the `config` crate; then every variable named
+//! `RANGEWAY__<SEGMENT>__<SEGMENT>...` sets the key those segments name, e.g.
+//! `RANGEWAY__SERVER__LISTEN=0.0.0.0:8080` or `RANGEWAY__UPSTREAMS__ORIGIN__URL=http://minio:9000`.
+//! Environment values are text and are read as the file's values would be (`true`, `4`, `"30s"`);
+//! a `redis_url` list is written as a TOML array. A numeric segment addresses an existing array
+//! element (`RANGEWAY__ROUTES__0__UPSTREAM=local`); elements can only be added in the file.
+//!
+//! Variable names are case-insensitive (the `config` crate lowercases them), so a segment matches
+//! a key ignoring case: `RANGEWAY__UPSTREAMS__S3EAST__URL` overrides `[upstreams.S3East]`. Two
+//! upstream names that differ only in case are therefore refused.
+//!
+//! # State
+//! Without `backend`, a `redis_url` selects Redis (someone who wrote one wants shared state); an
+//! explicit `backend = "memory"` wins over a `redis_url`, which is then still checked.
+//!
+//! # Middleware
+//! Entries are kept as [`MiddlewareSpec`]s for the stage registry to parse; the loader only checks
+//! that each has a `kind` the registry knows (`known_kinds`).
+//!
+//! # Units
+//! Durations are humantime strings (`"30s"`, `"500ms"`, `"1h30m"`); a bare number is refused, since
+//! its unit would be a guess. Sizes, used by middleware options, are parsed by [`parse_size`].
+//!
+//! # Paths and secrets
+//! Relative paths (`dir`, `ca_file`) are relative to the working directory of the process, like
+//! the embedded default's `./data`. No error repeats a Redis URL, a URL with credentials or
+//! anything read from `admin_token_env`'s variable; [`RedisUrl`] and [`AdminToken`] redact
+//! themselves in `Debug`.
+//!
+//! A [`Config`] is only made by the loaders, all checks passed: every field is valid and
+//! cross-references (route -> upstream) resolve.
+
+mod errors;
+mod host;
+mod read;
+mod route;
+mod server;
+mod state;
+mod tree;
+mod units;
+mod upstream;
+
+use std::collections::BTreeMap;
+use std::io::Read as _;
+use std::path::Path;
+
+pub use errors::{ConfigError, ConfigErrors};
+pub use route::{MiddlewareSpec, RouteConfig};
+pub use server::{AdminToken, ServerConfig};
+pub use state::{RedisTarget, RedisUrl, StateBackend, StateConfig};
+pub use units::{UnitError, parse_duration, parse_size};
+pub use upstream::{HttpUpstream, UpstreamConfig, UpstreamKind};
+
+use read::{Ctx, Read, Table};
+use tree::Env;
+
+/// The embedded default configuration (`config/default.toml`): one folder upstream, `./data`,
+/// served under `/files/`.
+pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
+
+/// A config file larger than this is certainly a wrong path (a log, a disk image).
+const MAX_FILE_LEN: u64 = 4 << 20;
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Config {
+    pub server: ServerConfig,
+    pub state: StateConfig,
+    /// By name.
+    pub upstreams: BTreeMap<String, UpstreamConfig>,
+    /// In file order, at least one; no two share a host and a prefix.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl Config {
+    /// Loads the file at `path`, applies the `RANGEWAY__…` environment overrides and validates
+    /// the result. `known_kinds` are the middleware kinds the stage registry provides.
+    ///
+    /// # Errors
+    /// Every problem found: one naming the file when it cannot be read or is not TOML, else one
+    /// per bad key, value or reference.
+    pub fn load(path: &Path, known_kinds: &[&str]) -> Result<Self, ConfigErrors> {
+        let name = path.display().to_string();
+        let text = read_file(path, &name).map_err(ConfigErrors::one)?;
+        Self::from_sources(&text, &name, &Env::process(), known_kinds)
+    }
+
+    /// Loads [`DEFAULT_TOML`] with the environment overrides: what runs when no file is given.
+    ///
+    /// # Errors
+    /// As [`Config::load`]; the default itself is valid, so only overrides can be at fault.
+    pub fn load_default(known_kinds: &[&str]) -> Result<Self, ConfigErrors> {
+        Self::from_sources(
+            DEFAULT_TOML,
+            "the embedded default config",
+            &Env::process(),
+            known_kinds,
+        )
+    }
+
+    /// Validates TOML text, without environment overrides. `admin_token_env` is still looked up in
+    /// the process environment, as that is where the token lives.
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn from_toml_str(text: &str, known_kinds: &[&str]) -> Result<Self, ConfigErrors> {
+        Self::from_sources(
+            text,
+            "the config text",
+            &Env::process().without_overrides(),
+            known_kinds,
+        )
+    }
+
+    fn from_sources(
+        text: &str,
+        name: &str,
+        env: &Env,
+        known_kinds: &[&str],
+    ) -> Result<Self, ConfigErrors> {
+        let mut root = tree::parse_toml(text, name).map_err(ConfigErrors::one)?;
+        let mut override_errors = Vec::new();
+        env.apply_overrides(&mut root, &mut override_errors);
+        let mut ctx = Ctx::new(env, known_kinds, name);
+        for error in override_errors {
+            ctx.push(error);
+        }
+        let config = Self::read(&mut ctx, root);
+        let errors = ctx.into_errors();
+        match config {
+            Ok(config) if errors.is_empty() => Ok(config),
+            // An `Err` always comes with at least one recorded error (see `read::Reported`).
+            _ => Err(ConfigErrors::new(errors)),
+        }
+    }
+
+    fn read(ctx: &mut Ctx<'_>, root: tree::Node) -> Read<Self> {
+        let mut top = Table::new(ctx, "", "the top level", root, "[server]")?;
+        let server = server::read(ctx, top.take("server").map(|f| f.node));
+        let state = state::read(ctx, top.take("state").map(|f| f.node));
+        let (upstreams, declared) = upstream::read_all(ctx, top.take("upstreams").map(|f| f.node));
+        let routes = route::read_all(ctx, top.take("routes").map(|f| f.node), declared.as_ref());
+        top.finish(ctx);
+        Ok(Self { server: server?, state: state?, upstreams: upstreams?, routes: routes? })
+    }
+}
+
+fn read_file(path: &Path, name: &str) -> Result<String, ConfigError> {
+    let fix = "check the path given with --config and its permissions";
+    let file = std::fs::File::open(path).map_err(|e| {
+        let problem = match e.kind() {
+            std::io::ErrorKind::NotFound => "the config file does not exist".to_owned(),
+            _ => format!("the config file cannot be opened: {e}"),
+        };
+        ConfigError::new(name, problem, fix)
+    })?;
+    // Opening a directory succeeds on Unix; reading it would fail with a vaguer message.
+    if file.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(ConfigError::new(name, "is a directory, not a config file", fix));
+    }
+    // Read through `take` rather than trusting the size in the metadata: the file may be a pipe
+    // (`--config <(...)`), whose size is unknown.
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_LEN + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ConfigError::new(name, format!("the config file cannot be read: {e}"), fix))?;
+    if bytes.len() as u64 > MAX_FILE_LEN {
+        return Err(ConfigError::new(
+            name,
+            "is larger than 4 MiB, too large for a config file",
+            fix,
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        ConfigError::new(
+            name,
+            format!("is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()),
+            "save the file as UTF-8",
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests;

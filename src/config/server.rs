@@ -1,0 +1,217 @@
+//! `[server]`: listeners, the admin token, threads, shutdown.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use super::read::{Ctx, Field, Read, Table};
+use super::tree::Node;
+
+const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 8080));
+const DEFAULT_ADMIN_LISTEN: SocketAddr =
+    SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 9090));
+const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
+const DEFAULT_MAX_RANGES: usize = 16;
+const MAX_RANGES_LIMIT: usize = 1000;
+/// Far above any machine this runs on; only there to catch a typo such as `threads = 80000`.
+const MAX_THREADS: usize = 1024;
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// The public listener. Default `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// The admin listener (health, metrics, API); never the same socket as `listen`.
+    /// Default `127.0.0.1:9090`.
+    pub admin_listen: SocketAddr,
+    /// The bearer token the admin API requires, when `admin_token_env` is set.
+    pub admin_token: Option<AdminToken>,
+    /// Worker threads of the proxy. Default: the number of CPUs available to the process.
+    pub threads: NonZeroUsize,
+    /// How long in-flight requests may drain after SIGTERM. Default 30s, at most 1h.
+    pub grace_period: Duration,
+    /// Most ranges served for one request, 1..=1000. Default 16.
+    pub max_ranges: usize,
+}
+
+/// The admin API's bearer token, read at load time from the variable named by `admin_token_env`.
+///
+/// It is never printed: `Debug` redacts it and there is no `Display`. Compare presented credentials
+/// with [`AdminToken::verify`], which does not leak through timing where the first byte differs.
+#[derive(Clone)]
+pub struct AdminToken {
+    env_var: String,
+    token: String,
+}
+
+impl AdminToken {
+    /// The environment variable the token was read from (a name, safe to log).
+    pub fn env_var(&self) -> &str {
+        &self.env_var
+    }
+
+    /// Whether `presented` is the token. Every byte is compared whatever the mismatches, so the
+    /// time taken reveals the token's length at most, never its content.
+    pub fn verify(&self, presented: &[u8]) -> bool {
+        let expected = self.token.as_bytes();
+        if presented.len() != expected.len() {
+            return false;
+        }
+        expected.iter().zip(presented).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminToken")
+            .field("env_var", &self.env_var)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<ServerConfig> {
+    let mut table = match node {
+        Some(node) => Table::new(
+            ctx,
+            "server",
+            "[server]",
+            node,
+            "[server] with listen = \"127.0.0.1:8080\"",
+        )?,
+        None => Table::empty("server", "[server]"),
+    };
+    let listen =
+        table.take("listen").map_or(Ok(DEFAULT_LISTEN), |f| f.socket_addr(ctx, "127.0.0.1:8080"));
+    let admin_listen = table
+        .take("admin_listen")
+        .map_or(Ok(DEFAULT_ADMIN_LISTEN), |f| f.socket_addr(ctx, "127.0.0.1:9090"));
+    let admin_token =
+        table.take("admin_token_env").map_or(Ok(None), |f| admin_token(ctx, f).map(Some));
+    let threads = match table.take("threads") {
+        // The range starts at 1, so the fallback is never taken.
+        Some(f) => f
+            .integer(ctx, 1..=MAX_THREADS, "4")
+            .map(|n| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)),
+        // available_parallelism fails only where the OS cannot say; one thread still works.
+        None => Ok(std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)),
+    };
+    let grace_period = table.take("grace_period").map_or(Ok(DEFAULT_GRACE_PERIOD), |f| {
+        f.duration(ctx, Duration::ZERO..=MAX_GRACE_PERIOD, "from \"0s\" to \"1h\"")
+    });
+    let max_ranges = table
+        .take("max_ranges")
+        .map_or(Ok(DEFAULT_MAX_RANGES), |f| f.integer(ctx, 1..=MAX_RANGES_LIMIT, "16"));
+    table.finish(ctx);
+
+    let (listen, admin_listen) = (listen?, admin_listen?);
+    if sockets_collide(listen, admin_listen) {
+        return Err(ctx.report_at(
+            "server.admin_listen",
+            format!("{admin_listen} overlaps server.listen ({listen})"),
+            format!(
+                "give admin_listen another port, e.g. \"{}\": the admin API must never be \
+                 reachable on the public listener",
+                SocketAddr::new(admin_listen.ip(), if listen.port() == 9090 { 9091 } else { 9090 })
+            ),
+        ));
+    }
+    Ok(ServerConfig {
+        listen,
+        admin_listen,
+        admin_token: admin_token?,
+        threads: threads?,
+        grace_period: grace_period?,
+        max_ranges: max_ranges?,
+    })
+}
+
+/// Two listeners collide on the same non-zero port when their addresses are equal or either is a
+/// wildcard (`0.0.0.0`, `::`), which also covers the other. Port 0 is "any free port" (tests use
+/// it for both), so it never collides.
+fn sockets_collide(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+fn admin_token(ctx: &mut Ctx<'_>, field: Field) -> Read<AdminToken> {
+    let path = field.path.clone();
+    let origin = field.origin().clone();
+    let name = field.string(ctx, "\"RANGEWAY_ADMIN_TOKEN\"")?;
+    // The value is never echoed: a user who pasted the token itself here must not see it in logs.
+    let example = "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"";
+    let is_var_name = name.bytes().next().is_some_and(|b| !b.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !is_var_name {
+        return Err(ctx.report(
+            &path,
+            &origin,
+            "is not an environment variable name (it must hold the variable's name, not the token)",
+            format!("put the token in an environment variable and name it here, e.g. {example}"),
+        ));
+    }
+    // Naming the variable helps, but only when the name looks like one: a token made only of
+    // letters, digits and '_' would pass the check above, and is far less likely to be in
+    // SCREAMING_CASE.
+    let var = if name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
+        format!("environment variable {name}")
+    } else {
+        "the environment variable it names".to_owned()
+    };
+    let export = format!(
+        "export {} with the token (e.g. from `openssl rand -hex 32`) before starting rangeway, \
+         or remove admin_token_env to leave the admin API open on admin_listen",
+        if var.starts_with("the ") { "it" } else { name.as_str() }
+    );
+    let Some(value) = ctx.env.get(&name) else {
+        return Err(ctx.report(&path, &origin, format!("{var} is not set"), export));
+    };
+    let Some(token) = value.to_str() else {
+        return Err(ctx.report(&path, &origin, format!("{var} is not UTF-8"), export));
+    };
+    if token.is_empty() {
+        return Err(ctx.report(&path, &origin, format!("{var} is empty"), export));
+    }
+    // A bearer token travels in an Authorization header: whitespace or control characters (often a
+    // trailing newline from a secrets file) would make every comparison fail.
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ctx.report(
+            &path,
+            &origin,
+            format!("{var} holds spaces, control characters or non-ASCII text"),
+            "set it to printable ASCII without spaces or newlines (e.g. hex or base64url)",
+        ));
+    }
+    Ok(AdminToken { env_var: name, token: token.to_owned() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collisions() {
+        let addr = |s: &str| s.parse::<SocketAddr>().expect("test address");
+        assert!(sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.1:80")));
+        assert!(sockets_collide(addr("0.0.0.0:80"), addr("127.0.0.1:80")));
+        assert!(sockets_collide(addr("[::1]:80"), addr("[::]:80")));
+        assert!(!sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.1:81")));
+        assert!(!sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.2:80")));
+        assert!(!sockets_collide(addr("127.0.0.1:0"), addr("127.0.0.1:0")));
+    }
+
+    #[test]
+    fn token_verification() {
+        let token = AdminToken { env_var: "T".into(), token: "s3cret".into() };
+        assert!(token.verify(b"s3cret"));
+        assert!(!token.verify(b"s3creT"));
+        assert!(!token.verify(b"s3cre"));
+        assert!(!token.verify(b""));
+        assert!(!format!("{token:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,1311 @@
+//! Loader tests: bad configs with the exact errors they must produce, good configs with the typed
+//! values they must produce, environment overrides, the shipped config files, and secrecy.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::tree::Env;
+use super::*;
+
+const KINDS: &[&str] = &["checksum", "gzip", "aes128gcm"];
+
+const UPSTREAMS: &str = r#"
+[upstreams.origin]
+url = "http://127.0.0.1:9000"
+
+[upstreams.local]
+dir = "./data"
+"#;
+
+const ROUTE: &str = r#"
+[[routes]]
+path_prefix = "/files/"
+upstream = "origin"
+"#;
+
+/// The example of DESIGN.md's "The config contract", verbatim.
+const DESIGN_EXAMPLE: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+admin_listen = "127.0.0.1:9090"      # /healthz, /metrics, /v1/downloads/{id}, /v1/objects?path=
+# admin_token_env = "RANGEWAY_ADMIN_TOKEN"   # bearer token for the admin API when set
+
+[state]
+backend = "memory"                   # embedded default | "redis"
+redis_url = "redis://127.0.0.1:6379/0"   # for "redis"; a cluster takes a list of nodes
+ttl = "24h"
+
+[upstreams.origin]
+url = "http://127.0.0.1:9000"        # http(s)://host:port[/base]; https verified (ca_file = ... for a private CA)
+
+[upstreams.local]
+dir = "./data"                       # a local folder served as an origin (the embedded default uses this)
+
+[[routes]]
+path_prefix = "/files/"
+upstream = "origin"
+strip_prefix = true                  # /files/a.bin -> upstream /a.bin
+middleware = []                      # passthrough: zero-copy
+
+[[routes]]
+path_prefix = "/secure/"
+upstream = "origin"
+strip_prefix = true
+  [[routes.middleware]]
+  kind = "checksum"                  # digests of the bytes at this point of the chain
+  algorithms = ["sha256", "crc32"]
+  [[routes.middleware]]
+  kind = "gzip"
+  level = 6
+  block_size = 1048576
+  [[routes.middleware]]
+  kind = "aes128gcm"
+  key_env = "RANGEWAY_KEY"           # or key_file; base64url key material; never logged
+  record_size = 65553                 # 64 KiB of data per record
+"#;
+
+fn load_with(text: &str, env: &Env, kinds: &[&str]) -> Result<Config, ConfigErrors> {
+    Config::from_sources(text, "test.toml", env, kinds)
+}
+
+#[track_caller]
+fn load_ok(text: &str) -> Config {
+    load_with(text, &Env::default(), KINDS).unwrap_or_else(|e| panic!("rejected:\n{e}"))
+}
+
+#[track_caller]
+fn load_err(text: &str, env: &Env, kinds: &[&str]) -> ConfigErrors {
+    match load_with(text, env, kinds) {
+        Ok(config) => panic!("accepted: {config:#?}"),
+        Err(errors) => errors,
+    }
+}
+
+/// Asserts that loading yields exactly the expected errors: one per `(path, fragment)`, with that
+/// path and the fragment somewhere in its `path: problem — fix` line. Exactness catches cascades
+/// (one mistake reported several times) as well as misses.
+#[track_caller]
+fn expect_errors_with(text: &str, env: &Env, kinds: &[&str], expected: &[(&str, &str)]) {
+    let errors = load_err(text, env, kinds);
+    for &(path, fragment) in expected {
+        assert!(
+            errors.errors().iter().any(|e| e.path == path && e.to_string().contains(fragment)),
+            "no error at {path} containing {fragment:?} in:\n{errors}"
+        );
+    }
+    assert_eq!(errors.len(), expected.len(), "unexpected errors in:\n{errors}");
+}
+
+#[track_caller]
+fn expect_errors(text: &str, expected: &[(&str, &str)]) {
+    expect_errors_with(text, &Env::default(), KINDS, expected);
+}
+
+/// A file or folder under the temp dir, removed on drop.
+struct Temp(PathBuf);
+
+impl Temp {
+    fn path(tag: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Self(std::env::temp_dir().join(format!("rangeway-config-{}-{n}-{tag}", std::process::id())))
+    }
+
+    fn file(tag: &str, contents: &[u8]) -> Self {
+        let temp = Self::path(tag);
+        std::fs::write(&temp.0, contents).expect("write temp file");
+        temp
+    }
+
+    fn dir(tag: &str) -> Self {
+        let temp = Self::path(tag);
+        std::fs::create_dir(&temp.0).expect("create temp dir");
+        temp
+    }
+
+    fn toml(&self) -> String {
+        // A TOML basic string: escape what the temp dir might contain.
+        format!("{:?}", self.0.display().to_string())
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        // Best effort: a leftover file in the temp dir harms nothing.
+        let _ = std::fs::remove_file(&self.0).or_else(|_| std::fs::remove_dir(&self.0));
+    }
+}
+
+const PEM: &[u8] = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("test address")
+}
+
+fn http(config: &Config, name: &str) -> HttpUpstream {
+    match &config.upstreams[name].kind {
+        UpstreamKind::Http(http) => http.clone(),
+        other => panic!("{name} is {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Good configs
+
+#[test]
+fn design_example_parses_to_typed_values() {
+    let config = load_ok(DESIGN_EXAMPLE);
+    assert_eq!(config.server.listen, addr("127.0.0.1:8080"));
+    assert_eq!(config.server.admin_listen, addr("127.0.0.1:9090"));
+    assert!(config.server.admin_token.is_none());
+    assert_eq!(config.server.grace_period, Duration::from_secs(30));
+    assert_eq!(config.server.max_ranges, 16);
+    // An explicit backend wins over a redis_url that is present.
+    assert_eq!(config.state.backend, StateBackend::Memory);
+    assert_eq!(config.state.ttl, Duration::from_secs(86_400));
+    assert_eq!(config.state.key_prefix, "rangeway:");
+
+    let with_default_timeouts = |name: &str, kind| UpstreamConfig {
+        name: name.to_owned(),
+        kind,
+        connect_timeout: Duration::from_secs(5),
+        read_timeout: Duration::from_secs(60),
+        write_timeout: Duration::from_secs(60),
+        idle_timeout: Duration::from_secs(60),
+    };
+    let expected = BTreeMap::from([
+        (
+            "origin".to_owned(),
+            with_default_timeouts(
+                "origin",
+                UpstreamKind::Http(HttpUpstream {
+                    tls: false,
+                    host: "127.0.0.1".into(),
+                    port: 9000,
+                    base_path: String::new(),
+                    ca_file: None,
+                    insecure_skip_verify: false,
+                    sni: None,
+                    host_header: "127.0.0.1:9000".into(),
+                }),
+            ),
+        ),
+        (
+            "local".to_owned(),
+            with_default_timeouts("local", UpstreamKind::Dir { path: "./data".into() }),
+        ),
+    ]);
+    assert_eq!(config.upstreams, expected);
+
+    assert_eq!(config.routes.len(), 2);
+    let files = &config.routes[0];
+    assert_eq!(
+        (files.host.as_deref(), files.path_prefix.as_str(), files.upstream.as_str()),
+        (None, "/files/", "origin")
+    );
+    assert!(files.strip_prefix);
+    assert!(files.middleware.is_empty());
+
+    let secure = &config.routes[1];
+    let kinds: Vec<&str> = secure.middleware.iter().map(|m| m.kind.as_str()).collect();
+    assert_eq!(kinds, ["checksum", "gzip", "aes128gcm"]);
+    let paths: Vec<&str> = secure.middleware.iter().map(|m| m.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["routes[1].middleware[0]", "routes[1].middleware[1]", "routes[1].middleware[2]"]
+    );
+    let gzip = &secure.middleware[1].options;
+    assert_eq!(gzip.keys().collect::<Vec<_>>(), ["block_size", "level"]);
+    assert_eq!(gzip["level"].clone().into_int().ok(), Some(6));
+    assert_eq!(gzip["block_size"].clone().into_int().ok(), Some(1_048_576));
+    assert_eq!(gzip["level"].origin(), Some("test.toml"));
+    let checksum = &secure.middleware[0].options;
+    let algorithms: Vec<String> = checksum["algorithms"]
+        .clone()
+        .into_array()
+        .expect("array")
+        .into_iter()
+        .map(|v| v.into_string().expect("string"))
+        .collect();
+    assert_eq!(algorithms, ["sha256", "crc32"]);
+    let aes = &secure.middleware[2].options;
+    assert_eq!(aes["key_env"].clone().into_string().ok().as_deref(), Some("RANGEWAY_KEY"));
+    assert!(!aes.contains_key("kind"));
+}
+
+#[test]
+fn dir_only_config_gets_the_defaults() {
+    let config = load_ok(
+        r#"
+        [upstreams.local]
+        dir = "./data"
+
+        [[routes]]
+        path_prefix = "/"
+        upstream = "local"
+        "#,
+    );
+    assert_eq!(config.server.listen, addr("127.0.0.1:8080"));
+    assert_eq!(config.server.admin_listen, addr("127.0.0.1:9090"));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(config.server.threads.get(), cpus);
+    assert_eq!(config.server.grace_period, Duration::from_secs(30));
+    assert_eq!(config.server.max_ranges, 16);
+    assert_eq!(config.state.backend, StateBackend::Memory);
+    assert_eq!(config.state.ttl, Duration::from_secs(24 * 3600));
+    assert_eq!(config.state.key_prefix, "rangeway:");
+    assert_eq!(config.upstreams.len(), 1);
+    let route = &config.routes[0];
+    assert_eq!(route.path_prefix, "/");
+    assert!(!route.strip_prefix);
+    assert!(route.middleware.is_empty());
+    assert!(route.host.is_none());
+}
+
+#[test]
+fn every_field_set() {
+    let ca = Temp::file("ca.pem", PEM);
+    let text = format!(
+        r#"
+        [server]
+        listen = "[::]:8443"
+        admin_listen = "127.0.0.1:9443"
+        threads = 3
+        grace_period = "1m30s"
+        max_ranges = 1000
+
+        [state]
+        backend = "redis"
+        redis_url = "rediss://:pw@Redis.internal:6380/2?protocol=resp3"
+        ttl = "7d"
+        key_prefix = "rw:{{prod}}:"
+
+        [upstreams.s3]
+        url = "https://S3.example.com:8443/bucket/"
+        ca_file = {ca}
+        sni = "Other.Example.com"
+        host_header = "bucket.s3.example.com"
+        connect_timeout = "2s"
+        read_timeout = "5m"
+        write_timeout = "10s"
+        idle_timeout = "90s"
+
+        [upstreams.ip]
+        url = "https://10.0.0.7"
+        insecure_skip_verify = true
+
+        [[routes]]
+        host = "DL.Example.com"
+        path_prefix = "/files"
+        upstream = "s3"
+        strip_prefix = true
+
+        [[routes]]
+        host = "[::1]"
+        path_prefix = "/files/"
+        upstream = "ip"
+        "#,
+        ca = ca.toml()
+    );
+    let config = load_ok(&text);
+    let server = &config.server;
+    assert_eq!(server.listen, addr("[::]:8443"));
+    assert_eq!(server.threads.get(), 3);
+    assert_eq!(server.grace_period, Duration::from_secs(90));
+    assert_eq!(server.max_ranges, 1000);
+
+    let StateBackend::Redis(RedisTarget::Single(redis)) = &config.state.backend else {
+        panic!("{:?}", config.state.backend);
+    };
+    assert_eq!(redis.as_str(), "rediss://:pw@Redis.internal:6380/2?protocol=resp3");
+    assert!(redis.tls());
+    assert_eq!(redis.db(), 2);
+    assert_eq!(redis.to_string(), "rediss://***@redis.internal:6380/2");
+    assert_eq!(config.state.ttl, Duration::from_secs(7 * 86_400));
+    assert_eq!(config.state.key_prefix, "rw:{prod}:");
+
+    assert_eq!(
+        config.upstreams["s3"],
+        UpstreamConfig {
+            name: "s3".into(),
+            kind: UpstreamKind::Http(HttpUpstream {
+                tls: true,
+                host: "s3.example.com".into(),
+                port: 8443,
+                base_path: "/bucket".into(),
+                ca_file: Some(ca.0.clone()),
+                insecure_skip_verify: false,
+                sni: Some("other.example.com".into()),
+                host_header: "bucket.s3.example.com".into(),
+            }),
+            connect_timeout: Duration::from_secs(2),
+            read_timeout: Duration::from_secs(300),
+            write_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(90),
+        }
+    );
+    assert_eq!(
+        http(&config, "ip"),
+        HttpUpstream {
+            tls: true,
+            host: "10.0.0.7".into(),
+            port: 443,
+            base_path: String::new(),
+            ca_file: None,
+            insecure_skip_verify: true,
+            sni: None,
+            host_header: "10.0.0.7".into(),
+        }
+    );
+
+    assert_eq!(config.routes[0].host.as_deref(), Some("dl.example.com"));
+    assert_eq!(config.routes[1].host.as_deref(), Some("[::1]"));
+}
+
+#[test]
+fn https_defaults_to_system_roots_and_the_host_as_sni() {
+    let config =
+        load_ok(&format!("[upstreams.origin]\nurl = \"https://origin.example.com\"\n{ROUTE}"));
+    assert_eq!(
+        http(&config, "origin"),
+        HttpUpstream {
+            tls: true,
+            host: "origin.example.com".into(),
+            port: 443,
+            base_path: String::new(),
+            ca_file: None,
+            insecure_skip_verify: false,
+            sni: Some("origin.example.com".into()),
+            host_header: "origin.example.com".into(),
+        }
+    );
+}
+
+#[test]
+fn insecure_skip_verify_is_kept_next_to_a_ca_file() {
+    let ca = Temp::file("ca.pem", PEM);
+    let config = load_ok(&format!(
+        "[upstreams.origin]\nurl = \"https://localhost:8443\"\nca_file = {}\n\
+         insecure_skip_verify = true\n{ROUTE}",
+        ca.toml()
+    ));
+    let origin = http(&config, "origin");
+    assert!(origin.insecure_skip_verify);
+    assert_eq!(origin.ca_file.as_deref(), Some(ca.0.as_path()));
+    assert_eq!(origin.sni.as_deref(), Some("localhost"));
+}
+
+#[test]
+fn dir_upstreams_take_timeouts() {
+    let config = load_ok(&format!(
+        "[upstreams.origin]\ndir = \"./data\"\nconnect_timeout = \"250ms\"\nidle_timeout = \"1h\"\n{ROUTE}"
+    ));
+    let origin = &config.upstreams["origin"];
+    assert_eq!(origin.kind, UpstreamKind::Dir { path: "./data".into() });
+    assert_eq!(origin.connect_timeout, Duration::from_millis(250));
+    assert_eq!(origin.read_timeout, Duration::from_secs(60));
+    assert_eq!(origin.idle_timeout, Duration::from_secs(3600));
+}
+
+#[test]
+fn redis_topologies() {
+    let backend = |url: &str| {
+        load_ok(&format!("[state]\nredis_url = {url}\n{UPSTREAMS}{ROUTE}")).state.backend
+    };
+    // Without `backend`, a redis_url means Redis.
+    let StateBackend::Redis(RedisTarget::Single(one)) = backend("\"redis://127.0.0.1\"") else {
+        panic!("not a single node");
+    };
+    assert_eq!(one.to_string(), "redis://127.0.0.1:6379/0");
+    let StateBackend::Redis(RedisTarget::Cluster(seed)) = backend("\"redis+cluster://a:7000\"")
+    else {
+        panic!("not a cluster");
+    };
+    assert_eq!(seed.len(), 1);
+    assert_eq!(seed[0].as_str(), "redis://a:7000");
+    let StateBackend::Redis(RedisTarget::Cluster(nodes)) =
+        backend("[\"rediss://a:7000\", \"rediss://b:7001/0\"]")
+    else {
+        panic!("not a cluster");
+    };
+    let shown: Vec<String> = nodes.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["rediss://a:7000/0", "rediss://b:7001/0"]);
+}
+
+#[test]
+fn routes_may_share_a_prefix_on_different_hosts() {
+    let config = load_ok(&format!(
+        r#"{UPSTREAMS}
+        [[routes]]
+        path_prefix = "/files/"
+        upstream = "origin"
+        [[routes]]
+        host = "a.example.com"
+        path_prefix = "/files"
+        upstream = "local"
+        [[routes]]
+        path_prefix = "/files/more/"
+        upstream = "local"
+        "#
+    ));
+    assert_eq!(config.routes.len(), 3);
+}
+
+#[test]
+fn port_zero_listeners_may_coincide() {
+    let config = load_ok(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{UPSTREAMS}{ROUTE}"
+    ));
+    assert_eq!(config.server.listen, config.server.admin_listen);
+}
+
+#[test]
+fn admin_token_is_read_from_the_named_variable() {
+    let env = Env::from_pairs([("RANGEWAY_ADMIN_TOKEN", "0123abcd-token")]);
+    let text = format!("[server]\nadmin_token_env = \"RANGEWAY_ADMIN_TOKEN\"\n{UPSTREAMS}{ROUTE}");
+    let config = load_with(&text, &env, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let token = config.server.admin_token.as_ref().expect("token");
+    assert_eq!(token.env_var(), "RANGEWAY_ADMIN_TOKEN");
+    assert!(token.verify(b"0123abcd-token"));
+    assert!(!token.verify(b"0123abcd-tokeN"));
+    assert!(!format!("{config:?}").contains("0123abcd-token"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad configs
+
+#[test]
+fn five_mistakes_yield_five_errors() {
+    expect_errors(
+        r#"
+        [server]
+        listen = "localhost:8080"
+        grace_period = 30
+        treads = 4
+
+        [upstreams.origin]
+        url = "http://127.0.0.1:9000"
+        dir = "./data"
+
+        [[routes]]
+        path_prefix = "/files/"
+        upstream = "orign"
+        "#,
+        &[
+            ("server.listen", "\"localhost:8080\" is not a socket address"),
+            ("server.grace_period", "write \"30s\""),
+            ("server.treads", "unknown key `treads` — did you mean `threads`?"),
+            ("upstreams.origin", "has both url and dir"),
+            ("routes[0].upstream", "no upstream named \"orign\""),
+        ],
+    );
+}
+
+#[test]
+fn bad_server_values() {
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("listn = \"127.0.0.1:1\"", &[("server.listn", "did you mean `listen`?")]),
+        (
+            "listen = 8080",
+            &[(
+                "server.listen",
+                "expected a string, found an integer — write listen = \"127.0.0.1:8080\"",
+            )],
+        ),
+        ("listen = \"127.0.0.1\"", &[("server.listen", "add a port, e.g. \"127.0.0.1:8080\"")]),
+        ("listen = \"localhost:80\"", &[("server.listen", "host names are not resolved")]),
+        (
+            "listen = \"127.0.0.1:99999\"",
+            &[("server.listen", "port 99999 is out of range — use a port from 0 to 65535")],
+        ),
+        ("listen = \"[::1]:65536\"", &[("server.listen", "port 65536 is out of range")]),
+        (
+            "admin_listen = \"127.0.0.1:8080\"",
+            &[("server.admin_listen", "127.0.0.1:8080 overlaps server.listen (127.0.0.1:8080)")],
+        ),
+        (
+            "listen = \"0.0.0.0:9090\"",
+            &[("server.admin_listen", "overlaps server.listen (0.0.0.0:9090)")],
+        ),
+        ("threads = 0", &[("server.threads", "0 is out of range — use a number from 1 to 1024")]),
+        ("threads = \"4\"", &[("server.threads", "expected an integer, found a string")]),
+        ("threads = 4.0", &[("server.threads", "expected an integer, found a float")]),
+        (
+            "max_ranges = 1001",
+            &[("server.max_ranges", "1001 is out of range — use a number from 1 to 1000")],
+        ),
+        ("max_ranges = 0", &[("server.max_ranges", "0 is out of range")]),
+        (
+            "grace_period = 30",
+            &[("server.grace_period", "30 is a bare number, without a unit — write \"30s\"")],
+        ),
+        ("grace_period = \"30\"", &[("server.grace_period", "write \"30s\"")]),
+        ("grace_period = 1.5", &[("server.grace_period", "write \"1.5s\"")]),
+        (
+            "grace_period = \"2h\"",
+            &[("server.grace_period", "2h is out of range — use from \"0s\" to \"1h\"")],
+        ),
+        ("grace_period = \"soon\"", &[("server.grace_period", "\"soon\" is not a duration")]),
+        (
+            "grace_period = true",
+            &[("server.grace_period", "expected a duration string, found a boolean")],
+        ),
+        ("admin_token_env = 5", &[("server.admin_token_env", "expected a string")]),
+    ];
+    for &(server, expected) in cases {
+        expect_errors(&format!("[server]\n{server}\n{UPSTREAMS}{ROUTE}"), expected);
+    }
+}
+
+#[test]
+fn bad_top_level() {
+    expect_errors(
+        &format!("[servers]\nlisten = \"127.0.0.1:1\"\n{UPSTREAMS}{ROUTE}"),
+        &[("servers", "unknown key `servers` — did you mean `server`?")],
+    );
+    expect_errors(
+        &format!("verbose = true\n{UPSTREAMS}{ROUTE}"),
+        &[("verbose", "remove it; the top level takes: server, state, upstreams, routes")],
+    );
+    expect_errors(
+        &format!("server = \"x\"\n{UPSTREAMS}{ROUTE}"),
+        &[("server", "expected a table, found a string")],
+    );
+}
+
+#[test]
+fn bad_state_values() {
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("backend = \"redis\"", &[("state.redis_url", "is required when backend = \"redis\"")]),
+        (
+            "backend = \"mongo\"",
+            &[("state.backend", "unknown backend \"mongo\" — use \"memory\" or \"redis\"")],
+        ),
+        ("backend = \"memroy\"", &[("state.backend", "did you mean \"memory\"?")]),
+        ("ttl = \"0s\"", &[("state.ttl", "0s is out of range — use from \"1s\" to \"365d\"")]),
+        ("ttl = 86400", &[("state.ttl", "write \"86400s\"")]),
+        ("key_prefix = \"a b\"", &[("state.key_prefix", "is not a usable key prefix")]),
+        (
+            "redis_url = \"http://127.0.0.1\"",
+            &[("state.redis_url", "the scheme http:// is not supported")],
+        ),
+        ("redis_url = \"127.0.0.1:6379\"", &[("state.redis_url", "is not a URL")]),
+        ("redis_url = \"redis://h:99999\"", &[("state.redis_url", "port 99999 is out of range")]),
+        ("redis_url = \"redis://h/x\"", &[("state.redis_url", "must be a database number")]),
+        ("redis_url = \"redis://\"", &[("state.redis_url", "the host is empty")]),
+        ("redis_url = []", &[("state.redis_url", "the list of cluster nodes is empty")]),
+        (
+            "redis_url = 5",
+            &[("state.redis_url", "expected a URL string or a list of them, found an integer")],
+        ),
+        (
+            "redis_url = [\"redis://a\", 5]",
+            &[("state.redis_url[1]", "expected a URL string, found an integer")],
+        ),
+        (
+            "redis_url = [\"redis://a/1\"]",
+            &[("state.redis_url[0]", "Redis Cluster has database 0 only")],
+        ),
+        (
+            "redis_url = \"redis+cluster://a/2\"",
+            &[("state.redis_url", "names database 2, but Redis Cluster has database 0 only")],
+        ),
+        (
+            "redis_url = [\"redis://a\", \"redis://b/x\", \"ftp://c\"]",
+            &[
+                ("state.redis_url[1]", "must be a database number"),
+                ("state.redis_url[2]", "the scheme is not supported"),
+            ],
+        ),
+        (
+            "redis_url = [\"redis://a\", \"rediss://b\"]",
+            &[("state.redis_url", "mixes redis:// and rediss://")],
+        ),
+        ("redis_ur = \"redis://a\"", &[("state.redis_ur", "did you mean `redis_url`?")]),
+    ];
+    for &(state, expected) in cases {
+        expect_errors(&format!("[state]\n{state}\n{UPSTREAMS}{ROUTE}"), expected);
+    }
+}
+
+#[test]
+fn bad_upstreams() {
+    let not_a_dir = Temp::file("plain-file", b"x");
+    let not_pem = Temp::file("not.pem", b"-----BEGIN PRIVATE KEY-----\n");
+    let a_dir = Temp::dir("ca-dir");
+    let pem = Temp::file("ca.pem", PEM);
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (
+            "url = \"ftp://h\"".into(),
+            vec![("upstreams.origin.url", "the scheme ftp:// is not supported")],
+        ),
+        (
+            "url = \"127.0.0.1:9000\"".into(),
+            vec![("upstreams.origin.url", "add the scheme: \"http://127.0.0.1:9000\"")],
+        ),
+        (
+            "url = \"http://h:70000\"".into(),
+            vec![("upstreams.origin.url", "port 70000 is out of range")],
+        ),
+        ("url = \"http://h/b?x=1\"".into(), vec![("upstreams.origin.url", "has a ?query")]),
+        ("url = \"http://h/b#f\"".into(), vec![("upstreams.origin.url", "has a #fragment")]),
+        ("url = \"http://h..x\"".into(), vec![("upstreams.origin.url", "empty label")]),
+        (
+            "url = 9000".into(),
+            vec![("upstreams.origin.url", "expected a string, found an integer")],
+        ),
+        (
+            "url = \"http://h\"\ndir = \"./data\"".into(),
+            vec![("upstreams.origin", "has both url and dir")],
+        ),
+        ("connect_timeout = \"1s\"".into(), vec![("upstreams.origin", "has neither url nor dir")]),
+        (
+            "urll = \"http://h\"".into(),
+            vec![
+                ("upstreams.origin", "has neither url nor dir"),
+                ("upstreams.origin.urll", "did you mean `url`?"),
+            ],
+        ),
+        (
+            format!("dir = {}", not_a_dir.toml()),
+            vec![("upstreams.origin.dir", "exists but is not a directory")],
+        ),
+        ("dir = \"\"".into(), vec![("upstreams.origin.dir", "is not a usable path")]),
+        (
+            format!(
+                "url = \"http://h\"\nca_file = {}\ninsecure_skip_verify = false\nsni = \"h\"",
+                pem.toml()
+            ),
+            vec![
+                (
+                    "upstreams.origin.ca_file",
+                    "ca_file applies to https:// upstreams only — remove it, or use an https:// url",
+                ),
+                ("upstreams.origin.insecure_skip_verify", "https:// upstreams only"),
+                ("upstreams.origin.sni", "https:// upstreams only"),
+            ],
+        ),
+        (
+            "url = \"https://h\"\nca_file = \"/nonexistent/rangeway/ca.pem\"".into(),
+            vec![("upstreams.origin.ca_file", "does not exist")],
+        ),
+        (
+            format!("url = \"https://h\"\nca_file = {}", not_pem.toml()),
+            vec![("upstreams.origin.ca_file", "holds no PEM certificate")],
+        ),
+        (
+            format!("url = \"https://h\"\nca_file = {}", a_dir.toml()),
+            vec![("upstreams.origin.ca_file", "is not a regular file")],
+        ),
+        (
+            "url = \"https://h\"\ninsecure_skip_verify = \"yes\"".into(),
+            vec![("upstreams.origin.insecure_skip_verify", "expected a boolean")],
+        ),
+        (
+            "url = \"https://h\"\nsni = \"10.0.0.1\"".into(),
+            vec![("upstreams.origin.sni", "is an IP address")],
+        ),
+        (
+            "url = \"https://h\"\nsni = \"a b\"".into(),
+            vec![("upstreams.origin.sni", "is not a DNS name")],
+        ),
+        (
+            "url = \"http://h\"\nhost_header = \"a b\"".into(),
+            vec![("upstreams.origin.host_header", "is not a host[:port]")],
+        ),
+        (
+            "url = \"http://h\"\nhost_header = \"user@h\"".into(),
+            vec![("upstreams.origin.host_header", "is not a host[:port]")],
+        ),
+        (
+            "url = \"ftp://h\"\nhost_header = \"a b\"\nread_timeout = 5".into(),
+            vec![
+                ("upstreams.origin.url", "ftp://"),
+                ("upstreams.origin.host_header", "is not a host[:port]"),
+                ("upstreams.origin.read_timeout", "write \"5s\""),
+            ],
+        ),
+        (
+            "url = \"http://h\"\nread_timeout = \"0s\"".into(),
+            vec![("upstreams.origin.read_timeout", "out of range — use from \"1ms\" to \"24h\"")],
+        ),
+        (
+            "url = \"http://h\"\nconnect_timeout = \"10m\"".into(),
+            vec![("upstreams.origin.connect_timeout", "use from \"1ms\" to \"5m\"")],
+        ),
+        (
+            "url = \"http://h\"\nidle_timeout = 60".into(),
+            vec![("upstreams.origin.idle_timeout", "write \"60s\"")],
+        ),
+        (
+            "dir = \"./data\"\nsni = \"h\"\nhost_header = \"h\"\nread_timeout = \"0s\"".into(),
+            vec![
+                ("upstreams.origin.sni", "applies to url upstreams only"),
+                ("upstreams.origin.host_header", "applies to url upstreams only"),
+                ("upstreams.origin.read_timeout", "out of range"),
+            ],
+        ),
+    ];
+    for (upstream, expected) in &cases {
+        expect_errors(&format!("[upstreams.origin]\n{upstream}\n{ROUTE}"), expected);
+    }
+}
+
+#[test]
+fn bad_upstream_names() {
+    expect_errors(
+        &format!("[upstreams.\"bad name\"]\ndir = \"./data\"\n{UPSTREAMS}{ROUTE}"),
+        &[("upstreams.\"bad name\"", "\"bad name\" is not a valid upstream name")],
+    );
+    expect_errors(
+        &format!("[upstreams.Origin]\ndir = \"./data\"\n{UPSTREAMS}{ROUTE}"),
+        &[("upstreams.origin", "differs from upstreams.Origin only in case")],
+    );
+    expect_errors(
+        &format!("upstreams = 1\n{ROUTE}"),
+        &[("upstreams", "expected a table, found an integer")],
+    );
+}
+
+#[test]
+fn bad_routes() {
+    let route = |body: &str| format!("{UPSTREAMS}\n[[routes]]\n{body}\n");
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"orign\""),
+            vec![(
+                "routes[0].upstream",
+                "routes[0].upstream: no upstream named \"orign\" — did you mean \"origin\"? Otherwise define [upstreams.orign], or use one of: local, origin",
+            )],
+        ),
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"zzz\""),
+            vec![(
+                "routes[0].upstream",
+                "no upstream named \"zzz\" — define [upstreams.zzz], or use one of: local, origin",
+            )],
+        ),
+        (
+            "[[routes]]\npath_prefix = \"/f/\"\nupstream = \"x\"".into(),
+            vec![("routes[0].upstream", "define [upstreams.x] with url = ")],
+        ),
+        (route("upstream = \"origin\""), vec![("routes[0].path_prefix", "is missing")]),
+        (
+            route("path_prefix = \"/f/\""),
+            vec![(
+                "routes[0].upstream",
+                "is missing — add upstream = \"local\" (defined: local, origin)",
+            )],
+        ),
+        (
+            route("path_prefix = \"files/\"\nupstream = \"origin\""),
+            vec![("routes[0].path_prefix", "does not start with '/'")],
+        ),
+        (
+            route("path_prefix = \"/a/../b/\"\nupstream = \"origin\""),
+            vec![("routes[0].path_prefix", "contains '..'")],
+        ),
+        (
+            route("path_prefix = \"/a//b/\"\nupstream = \"origin\""),
+            vec![("routes[0].path_prefix", "contains '//'")],
+        ),
+        (
+            route("path_prefix = \"/a%20b/\"\nupstream = \"origin\""),
+            vec![("routes[0].path_prefix", "contains '%'")],
+        ),
+        (
+            route("path_prefix = '/a\\b/'\nupstream = \"origin\""),
+            vec![("routes[0].path_prefix", "contains '\\'")],
+        ),
+        (
+            route("path_prefix = \"/a\\u0000b/\"\nupstream = \"origin\""),
+            vec![("routes[0].path_prefix", "contains a NUL character")],
+        ),
+        (
+            route("path_prefix = \"/a/./b\"\nupstream = \"origin\""),
+            vec![("routes[0].path_prefix", "has a '.' segment")],
+        ),
+        (
+            route("path_prefix = \"/a b\"\nupstream = \"origin\""),
+            vec![("routes[0].path_prefix", "contains whitespace")],
+        ),
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"origin\"\nhost = \"dl.example.com:443\""),
+            vec![("routes[0].host", "has a port — write host = \"dl.example.com\"")],
+        ),
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"origin\"\nhost = \"*.example.com\""),
+            vec![("routes[0].host", "is not a host")],
+        ),
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"origin\"\nstrip_prefix = \"yes\""),
+            vec![("routes[0].strip_prefix", "expected a boolean, found a string")],
+        ),
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"origin\"\nupstrem = \"x\""),
+            vec![("routes[0].upstrem", "did you mean `upstream`?")],
+        ),
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"origin\"\nmiddleware = \"gzip\""),
+            vec![("routes[0].middleware", "expected an array of tables, found a string")],
+        ),
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"origin\"\nmiddleware = [\"gzip\"]"),
+            vec![("routes[0].middleware[0]", "expected a table, found a string")],
+        ),
+        (
+            route("path_prefix = \"/f/\"\nupstream = \"origin\"\n[[routes.middleware]]\nlevel = 6"),
+            vec![(
+                "routes[0].middleware[0].kind",
+                "is missing — set kind to one of: aes128gcm, checksum, gzip",
+            )],
+        ),
+        (
+            route(
+                "path_prefix = \"/f/\"\nupstream = \"origin\"\n[[routes.middleware]]\nkind = \"checksum\"\n[[routes.middleware]]\nkind = \"gzp\"",
+            ),
+            vec![(
+                "routes[0].middleware[1].kind",
+                "unknown middleware kind \"gzp\" — did you mean \"gzip\"? Otherwise use one of: aes128gcm, checksum, gzip",
+            )],
+        ),
+        (
+            route(
+                "path_prefix = \"/f/\"\nupstream = \"origin\"\n[[routes.middleware]]\nkind = \"brotli\"",
+            ),
+            vec![(
+                "routes[0].middleware[0].kind",
+                "unknown middleware kind \"brotli\" — use one of: aes128gcm, checksum, gzip",
+            )],
+        ),
+        (
+            format!(
+                "{UPSTREAMS}\n[[routes]]\npath_prefix = \"/files/\"\nupstream = \"origin\"\n[[routes]]\npath_prefix = \"/files\"\nupstream = \"local\""
+            ),
+            vec![("routes[1].path_prefix", "\"/files\" on any host overlaps routes[0]")],
+        ),
+        (
+            format!(
+                "{UPSTREAMS}\n[[routes]]\nhost = \"A.com\"\npath_prefix = \"/\"\nupstream = \"origin\"\n[[routes]]\nhost = \"a.com\"\npath_prefix = \"/\"\nupstream = \"local\""
+            ),
+            vec![("routes[1].path_prefix", "\"/\" on host a.com overlaps routes[0]")],
+        ),
+        (
+            format!(
+                "{UPSTREAMS}\n[[routes]]\npath_prefix = \"/files/\"\nupstream = \"origin\"\n\
+                 [[routes]]\npath_prefix = \"/files\"\nupstream = \"nope\"\nmiddleware = 1"
+            ),
+            vec![
+                ("routes[1].path_prefix", "overlaps routes[0]"),
+                ("routes[1].upstream", "no upstream named \"nope\""),
+                ("routes[1].middleware", "expected an array of tables"),
+            ],
+        ),
+        (UPSTREAMS.into(), vec![("routes", "no routes are defined")]),
+        (format!("routes = []\n{UPSTREAMS}"), vec![("routes", "is empty")]),
+        (
+            format!("{UPSTREAMS}\n[routes]\npath_prefix = \"/\""),
+            vec![("routes", "expected an array of tables, found a table")],
+        ),
+    ];
+    for (text, expected) in &cases {
+        expect_errors(text, expected);
+    }
+}
+
+#[test]
+fn a_route_to_a_broken_upstream_is_not_reported_twice() {
+    expect_errors(
+        &format!("[upstreams.origin]\nurl = \"ftp://h\"\n{ROUTE}"),
+        &[("upstreams.origin.url", "scheme ftp://")],
+    );
+}
+
+#[test]
+fn middleware_kinds_with_an_empty_registry() {
+    expect_errors_with(
+        &format!("{UPSTREAMS}{ROUTE}[[routes.middleware]]\nkind = \"gzip\"\n"),
+        &Env::default(),
+        &[],
+        &[(
+            "routes[0].middleware[0].kind",
+            "unknown middleware kind \"gzip\" — no middleware kinds are built in yet: remove this \
+             entry (middleware = [])",
+        )],
+    );
+    let config = load_with(&format!("{UPSTREAMS}{ROUTE}middleware = []\n"), &Env::default(), &[]);
+    assert!(config.is_ok());
+}
+
+#[test]
+fn admin_token_env_problems_never_show_a_token() {
+    let text = |name: &str| format!("[server]\nadmin_token_env = \"{name}\"\n{UPSTREAMS}{ROUTE}");
+    let env = Env::from_pairs([
+        ("EMPTY_TOKEN", ""),
+        ("SPACED_TOKEN", "s3cret-with-newline\n"),
+        ("lower_token", "s3cret-lower"),
+    ]);
+    let cases: &[(&str, &str)] = &[
+        (
+            "RANGEWAY_UNSET_TOKEN",
+            "environment variable RANGEWAY_UNSET_TOKEN is not set — export RANGEWAY_UNSET_TOKEN",
+        ),
+        ("EMPTY_TOKEN", "environment variable EMPTY_TOKEN is empty"),
+        ("SPACED_TOKEN", "holds spaces, control characters or non-ASCII text"),
+        ("s3cret-pasted-token", "is not an environment variable name"),
+        ("s3cretPastedToken", "the environment variable it names is not set"),
+    ];
+    for &(name, fragment) in cases {
+        let errors = load_err(&text(name), &env, KINDS);
+        let shown = errors.to_string();
+        assert_eq!(errors.len(), 1, "{shown}");
+        assert_eq!(errors.errors()[0].path, "server.admin_token_env");
+        assert!(shown.contains(fragment), "{name}: {shown}");
+        assert!(!shown.contains("s3cret"), "{name}: {shown}");
+    }
+    let config = load_with(&text("lower_token"), &env, KINDS).expect("lower-case names are valid");
+    assert!(config.server.admin_token.is_some_and(|t| t.verify(b"s3cret-lower")));
+}
+
+#[test]
+fn redis_passwords_never_appear() {
+    const SECRET: &str = "hunter2pass";
+    let bad_urls = [
+        format!("\"redis://:{SECRET}@h:6379/abc\""),
+        format!("\"redis://user:{SECRET}@h:99999\""),
+        format!("\"http://user:{SECRET}@h\""),
+        format!("\"{SECRET}\""),
+        format!("\"redis://{SECRET}@\""),
+        format!("\"redis://:{SECRET}@[::1\""),
+        format!("[\"redis://:{SECRET}@a/3\", \"redis://:{SECRET}@b/x\"]"),
+        format!("[\"redis://:{SECRET}@a\", \"rediss://:{SECRET}@b\"]"),
+        format!("\"h{SECRET}://x\""),
+        format!("\"{SECRET}://x\""),
+    ];
+    for url in &bad_urls {
+        for backend in ["", "backend = \"redis\"", "backend = \"memory\""] {
+            let errors = load_err(
+                &format!("[state]\n{backend}\nredis_url = {url}\n{UPSTREAMS}{ROUTE}"),
+                &Env::default(),
+                KINDS,
+            );
+            let shown = format!("{errors}\n{errors:?}");
+            assert!(!shown.contains(SECRET), "{url}: {shown}");
+        }
+    }
+    // Nor when the same URLs come from the environment.
+    for url in &bad_urls {
+        let value = url.trim_matches('"').to_owned();
+        let env = Env::from_pairs([("RANGEWAY__STATE__REDIS_URL", value.as_str())]);
+        let errors = load_err(&format!("{UPSTREAMS}{ROUTE}"), &env, KINDS);
+        let shown = format!("{errors}\n{errors:?}");
+        assert!(!shown.contains(SECRET), "{url}: {shown}");
+    }
+    // Nor in a TOML syntax error on that line.
+    let errors = load_err(
+        &format!("[state]\nredis_url = \"redis://:{SECRET}@h\n{UPSTREAMS}{ROUTE}"),
+        &Env::default(),
+        KINDS,
+    );
+    assert!(!errors.to_string().contains(SECRET), "{errors}");
+    // Nor in a loaded config's Debug output, while the client still gets the full URL.
+    let config = load_ok(&format!(
+        "[state]\nredis_url = [\"redis://:{SECRET}@a:7000\", \"redis://u:{SECRET}@b:7001\"]\n{UPSTREAMS}{ROUTE}"
+    ));
+    assert!(!format!("{config:?}").contains(SECRET));
+    let StateBackend::Redis(RedisTarget::Cluster(nodes)) = &config.state.backend else {
+        panic!("not a cluster");
+    };
+    assert_eq!(nodes[0].as_str(), format!("redis://:{SECRET}@a:7000"));
+    assert_eq!(nodes[1].to_string(), "redis://***@b:7001/0");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment overrides
+
+#[test]
+fn env_overrides_win_over_the_file() {
+    let env = Env::from_pairs([
+        ("RANGEWAY__SERVER__LISTEN", "127.0.0.1:9999"),
+        ("RANGEWAY__SERVER__THREADS", "4"),
+        ("RANGEWAY__SERVER__GRACE_PERIOD", "5s"),
+        ("RANGEWAY__UPSTREAMS__ORIGIN__URL", "https://minio:9443/b"),
+        ("RANGEWAY__UPSTREAMS__ORIGIN__INSECURE_SKIP_VERIFY", "true"),
+        ("RANGEWAY__UPSTREAMS__EXTRA__DIR", "./extra"),
+        ("RANGEWAY__ROUTES__0__UPSTREAM", "extra"),
+        ("RANGEWAY__ROUTES__0__STRIP_PREFIX", "false"),
+        ("RANGEWAY__STATE__REDIS_URL", "[\"redis://a:7000\", \"redis://b:7001\"]"),
+        // Not overrides: one underscore, or another prefix.
+        ("RANGEWAY_ADMIN_TOKEN", "x"),
+        ("RANGEWAYX__SERVER__LISTEN", "nonsense"),
+    ]);
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:8080\"\nthreads = 2\n{UPSTREAMS}{ROUTE}strip_prefix = true\n"
+    );
+    let config = load_with(&text, &env, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.server.listen, addr("127.0.0.1:9999"));
+    assert_eq!(config.server.threads.get(), 4);
+    assert_eq!(config.server.grace_period, Duration::from_secs(5));
+    let origin = http(&config, "origin");
+    assert_eq!(
+        (origin.host.as_str(), origin.port, origin.base_path.as_str()),
+        ("minio", 9443, "/b")
+    );
+    assert!(origin.tls && origin.insecure_skip_verify);
+    assert!(
+        matches!(&config.upstreams["extra"].kind, UpstreamKind::Dir { path } if path == Path::new("./extra"))
+    );
+    assert_eq!(config.routes[0].upstream, "extra");
+    assert!(!config.routes[0].strip_prefix);
+    let StateBackend::Redis(RedisTarget::Cluster(nodes)) = &config.state.backend else {
+        panic!("{:?}", config.state.backend);
+    };
+    assert_eq!(nodes.len(), 2);
+}
+
+#[test]
+fn env_overrides_match_names_ignoring_case() {
+    let env = Env::from_pairs([("RANGEWAY__UPSTREAMS__S3EAST__URL", "http://10.0.0.9:9000")]);
+    let text = "[upstreams.S3East]\nurl = \"http://127.0.0.1:9000\"\n[[routes]]\npath_prefix = \"/\"\nupstream = \"S3East\"\n";
+    let config = load_with(text, &env, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.upstreams.len(), 1);
+    assert_eq!(http(&config, "S3East").host, "10.0.0.9");
+}
+
+#[test]
+fn env_values_reach_middleware_options_with_their_origin() {
+    let env = Env::from_pairs([("RANGEWAY__ROUTES__0__MIDDLEWARE__0__LEVEL", "9")]);
+    let text = format!("{UPSTREAMS}{ROUTE}[[routes.middleware]]\nkind = \"gzip\"\nlevel = 6\n");
+    let config = load_with(&text, &env, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let level = &config.routes[0].middleware[0].options["level"];
+    assert_eq!(level.clone().into_int().ok(), Some(9));
+    assert_eq!(
+        level.origin(),
+        Some("environment variable RANGEWAY__ROUTES__0__MIDDLEWARE__0__LEVEL")
+    );
+}
+
+#[test]
+fn bad_env_overrides_name_the_variable() {
+    let file = format!("{UPSTREAMS}{ROUTE}");
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "RANGEWAY__SERVER__THREADS",
+            "four",
+            "server.threads",
+            "expected an integer (set by RANGEWAY__SERVER__THREADS)",
+        ),
+        (
+            "RANGEWAY__SERVER__THREADS",
+            "0",
+            "server.threads",
+            "0 is out of range (set by RANGEWAY__SERVER__THREADS)",
+        ),
+        (
+            "RANGEWAY__SERVER__GRACE_PERIOD",
+            "30",
+            "server.grace_period",
+            "(set by RANGEWAY__SERVER__GRACE_PERIOD) — write \"30s\"",
+        ),
+        (
+            "RANGEWAY__SERVER__LISTEN",
+            "nowhere",
+            "server.listen",
+            "\"nowhere\" is not a socket address (set by RANGEWAY__SERVER__LISTEN)",
+        ),
+        (
+            "RANGEWAY__SERVER__LISTN",
+            "127.0.0.1:1",
+            "server.listn",
+            "unknown key `listn` (set by RANGEWAY__SERVER__LISTN) — did you mean `listen`?",
+        ),
+        (
+            "RANGEWAY__ROUTES__0__STRIP_PREFIX",
+            "yes",
+            "routes[0].strip_prefix",
+            "expected true or false",
+        ),
+        (
+            "RANGEWAY__ROUTES__5__UPSTREAM",
+            "x",
+            "RANGEWAY__ROUTES__5__UPSTREAM",
+            "routes has 1 element(s), so \"5\" does not name one",
+        ),
+        (
+            "RANGEWAY__ROUTES__X__UPSTREAM",
+            "x",
+            "RANGEWAY__ROUTES__X__UPSTREAM",
+            "does not name one",
+        ),
+        ("RANGEWAY__SERVER____LISTEN", "x", "RANGEWAY__SERVER____LISTEN", "empty key segment"),
+        ("RANGEWAY__", "x", "RANGEWAY__", "empty key segment"),
+        (
+            "RANGEWAY__UPSTREAMS__ORIGIN__URL__X",
+            "x",
+            "RANGEWAY__UPSTREAMS__ORIGIN__URL__X",
+            "upstreams.origin.url is a string, not a table",
+        ),
+        (
+            "RANGEWAY__STATE__REDIS_URL",
+            "[\"redis://a\",",
+            "state.redis_url",
+            "not a TOML array of strings",
+        ),
+        (
+            "RANGEWAY__ROUTES",
+            "x",
+            "routes",
+            "expected an array of tables, found a string (set by RANGEWAY__ROUTES)",
+        ),
+    ];
+    let deep = format!("RANGEWAY{}", "__A".repeat(10_000));
+    let cases =
+        [cases, &[(deep.as_str(), "x", deep.as_str(), "more than 16 key segments")]].concat();
+    for &(var, value, path, fragment) in &cases {
+        expect_errors_with(&file, &Env::from_pairs([(var, value)]), KINDS, &[(path, fragment)]);
+    }
+}
+
+#[test]
+fn env_overrides_set_twice_or_ambiguously_are_refused() {
+    expect_errors_with(
+        &format!("{UPSTREAMS}{ROUTE}"),
+        &Env::from_pairs([
+            ("RANGEWAY__SERVER__LISTEN", "127.0.0.1:1"),
+            ("rangeway__server__listen", "127.0.0.1:2"),
+        ]),
+        KINDS,
+        &[("rangeway__server__listen", "sets the same key as RANGEWAY__SERVER__LISTEN")],
+    );
+    // Two file names equal but for case: refused in the file already, and the override cannot
+    // choose between them.
+    expect_errors_with(
+        &format!(
+            "[upstreams.Aa]\ndir = \"./a\"\n[upstreams.AA]\ndir = \"./b\"\n{UPSTREAMS}{ROUTE}"
+        ),
+        &Env::from_pairs([("RANGEWAY__UPSTREAMS__AA__DIR", "./c")]),
+        KINDS,
+        &[
+            ("RANGEWAY__UPSTREAMS__AA__DIR", "matches both \"AA\" and \"Aa\""),
+            ("upstreams.Aa", "differs from upstreams.AA only in case"),
+        ],
+    );
+}
+
+#[test]
+fn string_configs_take_no_overrides() {
+    // `from_toml_str` reads the process environment only for `admin_token_env`; it must not
+    // apply overrides even if the process has some.
+    let config = Config::from_toml_str(&format!("{UPSTREAMS}{ROUTE}"), KINDS)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.server.listen, addr("127.0.0.1:8080"));
+    let env = Env::from_pairs([("RANGEWAY__SERVER__LISTEN", "127.0.0.1:1"), ("TOKEN", "t")]);
+    let stripped = env.without_overrides();
+    assert!(stripped.get("RANGEWAY__SERVER__LISTEN").is_none());
+    assert!(stripped.get("TOKEN").is_some());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+fn shipped(relative: &str) -> PathBuf {
+    // Relative to this source file, so the test finds the repository's config/ from any crate
+    // that includes this module.
+    Path::new(file!())
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(|root| root.join("config").join(relative))
+        .expect("source file path has three ancestors")
+}
+
+#[test]
+fn shipped_configs_load() {
+    let default = Config::from_toml_str(DEFAULT_TOML, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(default.server.listen, addr("127.0.0.1:8080"));
+    assert_eq!(default.server.admin_listen, addr("127.0.0.1:9090"));
+    assert_eq!(default.state.backend, StateBackend::Memory);
+    assert!(
+        matches!(&default.upstreams["local"].kind, UpstreamKind::Dir { path } if path == Path::new("./data"))
+    );
+    assert_eq!(default.routes.len(), 1);
+    assert_eq!(default.routes[0].path_prefix, "/files/");
+    assert_eq!(default.routes[0].upstream, "local");
+    assert!(default.routes[0].strip_prefix);
+    assert!(default.routes[0].middleware.is_empty());
+
+    let from_file = Config::load(&shipped("default.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(from_file.routes, default.routes);
+
+    let cdn = Config::load(&shipped("examples/cdn.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(cdn.state.backend, StateBackend::Redis(RedisTarget::Single(_))));
+    assert_eq!(cdn.routes[0].host.as_deref(), Some("dl.example.com"));
+
+    let s3 = Config::load(&shipped("examples/s3.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(http(&s3, "s3").tls);
+
+    let secure =
+        Config::load(&shipped("examples/secure.toml"), KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let kinds: Vec<&str> = secure.routes[2].middleware.iter().map(|m| m.kind.as_str()).collect();
+    assert_eq!(kinds, ["checksum", "gzip", "aes128gcm"]);
+    // Without the stages registered, the secure example is refused entry by entry.
+    let errors = Config::load(&shipped("examples/secure.toml"), &[]).expect_err("no kinds");
+    assert_eq!(errors.len(), 4, "{errors}");
+}
+
+#[test]
+fn unreadable_files_are_one_error_naming_the_file() {
+    let missing = Temp::path("missing.toml");
+    let errors = Config::load(&missing.0, KINDS).expect_err("missing");
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors.errors()[0].path, missing.0.display().to_string());
+    assert!(errors.to_string().contains("the config file does not exist"), "{errors}");
+
+    let dir = Temp::dir("config-dir");
+    let errors = Config::load(&dir.0, KINDS).expect_err("a directory");
+    assert!(errors.to_string().contains("is a directory"), "{errors}");
+
+    let binary = Temp::file("binary.toml", b"listen = \"\xff\"");
+    let errors = Config::load(&binary.0, KINDS).expect_err("not UTF-8");
+    assert!(
+        errors.to_string().contains("is not UTF-8 text (invalid byte at offset 10)"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn syntax_errors_name_file_line_and_column() {
+    let file = Temp::file("syntax.toml", b"[server]\nlisten = \"127.0.0.1:8080\"\nthreads = = 4\n");
+    let errors = Config::load(&file.0, KINDS).expect_err("syntax");
+    assert_eq!(errors.len(), 1, "{errors}");
+    let error = &errors.errors()[0];
+    assert_eq!(error.path, format!("{}:3:11", file.0.display()));
+    assert!(error.problem.starts_with("invalid TOML: "), "{error}");
+    assert!(!error.problem.contains('|'), "{error}");
+
+    let errors = load_err("[server]\n[server]\n", &Env::default(), KINDS);
+    assert!(errors.errors()[0].path.starts_with("test.toml:2:"), "{errors}");
+}
+
+#[test]
+fn errors_display_one_per_line() {
+    let errors = load_err("[server]\nlisten = 1\nadmin_listen = 2\n", &Env::default(), KINDS);
+    let shown = errors.to_string();
+    assert_eq!(shown.lines().count(), errors.len());
+    assert_eq!(errors.len(), 3, "{shown}");
+    assert_eq!(
+        shown.lines().last(),
+        Some(
+            "routes: no routes are defined, so every request would be answered 404 — add \
+             [[routes]] with path_prefix = \"/files/\" and upstream = \"origin\""
+        )
+    );
+    let paths: Vec<&str> = errors.errors().iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["server.listen", "server.admin_listen", "routes"]);
+    assert!(!errors.is_empty());
+    assert_eq!((&errors).into_iter().count(), 3);
+    assert_eq!(errors.into_iter().count(), 3);
+}

@@ -1,0 +1,11 @@
+//! rangeway: a reverse proxy on pingora that makes every download resumable at any byte.
+//!
+//! The binary (`src/main.rs`) is a thin CLI over this library; integration tests start the same
+//! server in-process through [`server::Running`].
+
+pub mod admin;
+pub mod config;
+pub mod origin;
+pub mod proxy;
+pub mod range;
+pub mod server;

@@ -1,0 +1,3 @@
+//! Origins rangeway runs itself. Today: `dir`, a local folder served over HTTP.
+
+pub mod dir;

@@ -1,0 +1,537 @@
+//! The proxy: pingora's `ProxyHttp` for rangeway.
+//!
+//! [`Rangeway`] is built once from config (routes, upstreams, limits, metrics); [`RequestCtx`] is
+//! the per-request state that pingora threads through the phases. The request flow is DESIGN.md's:
+//! route and parse in `request_filter`, plan and send the upstream Range in
+//! `upstream_request_filter`, check the upstream's answer and shape the client's in
+//! `response_filter`, cut the body in `response_body_filter` (synchronous, no allocation on
+//! passthrough), record in `logging`.
+
+pub mod path;
+pub mod routing;
+pub mod upstream;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Method, StatusCode, header};
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorSource, ErrorType, Result};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use rangeway_middleware::rfc9110::{
+    MultipartBody, MultipartPlan, RangeLimits, RangeSpec, content_range, unsatisfied_content_range,
+};
+use rangeway_middleware::{ByteRange, Window};
+use tracing::{info, warn};
+
+use crate::admin::metrics::{ActiveDownload, Metrics};
+use crate::range::{ClientRange, Shape, shape_response};
+use path::NormalizedPath;
+use routing::{Route, RouteTable, request_host};
+
+/// Written in `Via` on both sides (RFC 9110 §7.6.3).
+const VIA: &str = "1.1 rangeway";
+
+/// Response fields that describe one connection, not the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 6] =
+    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"];
+
+/// The proxy, built once from config and shared by every request.
+#[derive(Debug)]
+pub struct Rangeway {
+    routes: RouteTable,
+    range_limits: RangeLimits,
+    metrics: Arc<Metrics>,
+}
+
+impl Rangeway {
+    pub fn new(routes: RouteTable, range_limits: RangeLimits, metrics: Arc<Metrics>) -> Self {
+        Self { routes, range_limits, metrics }
+    }
+
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+}
+
+/// What the proxy does to the upstream body on its way to the client.
+#[derive(Debug, Default)]
+enum BodyPlan {
+    /// Forward every chunk as it is.
+    #[default]
+    Forward,
+    /// Forward only the bytes inside one range.
+    Window(Window),
+    /// Build a multipart/byteranges body from the ranges.
+    Multipart(Box<MultipartBody>),
+    /// Send nothing: the answer has no content (304, 412, 416, refused upstream answers).
+    Discard,
+}
+
+/// Per-request state.
+#[derive(Debug)]
+pub struct RequestCtx {
+    started: Instant,
+    route: Option<Arc<Route>>,
+    upstream_target: String,
+    client_range: ClientRange,
+    sent_range: Option<RangeSpec>,
+    body: BodyPlan,
+    /// What was served, for the access log: a Content-Range, "multipart", or "-".
+    served: String,
+    upstream_status: Option<u16>,
+    upstream_connected: Option<Instant>,
+    upstream_header: Option<Duration>,
+    bytes_out: u64,
+    refusal: Option<&'static str>,
+    _active: Option<ActiveDownload>,
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            route: None,
+            upstream_target: String::new(),
+            client_range: ClientRange::Absent,
+            sent_range: None,
+            body: BodyPlan::Forward,
+            served: String::from("-"),
+            upstream_status: None,
+            upstream_connected: None,
+            upstream_header: None,
+            bytes_out: 0,
+            refusal: None,
+            _active: None,
+        }
+    }
+}
+
+impl RequestCtx {
+    fn route_name(&self) -> &str {
+        self.route.as_ref().map_or("-", |r| r.name.as_str())
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Rangeway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let req = session.req_header();
+        if req.method != Method::GET && req.method != Method::HEAD {
+            respond(
+                session,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "rangeway serves GET and HEAD only\n",
+                &[(header::ALLOW, "GET, HEAD")],
+            )
+            .await?;
+            return Ok(true);
+        }
+        let path = match NormalizedPath::parse(req.uri.path()) {
+            Ok(path) => path,
+            Err(e) => {
+                respond(session, StatusCode::BAD_REQUEST, &format!("bad path: {e}\n"), &[]).await?;
+                return Ok(true);
+            }
+        };
+        let host = request_host(req);
+        let Some(route) = self.routes.find(host.as_deref(), &path) else {
+            respond(session, StatusCode::NOT_FOUND, "no route for this path\n", &[]).await?;
+            return Ok(true);
+        };
+        let mut target = route.upstream_path(&path);
+        if let Some(query) = req.uri.query() {
+            target.push('?');
+            target.push_str(query);
+        }
+        ctx.client_range = ClientRange::from_request(&req.method, &req.headers, &self.range_limits);
+        ctx.sent_range = ctx.client_range.upstream_spec();
+        ctx.upstream_target = target;
+        ctx._active = Some(self.metrics.active_download());
+        ctx.route = Some(Arc::clone(route));
+        Ok(false)
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
+        let route = ctx
+            .route
+            .as_ref()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
+        route.upstream.peer().await
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        _fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora_core::protocols::Digest>,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        ctx.upstream_connected = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let route = ctx
+            .route
+            .as_ref()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
+        let uri = ctx
+            .upstream_target
+            .parse::<http::Uri>()
+            .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
+        upstream_request.set_uri(uri);
+        let original_host = upstream_request.headers.get(header::HOST).cloned();
+        upstream_request.insert_header(header::HOST, route.upstream.host_header())?;
+        upstream_request.remove_header(&header::RANGE);
+        if let Some(spec) = &ctx.sent_range {
+            upstream_request.insert_header(header::RANGE, format!("bytes={spec}"))?;
+        } else {
+            // If-Range only means something beside a Range.
+            upstream_request.remove_header(&header::IF_RANGE);
+        }
+        upstream_request.remove_header(&header::PROXY_AUTHORIZATION);
+        if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
+            let ip = client.ip().to_string();
+            let forwarded =
+                match upstream_request.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok())
+                {
+                    Some(earlier) => format!("{earlier}, {ip}"),
+                    None => ip,
+                };
+            upstream_request.insert_header("x-forwarded-for", forwarded)?;
+        }
+        upstream_request.insert_header("x-forwarded-proto", "http")?;
+        if let Some(host) = original_host {
+            upstream_request.insert_header("x-forwarded-host", host)?;
+        }
+        upstream_request.append_header(header::VIA, VIA)?;
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let status = response.status.as_u16();
+        ctx.upstream_status = Some(status);
+        ctx.upstream_header = ctx.upstream_connected.map(|t| t.elapsed());
+        for name in HOP_BY_HOP {
+            response.remove_header(name);
+        }
+        response.append_header(header::VIA, VIA)?;
+        let req = session.req_header();
+        let shape = shape_response(
+            &req.method,
+            &req.headers,
+            &ctx.client_range,
+            ctx.sent_range.as_ref(),
+            status,
+            &response.headers,
+            SystemTime::now(),
+        );
+        let route = ctx.route_name().to_owned();
+        match shape {
+            Shape::Forward => {
+                if let Some(range) = response.headers.get(header::CONTENT_RANGE) {
+                    ctx.served = range.to_str().unwrap_or("?").to_owned();
+                }
+                if matches!(status, 200 | 206)
+                    && response.headers.contains_key(header::CONTENT_LENGTH)
+                {
+                    // rangeway can cut any range out of a response of known length.
+                    response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+                }
+            }
+            Shape::Single { range, complete_len, stream_start } => {
+                if status == 200 {
+                    self.metrics.upstream_ignored_range(&route);
+                }
+                let value = content_range(range, complete_len);
+                set_partial(response, range.len(), &value)?;
+                ctx.served = value;
+                ctx.body = BodyPlan::Window(Window::new(stream_start, range));
+            }
+            Shape::Multiple { ranges, complete_len, stream_start } => {
+                let content_type =
+                    response.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+                let plan = MultipartPlan::new(
+                    &ranges,
+                    complete_len,
+                    content_type,
+                    &boundary(&ranges, complete_len),
+                )
+                .map_err(|e| Error::because(ErrorType::InternalError, "multipart plan", e))?;
+                let multipart = MultipartBody::new(plan.clone(), stream_start)
+                    .map_err(|e| Error::because(ErrorType::InternalError, "multipart body", e))?;
+                response.set_status(StatusCode::PARTIAL_CONTENT)?;
+                response.remove_header(&header::CONTENT_RANGE);
+                response.remove_header(&header::TRANSFER_ENCODING);
+                response.insert_header(header::CONTENT_TYPE, plan.content_type_header())?;
+                response.insert_header(header::CONTENT_LENGTH, plan.total_len())?;
+                response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+                ctx.served = format!("multipart ({} ranges)", ranges.len());
+                ctx.body = BodyPlan::Multipart(Box::new(multipart));
+            }
+            Shape::Unsatisfiable { complete_len } => {
+                empty_answer(response, StatusCode::RANGE_NOT_SATISFIABLE)?;
+                response.insert_header(
+                    header::CONTENT_RANGE,
+                    unsatisfied_content_range(complete_len),
+                )?;
+                response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+                ctx.body = BodyPlan::Discard;
+            }
+            Shape::NotModified => {
+                empty_answer(response, StatusCode::NOT_MODIFIED)?;
+                response.remove_header(&header::CONTENT_LENGTH);
+                ctx.body = BodyPlan::Discard;
+            }
+            Shape::PreconditionFailed => {
+                empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
+                ctx.body = BodyPlan::Discard;
+            }
+            Shape::BadGateway(reason) => {
+                warn!(route = %route, upstream_status = status, reason, "refusing the upstream's answer");
+                self.metrics.upstream_error(&route, "bad_range_answer");
+                empty_answer(response, StatusCode::BAD_GATEWAY)?;
+                response.insert_header("x-rangeway-error", reason)?;
+                ctx.refusal = Some(reason);
+                ctx.body = BodyPlan::Discard;
+            }
+        }
+        Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Duration>> {
+        match &mut ctx.body {
+            BodyPlan::Forward => {}
+            BodyPlan::Window(window) => *body = body.take().and_then(|chunk| window.cut(chunk)),
+            BodyPlan::Multipart(multipart) => {
+                let out = body.take().and_then(|chunk| multipart.push(chunk));
+                *body = if end_of_stream {
+                    match (out, multipart.finish()) {
+                        (Some(out), Some(tail)) => {
+                            let mut joined = BytesMut::with_capacity(out.len() + tail.len());
+                            joined.extend_from_slice(&out);
+                            joined.extend_from_slice(&tail);
+                            Some(joined.freeze())
+                        }
+                        (out, tail) => out.or(tail),
+                    }
+                } else {
+                    out
+                };
+            }
+            BodyPlan::Discard => *body = None,
+        }
+        if let Some(chunk) = body {
+            ctx.bytes_out += chunk.len() as u64;
+        }
+        Ok(None)
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, _error: &Error) -> bool {
+        // `logging` writes one line per request, errors included, at the right level.
+        true
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let (status, message) = error_answer(e);
+        if status != 0 && session.response_written().is_none() {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            if let Err(write_error) = respond(session, status, message, &[]).await {
+                info!(route = ctx.route_name(), error = %write_error, "could not send the error answer");
+            }
+        }
+        FailToProxy { error_code: status, can_reuse_downstream: false }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let route = ctx.route_name();
+        let elapsed = ctx.started.elapsed();
+        self.metrics.request(route, status, ctx.bytes_out, elapsed);
+        let req = session.req_header();
+        let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
+        let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
+        let client = session.client_addr().map(|a| a.to_string()).unwrap_or_default();
+        match e {
+            None => info!(
+                target: "rangeway::access",
+                route, method = %req.method, path = %req.uri, status,
+                range_asked = asked, range_served = %ctx.served, bytes = ctx.bytes_out,
+                upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
+                client = %client, refused = ctx.refusal,
+            ),
+            Some(e) if is_client_abort(e) => info!(
+                target: "rangeway::access",
+                route, method = %req.method, path = %req.uri, status,
+                range_asked = asked, range_served = %ctx.served, bytes = ctx.bytes_out,
+                total_ms = elapsed.as_secs_f64() * 1000.0, client = %client,
+                "client went away before the end of the response"
+            ),
+            Some(e) => {
+                if *e.esource() == ErrorSource::Upstream {
+                    self.metrics.upstream_error(route, error_kind(e));
+                }
+                warn!(
+                    target: "rangeway::access",
+                    route, method = %req.method, path = %req.uri, status,
+                    range_asked = asked, range_served = %ctx.served, bytes = ctx.bytes_out,
+                    upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
+                    client = %client, error = %e,
+                )
+            }
+        }
+    }
+}
+
+/// Turns an upstream answer into a 206 for `range`.
+fn set_partial(response: &mut ResponseHeader, len: u64, content_range: &str) -> Result<()> {
+    response.set_status(StatusCode::PARTIAL_CONTENT)?;
+    response.remove_header(&header::TRANSFER_ENCODING);
+    response.insert_header(header::CONTENT_RANGE, content_range)?;
+    response.insert_header(header::CONTENT_LENGTH, len)?;
+    response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+    Ok(())
+}
+
+/// Turns an upstream answer into one with `status` and no content.
+fn empty_answer(response: &mut ResponseHeader, status: StatusCode) -> Result<()> {
+    response.set_status(status)?;
+    for name in [
+        header::TRANSFER_ENCODING,
+        header::CONTENT_RANGE,
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+    ] {
+        response.remove_header(&name);
+    }
+    response.insert_header(header::CONTENT_LENGTH, 0)?;
+    Ok(())
+}
+
+/// A multipart boundary that depends only on what is sent, so a repeated request gets the same
+/// bytes; 64 bits of SHA-256 make a collision with content as unlikely as a random one.
+fn boundary(ranges: &[ByteRange], complete_len: u64) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(complete_len.to_be_bytes());
+    for range in ranges {
+        hash.update(range.start().to_be_bytes());
+        hash.update(range.end().to_be_bytes());
+    }
+    let digest = hash.finalize();
+    let mut out = String::from("rangeway-");
+    for byte in &digest[..8] {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+/// A short answer of rangeway's own.
+async fn respond(
+    session: &mut Session,
+    status: StatusCode,
+    message: &str,
+    extra: &[(header::HeaderName, &str)],
+) -> Result<()> {
+    let mut response = ResponseHeader::build(status, Some(4 + extra.len()))?;
+    response.insert_header(header::CONTENT_TYPE, "text/plain; charset=utf-8")?;
+    response.insert_header(header::CONTENT_LENGTH, message.len())?;
+    response.insert_header(header::VIA, VIA)?;
+    for (name, value) in extra {
+        response.insert_header(
+            name.clone(),
+            HeaderValue::from_str(value)
+                .map_err(|e| Error::because(ErrorType::InternalError, "header", e))?,
+        )?;
+    }
+    let head_only = session.req_header().method == Method::HEAD;
+    session.write_response_header(Box::new(response), head_only).await?;
+    if !head_only {
+        session.write_response_body(Some(Bytes::copy_from_slice(message.as_bytes())), true).await?;
+    }
+    Ok(())
+}
+
+/// The status and message for a request that failed; 0 when the client is already gone.
+fn error_answer(e: &Error) -> (u16, &'static str) {
+    use ErrorType::*;
+    match e.etype() {
+        HTTPStatus(code) => (*code, "request failed\n"),
+        _ if is_client_abort(e) => (0, ""),
+        InvalidCert | TLSHandshakeFailure | TLSWantX509Lookup | HandshakeError => {
+            (502, "rangeway: the upstream's TLS certificate was not accepted\n")
+        }
+        ConnectTimedout | TLSHandshakeTimedout => {
+            (504, "rangeway: connecting to the upstream timed out\n")
+        }
+        ReadTimedout | WriteTimedout if *e.esource() == ErrorSource::Upstream => {
+            (504, "rangeway: the upstream did not answer in time\n")
+        }
+        ConnectRefused | ConnectNoRoute | ConnectError => {
+            (502, "rangeway: cannot connect to the upstream\n")
+        }
+        _ => match e.esource() {
+            ErrorSource::Upstream => (502, "rangeway: the upstream failed\n"),
+            ErrorSource::Downstream => (400, "rangeway: bad request\n"),
+            ErrorSource::Internal | ErrorSource::Unset => (500, "rangeway: internal error\n"),
+        },
+    }
+}
+
+fn is_client_abort(e: &Error) -> bool {
+    *e.esource() == ErrorSource::Downstream
+        && matches!(
+            e.etype(),
+            ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed
+        )
+}
+
+/// A metric label for an upstream failure.
+fn error_kind(e: &Error) -> &'static str {
+    use ErrorType::*;
+    match e.etype() {
+        InvalidCert | TLSHandshakeFailure | TLSWantX509Lookup | HandshakeError
+        | TLSHandshakeTimedout => "tls",
+        ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError => "connect",
+        ReadTimedout | WriteTimedout => "timeout",
+        ConnectionClosed | ReadError | WriteError => "io",
+        _ => "protocol",
+    }
+}

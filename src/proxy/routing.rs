@@ -1,0 +1,135 @@
+//! The route table: which upstream serves a request, and under which path.
+
+use std::sync::Arc;
+
+use super::path::NormalizedPath;
+use super::upstream::Upstream;
+
+/// One `[[routes]]` entry, resolved against its upstream.
+#[derive(Debug)]
+pub struct Route {
+    /// The name used in logs and metrics: the configured prefix, with the host when there is one.
+    pub name: String,
+    host: Option<String>,
+    prefix: NormalizedPath,
+    strip_prefix: bool,
+    pub upstream: Arc<Upstream>,
+}
+
+impl Route {
+    /// `prefix` must be a valid path (config validation has checked it).
+    pub fn new(
+        host: Option<String>,
+        prefix: &str,
+        strip_prefix: bool,
+        upstream: Arc<Upstream>,
+    ) -> Result<Self, super::path::PathError> {
+        let prefix_path = NormalizedPath::parse(prefix)?;
+        let name = match &host {
+            Some(host) => format!("{host}{prefix}"),
+            None => prefix.to_owned(),
+        };
+        Ok(Self {
+            name,
+            host: host.map(|h| h.to_ascii_lowercase()),
+            prefix: prefix_path,
+            strip_prefix,
+            upstream,
+        })
+    }
+
+    /// The upstream path for a request path this route matched.
+    pub fn upstream_path(&self, path: &NormalizedPath) -> String {
+        let base = self.upstream.base_path();
+        if self.strip_prefix {
+            // `path` matched `self.prefix`, so stripping succeeds.
+            if let Some(rest) = path.strip(&self.prefix) {
+                return rest.to_upstream(base);
+            }
+        }
+        path.to_upstream(base)
+    }
+}
+
+/// Routes ordered so that the first match is the right one: routes for a host before routes for
+/// any host, then longer prefixes (in segments) before shorter ones.
+#[derive(Debug)]
+pub struct RouteTable {
+    routes: Vec<Arc<Route>>,
+}
+
+impl RouteTable {
+    pub fn new(mut routes: Vec<Route>) -> Self {
+        routes.sort_by_key(|r| (r.host.is_none(), std::cmp::Reverse(r.prefix.segments().len())));
+        Self { routes: routes.into_iter().map(Arc::new).collect() }
+    }
+
+    /// The route for a request to `host` (without port, any case) and `path`.
+    pub fn find(&self, host: Option<&str>, path: &NormalizedPath) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|route| {
+            let host_matches = match (&route.host, host) {
+                (None, _) => true,
+                (Some(want), Some(got)) => want.eq_ignore_ascii_case(got),
+                (Some(_), None) => false,
+            };
+            host_matches && path.starts_with(&route.prefix)
+        })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.routes.iter()
+    }
+}
+
+/// The host a request is for: the Host header (or the authority of an absolute-form target),
+/// lower-cased, without port.
+pub fn request_host(req: &pingora_http::RequestHeader) -> Option<String> {
+    let raw = req.uri.authority().map(|a| a.host().to_owned()).or_else(|| {
+        let value = req.headers.get(http::header::HOST)?.to_str().ok()?;
+        let authority: http::uri::Authority = value.parse().ok()?;
+        Some(authority.host().to_owned())
+    })?;
+    Some(raw.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::upstream::Timeouts;
+    use std::time::Duration;
+
+    fn upstream(name: &str) -> Arc<Upstream> {
+        let t = Duration::from_secs(1);
+        let timeouts = Timeouts { connect: t, read: t, write: t, idle: t };
+        Arc::new(Upstream::http(name, "127.0.0.1", 1, None, "h".into(), "/base", timeouts).unwrap())
+    }
+
+    fn table() -> RouteTable {
+        RouteTable::new(vec![
+            Route::new(None, "/", false, upstream("root")).unwrap(),
+            Route::new(None, "/files/", true, upstream("files")).unwrap(),
+            Route::new(None, "/files/big/", false, upstream("big")).unwrap(),
+            Route::new(Some("DL.example.com".into()), "/files", true, upstream("host")).unwrap(),
+        ])
+    }
+
+    fn route(host: Option<&str>, path: &str) -> (String, String) {
+        let table = table();
+        let path = NormalizedPath::parse(path).unwrap();
+        let route = table.find(host, &path).unwrap();
+        (route.upstream.name().to_owned(), route.upstream_path(&path))
+    }
+
+    #[test]
+    fn longest_prefix_and_host_win() {
+        assert_eq!(route(None, "/files/a.bin"), ("files".into(), "/base/a.bin".into()));
+        assert_eq!(route(None, "/files/big/a.bin"), ("big".into(), "/base/files/big/a.bin".into()));
+        assert_eq!(route(None, "/filesystem"), ("root".into(), "/base/filesystem".into()));
+        assert_eq!(
+            route(Some("dl.example.com"), "/files/big/x"),
+            ("host".into(), "/base/big/x".into())
+        );
+        assert_eq!(route(Some("other"), "/files/x"), ("files".into(), "/base/x".into()));
+        assert_eq!(route(None, "/files"), ("files".into(), "/base/".into()));
+    }
+}

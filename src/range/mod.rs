@@ -1,0 +1,193 @@
+//! What a request asks for and what the proxy answers with.
+//!
+//! The RFC 9110 machinery (parsing, resolution, validators, multipart) lives in the sans-I/O
+//! `rangeway_middleware::rfc9110`; this module applies it to one proxied exchange:
+//! [`ClientRange`] reads the client's request, [`ClientRange::upstream_spec`] plans the Range sent
+//! upstream, and [`shape_response`] decides — from the upstream's status and headers — what the
+//! client gets. Origins that ignore Range, answer another range than asked, or ignore If-Range are
+//! all caught here: their bytes are never passed off as the range the client asked for.
+
+use std::time::SystemTime;
+
+use http::{HeaderMap, Method, header};
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::rfc9110::{
+    ContentRange, EntityTag, IgnoreReason, Precondition, RangeLimits, RangeRequest, RangeSet,
+    RangeSpec, Resolution, Validators, evaluate_preconditions, if_range_holds, parse_content_range,
+    parse_range,
+};
+
+/// The client's Range header, as far as this request is concerned.
+#[derive(Debug, Clone)]
+pub enum ClientRange {
+    /// No Range header, or a method other than GET (RFC 9110 §14.2: Range is ignored there).
+    Absent,
+    /// A Range header the server ignores and answers with the whole representation.
+    Ignored(IgnoreReason),
+    Bytes(RangeSet),
+}
+
+impl ClientRange {
+    pub fn from_request(method: &Method, headers: &HeaderMap, limits: &RangeLimits) -> Self {
+        if method != Method::GET {
+            return Self::Absent;
+        }
+        let mut values = headers.get_all(header::RANGE).iter();
+        let Some(value) = values.next() else {
+            return Self::Absent;
+        };
+        if values.next().is_some() {
+            // Range is a singleton field; two of them cannot be combined meaningfully.
+            return Self::Ignored(IgnoreReason::Invalid);
+        }
+        match parse_range(value.as_bytes(), limits) {
+            RangeRequest::Ignore(reason) => Self::Ignored(reason),
+            RangeRequest::Bytes(set) => Self::Bytes(set),
+        }
+    }
+
+    /// The single range to ask the upstream for: one that covers every byte this request can
+    /// resolve to, whatever the object's length. `None`: ask for the whole representation.
+    pub fn upstream_spec(&self) -> Option<RangeSpec> {
+        match self {
+            Self::Bytes(set) => set.covering_spec(),
+            Self::Absent | Self::Ignored(_) => None,
+        }
+    }
+}
+
+/// What the proxy does with an upstream response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    /// Pass the upstream response on unchanged (headers aside), body untouched.
+    Forward,
+    /// Answer 206 with one range, cut from an upstream body whose first byte is `stream_start`.
+    Single { range: ByteRange, complete_len: u64, stream_start: u64 },
+    /// Answer 206 multipart/byteranges, cut from an upstream body starting at `stream_start`.
+    Multiple { ranges: Vec<ByteRange>, complete_len: u64, stream_start: u64 },
+    /// Answer 416 with `Content-Range: bytes */complete_len`.
+    Unsatisfiable { complete_len: u64 },
+    /// Answer 304: a precondition of the client says its copy is current.
+    NotModified,
+    /// Answer 412: a precondition of the client failed.
+    PreconditionFailed,
+    /// The upstream's answer cannot be turned into a correct response.
+    BadGateway(&'static str),
+}
+
+/// The validators of the representation an upstream response carries.
+pub fn validators(headers: &HeaderMap) -> Validators {
+    Validators {
+        etag: headers.get(header::ETAG).and_then(|v| EntityTag::parse(v.as_bytes())),
+        last_modified: headers
+            .get(header::LAST_MODIFIED)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok()),
+    }
+}
+
+/// Decides the client's answer from the upstream's status and headers.
+///
+/// `sent` is the Range this request sent upstream (from [`ClientRange::upstream_spec`]).
+pub fn shape_response(
+    method: &Method,
+    request: &HeaderMap,
+    client: &ClientRange,
+    sent: Option<&RangeSpec>,
+    status: u16,
+    response: &HeaderMap,
+    now: SystemTime,
+) -> Shape {
+    if !matches!(status, 200 | 206) {
+        // 304, 412, 416, errors: the upstream has already answered the question asked.
+        return Shape::Forward;
+    }
+    let validators = validators(response);
+    // The upstream was sent the client's preconditions too; evaluating them again here makes the
+    // answer right even behind an origin that ignores them.
+    match evaluate_preconditions(method, request, &validators) {
+        Precondition::Proceed => {}
+        Precondition::NotModified => return Shape::NotModified,
+        Precondition::Failed => return Shape::PreconditionFailed,
+    }
+    let ClientRange::Bytes(set) = client else {
+        return if status == 206 {
+            Shape::BadGateway("the upstream answered 206 to a request without a range")
+        } else {
+            Shape::Forward
+        };
+    };
+    let range_applies = if_range_holds(request, &validators, now);
+
+    if status == 200 {
+        if !range_applies {
+            return Shape::Forward;
+        }
+        // The upstream sent the whole representation (it ignored Range or we asked for all of
+        // it): cut the range out ourselves when its length is known.
+        let Some(complete_len) = content_length(response) else {
+            return Shape::Forward;
+        };
+        return resolve(set, complete_len, ByteRange::whole(complete_len), false);
+    }
+
+    // 206
+    if sent.is_none() {
+        return Shape::BadGateway("the upstream answered 206 to a request without a range");
+    }
+    if !range_applies {
+        // If-Range failed, so the client must get the whole representation — but the upstream
+        // sent a part: it did not evaluate the If-Range it was given.
+        return Shape::BadGateway("the upstream answered 206 although If-Range did not match");
+    }
+    let Some(ContentRange::Satisfied { range: got, complete_len }) =
+        response.get(header::CONTENT_RANGE).and_then(|v| parse_content_range(v.as_bytes()))
+    else {
+        return Shape::BadGateway("the upstream's 206 has no usable Content-Range");
+    };
+    if let Some(len) = content_length(response)
+        && len != got.len()
+    {
+        return Shape::BadGateway(
+            "the upstream's 206 Content-Length disagrees with its Content-Range",
+        );
+    }
+    let Some(complete_len) = complete_len else {
+        return Shape::BadGateway("the upstream's 206 does not say the representation's length");
+    };
+    resolve(set, complete_len, got, true)
+}
+
+/// Resolves the client's ranges against the representation's length and checks that the bytes
+/// the upstream is sending (`available`) hold all of them. `partial`: the upstream is sending a
+/// 206 for `available`, which can be forwarded as it is when it is exactly the range asked for.
+fn resolve(set: &RangeSet, complete_len: u64, available: ByteRange, partial: bool) -> Shape {
+    let stream_start = available.start();
+    match set.resolve(complete_len) {
+        Resolution::Unsatisfiable => Shape::Unsatisfiable { complete_len },
+        Resolution::Single(range) if available.contains_range(&range) => {
+            if partial && range == available {
+                // Exactly what the upstream is sending: no cutting needed.
+                Shape::Forward
+            } else {
+                Shape::Single { range, complete_len, stream_start }
+            }
+        }
+        Resolution::Multiple(ranges) if ranges.iter().all(|r| available.contains_range(r)) => {
+            Shape::Multiple { ranges, complete_len, stream_start }
+        }
+        Resolution::Single(_) | Resolution::Multiple(_) => {
+            Shape::BadGateway("the upstream's 206 does not cover the range asked for")
+        }
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        return None;
+    }
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests;

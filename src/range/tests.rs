@@ -1,0 +1,172 @@
+use super::*;
+use http::HeaderValue;
+
+const NOW: SystemTime = SystemTime::UNIX_EPOCH;
+
+fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        map.append(*name, HeaderValue::from_str(value).unwrap());
+    }
+    map
+}
+
+fn client(range: &str) -> ClientRange {
+    ClientRange::from_request(&Method::GET, &headers(&[("range", range)]), &RangeLimits::default())
+}
+
+fn shape(
+    range: &str,
+    request: &[(&'static str, &str)],
+    status: u16,
+    response: &[(&'static str, &str)],
+) -> Shape {
+    let client = client(range);
+    let sent = client.upstream_spec();
+    let mut request = headers(request);
+    request.insert("range", HeaderValue::from_str(range).unwrap());
+    shape_response(&Method::GET, &request, &client, sent.as_ref(), status, &headers(response), NOW)
+}
+
+fn r(start: u64, end: u64) -> ByteRange {
+    ByteRange::new(start, end).unwrap()
+}
+
+#[test]
+fn a_matching_206_is_forwarded() {
+    let got = shape(
+        "bytes=0-99",
+        &[],
+        206,
+        &[("content-range", "bytes 0-99/1000"), ("content-length", "100")],
+    );
+    assert_eq!(got, Shape::Forward);
+}
+
+#[test]
+fn a_200_to_a_range_is_sliced() {
+    let got = shape("bytes=10-19", &[], 200, &[("content-length", "1000"), ("etag", "\"a\"")]);
+    assert_eq!(got, Shape::Single { range: r(10, 20), complete_len: 1000, stream_start: 0 });
+    // Even when the range is the whole representation the client gets its 206.
+    let got = shape("bytes=0-", &[], 200, &[("content-length", "1000")]);
+    assert_eq!(got, Shape::Single { range: r(0, 1000), complete_len: 1000, stream_start: 0 });
+}
+
+#[test]
+fn a_200_without_length_is_forwarded_whole() {
+    let got = shape("bytes=10-19", &[], 200, &[("transfer-encoding", "chunked")]);
+    assert_eq!(got, Shape::Forward);
+}
+
+#[test]
+fn a_wider_206_is_trimmed() {
+    let got = shape("bytes=10-19", &[], 206, &[("content-range", "bytes 0-99/1000")]);
+    assert_eq!(got, Shape::Single { range: r(10, 20), complete_len: 1000, stream_start: 0 });
+}
+
+#[test]
+fn a_wrong_206_is_refused() {
+    let got = shape("bytes=10-19", &[], 206, &[("content-range", "bytes 15-24/1000")]);
+    assert!(matches!(got, Shape::BadGateway(_)), "{got:?}");
+    let got = shape("bytes=10-19", &[], 206, &[]);
+    assert!(matches!(got, Shape::BadGateway(_)), "{got:?}");
+    let got = shape(
+        "bytes=10-19",
+        &[],
+        206,
+        &[("content-range", "bytes 10-19/1000"), ("content-length", "5")],
+    );
+    assert!(matches!(got, Shape::BadGateway(_)), "{got:?}");
+}
+
+#[test]
+fn an_unsolicited_206_is_refused() {
+    let got = shape_response(
+        &Method::GET,
+        &HeaderMap::new(),
+        &ClientRange::Absent,
+        None,
+        206,
+        &headers(&[("content-range", "bytes 0-9/10")]),
+        NOW,
+    );
+    assert!(matches!(got, Shape::BadGateway(_)), "{got:?}");
+}
+
+#[test]
+fn multiple_ranges_from_a_200() {
+    let got = shape("bytes=0-1,500-501", &[], 200, &[("content-length", "1000")]);
+    assert_eq!(
+        got,
+        Shape::Multiple { ranges: vec![r(0, 2), r(500, 502)], complete_len: 1000, stream_start: 0 }
+    );
+}
+
+#[test]
+fn unsatisfiable_against_the_real_length() {
+    let got = shape("bytes=5000-", &[], 200, &[("content-length", "1000")]);
+    assert_eq!(got, Shape::Unsatisfiable { complete_len: 1000 });
+}
+
+#[test]
+fn if_range_mismatch_serves_the_whole() {
+    let got = shape(
+        "bytes=10-19",
+        &[("if-range", "\"old\"")],
+        200,
+        &[("content-length", "1000"), ("etag", "\"new\"")],
+    );
+    assert_eq!(got, Shape::Forward);
+    let got = shape(
+        "bytes=10-19",
+        &[("if-range", "\"old\"")],
+        206,
+        &[("content-range", "bytes 10-19/1000"), ("etag", "\"new\"")],
+    );
+    assert!(matches!(got, Shape::BadGateway(_)), "{got:?}");
+    let got = shape(
+        "bytes=10-19",
+        &[("if-range", "\"same\"")],
+        200,
+        &[("content-length", "1000"), ("etag", "\"same\"")],
+    );
+    assert_eq!(got, Shape::Single { range: r(10, 20), complete_len: 1000, stream_start: 0 });
+}
+
+#[test]
+fn preconditions_are_enforced_behind_a_careless_origin() {
+    let got = shape(
+        "bytes=0-1",
+        &[("if-match", "\"x\"")],
+        200,
+        &[("content-length", "10"), ("etag", "\"y\"")],
+    );
+    assert_eq!(got, Shape::PreconditionFailed);
+    let got = shape(
+        "bytes=0-1",
+        &[("if-none-match", "\"y\"")],
+        200,
+        &[("content-length", "10"), ("etag", "\"y\"")],
+    );
+    assert_eq!(got, Shape::NotModified);
+}
+
+#[test]
+fn range_only_applies_to_get() {
+    let h = headers(&[("range", "bytes=0-1")]);
+    assert!(matches!(
+        ClientRange::from_request(&Method::HEAD, &h, &RangeLimits::default()),
+        ClientRange::Absent
+    ));
+}
+
+#[test]
+fn the_upstream_is_asked_for_one_covering_range() {
+    assert_eq!(
+        client("bytes=0-1,500-501").upstream_spec().map(|s| s.to_string()).as_deref(),
+        Some("0-501")
+    );
+    assert_eq!(client("bytes=-5").upstream_spec().map(|s| s.to_string()).as_deref(), Some("-5"));
+    assert_eq!(client("bytes=0-1,-5").upstream_spec(), None);
+    assert!(client("bytes=abc").upstream_spec().is_none());
+}

@@ -1,0 +1,234 @@
+//! Assembling and running the pingora server from a validated config.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora_core::services::listening::Service;
+use rangeway_middleware::rfc9110::RangeLimits;
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use crate::admin::Admin;
+use crate::admin::metrics::Metrics;
+use crate::config::{Config, UpstreamKind};
+use crate::origin::dir::{self, DirOrigin};
+use crate::proxy::Rangeway;
+use crate::proxy::routing::{Route, RouteTable};
+use crate::proxy::upstream::{Timeouts, TlsSettings, Upstream, UpstreamError};
+
+/// Why rangeway could not start. Config problems are caught earlier by `Config::load`; these are
+/// the ones only the machine can tell (files, sockets).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    #[error("upstreams.{name}: {source}")]
+    Upstream { name: String, source: UpstreamError },
+    #[error("upstreams.{name}.dir: cannot prepare {path}: {source}")]
+    Folder { name: String, path: std::path::PathBuf, source: std::io::Error },
+    #[error("cannot start the server thread: {0}")]
+    Thread(std::io::Error),
+    #[error("routes[{index}].path_prefix: {source}")]
+    Route { index: usize, source: crate::proxy::path::PathError },
+}
+
+/// What a started server listens on.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    /// Paths of sample objects written into empty `dir` folders, for the start-up banner.
+    pub samples: Vec<String>,
+}
+
+/// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
+pub fn build(config: &Config) -> Result<(Server, Endpoints), StartError> {
+    let range_limits =
+        RangeLimits { max_ranges: config.server.max_ranges, ..RangeLimits::default() };
+    let metrics = Arc::new(Metrics::new());
+
+    let grace = config.server.grace_period.as_secs();
+    let conf = ServerConf {
+        threads: config.server.threads.get(),
+        grace_period_seconds: Some(grace),
+        graceful_shutdown_timeout_seconds: Some(grace.max(1)),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    let mut upstreams = std::collections::BTreeMap::new();
+    let mut sample_names = Vec::new();
+    for (name, upstream) in &config.upstreams {
+        let timeouts = Timeouts {
+            connect: upstream.connect_timeout,
+            read: upstream.read_timeout,
+            write: upstream.write_timeout,
+            idle: upstream.idle_timeout,
+        };
+        let built = match &upstream.kind {
+            UpstreamKind::Dir { path } => {
+                let sample = dir::prepare_folder(path).map_err(|source| StartError::Folder {
+                    name: name.clone(),
+                    path: path.clone(),
+                    source,
+                })?;
+                if sample.is_some() {
+                    sample_names.push(name.clone());
+                }
+                let origin = DirOrigin::new(path, range_limits).map_err(|source| {
+                    StartError::Folder { name: name.clone(), path: path.clone(), source }
+                })?;
+                let socket = dir::socket_path(name);
+                let mut service = Service::new(format!("dir origin {name}"), origin);
+                service.add_uds(&socket.to_string_lossy(), None);
+                service.threads = Some(1);
+                server.add_service(service);
+                Upstream::unix(name, socket, timeouts)
+            }
+            UpstreamKind::Http(http) => {
+                let tls = http.tls.then(|| TlsSettings {
+                    sni: http.sni.clone(),
+                    ca_file: http.ca_file.clone(),
+                    insecure_skip_verify: http.insecure_skip_verify,
+                });
+                let built = Upstream::http(
+                    name,
+                    &http.host,
+                    http.port,
+                    tls,
+                    http.host_header.clone(),
+                    &http.base_path,
+                    timeouts,
+                )
+                .map_err(|source| StartError::Upstream { name: name.clone(), source })?;
+                if built.skips_verification() {
+                    warn!(upstream = %name, "TLS CERTIFICATE VERIFICATION IS OFF for this upstream (insecure_skip_verify = true): anyone on the path can impersonate it");
+                }
+                built
+            }
+        };
+        upstreams.insert(name.clone(), Arc::new(built));
+    }
+
+    let mut routes = Vec::with_capacity(config.routes.len());
+    let mut samples = Vec::new();
+    for (index, route) in config.routes.iter().enumerate() {
+        let Some(upstream) = upstreams.get(&route.upstream) else {
+            continue; // Config::load has refused unknown upstream names.
+        };
+        // The sample sits at the folder's root: reachable under the prefix when it is stripped.
+        if route.strip_prefix && sample_names.contains(&route.upstream) {
+            samples.push(format!(
+                "{}/{}",
+                route.path_prefix.trim_end_matches('/'),
+                dir::SAMPLE_NAME
+            ));
+        }
+        routes.push(
+            Route::new(
+                route.host.clone(),
+                &route.path_prefix,
+                route.strip_prefix,
+                Arc::clone(upstream),
+            )
+            .map_err(|source| StartError::Route { index, source })?,
+        );
+    }
+
+    let proxy = Rangeway::new(RouteTable::new(routes), range_limits, Arc::clone(&metrics));
+    let mut proxy_service =
+        pingora_proxy::http_proxy_service_with_name(&server.configuration, proxy, "rangeway proxy");
+    proxy_service.add_tcp(&config.server.listen.to_string());
+    server.add_service(proxy_service);
+
+    let mut admin = Service::new("admin".to_owned(), Admin::new(metrics, config.server.listen));
+    admin.add_tcp(&config.server.admin_listen.to_string());
+    admin.threads = Some(1);
+    server.add_service(admin);
+
+    let endpoints =
+        Endpoints { proxy: config.server.listen, admin: config.server.admin_listen, samples };
+    Ok((server, endpoints))
+}
+
+/// Runs until SIGTERM (graceful: drains for `grace_period`), SIGINT (fast) or SIGQUIT (hand the
+/// listening sockets to a new process).
+pub fn run(config: &Config) -> Result<(), StartError> {
+    let (server, endpoints) = build(config)?;
+    announce(&endpoints);
+    server.run(RunArgs::default());
+    Ok(())
+}
+
+fn announce(endpoints: &Endpoints) {
+    info!(proxy = %endpoints.proxy, admin = %endpoints.admin, "rangeway is listening");
+    println!(
+        "rangeway: proxy on http://{}  admin on http://{} (/healthz /readyz /metrics)",
+        endpoints.proxy, endpoints.admin
+    );
+    for path in &endpoints.samples {
+        println!(
+            "try a resumable download: curl -C - -o sample.bin http://{}{path}",
+            endpoints.proxy
+        );
+    }
+}
+
+/// A server running on a thread of its own, stopped when dropped: for tests and embedding.
+#[derive(Debug)]
+pub struct Running {
+    pub endpoints: Endpoints,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Starts the server and waits until the proxy and admin listeners accept connections.
+    pub fn start(config: &Config) -> Result<Self, StartError> {
+        let (server, endpoints) = build(config)?;
+        let (stop, stopped) = oneshot::channel();
+        let watch = FastShutdownOn(Mutex::new(Some(stopped)));
+        let thread = std::thread::Builder::new()
+            .name("rangeway-server".into())
+            .spawn(move || server.run(RunArgs { shutdown_signal: Box::new(watch) }))
+            .map_err(StartError::Thread)?;
+        for addr in [endpoints.proxy, endpoints.admin] {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while std::net::TcpStream::connect(addr).is_err()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        Ok(Self { endpoints, stop: Some(stop), thread: Some(thread) })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Shuts the server down at once (no grace period) when the sender fires or is dropped.
+struct FastShutdownOn(Mutex<Option<oneshot::Receiver<()>>>);
+
+#[async_trait]
+impl ShutdownSignalWatch for FastShutdownOn {
+    async fn recv(&self) -> ShutdownSignal {
+        let receiver = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(receiver) = receiver {
+            let _ = receiver.await;
+        }
+        ShutdownSignal::FastShutdown
+    }
+}

@@ -1,0 +1,109 @@
+//! The `rangeway` binary as a user runs it: `check` on good and bad configs, and `serve` on the
+//! embedded default in an empty folder.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::clients::{curl_resume, sha256_file, write_partial};
+use support::http::get;
+use support::ports::{free_port, wait_for_port};
+use support::tmp::TempDir;
+
+fn rangeway() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rangeway"))
+}
+
+fn repo_file(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+#[test]
+fn check_accepts_the_shipped_configs() {
+    for config in ["config/default.toml", "config/examples/cdn.toml"] {
+        let out = rangeway().args(["check", "--config"]).arg(repo_file(config)).output().unwrap();
+        assert!(out.status.success(), "{config}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn check_reports_every_problem_and_exits_non_zero() {
+    let dir = TempDir::new("cli-check");
+    let config = dir.join("bad.toml");
+    std::fs::write(
+        &config,
+        r#"
+[server]
+listen = "127.0.0.1:99999"
+admin_listn = "127.0.0.1:9090"
+
+[upstreams.origin]
+url = "ftp://example.com"
+
+[[routes]]
+path_prefix = "/files/"
+upstream = "orign"
+"#,
+    )
+    .unwrap();
+    let out = rangeway().args(["check", "--config"]).arg(&config).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "server.listen",
+        "server.admin_listn",
+        "admin_listen",
+        "upstreams.origin.url",
+        "routes[0].upstream",
+        "orign",
+    ] {
+        assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn serve_runs_the_embedded_default_in_an_empty_folder() {
+    let work = TempDir::new("cli-serve");
+    let (listen, admin) = (free_port(), free_port());
+    let mut child = rangeway()
+        .args(["serve", "--config"])
+        .arg(repo_file("config/default.toml"))
+        .current_dir(work.path())
+        .env("RANGEWAY__SERVER__LISTEN", format!("127.0.0.1:{listen}"))
+        .env("RANGEWAY__SERVER__ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let banner: Vec<String> = BufReader::new(stdout).lines().take(2).map(Result::unwrap).collect();
+    wait_for_port(format!("127.0.0.1:{listen}").parse().unwrap(), Duration::from_secs(20)).unwrap();
+    assert!(banner[1].contains("curl -C -"), "{banner:?}");
+    assert!(banner[1].contains(&format!("127.0.0.1:{listen}/files/sample.bin")), "{banner:?}");
+
+    // The sample is in the folder, and a download interrupted at 1 MiB resumes to the same bytes.
+    let sample = std::fs::read(work.join("data/sample.bin")).unwrap();
+    let file = work.join("download.bin");
+    write_partial(&file, &sample, 1024 * 1024);
+    curl_resume(&format!("http://127.0.0.1:{listen}/files/sample.bin"), &file).assert_success();
+    assert_eq!(sha256_file(&file), sha256_file(&work.join("data/sample.bin")));
+
+    assert_eq!(get(&format!("http://127.0.0.1:{admin}/healthz"), &[]).status, 200);
+    assert_eq!(get(&format!("http://127.0.0.1:{admin}/readyz"), &[]).status, 200);
+    let metrics =
+        String::from_utf8_lossy(&get(&format!("http://127.0.0.1:{admin}/metrics"), &[]).body)
+            .to_string();
+    assert!(
+        metrics.contains("rangeway_requests_total{route=\"/files/\",status=\"206\"} 1"),
+        "{metrics}"
+    );
+    // The admin port is not the proxy: no route answers there, and the proxy has no /metrics.
+    assert_eq!(get(&format!("http://127.0.0.1:{listen}/metrics"), &[]).status, 404);
+
+    Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success() || status.code().is_none(), "{status:?}");
+}

@@ -1,0 +1,159 @@
+//! rangeway in front of an origin that gets ranges wrong on purpose: whatever the origin does, the
+//! client gets either the exact bytes it asked for or an error — never other bytes passed off as
+//! its range.
+
+mod support;
+
+use std::time::Duration;
+
+use support::data::test_bytes;
+use support::http::{RawRequest, request};
+use support::origin::{Behaviour, Origin};
+use support::proxy::Proxy;
+
+const LEN: usize = 300_000;
+
+fn setup(behaviour: Behaviour) -> (Origin, Proxy, Vec<u8>) {
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 7);
+    origin.put("/obj.bin", object.clone());
+    origin.set_global_behaviour(behaviour);
+    let proxy = Proxy::in_front_of(&origin.base_url());
+    (origin, proxy, object)
+}
+
+fn get(proxy: &Proxy, headers: &[(&str, &str)]) -> support::http::Response {
+    let mut raw = RawRequest::get("/obj.bin");
+    for (name, value) in headers {
+        raw = raw.header(name, value);
+    }
+    request(proxy.addr(), &raw).expect("request through the proxy")
+}
+
+#[test]
+fn an_origin_that_ignores_range_is_sliced() {
+    let (origin, proxy, object) = setup(Behaviour::IgnoreRange);
+    for (range, start, end) in [
+        ("bytes=100-199", 100, 200),
+        ("bytes=-10", LEN - 10, LEN),
+        ("bytes=299990-", LEN - 10, LEN),
+    ] {
+        let response = get(&proxy, &[("Range", range)]);
+        assert_eq!(response.status, 206, "{range}");
+        assert_eq!(
+            response.header("content-range"),
+            Some(format!("bytes {start}-{}/{LEN}", end - 1).as_str())
+        );
+        assert_eq!(response.body, object[start..end], "{range}");
+        assert!(response.complete);
+    }
+    let response = get(&proxy, &[("Range", "bytes=0-0,1000-1000")]);
+    assert_eq!(response.status, 206);
+    assert_eq!(support::multipart::parts(&response).len(), 2);
+    let response = get(&proxy, &[("Range", "bytes=400000-")]);
+    assert_eq!(response.status, 416);
+    assert_eq!(response.header("content-range"), Some(format!("bytes */{LEN}").as_str()));
+    // What the proxy asked for: the client's single range, as it was.
+    assert!(origin.requests().iter().any(|r| r.header("range") == Some("bytes=100-199")));
+    let metrics = support::http::get(&proxy.admin_url("/metrics"), &[]);
+    assert!(
+        String::from_utf8_lossy(&metrics.body)
+            .contains("rangeway_upstream_ignored_range_total{route=\"/\"} 3")
+    );
+}
+
+#[test]
+fn a_wrong_range_is_never_passed_off() {
+    let (_origin, proxy, _object) = setup(Behaviour::WrongRange(5));
+    let response = get(&proxy, &[("Range", "bytes=100-199")]);
+    assert_eq!(response.status, 502);
+    assert!(response.body.is_empty());
+    assert!(response.header("x-rangeway-error").unwrap().contains("does not cover"));
+}
+
+#[test]
+fn a_cut_body_ends_the_client_connection_short() {
+    let (_origin, proxy, object) = setup(Behaviour::CutAfter(1000));
+    let response = get(&proxy, &[]);
+    assert!(!response.complete, "a truncated upstream body must not look complete");
+    assert!(response.body.len() < LEN);
+    assert_eq!(response.body, object[..response.body.len()]);
+    let response = get(&proxy, &[("Range", "bytes=5000-")]);
+    assert!(!response.complete);
+}
+
+#[test]
+fn upstream_errors_are_forwarded() {
+    let (_origin, proxy, _object) = setup(Behaviour::Status(503));
+    let response = get(&proxy, &[("Range", "bytes=0-1")]);
+    assert_eq!(response.status, 503);
+}
+
+#[test]
+fn a_slow_origin_is_waited_for_and_a_stalled_one_times_out() {
+    let (_origin, proxy, object) =
+        setup(Behaviour::Slow { chunk: 100_000, delay: Duration::from_millis(200) });
+    let response = get(&proxy, &[("Range", "bytes=1-250000")]);
+    assert_eq!(response.status, 206);
+    assert_eq!(response.body, object[1..250_001]);
+
+    // read_timeout is 5 s in these tests: an origin that stalls longer is given up on.
+    let (_origin, proxy, _object) =
+        setup(Behaviour::Slow { chunk: 1000, delay: Duration::from_secs(8) });
+    let started = std::time::Instant::now();
+    let response = get(&proxy, &[]);
+    assert!(!response.complete);
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn chunked_and_validator_less_origins() {
+    let (_origin, proxy, object) = setup(Behaviour::Chunked);
+    let response = get(&proxy, &[("Range", "bytes=10-19")]);
+    assert_eq!(response.status, 206);
+    assert_eq!(response.body, object[10..20]);
+
+    let (_origin, proxy, object) = setup(Behaviour::NoEtag);
+    let response = get(&proxy, &[("Range", "bytes=10-19")]);
+    assert_eq!(response.status, 206);
+    assert_eq!(response.body, object[10..20]);
+    assert_eq!(response.header("etag"), None);
+}
+
+#[test]
+fn the_upstream_gets_a_sanitised_range_and_forwarding_headers() {
+    let (origin, proxy, object) = setup(Behaviour::Normal);
+    // Two ranges become one covering range upstream; the client still gets its two parts.
+    let response =
+        get(&proxy, &[("Range", "bytes=0-1,5000-5001"), ("X-Forwarded-For", "10.1.2.3")]);
+    assert_eq!(response.status, 206);
+    let parts = support::multipart::parts(&response);
+    assert_eq!(parts[1].body, object[5000..5002]);
+    // Garbage never reaches the origin.
+    let response = get(&proxy, &[("Range", "bytes=99999999999999999999-")]);
+    assert_eq!(response.status, 200);
+    let requests = origin.requests();
+    assert_eq!(requests[0].header("range"), Some("bytes=0-5001"));
+    assert_eq!(requests[0].header("x-forwarded-for"), Some("10.1.2.3, 127.0.0.1"));
+    assert_eq!(requests[0].header("via"), Some("1.1 rangeway"));
+    assert_eq!(requests[1].header("range"), None);
+    // Connections to the origin are reused.
+    assert_eq!(requests[0].connection, requests[1].connection);
+}
+
+#[test]
+fn bad_requests_get_clear_statuses() {
+    let (origin, proxy, _object) = setup(Behaviour::Normal);
+    for (method, target, status) in [
+        ("GET", "/a/../obj.bin", 400),
+        ("GET", "/%2e%2e/etc/passwd", 400),
+        ("GET", "/a%00b", 400),
+        ("GET", "/a%5cb", 400),
+        ("POST", "/obj.bin", 405),
+        ("DELETE", "/obj.bin", 405),
+    ] {
+        let response = request(proxy.addr(), &RawRequest::new(method, target)).unwrap();
+        assert_eq!(response.status, status, "{method} {target}");
+    }
+    assert!(origin.requests().is_empty(), "nothing bad reaches the origin");
+}

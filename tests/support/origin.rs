@@ -1,0 +1,572 @@
+//! An in-process HTTP/1.1 origin that serves objects correctly, or misbehaves on request.
+//!
+//! nginx is the reference for a well-behaved origin; this one exists for what nginx will not do:
+//! ignore or misanswer a Range, cut a body short, fail, stall, drop validators, and change an
+//! object between two requests. It also records every request, so tests can assert what the
+//! proxy sent upstream.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+/// How the origin answers requests for an object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Behaviour {
+    /// Correct HTTP: ranges, validators, conditional requests.
+    #[default]
+    Normal,
+    /// Ignores Range (and If-Range): always 200 with the whole object, and no Accept-Ranges.
+    IgnoreRange,
+    /// Answers a satisfiable single range with a 206 for a range moved by this many bytes:
+    /// towards the start when the requested range starts at least that far in, else towards the
+    /// end (clipped to the object). Content-Range and body agree with each other, just not with
+    /// the request. Requests without a Range get a correct 200.
+    WrongRange(u64),
+    /// Sends the headers of the correct answer (full Content-Length), then this many body bytes,
+    /// then closes the connection.
+    CutAfter(u64),
+    /// Answers every request with this final status and a short text body (none for HEAD, 204
+    /// and 304). For outages: 500, 502, 503.
+    Status(u16),
+    /// The correct answer, with the body written `chunk` bytes at a time and `delay` before each
+    /// chunk after the first.
+    Slow { chunk: usize, delay: Duration },
+    /// The correct answer without an ETag: the object has only Last-Modified as a validator, so
+    /// If-Match never matches (except `*`) and If-Range works only with the date.
+    NoEtag,
+    /// The correct answer framed with `Transfer-Encoding: chunked` and no Content-Length.
+    Chunked,
+}
+
+/// A request as the origin received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RecordedRequest {
+    /// Which connection it came on, numbered from 1 in order of accept: equal numbers on two
+    /// requests mean the client reused the connection.
+    pub(crate) connection: u64,
+    pub(crate) method: String,
+    /// The request target as sent, query included.
+    pub(crate) target: String,
+    /// In the order received; names lowercased.
+    pub(crate) headers: Vec<(String, String)>,
+}
+
+impl RecordedRequest {
+    /// The first value of header `name` (any case).
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// The running origin; stops, closing every connection and joining its threads, on drop.
+#[derive(Debug)]
+pub(crate) struct Origin {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    content: Mutex<Content>,
+    requests: Mutex<Vec<RecordedRequest>>,
+    /// Clones of the open connections, so that drop can shut them down and wake their threads
+    /// out of blocking reads (a proxy keeps idle upstream connections open indefinitely).
+    open: Mutex<HashMap<u64, TcpStream>>,
+    stopping: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Content {
+    objects: HashMap<String, Object>,
+    behaviours: HashMap<String, Behaviour>,
+    global: Behaviour,
+}
+
+#[derive(Clone, Debug)]
+struct Object {
+    body: Bytes,
+    etag: String,
+    last_modified: SystemTime,
+}
+
+/// Chunk size for `Behaviour::Chunked`: small enough that a test object spans several chunks.
+const CHUNK_SIZE: usize = 16 * 1024;
+
+impl Origin {
+    /// Starts an origin with no objects on 127.0.0.1 and a port of the system's choosing.
+    pub(crate) fn start() -> Origin {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the test origin");
+        let addr = listener.local_addr().expect("test origin address");
+        let shared = Arc::new(Shared::default());
+        let acceptor = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name("test-origin-accept".to_owned())
+                .spawn(move || accept_loop(&listener, &shared))
+                .expect("spawn the test origin's accept thread")
+        };
+        Origin { addr, shared, acceptor: Some(acceptor) }
+    }
+
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub(crate) fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// [`Self::base_url`] followed by `path` (which starts with `/`).
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url())
+    }
+
+    /// Serves `body` at `path` from now on, replacing any earlier object there, and returns the
+    /// new strong ETag (`"` + 16 hex digits of the body's SHA-256 + `"`). Last-Modified becomes
+    /// now, which is the same second as the old version's when replaced quickly: as on real
+    /// stores, only the ETag reliably tells versions apart.
+    pub(crate) fn put(&self, path: &str, body: impl Into<Bytes>) -> String {
+        assert!(path.starts_with('/'), "object paths start with '/': {path:?}");
+        let body = body.into();
+        let digest = Sha256::digest(&body);
+        let mut etag = String::from("\"");
+        for byte in &digest[..8] {
+            let _ = write!(etag, "{byte:02x}");
+        }
+        etag.push('"');
+        let object = Object { body, etag: etag.clone(), last_modified: SystemTime::now() };
+        lock(&self.shared.content).objects.insert(path.to_owned(), object);
+        etag
+    }
+
+    /// Stops serving `path` (404 from now on).
+    pub(crate) fn remove(&self, path: &str) {
+        lock(&self.shared.content).objects.remove(path);
+    }
+
+    /// The ETag of the object at `path`, also when [`Behaviour::NoEtag`] hides it.
+    pub(crate) fn etag(&self, path: &str) -> Option<String> {
+        lock(&self.shared.content).objects.get(path).map(|object| object.etag.clone())
+    }
+
+    /// Sets how requests for `path` are answered, overriding the global behaviour. Kept when the
+    /// object is replaced or removed.
+    pub(crate) fn set_behaviour(&self, path: &str, behaviour: Behaviour) {
+        lock(&self.shared.content).behaviours.insert(path.to_owned(), behaviour);
+    }
+
+    /// Drops the behaviour set for `path`, so the global one applies again.
+    pub(crate) fn clear_behaviour(&self, path: &str) {
+        lock(&self.shared.content).behaviours.remove(path);
+    }
+
+    /// Sets how requests are answered for paths without a behaviour of their own (including
+    /// unknown paths, so `Status` turns the whole origin into an outage).
+    pub(crate) fn set_global_behaviour(&self, behaviour: Behaviour) {
+        lock(&self.shared.content).global = behaviour;
+    }
+
+    /// Every request received so far, in order of arrival.
+    pub(crate) fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// Forgets the recorded requests, e.g. after a test's setup.
+    pub(crate) fn clear_requests(&self) {
+        lock(&self.shared.requests).clear();
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // accept() has no timeout: a connection of our own wakes it to see the flag.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+/// A test that panicked while a connection thread held a lock must not turn every later
+/// assertion into a poison error; the data is still consistent (each update is one statement).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    let mut handlers: Vec<JoinHandle<()>> = Vec::new();
+    let mut next_id = 1;
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            // Transient failures (EMFILE, ECONNABORTED) must not end the origin, but a listener
+            // that keeps failing must not keep drop from finishing either.
+            Err(_) if shared.stopping.load(Ordering::SeqCst) => break,
+            Err(_) => {
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let id = next_id;
+        next_id += 1;
+        let Ok(registered) = stream.try_clone() else {
+            continue;
+        };
+        lock(&shared.open).insert(id, registered);
+        let shared = Arc::clone(shared);
+        let handler = thread::Builder::new()
+            .name(format!("test-origin-conn-{id}"))
+            .spawn(move || {
+                serve_connection(&shared, id, stream);
+                lock(&shared.open).remove(&id);
+            })
+            .expect("spawn a test origin connection thread");
+        handlers.retain(|handler| !handler.is_finished());
+        handlers.push(handler);
+    }
+    for stream in lock(&shared.open).values() {
+        let _ = stream.shutdown(Shutdown::Both);
+    }
+    for handler in handlers {
+        let _ = handler.join();
+    }
+}
+
+fn serve_connection(shared: &Shared, id: u64, stream: TcpStream) {
+    // Header and body go out in separate writes; without nodelay, Nagle's algorithm would hold
+    // the body back for the client's delayed ACK.
+    let _ = stream.set_nodelay(true);
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    while let Ok(Some(request)) = read_request(&mut reader, id) {
+        lock(&shared.requests).push(request.clone());
+        match respond(shared, &request, &mut writer) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return,
+        }
+    }
+}
+
+/// Reads one request head (and skips a Content-Length body); `None` when the client closed.
+fn read_request(reader: &mut impl BufRead, connection: u64) -> io::Result<Option<RecordedRequest>> {
+    let Some(request_line) = read_line(reader)? else {
+        return Ok(None);
+    };
+    let mut parts = request_line.split(' ');
+    let (Some(method), Some(target), Some(_version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad request line {request_line:?}"),
+        ));
+    };
+    let mut request = RecordedRequest {
+        connection,
+        method: method.to_owned(),
+        target: target.to_owned(),
+        headers: Vec::new(),
+    };
+    loop {
+        let line = read_line(reader)?.ok_or(io::ErrorKind::UnexpectedEof)?;
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, line.clone()))?;
+        request.headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    // GET and HEAD carry no body in practice; skip one if sent, to stay in step with the stream.
+    if let Some(length) = request.header("content-length") {
+        let length = length
+            .parse::<u64>()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad Content-Length"))?;
+        io::copy(&mut reader.take(length), &mut io::sink())?;
+    }
+    Ok(Some(request))
+}
+
+fn read_line(reader: &mut impl BufRead) -> io::Result<Option<String>> {
+    let mut line = Vec::new();
+    if reader.read_until(b'\n', &mut line)? == 0 {
+        return Ok(None);
+    }
+    while matches!(line.last(), Some(b'\n' | b'\r')) {
+        line.pop();
+    }
+    Ok(Some(String::from_utf8_lossy(&line).into_owned()))
+}
+
+/// Writes the response; returns whether the connection may carry another request.
+fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> io::Result<bool> {
+    let path = request.target.split('?').next().unwrap_or_default();
+    let (object, behaviour) = {
+        let content = lock(&shared.content);
+        let behaviour = content.behaviours.get(path).unwrap_or(&content.global).clone();
+        (content.objects.get(path).cloned(), behaviour)
+    };
+    let head_only = request.method == "HEAD";
+    let keep_alive = !request
+        .header("connection")
+        .is_some_and(|value| value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));
+    let mut response = ResponseHead::new(keep_alive);
+
+    if let Behaviour::Status(status) = behaviour {
+        return response.send_text(
+            out,
+            status,
+            &format!("test origin: injected {status}\n"),
+            head_only,
+        );
+    }
+    if request.method != "GET" && !head_only {
+        response.header("Allow", "GET, HEAD");
+        return response.send_text(out, 405, "method not allowed\n", head_only);
+    }
+    let Some(object) = object else {
+        return response.send_text(out, 404, "not found\n", head_only);
+    };
+
+    let etag = (behaviour != Behaviour::NoEtag).then_some(object.etag.as_str());
+    let last_modified = httpdate::fmt_http_date(object.last_modified);
+    if let Some(if_match) = request.header("if-match") {
+        if !if_match_passes(if_match, etag) {
+            return response.send_text(out, 412, "", head_only);
+        }
+    }
+    let len = object.body.len() as u64;
+    let range = match (&behaviour, request.header("range")) {
+        (Behaviour::IgnoreRange, _) | (_, None) => None,
+        (_, Some(range)) => {
+            let if_range = request.header("if-range");
+            if if_range.is_none_or(|value| if_range_passes(value, etag, &last_modified)) {
+                parse_range(range).map(|spec| spec.resolve(len))
+            } else {
+                None
+            }
+        }
+    };
+
+    if let Some(etag) = etag {
+        response.header("ETag", etag);
+    }
+    response.header("Last-Modified", &last_modified);
+    if behaviour != Behaviour::IgnoreRange {
+        response.header("Accept-Ranges", "bytes");
+    }
+    let (status, first, last) = match range {
+        None => (200, 0, len),
+        Some(None) => {
+            response.header("Content-Range", &format!("bytes */{len}"));
+            return response.send_text(out, 416, "", head_only);
+        }
+        Some(Some((first, last))) => {
+            let (first, last) = match behaviour {
+                Behaviour::WrongRange(shift) => shifted(first, last, shift, len),
+                _ => (first, last),
+            };
+            response.header("Content-Range", &format!("bytes {first}-{last}/{len}"));
+            (206, first, last + 1)
+        }
+    };
+    // The bounds come from `resolve` and `shifted`, which keep them within the object.
+    let start = usize::try_from(first).expect("range start within the object");
+    let end = usize::try_from(last).expect("range end within the object");
+    let body = object.body.slice(start..end);
+    response.header("Content-Type", "application/octet-stream");
+    if behaviour == Behaviour::Chunked {
+        response.header("Transfer-Encoding", "chunked");
+    } else {
+        response.header("Content-Length", &body.len().to_string());
+    }
+    response.write(out, status)?;
+    if head_only {
+        return Ok(keep_alive);
+    }
+    match behaviour {
+        Behaviour::CutAfter(sent) => {
+            let sent = usize::try_from(sent).unwrap_or(usize::MAX).min(body.len());
+            out.write_all(&body[..sent])?;
+            // A FIN after the partial body, as when an origin process dies mid-response.
+            let _ = out.shutdown(Shutdown::Write);
+            Ok(false)
+        }
+        Behaviour::Slow { chunk, delay } => {
+            for (index, piece) in body.chunks(chunk.max(1)).enumerate() {
+                if index > 0 {
+                    thread::sleep(delay);
+                }
+                if shared.stopping.load(Ordering::SeqCst) {
+                    return Ok(false);
+                }
+                out.write_all(piece)?;
+            }
+            Ok(keep_alive)
+        }
+        Behaviour::Chunked => {
+            for piece in body.chunks(CHUNK_SIZE) {
+                out.write_all(format!("{:x}\r\n", piece.len()).as_bytes())?;
+                out.write_all(piece)?;
+                out.write_all(b"\r\n")?;
+            }
+            out.write_all(b"0\r\n\r\n")?;
+            Ok(keep_alive)
+        }
+        _ => {
+            out.write_all(&body)?;
+            Ok(keep_alive)
+        }
+    }
+}
+
+/// Response headers being assembled, with `Date` and connection handling common to all answers.
+struct ResponseHead {
+    headers: Vec<(&'static str, String)>,
+    keep_alive: bool,
+}
+
+impl ResponseHead {
+    fn new(keep_alive: bool) -> ResponseHead {
+        let mut head = ResponseHead { headers: Vec::new(), keep_alive };
+        head.header("Date", &httpdate::fmt_http_date(SystemTime::now()));
+        head
+    }
+
+    fn header(&mut self, name: &'static str, value: &str) {
+        self.headers.push((name, value.to_owned()));
+    }
+
+    fn write(&mut self, out: &mut TcpStream, status: u16) -> io::Result<()> {
+        if !self.keep_alive {
+            self.header("Connection", "close");
+        }
+        let reason = http::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|code| code.canonical_reason())
+            .unwrap_or("Unknown");
+        let mut text = format!("HTTP/1.1 {status} {reason}\r\n");
+        for (name, value) in &self.headers {
+            let _ = write!(text, "{name}: {value}\r\n");
+        }
+        text.push_str("\r\n");
+        out.write_all(text.as_bytes())
+    }
+
+    /// A complete response with a small text body (bodiless statuses get no body at all).
+    fn send_text(
+        mut self,
+        out: &mut TcpStream,
+        status: u16,
+        body: &str,
+        head_only: bool,
+    ) -> io::Result<bool> {
+        let bodiless = status == 204 || status == 304 || status < 200;
+        if !bodiless {
+            self.header("Content-Type", "text/plain");
+            self.header("Content-Length", &body.len().to_string());
+        }
+        self.write(out, status)?;
+        if !bodiless && !head_only {
+            out.write_all(body.as_bytes())?;
+        }
+        Ok(self.keep_alive)
+    }
+}
+
+/// RFC 9110 section 13.1.1: strong comparison against the current ETag; `*` matches any
+/// existing representation, and no ETag matches nothing else.
+fn if_match_passes(header: &str, etag: Option<&str>) -> bool {
+    header
+        .split(',')
+        .map(str::trim)
+        .any(|tag| tag == "*" || etag.is_some_and(|etag| !tag.starts_with("W/") && tag == etag))
+}
+
+/// RFC 9110 section 13.1.5: an entity tag must match strongly; a date must equal Last-Modified
+/// exactly.
+fn if_range_passes(header: &str, etag: Option<&str>, last_modified: &str) -> bool {
+    let header = header.trim();
+    if header.starts_with('"') || header.starts_with("W/") {
+        etag.is_some_and(|etag| header == etag)
+    } else {
+        httpdate::parse_http_date(header).ok() == httpdate::parse_http_date(last_modified).ok()
+    }
+}
+
+/// One `bytes=` range as written in the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RangeSpec {
+    FromTo(u64, u64),
+    From(u64),
+    Suffix(u64),
+}
+
+impl RangeSpec {
+    /// The inclusive byte range this selects in an object of `len` bytes; `None` when
+    /// unsatisfiable (the 416 case).
+    fn resolve(self, len: u64) -> Option<(u64, u64)> {
+        match self {
+            RangeSpec::FromTo(first, last) if first < len => Some((first, last.min(len - 1))),
+            RangeSpec::From(first) if first < len => Some((first, len - 1)),
+            RangeSpec::Suffix(count) if count > 0 && len > 0 => {
+                Some((len - count.min(len), len - 1))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Parses a Range header with exactly one byte range. Anything else (other units, several
+/// ranges, bad syntax, last < first) yields `None` and the Range is ignored, as RFC 9110
+/// section 14.2 allows; this origin serves no multipart/byteranges.
+fn parse_range(header: &str) -> Option<RangeSpec> {
+    let (unit, spec) = header.split_once('=')?;
+    if !unit.trim().eq_ignore_ascii_case("bytes") || spec.contains(',') {
+        return None;
+    }
+    let (first, last) = spec.trim().split_once('-')?;
+    let number = |text: &str| -> Option<u64> {
+        (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| text.parse().ok())
+            .flatten()
+    };
+    match (first.is_empty(), last.is_empty()) {
+        (true, false) => number(last).map(RangeSpec::Suffix),
+        (false, true) => number(first).map(RangeSpec::From),
+        (false, false) => {
+            let (first, last) = (number(first)?, number(last)?);
+            (first <= last).then_some(RangeSpec::FromTo(first, last))
+        }
+        (true, true) => None,
+    }
+}
+
+/// The range `WrongRange(shift)` answers instead of `first..=last` in an object of `len` bytes.
+fn shifted(first: u64, last: u64, shift: u64, len: u64) -> (u64, u64) {
+    if first >= shift {
+        (first - shift, last - shift)
+    } else if first.saturating_add(shift) < len {
+        (first + shift, last.saturating_add(shift).min(len - 1))
+    } else {
+        (first, last)
+    }
+}

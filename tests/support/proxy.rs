@@ -1,0 +1,54 @@
+//! rangeway itself, started in-process on free ports in front of the upstreams a test names.
+
+use std::net::SocketAddr;
+
+use rangeway::config::Config;
+use rangeway::server::Running;
+
+use super::ports::free_port;
+
+/// A running rangeway; stopped (without grace period) when dropped.
+pub(crate) struct Proxy {
+    running: Running,
+}
+
+impl Proxy {
+    /// Starts rangeway with `body` (the `[upstreams.*]` and `[[routes]]` of a config) on free
+    /// ports, with the default everything else.
+    pub(crate) fn start(body: &str) -> Proxy {
+        Proxy::start_with_server(body, "")
+    }
+
+    /// Like [`Proxy::start`], with extra `[server]` keys.
+    pub(crate) fn start_with_server(body: &str, server_keys: &str) -> Proxy {
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:{}\"\nadmin_listen = \"127.0.0.1:{}\"\nthreads = 2\ngrace_period = \"0s\"\n{server_keys}\n{body}",
+            free_port(),
+            free_port(),
+        );
+        let config = Config::from_toml_str(&text, &[])
+            .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"));
+        let running =
+            Running::start(&config).unwrap_or_else(|e| panic!("rangeway did not start: {e}"));
+        Proxy { running }
+    }
+
+    /// Starts rangeway with one route, `/` (nothing stripped), to an http upstream at `base_url`.
+    pub(crate) fn in_front_of(base_url: &str) -> Proxy {
+        Proxy::start(&format!(
+            "[upstreams.origin]\nurl = \"{base_url}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n"
+        ))
+    }
+
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.running.endpoints.proxy
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr())
+    }
+
+    pub(crate) fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.running.endpoints.admin)
+    }
+}
