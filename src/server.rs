@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::admin::Admin;
 use crate::admin::metrics::Metrics;
-use crate::config::{Config, UpstreamKind};
+use crate::config::{Config, StateBackend, UpstreamKind};
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Rangeway;
 use crate::proxy::routing::{Route, RouteTable};
@@ -29,6 +29,8 @@ pub enum StartError {
     Upstream { name: String, source: UpstreamError },
     #[error("upstreams.{name}.dir: cannot prepare {path}: {source}")]
     Folder { name: String, path: std::path::PathBuf, source: std::io::Error },
+    #[error("state.backend: \"redis\" is not supported by this build yet; use \"memory\"")]
+    RedisUnsupported,
     #[error("cannot start the server thread: {0}")]
     Thread(std::io::Error),
     #[error("routes[{index}].path_prefix: {source}")]
@@ -46,6 +48,9 @@ pub struct Endpoints {
 
 /// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
 pub fn build(config: &Config) -> Result<(Server, Endpoints), StartError> {
+    if matches!(config.state.backend, StateBackend::Redis(_)) {
+        return Err(StartError::RedisUnsupported);
+    }
     let range_limits =
         RangeLimits { max_ranges: config.server.max_ranges, ..RangeLimits::default() };
     let metrics = Arc::new(Metrics::new());

@@ -37,7 +37,7 @@ fn clients_resume_through_rangeway_in_front_of_nginx() {
     let root = TempDir::new("clients-root");
     let object = test_bytes(LEN, 3);
     std::fs::write(root.join("big.bin"), &object).unwrap();
-    let nginx = Nginx::start(NginxOptions { root: root.path().to_owned(), tls: None });
+    let nginx = Nginx::start(NginxOptions::serving(root.path()));
     let proxy = Proxy::in_front_of(&nginx.base_url());
     resume_with_every_client(&proxy, &object, &TempDir::new("clients-work"));
 }

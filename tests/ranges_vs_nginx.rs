@@ -30,7 +30,7 @@ fn setup() -> Setup {
     std::fs::write(dir.join("odd.bin"), &odd).expect("write odd.bin");
     std::fs::write(dir.join("small.bin"), &odd[..50]).expect("write small.bin");
     std::fs::write(dir.join("empty.bin"), b"").expect("write empty.bin");
-    let nginx = Nginx::start(NginxOptions { root: dir.path().to_owned(), tls: None });
+    let nginx = Nginx::start(NginxOptions::serving(dir.path()));
     let proxy = Proxy::in_front_of(&nginx.base_url());
     Setup { _dir: dir, nginx, proxy, odd }
 }

@@ -11,7 +11,7 @@ use support::tls::{TestPki, TlsFiles};
 use support::tmp::TempDir;
 
 fn https_nginx(root: &TempDir, files: &TlsFiles) -> Nginx {
-    Nginx::start(NginxOptions { root: root.path().to_owned(), tls: Some(files.clone()) })
+    Nginx::start(NginxOptions { tls: Some(files.clone()), ..NginxOptions::serving(root.path()) })
 }
 
 fn proxy_to(url: &str, ca: &std::path::Path, extra: &str) -> Proxy {

@@ -22,6 +22,16 @@ pub(crate) struct NginxOptions {
     pub(crate) root: PathBuf,
     /// Serve HTTPS with this certificate instead of plain HTTP.
     pub(crate) tls: Option<TlsFiles>,
+    /// Answer every request with the whole file (`max_ranges 0`), as origins without range
+    /// support do.
+    pub(crate) ignore_range: bool,
+}
+
+impl NginxOptions {
+    /// Plain HTTP, ranges supported: nginx as most origins run it.
+    pub(crate) fn serving(root: &std::path::Path) -> NginxOptions {
+        NginxOptions { root: root.to_owned(), tls: None, ignore_range: false }
+    }
 }
 
 /// A running nginx, killed (and waited for) on drop.
@@ -208,6 +218,9 @@ fn config_text(dir: &TempDir, addr: SocketAddr, options: &NginxOptions) -> Strin
         let _ = writeln!(text, "    ssl_certificate_key {};", tls.key.display());
     }
     let _ = writeln!(text, "    root {};", options.root.display());
+    if options.ignore_range {
+        text.push_str("    max_ranges 0;\n");
+    }
     text.push_str("    location / { }\n  }\n}\n");
     text
 }
