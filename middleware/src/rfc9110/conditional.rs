@@ -69,24 +69,21 @@ pub fn evaluate_preconditions(
         }
     } else if let (Some(since), Some(modified)) =
         (single_http_date(headers, &IF_UNMODIFIED_SINCE), last_modified)
+        && modified > since
     {
-        if modified > since {
-            return Precondition::Failed;
-        }
+        return Precondition::Failed;
     }
 
     if headers.contains_key(IF_NONE_MATCH) {
         if tag_list(headers, &IF_NONE_MATCH).is_some_and(|list| list.weak_match(etag)) {
             return if is_get_or_head { Precondition::NotModified } else { Precondition::Failed };
         }
-    } else if is_get_or_head {
-        if let (Some(since), Some(modified)) =
+    } else if is_get_or_head
+        && let (Some(since), Some(modified)) =
             (single_http_date(headers, &IF_MODIFIED_SINCE), last_modified)
-        {
-            if modified <= since {
-                return Precondition::NotModified;
-            }
-        }
+        && modified <= since
+    {
+        return Precondition::NotModified;
     }
     Precondition::Proceed
 }

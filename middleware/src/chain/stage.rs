@@ -1,0 +1,197 @@
+//! The contract between the chain and one stage: a factory built once from configuration, and the
+//! per-request instance it starts.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::ByteRange;
+
+/// What the bytes between two stages are, relative to the object's own bytes.
+///
+/// The forms are ordered: each one is further from the object than the ones before it. A stage
+/// states the furthest form it can work on ([`StageFactory::accepts`]) and the form its own change
+/// puts bytes in ([`StageFactory::produces`]); the bytes entering a stage are in the furthest form
+/// any stage before it produces. [`Chain::new`](super::Chain::new) rejects a chain in which a stage
+/// would see bytes further than it accepts. One ordered scale, rather than a flag per concern,
+/// keeps every rule a single comparison and lets a new stage fit in without touching the others.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[non_exhaustive]
+pub enum Form {
+    /// The object's own bytes, exactly as the origin holds them.
+    Original,
+    /// Changed (compressed, re-encoded) but not encrypted: still plaintext.
+    Transformed,
+    /// Encrypted: nothing after this point can read the content.
+    Encrypted,
+}
+
+impl Form {
+    /// What a stage that accepts at most this form must see, for error messages.
+    pub(super) const fn requirement(self) -> &'static str {
+        match self {
+            Form::Original => "the origin's own bytes",
+            Form::Transformed => "plaintext",
+            Form::Encrypted => "any bytes",
+        }
+    }
+}
+
+/// The input a stage needs to produce a range of its output.
+///
+/// Fed `input` (starting at `input.start()`, see [`StageFactory::start`]), the stage's output
+/// begins `skip` bytes before the wanted output range: dropping those lands exactly on its start.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct StagePlan {
+    pub input: ByteRange,
+    pub skip: u64,
+}
+
+impl StagePlan {
+    /// The plan of a stage whose output byte `i` is made from input byte `i` alone.
+    pub const fn identity(output: ByteRange) -> Self {
+        Self { input: output, skip: 0 }
+    }
+}
+
+/// State from which a stage can resume part-way through its input, as a stage reports it in a
+/// [`StageReport`] and gets it back in [`StageFactory::start`].
+///
+/// The bytes are in a format of the stage's own, which must carry a version so that a state saved
+/// by one build is never misread by another; the proxy stores them as they are, indexed by offset.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct StageState {
+    offset: u64,
+    bytes: Bytes,
+}
+
+impl StageState {
+    /// A state from which the stage continues at input byte `offset`.
+    pub const fn new(offset: u64, bytes: Bytes) -> Self {
+        Self { offset, bytes }
+    }
+
+    /// The input offset the state continues at.
+    pub const fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The encoded state.
+    pub const fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+}
+
+/// A digest value, as a stage reports it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
+pub enum Digest {
+    Sha256([u8; 32]),
+    Crc32(u32),
+}
+
+/// The digest of one range of a stage's input.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct RangeDigest {
+    pub range: ByteRange,
+    pub digest: Digest,
+}
+
+/// What a stage learned from the bytes it has seen so far, for the proxy to persist.
+///
+/// Every entry is a fact about byte ranges of the stage's own input, true whether or not the pass
+/// went on to its end, so a report taken from a pass cut short is as usable as a finished one's.
+/// New kinds of facts become new fields: build one with `StageReport::default()`.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+#[non_exhaustive]
+pub struct StageReport {
+    /// Digests of ranges of the input.
+    pub digests: Vec<RangeDigest>,
+    /// States from which a later pass can start (see [`StageFactory::start`]), by ascending offset.
+    pub checkpoints: Vec<StageState>,
+}
+
+/// Why a stage cannot plan, start or go on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StageError {
+    /// The stage cannot produce this output range from the input length it was given.
+    #[error("cannot plan output {range:?} from {input_len} input bytes: {reason}")]
+    Plan { range: ByteRange, input_len: u64, reason: String },
+    /// The resume state cannot be used to start at this offset.
+    #[error("cannot resume at input byte {offset}: {reason}")]
+    Resume { offset: u64, reason: String },
+    /// The input runs past what byte offsets can count.
+    #[error("input runs past byte {0}, beyond what a u64 offset can count")]
+    Overflow(u64),
+    /// A failure of the stage's own, e.g. from a compression or encryption backend.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// A stage built once from its configuration, shared by every request on its route.
+///
+/// Output must be deterministic: the same input bytes give the same output bytes at every offset,
+/// on every instance, after every restart. That is what lets a download of a transformed
+/// representation resume at any byte.
+pub trait StageFactory: Send + Sync + fmt::Debug {
+    /// The kind it was registered under, e.g. `checksum`.
+    fn kind(&self) -> &str;
+
+    /// A string that changes whenever this stage's output bytes could change: its kind, every
+    /// parameter that shapes its output, and the version of any backend it uses. It becomes part
+    /// of the representation's ETag and of the state keys of later stages. Visible ASCII, without
+    /// `|` (the chain's separator).
+    fn identity(&self) -> &str;
+
+    /// The input needed to produce `output`, for an input of `input_len` bytes.
+    ///
+    /// The chain calls it only with an `output` that lies inside the stage's output, when
+    /// [`output_len`](Self::output_len) knows that; the returned input must lie inside
+    /// `0..input_len`.
+    fn plan(&self, output: ByteRange, input_len: u64) -> Result<StagePlan, StageError>;
+
+    /// The output length for an input of `input_len` bytes; `None` when it is unknown until a
+    /// full pass has been made (or it would overflow `u64`).
+    fn output_len(&self, input_len: u64) -> Option<u64>;
+
+    /// Whether the stage passes every byte on unchanged, returning the very chunk it was given,
+    /// and only observes (digests, counts) them.
+    fn observes_only(&self) -> bool;
+
+    /// The furthest [`Form`] of input this stage can work on. By default any.
+    fn accepts(&self) -> Form {
+        Form::Encrypted
+    }
+
+    /// The [`Form`] this stage's own change puts bytes in. By default [`Form::Original`] for a
+    /// stage that only observes, [`Form::Transformed`] otherwise; an encrypting stage must say
+    /// [`Form::Encrypted`].
+    fn produces(&self) -> Form {
+        if self.observes_only() { Form::Original } else { Form::Transformed }
+    }
+
+    /// Starts a per-request instance that will be fed the input from byte `at_input` on, going on
+    /// from `resume` when it is given (a state this stage reported at that offset).
+    fn start(
+        &self,
+        at_input: u64,
+        resume: Option<&StageState>,
+    ) -> Result<Box<dyn Stage>, StageError>;
+}
+
+/// One request's run of a stage over a contiguous part of its input.
+pub trait Stage: Send + fmt::Debug {
+    /// Takes the next input chunk and returns what output is ready, if any. A stage that only
+    /// observes returns the very same `Bytes`.
+    fn push(&mut self, chunk: Bytes) -> Result<Option<Bytes>, StageError>;
+
+    /// Ends the input, returning the rest of the output, if any.
+    fn finish(&mut self) -> Result<Option<Bytes>, StageError>;
+
+    /// What the stage has learned from the input so far, at any point of the pass (a pass may be
+    /// cut short by the client, and what it saw until then is still worth keeping).
+    fn report(&self) -> Option<StageReport> {
+        None
+    }
+}
