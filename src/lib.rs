@@ -9,3 +9,4 @@ pub mod origin;
 pub mod proxy;
 pub mod range;
 pub mod server;
+pub mod state;

@@ -14,11 +14,12 @@ use tracing::{info, warn};
 
 use crate::admin::Admin;
 use crate::admin::metrics::Metrics;
-use crate::config::{Config, StateBackend, UpstreamKind};
+use crate::config::{Config, UpstreamKind};
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Rangeway;
 use crate::proxy::routing::{Route, RouteTable};
 use crate::proxy::upstream::{Timeouts, TlsSettings, Upstream, UpstreamError};
+use crate::state::{self, StoreError};
 
 /// Why rangeway could not start. Config problems are caught earlier by `Config::load`; these are
 /// the ones only the machine can tell (files, sockets).
@@ -29,8 +30,10 @@ pub enum StartError {
     Upstream { name: String, source: UpstreamError },
     #[error("upstreams.{name}.dir: cannot prepare {path}: {source}")]
     Folder { name: String, path: std::path::PathBuf, source: std::io::Error },
-    #[error("state.backend: \"redis\" is not supported by this build yet; use \"memory\"")]
-    RedisUnsupported,
+    #[error("state: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot start the state store's runtime: {0}")]
+    StoreRuntime(std::io::Error),
     #[error("cannot start the server thread: {0}")]
     Thread(std::io::Error),
     #[error("routes[{index}].path_prefix: {source}")]
@@ -46,14 +49,25 @@ pub struct Endpoints {
     pub samples: Vec<String>,
 }
 
+/// Keeps the state store's connections alive. pingora gives every service a runtime of its own,
+/// while a Redis connection is driven by a task on the runtime that opened it: the store gets a
+/// runtime of its own, which lives as long as the server.
+#[derive(Debug)]
+pub struct StoreRuntime(tokio::runtime::Runtime);
+
 /// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
-pub fn build(config: &Config) -> Result<(Server, Endpoints), StartError> {
-    if matches!(config.state.backend, StateBackend::Redis(_)) {
-        return Err(StartError::RedisUnsupported);
-    }
+pub fn build(config: &Config) -> Result<(Server, Endpoints, StoreRuntime), StartError> {
+    let store_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("rangeway-store")
+        .enable_all()
+        .build()
+        .map_err(StartError::StoreRuntime)?;
+    let store = store_runtime.block_on(state::connect(&config.state))?;
     let range_limits =
         RangeLimits { max_ranges: config.server.max_ranges, ..RangeLimits::default() };
     let metrics = Arc::new(Metrics::new());
+    metrics.watch_store(Arc::clone(&store));
 
     let grace = config.server.grace_period.as_secs();
     let conf = ServerConf {
@@ -144,26 +158,30 @@ pub fn build(config: &Config) -> Result<(Server, Endpoints), StartError> {
         );
     }
 
-    let proxy = Rangeway::new(RouteTable::new(routes), range_limits, Arc::clone(&metrics));
+    let routes = Arc::new(RouteTable::new(routes));
+    let proxy =
+        Rangeway::new(Arc::clone(&routes), range_limits, Arc::clone(&metrics), Arc::clone(&store));
     let mut proxy_service =
         pingora_proxy::http_proxy_service_with_name(&server.configuration, proxy, "rangeway proxy");
     proxy_service.add_tcp(&config.server.listen.to_string());
     server.add_service(proxy_service);
 
-    let mut admin = Service::new("admin".to_owned(), Admin::new(metrics, config.server.listen));
+    let admin_app =
+        Admin::new(metrics, config.server.listen, store, routes, config.server.admin_token.clone());
+    let mut admin = Service::new("admin".to_owned(), admin_app);
     admin.add_tcp(&config.server.admin_listen.to_string());
     admin.threads = Some(1);
     server.add_service(admin);
 
     let endpoints =
         Endpoints { proxy: config.server.listen, admin: config.server.admin_listen, samples };
-    Ok((server, endpoints))
+    Ok((server, endpoints, StoreRuntime(store_runtime)))
 }
 
 /// Runs until SIGTERM (graceful: drains for `grace_period`), SIGINT (fast) or SIGQUIT (hand the
 /// listening sockets to a new process).
 pub fn run(config: &Config) -> Result<(), StartError> {
-    let (server, endpoints) = build(config)?;
+    let (server, endpoints, _store) = build(config)?;
     announce(&endpoints);
     server.run(RunArgs::default());
     Ok(())
@@ -189,12 +207,13 @@ pub struct Running {
     pub endpoints: Endpoints,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    store: Option<StoreRuntime>,
 }
 
 impl Running {
     /// Starts the server and waits until the proxy and admin listeners accept connections.
     pub fn start(config: &Config) -> Result<Self, StartError> {
-        let (server, endpoints) = build(config)?;
+        let (server, endpoints, store) = build(config)?;
         let (stop, stopped) = oneshot::channel();
         let watch = FastShutdownOn(Mutex::new(Some(stopped)));
         let thread = std::thread::Builder::new()
@@ -209,7 +228,7 @@ impl Running {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
-        Ok(Self { endpoints, stop: Some(stop), thread: Some(thread) })
+        Ok(Self { endpoints, stop: Some(stop), thread: Some(thread), store: Some(store) })
     }
 }
 
@@ -220,6 +239,10 @@ impl Drop for Running {
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        // Dropping a runtime blocks on its tasks' shutdown; don't do that on a runtime thread.
+        if let Some(StoreRuntime(runtime)) = self.store.take() {
+            runtime.shutdown_background();
         }
     }
 }

@@ -2,9 +2,16 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
+
+use crate::state::StateStore;
 
 /// Every metric rangeway exports. Names are part of the operator contract (dashboards, alerts).
 #[derive(Debug, Clone)]
@@ -14,6 +21,7 @@ pub struct Metrics {
     response_bytes: IntCounterVec,
     upstream_errors: IntCounterVec,
     upstream_ignored_range: IntCounterVec,
+    resumes_refused: IntCounterVec,
     duration: HistogramVec,
     active: IntGauge,
 }
@@ -50,6 +58,14 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
+        let resumes_refused = IntCounterVec::new(
+            Opts::new(
+                "rangeway_resumes_refused_total",
+                "Resumes of a download whose object changed since it began, answered with the new object in full.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
         let duration = HistogramVec::new(
             HistogramOpts::new(
                 "rangeway_request_duration_seconds",
@@ -69,6 +85,7 @@ impl Metrics {
             Box::new(response_bytes.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(upstream_ignored_range.clone()),
+            Box::new(resumes_refused.clone()),
             Box::new(duration.clone()),
             Box::new(active.clone()),
         ] {
@@ -80,6 +97,7 @@ impl Metrics {
             response_bytes,
             upstream_errors,
             upstream_ignored_range,
+            resumes_refused,
             duration,
             active,
         }
@@ -99,10 +117,21 @@ impl Metrics {
         self.upstream_ignored_range.with_label_values(&[route]).inc();
     }
 
+    pub fn resume_refused(&self, route: &str) {
+        self.resumes_refused.with_label_values(&[route]).inc();
+    }
+
     /// Counts a response in flight until the returned guard is dropped.
     pub fn active_download(&self) -> ActiveDownload {
         self.active.inc();
         ActiveDownload(self.active.clone())
+    }
+
+    /// Exports the health of the state store (read from it at every scrape).
+    pub fn watch_store(&self, store: Arc<dyn StateStore>) {
+        if let Err(e) = self.registry.register(Box::new(StoreCollector::new(store))) {
+            tracing::error!(error = %e, "cannot register the state store metrics");
+        }
     }
 
     /// The Prometheus text exposition of every metric.
@@ -129,5 +158,56 @@ pub struct ActiveDownload(IntGauge);
 impl Drop for ActiveDownload {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+/// `rangeway_store_*`: the store keeps its own counters (it is shared by every request); this
+/// reads them when Prometheus scrapes.
+struct StoreCollector {
+    store: Arc<dyn StateStore>,
+    descs: Vec<Desc>,
+}
+
+impl StoreCollector {
+    fn new(store: Arc<dyn StateStore>) -> Self {
+        let descs =
+            Self::metrics(0, 0, 0).iter().flat_map(|m| m.desc().into_iter().cloned()).collect();
+        Self { store, descs }
+    }
+
+    fn metrics(up: i64, errors: u64, unreadable: u64) -> [Box<dyn Collector>; 3] {
+        let gauge = IntGauge::new(
+            "rangeway_store_up",
+            "1 when the state store answered its last operation.",
+        )
+        .expect("valid metric");
+        gauge.set(up);
+        let failed = IntCounter::new(
+            "rangeway_store_errors_total",
+            "State store operations that failed (timeouts, outages, errors).",
+        )
+        .expect("valid metric");
+        failed.inc_by(errors);
+        let unreadable_values = IntCounter::new(
+            "rangeway_store_unreadable_total",
+            "Stored values that could not be read and were taken as absent.",
+        )
+        .expect("valid metric");
+        unreadable_values.inc_by(unreadable);
+        [Box::new(gauge), Box::new(failed), Box::new(unreadable_values)]
+    }
+}
+
+impl Collector for StoreCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let health = self.store.health();
+        Self::metrics(i64::from(health.is_up()), health.errors_total(), health.unreadable_total())
+            .iter()
+            .flat_map(|m| m.collect())
+            .collect()
     }
 }

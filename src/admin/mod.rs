@@ -1,4 +1,5 @@
-//! The admin listener: health, readiness and metrics, never on the public port.
+//! The admin listener, never on the public port: health, readiness, metrics, and the JSON API
+//! over downloads and objects (`/v1/...`, behind a bearer token when one is configured).
 
 pub mod metrics;
 
@@ -10,8 +11,16 @@ use async_trait::async_trait;
 use http::{Response, StatusCode, header};
 use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
+use serde_json::{Value, json};
 
+use crate::config::AdminToken;
+use crate::proxy::path::NormalizedPath;
+use crate::proxy::routing::RouteTable;
+use crate::state::{DownloadSession, StateStore};
 use metrics::Metrics;
+
+/// Most downloads one `/v1/downloads` page lists.
+const MAX_PAGE: usize = 1000;
 
 /// How long `/readyz` waits for the proxy listener to accept a connection.
 const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -21,11 +30,95 @@ pub struct Admin {
     metrics: Arc<Metrics>,
     /// The public listener, probed by `/readyz`.
     proxy_addr: SocketAddr,
+    store: Arc<dyn StateStore>,
+    routes: Arc<RouteTable>,
+    token: Option<AdminToken>,
 }
 
 impl Admin {
-    pub fn new(metrics: Arc<Metrics>, proxy_addr: SocketAddr) -> Self {
-        Self { metrics, proxy_addr }
+    pub fn new(
+        metrics: Arc<Metrics>,
+        proxy_addr: SocketAddr,
+        store: Arc<dyn StateStore>,
+        routes: Arc<RouteTable>,
+        token: Option<AdminToken>,
+    ) -> Self {
+        Self { metrics, proxy_addr, store, routes, token }
+    }
+
+    /// `/v1/...`: the downloads and objects the state store knows.
+    async fn api(&self, session: &ServerSession, path: &str) -> Response<Vec<u8>> {
+        if let Some(token) = &self.token {
+            let presented = session
+                .req_header()
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+            if !presented.is_some_and(|p| token.verify(p)) {
+                let mut response = json_response(
+                    StatusCode::UNAUTHORIZED,
+                    &json!({"error": "a bearer token is required"}),
+                );
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+                return response;
+            }
+        }
+        let query = session.req_header().uri.query().unwrap_or("");
+        let result = if let Some(id) = path.strip_prefix("/v1/downloads/") {
+            let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+            self.store.download(&id).await.map(|found| match found {
+                Some(download) => (StatusCode::OK, download_json(&download)),
+                None => (StatusCode::NOT_FOUND, json!({"error": "no such download"})),
+            })
+        } else if path == "/v1/downloads" {
+            let active = param(query, "active").is_some_and(|v| v == "true" || v == "1");
+            let offset = param(query, "offset").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let limit =
+                param(query, "limit").and_then(|v| v.parse().ok()).unwrap_or(100).min(MAX_PAGE);
+            self.store.downloads(active, offset, limit).await.map(|page| {
+                let items: Vec<Value> = page.iter().map(download_json).collect();
+                (StatusCode::OK, json!({"offset": offset, "limit": limit, "downloads": items}))
+            })
+        } else if path == "/v1/objects" {
+            let Some(object) = self.object_key(query) else {
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "give ?path=/route/path/of/the/object (and &host= for a host route)"}),
+                );
+            };
+            self.store.object(&object).await.map(|found| match found {
+                Some(record) => {
+                    (StatusCode::OK, serde_json::to_value(&record).unwrap_or(Value::Null))
+                }
+                None => (
+                    StatusCode::NOT_FOUND,
+                    json!({"error": "no such object known", "object": object}),
+                ),
+            })
+        } else {
+            Ok((
+                StatusCode::NOT_FOUND,
+                json!({"error": "try /v1/downloads, /v1/downloads/{id}, /v1/objects?path="}),
+            ))
+        };
+        match result {
+            Ok((status, body)) => json_response(status, &body),
+            Err(e) => {
+                json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"error": e.to_string()}))
+            }
+        }
+    }
+
+    /// The store's key of the object a client path names, through the same routes as the proxy.
+    fn object_key(&self, query: &str) -> Option<String> {
+        let raw = param(query, "path")?;
+        let decoded = percent_encoding::percent_decode_str(&raw).decode_utf8().ok()?;
+        let path = NormalizedPath::parse(&decoded).ok()?;
+        let host = param(query, "host").map(|h| h.to_ascii_lowercase());
+        let route = self.routes.find(host.as_deref(), &path)?;
+        Some(format!("{}|{path}", route.name))
     }
 
     async fn proxy_accepts(&self) -> bool {
@@ -47,7 +140,11 @@ impl ServeHttp for Admin {
         if req.method != http::Method::GET && req.method != http::Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n");
         }
-        match req.uri.path() {
+        let path = req.uri.path().to_owned();
+        if path.starts_with("/v1/") || path == "/v1" {
+            return self.api(session, &path).await;
+        }
+        match path.as_str() {
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" => {
                 if self.proxy_accepts().await {
@@ -68,7 +165,10 @@ impl ServeHttp for Admin {
                     .body(body)
                     .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "\n"))
             }
-            _ => text(StatusCode::NOT_FOUND, "not found: try /healthz, /readyz or /metrics\n"),
+            _ => text(
+                StatusCode::NOT_FOUND,
+                "not found: try /healthz, /readyz, /metrics or /v1/downloads\n",
+            ),
         }
     }
 }
@@ -81,4 +181,41 @@ fn text(status: StatusCode, body: &str) -> Response<Vec<u8>> {
         .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; charset=utf-8"));
     headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
     response
+}
+
+/// A download as the API shows it: the stored session plus what follows from it.
+fn download_json(download: &DownloadSession) -> Value {
+    let size = download.version.size;
+    let delivered = download.delivered.total();
+    let percent =
+        if size == 0 { 100.0 } else { (delivered as f64 * 100.0 / size as f64).min(100.0) };
+    let mut value = serde_json::to_value(download).unwrap_or(Value::Null);
+    if let Value::Object(fields) = &mut value {
+        fields.insert("size".into(), json!(size));
+        fields.insert("delivered_bytes".into(), json!(delivered));
+        fields.insert("percent".into(), json!((percent * 10.0).round() / 10.0));
+        fields.insert("resume_offset".into(), json!(download.delivered.contiguous_prefix_end()));
+    }
+    value
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Vec<u8>> {
+    let body = serde_json::to_vec_pretty(body).unwrap_or_default();
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let len = response.body().len();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    headers.insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The decoded value of query parameter `name`.
+fn param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name)
+            .then(|| percent_encoding::percent_decode_str(value).decode_utf8_lossy().into_owned())
+    })
 }

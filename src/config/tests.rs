@@ -1241,7 +1241,7 @@ fn shipped_configs_load() {
     assert_eq!(from_file.routes, default.routes);
 
     let cdn = Config::load(&shipped("examples/cdn.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));
-    assert!(matches!(cdn.state.backend, StateBackend::Memory));
+    assert!(matches!(cdn.state.backend, StateBackend::Redis(RedisTarget::Single(_))));
     assert_eq!(cdn.routes[0].host.as_deref(), Some("dl.example.com"));
 
     let s3 = Config::load(&shipped("examples/s3.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));

@@ -7,6 +7,7 @@
 //! `response_filter`, cut the body in `response_body_filter` (synchronous, no allocation on
 //! passthrough), record in `logging`.
 
+pub mod download;
 pub mod path;
 pub mod routing;
 pub mod upstream;
@@ -22,13 +23,16 @@ use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use rangeway_middleware::rfc9110::{
-    MultipartBody, MultipartPlan, RangeLimits, RangeSpec, content_range, unsatisfied_content_range,
+    ContentRange, MultipartBody, MultipartPlan, RangeLimits, RangeSpec, content_range,
+    parse_content_range, unsatisfied_content_range,
 };
 use rangeway_middleware::{ByteRange, Window};
 use tracing::{info, warn};
 
 use crate::admin::metrics::{ActiveDownload, Metrics};
 use crate::range::{ClientRange, Shape, shape_response};
+use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore};
+use download::{DOWNLOAD_ID, RESUME_OFFSET, download_id, object_version};
 use path::NormalizedPath;
 use routing::{Route, RouteTable, request_host};
 
@@ -42,18 +46,20 @@ const HOP_BY_HOP: [&str; 6] =
 /// The proxy, built once from config and shared by every request.
 #[derive(Debug)]
 pub struct Rangeway {
-    routes: RouteTable,
+    routes: Arc<RouteTable>,
     range_limits: RangeLimits,
     metrics: Arc<Metrics>,
+    store: Arc<dyn StateStore>,
 }
 
 impl Rangeway {
-    pub fn new(routes: RouteTable, range_limits: RangeLimits, metrics: Arc<Metrics>) -> Self {
-        Self { routes, range_limits, metrics }
-    }
-
-    pub fn routes(&self) -> &RouteTable {
-        &self.routes
+    pub fn new(
+        routes: Arc<RouteTable>,
+        range_limits: RangeLimits,
+        metrics: Arc<Metrics>,
+        store: Arc<dyn StateStore>,
+    ) -> Self {
+        Self { routes, range_limits, metrics, store }
     }
 }
 
@@ -88,6 +94,24 @@ pub struct RequestCtx {
     bytes_out: u64,
     refusal: Option<&'static str>,
     _active: Option<ActiveDownload>,
+    download: Option<DownloadCtx>,
+}
+
+/// What the request knows of its download: who it is, what the store said, what was delivered.
+#[derive(Debug)]
+struct DownloadCtx {
+    id: String,
+    object: String,
+    client: String,
+    /// The session as the store had it before this request; `None` when new or unknown.
+    session: Option<DownloadSession>,
+    /// The strong ETag of the version this download began on, sent upstream as `If-Match` on a
+    /// resume so the object cannot change under it.
+    guard: Option<String>,
+    /// The object changed since the download began: the resume is refused (412).
+    changed: bool,
+    /// The version this response delivers, and where in it the body starts.
+    delivering: Option<(ObjectVersion, u64)>,
 }
 
 impl Default for RequestCtx {
@@ -106,6 +130,7 @@ impl Default for RequestCtx {
             bytes_out: 0,
             refusal: None,
             _active: None,
+            download: None,
         }
     }
 }
@@ -114,6 +139,60 @@ impl RequestCtx {
     fn route_name(&self) -> &str {
         self.route.as_ref().map_or("-", |r| r.name.as_str())
     }
+
+    /// What this response delivered to its download, once `sent` body bytes went out.
+    fn delivery(&self, sent: u64) -> Option<Delivery> {
+        let download = self.download.as_ref()?;
+        let (version, start) = download.delivering.as_ref()?;
+        let range = ByteRange::from_len(*start, sent).filter(|r| !r.is_empty())?;
+        Some(Delivery {
+            id: download.id.clone(),
+            object: download.object.clone(),
+            route: self.route_name().to_owned(),
+            client: download.client.clone(),
+            version: version.clone(),
+            range,
+            bytes: sent,
+            now: unix_now(),
+        })
+    }
+}
+
+impl DownloadCtx {
+    /// Labels the client's response with its download, and notes what it delivers.
+    fn note_response(
+        &mut self,
+        response: &mut ResponseHeader,
+        version: Option<ObjectVersion>,
+    ) -> Result<()> {
+        response.insert_header(DOWNLOAD_ID, self.id.as_str())?;
+        let same_version = |s: &&DownloadSession| {
+            version.as_ref().is_some_and(|v| v.etag == s.version.etag && v.size == s.version.size)
+        };
+        if let Some(session) = self.session.as_ref().filter(same_version).filter(|_| !self.changed)
+        {
+            response.insert_header(RESUME_OFFSET, session.delivered.contiguous_prefix_end())?;
+        }
+        // Only a single stretch of bytes is recorded: a 200, or a 206 of one range.
+        let start = match response.status.as_u16() {
+            200 => Some(0),
+            206 => response
+                .headers
+                .get(header::CONTENT_RANGE)
+                .and_then(|v| parse_content_range(v.as_bytes()))
+                .and_then(|cr| match cr {
+                    ContentRange::Satisfied { range, .. } => Some(range.start()),
+                    ContentRange::Unsatisfied { .. } => None,
+                }),
+            _ => None,
+        };
+        self.delivering = version.zip(start);
+        Ok(())
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[async_trait]
@@ -149,15 +228,49 @@ impl ProxyHttp for Rangeway {
             return Ok(true);
         };
         let mut target = route.upstream_path(&path);
-        if let Some(query) = req.uri.query() {
+        if let Some(query) =
+            req.uri.query().map(download::without_download_id).filter(|q| !q.is_empty())
+        {
             target.push('?');
-            target.push_str(query);
+            target.push_str(&query);
         }
         ctx.client_range = ClientRange::from_request(&req.method, &req.headers, &self.range_limits);
         ctx.sent_range = ctx.client_range.upstream_spec();
         ctx.upstream_target = target;
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(route));
+        if req.method == Method::GET {
+            let object = format!("{}|{path}", route.name);
+            let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+            let id = download_id(req, client_ip, &object);
+            // Resume safety only for a bare resume: explicit validators keep their RFC meaning.
+            let bare_resume = matches!(ctx.client_range, ClientRange::Bytes(_))
+                && !req.headers.contains_key(header::IF_RANGE)
+                && !req.headers.contains_key(header::IF_MATCH);
+            // The one store round trip before the response, for requests that continue a
+            // download. A store outage costs resume safety and the resume hint, never the
+            // response (the store reports it, once).
+            let session = match &ctx.client_range {
+                ClientRange::Bytes(_) => {
+                    self.store.lookup(&id, &object).await.ok().and_then(|(s, _)| s)
+                }
+                ClientRange::Absent | ClientRange::Ignored(_) => None,
+            };
+            let guard = session
+                .as_ref()
+                .filter(|_| bare_resume)
+                .filter(|s| s.version.strong)
+                .and_then(|s| s.version.etag.clone());
+            ctx.download = Some(DownloadCtx {
+                id,
+                object,
+                client: client_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+                session,
+                guard,
+                changed: false,
+                delivering: None,
+            });
+        }
         Ok(false)
     }
 
@@ -206,6 +319,9 @@ impl ProxyHttp for Rangeway {
         upstream_request.remove_header(&header::RANGE);
         if let Some(spec) = &ctx.sent_range {
             upstream_request.insert_header(header::RANGE, format!("bytes={spec}"))?;
+            if let Some(guard) = ctx.download.as_ref().and_then(|d| d.guard.as_ref()) {
+                upstream_request.insert_header(header::IF_MATCH, guard.as_str())?;
+            }
         } else {
             // If-Range only means something beside a Range.
             upstream_request.remove_header(&header::IF_RANGE);
@@ -229,6 +345,37 @@ impl ProxyHttp for Rangeway {
         Ok(())
     }
 
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let Some(download) = ctx.download.as_mut() else {
+            return Ok(());
+        };
+        let Some(guard) = download.guard.take() else {
+            return Ok(());
+        };
+        let status = response.status.as_u16();
+        let current = response.headers.get(header::ETAG).map(|v| v.as_bytes());
+        let changed =
+            status == 412 || (matches!(status, 200 | 206) && current != Some(guard.as_bytes()));
+        if !changed {
+            return Ok(());
+        }
+        // The object is no longer the one this download began on: whatever the client holds is
+        // of the old version, and no answer with bytes of the new one is safe. A range of it would
+        // be spliced by every client; so would the whole object (wget -c skips a 200's first
+        // bytes up to its file length and appends the rest). The resume is refused: curl, wget
+        // and aria2c all stop with an error and leave the partial file as it is.
+        download.changed = true;
+        let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
+        self.metrics.resume_refused(route);
+        info!(route, download = %download.id, "the object changed since this download began: refusing the resume");
+        Ok(())
+    }
+
     async fn response_filter(
         &self,
         session: &mut Session,
@@ -238,6 +385,17 @@ impl ProxyHttp for Rangeway {
         let status = response.status.as_u16();
         ctx.upstream_status = Some(status);
         ctx.upstream_header = ctx.upstream_connected.map(|t| t.elapsed());
+        let version = object_version(status, &response.headers);
+        if let Some(download) = ctx.download.as_ref().filter(|d| d.changed) {
+            empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
+            response.insert_header(
+                "x-rangeway-error",
+                "the object changed since this download began; download it again from the start",
+            )?;
+            response.insert_header(DOWNLOAD_ID, download.id.as_str())?;
+            ctx.body = BodyPlan::Discard;
+            return Ok(());
+        }
         for name in HOP_BY_HOP {
             response.remove_header(name);
         }
@@ -322,6 +480,9 @@ impl ProxyHttp for Rangeway {
                 ctx.body = BodyPlan::Discard;
             }
         }
+        if let Some(download) = ctx.download.as_mut() {
+            download.note_response(response, version)?;
+        }
         Ok(())
     }
 
@@ -382,6 +543,10 @@ impl ProxyHttp for Rangeway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        if let Some(delivery) = ctx.delivery(session.body_bytes_sent() as u64) {
+            // A store outage is reported by the store's health, once; the response is done.
+            let _ = self.store.record(&delivery).await;
+        }
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
         self.metrics.request(route, status, ctx.bytes_out, elapsed);

@@ -17,5 +17,6 @@ pub(crate) mod nginx;
 pub(crate) mod origin;
 pub(crate) mod ports;
 pub(crate) mod proxy;
+pub(crate) mod redis;
 pub(crate) mod tls;
 pub(crate) mod tmp;

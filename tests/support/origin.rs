@@ -348,10 +348,10 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
 
     let etag = (behaviour != Behaviour::NoEtag).then_some(object.etag.as_str());
     let last_modified = httpdate::fmt_http_date(object.last_modified);
-    if let Some(if_match) = request.header("if-match") {
-        if !if_match_passes(if_match, etag) {
-            return response.send_text(out, 412, "", head_only);
-        }
+    if let Some(if_match) = request.header("if-match")
+        && !if_match_passes(if_match, etag)
+    {
+        return response.send_text(out, 412, "", head_only);
     }
     let len = object.body.len() as u64;
     let range = match (&behaviour, request.header("range")) {

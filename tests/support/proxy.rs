@@ -21,6 +21,13 @@ impl Proxy {
 
     /// Like [`Proxy::start`], with extra `[server]` keys.
     pub(crate) fn start_with_server(body: &str, server_keys: &str) -> Proxy {
+        // RUST_LOG=rangeway=debug shows rangeway's logs in a failing test's output.
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
         let text = format!(
             "[server]\nlisten = \"127.0.0.1:{}\"\nadmin_listen = \"127.0.0.1:{}\"\nthreads = 2\ngrace_period = \"0s\"\n{server_keys}\n{body}",
             free_port(),

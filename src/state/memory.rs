@@ -1,0 +1,259 @@
+//! The embedded store: one instance's state in its own memory, bounded in entries and time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::model::{Delivery, DownloadSession, ObjectRecord};
+use super::{MAX_PAGE, StateStore, StoreError, StoreHealth};
+
+/// Sessions and object records in a map behind a mutex.
+///
+/// Every entry lives `ttl` from its last write; expired entries read as absent and are removed as
+/// writes come (the oldest first, cheaply: with one TTL for all, write order is expiry order).
+/// At `capacity` entries (sessions and objects together), a new entry evicts the one written
+/// longest ago. The lock is never held across an await, and no operation under it is more than
+/// O(log n) except [`StateStore::downloads`], which walks the entries (an admin call, capped
+/// by `capacity`).
+#[derive(Debug)]
+pub struct MemoryStore {
+    ttl: Duration,
+    capacity: usize,
+    inner: Mutex<Inner>,
+    health: StoreHealth,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    entries: HashMap<Key, Entry>,
+    /// Every key by the sequence number of its last write: the front is the least recently
+    /// written, and also the first to expire.
+    order: BTreeMap<u64, Key>,
+    next_write: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Download(String),
+    Object(String),
+}
+
+#[derive(Debug)]
+struct Entry {
+    value: Value,
+    expires: Instant,
+    written: u64,
+}
+
+#[derive(Debug)]
+enum Value {
+    Download(DownloadSession),
+    Object(ObjectRecord),
+}
+
+impl MemoryStore {
+    /// Entries kept by [`super::connect`]. A session or object record takes a few hundred bytes,
+    /// so this is tens of MiB (a session fragmented into the most intervals adds 16 KiB).
+    pub const DEFAULT_CAPACITY: usize = 100_000;
+
+    /// A store whose entries live `ttl` after their last write, at most `capacity` of them (at
+    /// least one).
+    pub fn new(ttl: Duration, capacity: usize) -> Self {
+        Self {
+            ttl,
+            capacity: capacity.max(1),
+            inner: Mutex::new(Inner::default()),
+            health: StoreHealth::always_up("memory".to_owned()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Nothing panics under the lock; were something to, the maps would still be usable (every
+        // method copes with an order entry whose map entry is gone), and better than no state.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Inner {
+    fn get(&self, key: &Key, now: Instant) -> Option<&Value> {
+        self.entries.get(key).filter(|e| e.expires > now).map(|e| &e.value)
+    }
+
+    /// Removes the entry under `key`, returning its value unless it expired.
+    fn take(&mut self, key: &Key, now: Instant) -> Option<Value> {
+        let entry = self.entries.remove(key)?;
+        self.order.remove(&entry.written);
+        (entry.expires > now).then_some(entry.value)
+    }
+
+    /// Writes `value` under `key`, as the most recently written entry.
+    fn put(&mut self, key: Key, value: Value, expires: Instant, now: Instant, capacity: usize) {
+        let _ = self.take(&key, now);
+        self.sweep(now);
+        while self.entries.len() >= capacity {
+            let Some((_, oldest)) = self.order.pop_first() else { break };
+            self.entries.remove(&oldest);
+        }
+        let written = self.next_write;
+        self.next_write += 1;
+        self.order.insert(written, key.clone());
+        self.entries.insert(key, Entry { value, expires, written });
+    }
+
+    /// Removes expired entries from the front of the write order.
+    fn sweep(&mut self, now: Instant) {
+        while let Some((_, key)) = self.order.first_key_value() {
+            if self.entries.get(key).is_some_and(|entry| entry.expires > now) {
+                break;
+            }
+            if let Some((_, key)) = self.order.pop_first() {
+                self.entries.remove(&key);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl StateStore for MemoryStore {
+    async fn lookup(
+        &self,
+        download_id: &str,
+        object: &str,
+    ) -> Result<(Option<DownloadSession>, Option<ObjectRecord>), StoreError> {
+        let now = Instant::now();
+        let inner = self.lock();
+        let session = match inner.get(&Key::Download(download_id.to_owned()), now) {
+            Some(Value::Download(session)) => Some(session.clone()),
+            _ => None,
+        };
+        let record = match inner.get(&Key::Object(object.to_owned()), now) {
+            Some(Value::Object(record)) => Some(record.clone()),
+            _ => None,
+        };
+        Ok((session, record))
+    }
+
+    async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
+        delivery.check()?;
+        let now = Instant::now();
+        let expires = now + self.ttl;
+        let mut inner = self.lock();
+        let session_key = Key::Download(delivery.id.clone());
+        let stored = match inner.take(&session_key, now) {
+            Some(Value::Download(session)) => Some(session),
+            _ => None,
+        };
+        let session = DownloadSession::record(stored, delivery);
+        inner.put(session_key, Value::Download(session.clone()), expires, now, self.capacity);
+
+        let object_key = Key::Object(delivery.object.clone());
+        let record = match inner.take(&object_key, now) {
+            Some(Value::Object(mut record)) => {
+                record.observe(&delivery.version, delivery.now);
+                record
+            }
+            _ => ObjectRecord::new(&delivery.object, &delivery.version, delivery.now),
+        };
+        inner.put(object_key, Value::Object(record), expires, now, self.capacity);
+        Ok(session)
+    }
+
+    async fn download(&self, id: &str) -> Result<Option<DownloadSession>, StoreError> {
+        Ok(match self.lock().get(&Key::Download(id.to_owned()), Instant::now()) {
+            Some(Value::Download(session)) => Some(session.clone()),
+            _ => None,
+        })
+    }
+
+    async fn downloads(
+        &self,
+        active_only: bool,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<DownloadSession>, StoreError> {
+        let now = Instant::now();
+        let inner = self.lock();
+        // Write order is update order: each write of a session sets its `updated_at`.
+        Ok(inner
+            .order
+            .values()
+            .rev()
+            .filter_map(|key| match inner.get(key, now) {
+                Some(Value::Download(s)) if !(active_only && s.complete) => Some(s.clone()),
+                _ => None,
+            })
+            .skip(offset)
+            .take(limit.min(MAX_PAGE))
+            .collect())
+    }
+
+    async fn object(&self, object: &str) -> Result<Option<ObjectRecord>, StoreError> {
+        let now = Instant::now();
+        let inner = self.lock();
+        Ok(match inner.get(&Key::Object(object.to_owned()), now) {
+            Some(Value::Object(record)) => Some(record.clone()),
+            _ => None,
+        })
+    }
+
+    fn health(&self) -> &StoreHealth {
+        &self.health
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rangeway_middleware::ByteRange;
+
+    use super::*;
+    use crate::state::ObjectVersion;
+
+    fn delivery(id: &str, object: &str, now: u64) -> Delivery {
+        Delivery {
+            id: id.to_owned(),
+            object: object.to_owned(),
+            route: "r".to_owned(),
+            client: "c".to_owned(),
+            version: ObjectVersion {
+                etag: Some("\"e\"".to_owned()),
+                strong: true,
+                size: 10,
+                last_modified: None,
+                content_type: None,
+            },
+            range: ByteRange::new(0, 5).expect("valid"),
+            bytes: 5,
+            now,
+        }
+    }
+
+    #[tokio::test]
+    async fn evicts_the_least_recently_written_at_capacity() {
+        // Four entries: two downloads of one object, then a third download evicts the oldest.
+        let store = MemoryStore::new(Duration::from_secs(60), 4);
+        store.record(&delivery("a", "o", 1)).await.expect("record");
+        store.record(&delivery("b", "o", 2)).await.expect("record");
+        store.record(&delivery("c", "p", 3)).await.expect("record");
+        assert!(store.download("a").await.expect("read").is_none(), "a should be evicted");
+        assert!(store.download("b").await.expect("read").is_some());
+        assert!(store.download("c").await.expect("read").is_some());
+        assert!(store.object("o").await.expect("read").is_some());
+        assert!(store.object("p").await.expect("read").is_some());
+        let inner = store.lock();
+        assert_eq!((inner.entries.len(), inner.order.len()), (4, 4));
+    }
+
+    #[tokio::test]
+    async fn expired_entries_read_as_absent_and_are_swept() {
+        let store = MemoryStore::new(Duration::from_millis(50), 100);
+        store.record(&delivery("a", "o", 1)).await.expect("record");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!(store.lookup("a", "o").await.expect("read"), (None, None));
+        let session = store.record(&delivery("a", "o", 2)).await.expect("record");
+        assert_eq!(session.started_at, 2, "an expired session does not go on");
+        let inner = store.lock();
+        assert_eq!((inner.entries.len(), inner.order.len()), (2, 2));
+    }
+}

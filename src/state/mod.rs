@@ -1,0 +1,127 @@
+//! Resume state: what rangeway remembers of objects and downloads, in Redis or in memory.
+//!
+//! The proxy uses a [`StateStore`] twice per request, both times in an async phase: one
+//! [`StateStore::lookup`] before it answers (one round trip for the download and its object) and
+//! one [`StateStore::record`] after the response. The store is an aid, never a dependency of a
+//! response: every operation is bounded by a timeout, an outage is reported by the store's
+//! [`StoreHealth`] (once per transition) and as errors the caller serves through.
+//!
+//! Two implementations pass one contract suite (`tests/state_contract.rs`): [`MemoryStore`], the
+//! embedded default for a single instance, and [`RedisStore`], for instances that share state,
+//! on one Redis server or a Redis Cluster.
+
+mod codec;
+mod health;
+mod interval;
+mod memory;
+mod model;
+mod redis;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use self::health::StoreHealth;
+pub use self::interval::{IntervalSet, IntervalSetFull};
+pub use self::memory::MemoryStore;
+pub use self::model::{
+    Delivery, DownloadSession, MAX_EXACT, MAX_VERSIONS, ObjectRecord, ObjectVersion, SeenVersion,
+};
+pub use self::redis::{RedisOptions, RedisStore};
+use crate::config::{StateBackend, StateConfig};
+
+/// The most sessions one [`StateStore::downloads`] call returns.
+pub const MAX_PAGE: usize = 1000;
+
+/// Where resume state lives. Every method is bounded in time; none panics on any stored data.
+#[async_trait]
+pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
+    /// The download `download_id` and the object `object`, in one round trip: the hot path of
+    /// every request. Absent is `None`, as is a record written in a format this version does not
+    /// read.
+    async fn lookup(
+        &self,
+        download_id: &str,
+        object: &str,
+    ) -> Result<(Option<DownloadSession>, Option<ObjectRecord>), StoreError>;
+
+    /// Adds a delivery to its download and to its object's record, atomically per download (the
+    /// connections of one multi-connection download record at the same time), and returns the
+    /// session as updated. One round trip. See [`DownloadSession::record`] and
+    /// [`ObjectRecord::observe`] for the rules.
+    async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError>;
+
+    async fn download(&self, id: &str) -> Result<Option<DownloadSession>, StoreError>;
+
+    /// Sessions, the most recently updated first, `offset` of them skipped and at most
+    /// `limit.min(MAX_PAGE)` returned. With `active_only`, only those not complete (the offset
+    /// then counts active sessions).
+    async fn downloads(
+        &self,
+        active_only: bool,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<DownloadSession>, StoreError>;
+
+    async fn object(&self, object: &str) -> Result<Option<ObjectRecord>, StoreError>;
+
+    /// Whether the store answers, and its error counters, for `/healthz` and `/metrics`.
+    fn health(&self) -> &StoreHealth;
+}
+
+/// Why a store operation failed. None of the messages holds a credential.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("the state store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store cannot be reached or refuses to work (connection refused or lost, cluster down,
+    /// out of memory, ...).
+    #[error("the state store is unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something that is not what was asked for: the data under rangeway's
+    /// keys was written by something else, or a bug.
+    #[error("the state store answered something unreadable: {0}")]
+    Corrupt(String),
+    /// The input cannot be stored faithfully (see [`MAX_EXACT`]); nothing was written.
+    #[error("not recorded: {0}")]
+    Rejected(&'static str),
+}
+
+impl StoreError {
+    /// A short, stable name for logs and metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout(_) => "timeout",
+            Self::Unavailable(_) => "unavailable",
+            Self::Corrupt(_) => "corrupt",
+            Self::Rejected(_) => "rejected",
+        }
+    }
+
+    /// Whether the error says the store is not working, as opposed to one bad value.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Self::Timeout(_) | Self::Unavailable(_))
+    }
+}
+
+/// The store `config` describes.
+///
+/// Never waits for Redis: a server that is down at start-up is connected to when it comes up,
+/// and reported through [`StoreHealth`] meanwhile, so rangeway serves without it. Fails only for a
+/// URL the Redis client refuses. Must be called inside the tokio runtime that will drive the
+/// store's connections, one that lives as long as the store.
+pub async fn connect(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreError> {
+    Ok(match &config.backend {
+        StateBackend::Memory => {
+            Arc::new(MemoryStore::new(config.ttl, MemoryStore::DEFAULT_CAPACITY))
+        }
+        StateBackend::Redis(target) => Arc::new(RedisStore::connect(
+            target,
+            config.ttl,
+            &config.key_prefix,
+            RedisOptions::default(),
+        )?),
+    })
+}

@@ -1,0 +1,679 @@
+//! The shared store: Redis, one server or a cluster.
+//!
+//! # Keys
+//!
+//! Every key starts with the configured prefix; the parts that come from clients are hashed, so a
+//! key is at most the prefix plus 36 bytes whatever a client sends, and no client input can name
+//! another key or steer a key to a cluster slot:
+//!
+//! - `{prefix}dl:{h(id)}`: a [`DownloadSession`], as versioned JSON (see `codec.rs`).
+//! - `{prefix}obj:{h(object)}`: an [`ObjectRecord`], likewise.
+//! - `{prefix}downloads`: a sorted set of `h(id)` scored by the session's `updated_at`, for
+//!   listing; entries older than the TTL are dropped as sessions are recorded.
+//!
+//! `h` is the first 16 bytes of SHA-256, in hex. Every key has the TTL, refreshed on each write.
+//! The values keep the id and object key in full, and a read whose value names another id or object
+//! (a hash collision) reads as absent.
+//!
+//! # Round trips
+//!
+//! A lookup is two GETs and a record is two scripts plus the index update, sent together: as one
+//! pipeline to a single server; on a cluster, where a pipeline cannot span hash slots, as
+//! concurrent commands on the cluster's multiplexed connections. Either way one round trip.
+//!
+//! # Outages
+//!
+//! Each operation has a timeout. After an operation fails for want of Redis, the store fails the
+//! next ones at once, without waiting on Redis, except for one probe every
+//! [`RedisOptions::probe_interval`]: an outage costs requests nothing but their resume state, and
+//! a recovered Redis is used again within that interval. The connections reconnect by themselves.
+
+use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use tracing::debug;
+
+use super::codec::{self, Decoded};
+use super::interval::IntervalSet;
+use super::model::{Delivery, DownloadSession, MAX_VERSIONS, ObjectRecord};
+use super::{MAX_PAGE, StateStore, StoreError, StoreHealth};
+use crate::config::{RedisTarget, RedisUrl};
+
+const SESSION_SCRIPT: &str =
+    concat!(include_str!("redis/common.lua"), include_str!("redis/session.lua"));
+const OBJECT_SCRIPT: &str =
+    concat!(include_str!("redis/common.lua"), include_str!("redis/object.lua"));
+
+/// Index entries read per round trip while listing active downloads.
+const LIST_BATCH: usize = 256;
+
+/// Timing of a [`RedisStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Bound on [`StateStore::lookup`], the call on the path of every request.
+    pub lookup_timeout: Duration,
+    /// Bound on every other operation.
+    pub timeout: Duration,
+    /// Bound on opening a connection to one server.
+    pub connect_timeout: Duration,
+    /// While Redis is failing, how often one operation goes through to find out whether it is
+    /// back; the others fail at once.
+    pub probe_interval: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            lookup_timeout: Duration::from_millis(250),
+            timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            probe_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// State in Redis, shared by every rangeway instance that uses the same Redis and prefix.
+pub struct RedisStore {
+    conn: Conn,
+    keys: Keys,
+    /// The TTL in milliseconds, as `PX` takes it.
+    ttl_ms: u64,
+    ttl_secs: u64,
+    options: RedisOptions,
+    session_script: Script,
+    object_script: Script,
+    health: Arc<StoreHealth>,
+    breaker: Arc<Breaker>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("store", &self.health.name())
+            .field("prefix", &self.keys.prefix)
+            .field("ttl_secs", &self.ttl_secs)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store on `target`, connecting in the background: returns before Redis answers, and
+    /// whether or not it does (see [`super::connect`]).
+    ///
+    /// Must be called inside a tokio runtime, which then drives the connections: it must live as
+    /// long as the store.
+    pub fn connect(
+        target: &RedisTarget,
+        ttl: Duration,
+        key_prefix: &str,
+        options: RedisOptions,
+    ) -> Result<Self, StoreError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            StoreError::Unavailable("the Redis store needs a tokio runtime to run on".to_owned())
+        })?;
+        let refused = |what: &str, err: RedisError| {
+            StoreError::Unavailable(format!("the Redis client refuses {what}: {err}"))
+        };
+        let (conn, name) = match target {
+            RedisTarget::Single(url) => {
+                let client =
+                    redis::Client::open(url.as_str()).map_err(|e| refused(&url.to_string(), e))?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(options.connect_timeout))
+                    .set_response_timeout(Some(options.timeout))
+                    // Each reconnection tries twice, then waits for the next operation (the
+                    // breaker's probe) to try again: no loop of its own hammering a dead server.
+                    .set_number_of_retries(1)
+                    .set_max_delay(options.probe_interval);
+                let manager = ConnectionManager::new_lazy_with_config(client, config)
+                    .map_err(|e| refused(&url.to_string(), e))?;
+                (Conn::Single(manager), format!("redis {url}"))
+            }
+            RedisTarget::Cluster(nodes) => {
+                let names = nodes.iter().map(RedisUrl::to_string).collect::<Vec<_>>().join(", ");
+                // A request fails after two retries, 10 to 100 ms apart, where the client's default
+                // is sixteen with waits of up to minutes: the store's timeouts and the breaker's
+                // probes are how an outage is ridden out.
+                let client = ClusterClientBuilder::new(nodes.iter().map(RedisUrl::as_str))
+                    .retries(2)
+                    .min_retry_wait(10)
+                    .max_retry_wait(100)
+                    .build()
+                    .map_err(|e| refused(&names, e))?;
+                // Connects in the background, and reconnects to the seed nodes by itself when
+                // every node was lost.
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(options.connect_timeout)
+                    .set_response_timeout(options.timeout);
+                let conn = client.get_pending_async_connection_with_config(config);
+                (Conn::Cluster(conn), format!("redis cluster {names}"))
+            }
+        };
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let store = Self {
+            conn,
+            keys: Keys { prefix: key_prefix.to_owned() },
+            ttl_ms,
+            ttl_secs: ttl.as_secs().max(1),
+            options,
+            session_script: Script::new(SESSION_SCRIPT),
+            object_script: Script::new(OBJECT_SCRIPT),
+            health: Arc::new(StoreHealth::unknown(name)),
+            breaker: Arc::new(Breaker::new(options.probe_interval)),
+        };
+        // Connect now rather than on the first request, and say at start-up whether Redis is
+        // there: a `PING`, through the same health accounting as every operation.
+        let (conn, health, breaker) =
+            (store.conn.clone(), Arc::clone(&store.health), Arc::clone(&store.breaker));
+        let limit = options.connect_timeout + options.timeout;
+        runtime.spawn(async move {
+            let ping = async { conn.query(&redis::cmd("PING")).await.map_err(map_error) };
+            let _ = guarded(&health, &breaker, limit, ping).await;
+        });
+        Ok(store)
+    }
+
+    async fn guarded<T>(
+        &self,
+        limit: Duration,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        guarded(&self.health, &self.breaker, limit, op).await
+    }
+
+    /// A stored value: absent when missing, of another format, unreadable (counted in the health)
+    /// or naming another id or object (see the module doc).
+    fn read<T: DeserializeOwned>(
+        &self,
+        reply: Value,
+        is_for: impl FnOnce(&T) -> bool,
+    ) -> Result<Option<T>, StoreError> {
+        let bytes = match reply {
+            Value::Nil => return Ok(None),
+            Value::BulkString(bytes) => bytes,
+            other => return Err(unexpected(&other)),
+        };
+        match codec::decode::<T>(&bytes) {
+            Decoded::Value(value) => Ok(is_for(&value).then_some(value)),
+            Decoded::OtherFormat(format) => {
+                debug!(format, "a stored record of another format reads as absent");
+                Ok(None)
+            }
+            Decoded::Invalid(err) => {
+                self.health.unreadable();
+                debug!(%err, "an unreadable stored record reads as absent");
+                Ok(None)
+            }
+        }
+    }
+
+    fn read_session(&self, reply: Value, id: &str) -> Result<Option<DownloadSession>, StoreError> {
+        self.read(reply, |s: &DownloadSession| s.id == id)
+    }
+
+    fn read_object(&self, reply: Value, object: &str) -> Result<Option<ObjectRecord>, StoreError> {
+        self.read(reply, |r: &ObjectRecord| r.key == object)
+    }
+
+    fn record_commands(&self, delivery: &Delivery) -> Result<[Cmd; 5], StoreError> {
+        let fresh_session = codec::encode(&DownloadSession::begin(delivery))?;
+        let fresh_object =
+            codec::encode(&ObjectRecord::new(&delivery.object, &delivery.version, delivery.now))?;
+        let mut session = evalsha(&self.session_script, &self.keys.session(&delivery.id));
+        session
+            .arg(fresh_session)
+            .arg(self.ttl_ms)
+            .arg(if delivery.is_whole() { "1" } else { "0" })
+            .arg(delivery.range.start())
+            .arg(delivery.range.end())
+            .arg(delivery.bytes)
+            .arg(delivery.now)
+            .arg(IntervalSet::MAX_INTERVALS);
+        let mut object = evalsha(&self.object_script, &self.keys.object(&delivery.object));
+        object.arg(fresh_object).arg(self.ttl_ms).arg(MAX_VERSIONS);
+
+        let index = self.keys.index();
+        let mut add = redis::cmd("ZADD");
+        add.arg(&index).arg(delivery.now).arg(hashed(&delivery.id));
+        // Sessions last `ttl` from their last update: index entries older than that are gone.
+        let mut prune = redis::cmd("ZREMRANGEBYSCORE");
+        prune
+            .arg(&index)
+            .arg("-inf")
+            .arg(format!("({}", delivery.now.saturating_sub(self.ttl_secs)));
+        let mut expire = redis::cmd("PEXPIRE");
+        expire.arg(&index).arg(self.ttl_ms);
+        Ok([session, object, add, prune, expire])
+    }
+
+    async fn record_once(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
+        let commands = self.record_commands(delivery)?;
+        let mut replies = self.conn.query_all(&commands).await.map_err(map_error)?;
+        // After a restart or SCRIPT FLUSH, or on a new cluster node, the scripts must be loaded
+        // again: load those reported missing, and run them again (they did not run).
+        let scripts = [&self.session_script, &self.object_script];
+        let missing: Vec<usize> = (0..scripts.len())
+            .filter(|&i| matches!(replies.get(i), Some(Err(e)) if is_noscript(e)))
+            .collect();
+        if !missing.is_empty() {
+            for &i in &missing {
+                if let Some(script) = scripts.get(i) {
+                    self.conn.load(script).await.map_err(map_error)?;
+                }
+            }
+            let again: Vec<Cmd> =
+                missing.iter().filter_map(|&i| commands.get(i).cloned()).collect();
+            let answers = self.conn.query_all(&again).await.map_err(map_error)?;
+            for (i, answer) in missing.into_iter().zip(answers) {
+                if let Some(slot) = replies.get_mut(i) {
+                    *slot = answer;
+                }
+            }
+        }
+        let mut replies = replies.into_iter();
+        let session = replies.next().ok_or_else(|| short_reply(0))?.map_err(map_error)?;
+        // The object and index updates matter less than the session, but their failure is still
+        // a failure of the store, reported as one.
+        for reply in replies {
+            reply.map_err(map_error)?;
+        }
+        let bytes = match session {
+            Value::BulkString(bytes) => bytes,
+            other => return Err(unexpected(&other)),
+        };
+        match codec::decode::<DownloadSession>(&bytes) {
+            Decoded::Value(session) => Ok(session),
+            Decoded::OtherFormat(_) | Decoded::Invalid(_) => Err(StoreError::Corrupt(
+                "the session script returned an unreadable session".to_owned(),
+            )),
+        }
+    }
+
+    async fn list(
+        &self,
+        active_only: bool,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<DownloadSession>, StoreError> {
+        let limit = limit.min(MAX_PAGE);
+        let mut page = Vec::with_capacity(limit);
+        // Without the filter the offset indexes the sorted set directly; with it, active sessions
+        // are counted as they are read.
+        let (mut cursor, mut to_skip) = if active_only { (0, offset) } else { (offset, 0) };
+        while page.len() < limit {
+            let batch = if active_only { LIST_BATCH } else { limit - page.len() };
+            let mut range = redis::cmd("ZREVRANGE");
+            range
+                .arg(self.keys.index())
+                .arg(redis_index(cursor))
+                .arg(redis_index(cursor.saturating_add(batch - 1)));
+            let members: Vec<String> = match self.conn.query(&range).await.map_err(map_error)? {
+                Value::Array(items) => items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+                        _ => None,
+                    })
+                    .collect(),
+                other => return Err(unexpected(&other)),
+            };
+            if members.is_empty() {
+                break;
+            }
+            cursor = cursor.saturating_add(members.len());
+            let gets: Vec<Cmd> = members
+                .iter()
+                .map(|member| {
+                    let mut get = redis::cmd("GET");
+                    get.arg(self.keys.session_of(member));
+                    get
+                })
+                .collect();
+            let replies = self.conn.query_all(&gets).await.map_err(map_error)?;
+            for reply in replies {
+                let session = self.read(reply.map_err(map_error)?, |_: &DownloadSession| true)?;
+                let Some(session) = session.filter(|s| !(active_only && s.complete)) else {
+                    continue;
+                };
+                if to_skip > 0 {
+                    to_skip -= 1;
+                } else if page.len() < limit {
+                    page.push(session);
+                }
+            }
+            if members.len() < batch {
+                break;
+            }
+        }
+        Ok(page)
+    }
+}
+
+#[async_trait]
+impl StateStore for RedisStore {
+    async fn lookup(
+        &self,
+        download_id: &str,
+        object: &str,
+    ) -> Result<(Option<DownloadSession>, Option<ObjectRecord>), StoreError> {
+        let mut session = redis::cmd("GET");
+        session.arg(self.keys.session(download_id));
+        let mut record = redis::cmd("GET");
+        record.arg(self.keys.object(object));
+        self.guarded(self.options.lookup_timeout, async {
+            let replies = self.conn.query_all(&[session, record]).await.map_err(map_error)?;
+            let mut replies = replies.into_iter();
+            let session = replies.next().ok_or_else(|| short_reply(0))?.map_err(map_error)?;
+            let record = replies.next().ok_or_else(|| short_reply(1))?.map_err(map_error)?;
+            Ok((self.read_session(session, download_id)?, self.read_object(record, object)?))
+        })
+        .await
+    }
+
+    async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
+        delivery.check()?;
+        self.guarded(self.options.timeout, self.record_once(delivery)).await
+    }
+
+    async fn download(&self, id: &str) -> Result<Option<DownloadSession>, StoreError> {
+        let mut get = redis::cmd("GET");
+        get.arg(self.keys.session(id));
+        self.guarded(self.options.timeout, async {
+            let reply = self.conn.query(&get).await.map_err(map_error)?;
+            self.read_session(reply, id)
+        })
+        .await
+    }
+
+    async fn downloads(
+        &self,
+        active_only: bool,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<DownloadSession>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.guarded(self.options.timeout, self.list(active_only, offset, limit)).await
+    }
+
+    async fn object(&self, object: &str) -> Result<Option<ObjectRecord>, StoreError> {
+        let mut get = redis::cmd("GET");
+        get.arg(self.keys.object(object));
+        self.guarded(self.options.timeout, async {
+            let reply = self.conn.query(&get).await.map_err(map_error)?;
+            self.read_object(reply, object)
+        })
+        .await
+    }
+
+    fn health(&self) -> &StoreHealth {
+        &self.health
+    }
+}
+
+/// Runs `op` within `limit`, unless the breaker says Redis is down, and reports the outcome to
+/// the health and the breaker.
+async fn guarded<T>(
+    health: &StoreHealth,
+    breaker: &Breaker,
+    limit: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    if !breaker.admit(breaker.now_ms()) {
+        let err = StoreError::Unavailable("down, not retried until the next probe".to_owned());
+        health.failed(&err);
+        return Err(err);
+    }
+    let result = match tokio::time::timeout(limit, op).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Timeout(limit)),
+    };
+    match &result {
+        Ok(_) => {
+            breaker.close();
+            health.answered();
+        }
+        Err(err) => {
+            if err.is_outage() {
+                breaker.open(breaker.now_ms());
+            }
+            health.failed(err);
+        }
+    }
+    result
+}
+
+/// Fails operations at once while Redis is down, letting one through per interval as a probe.
+#[derive(Debug)]
+struct Breaker {
+    epoch: Instant,
+    interval_ms: u64,
+    /// When the next probe may go, in ms since `epoch`; 0 while closed (every operation goes).
+    retry_at: AtomicU64,
+}
+
+impl Breaker {
+    fn new(interval: Duration) -> Self {
+        Self {
+            epoch: Instant::now(),
+            interval_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
+            retry_at: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether an operation starting at `now` (see [`Self::now_ms`]) goes to Redis.
+    fn admit(&self, now: u64) -> bool {
+        let at = self.retry_at.load(Ordering::Relaxed);
+        if at == 0 {
+            return true;
+        }
+        // Of the operations arriving once the interval has passed, the one that moves `retry_at`
+        // on is the probe.
+        now >= at
+            && self
+                .retry_at
+                .compare_exchange(at, self.next_probe(now), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    fn open(&self, now: u64) {
+        self.retry_at.store(self.next_probe(now), Ordering::Relaxed);
+    }
+
+    fn close(&self) {
+        self.retry_at.store(0, Ordering::Relaxed);
+    }
+
+    fn next_probe(&self, now: u64) -> u64 {
+        // Never 0, which means closed.
+        now.saturating_add(self.interval_ms).max(1)
+    }
+}
+
+/// The connection: a single server's, which reconnects by itself, or a cluster's.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Self::Single(manager) => cmd.query_async(&mut manager.clone()).await,
+            Self::Cluster(cluster) => cmd.query_async(&mut cluster.clone()).await,
+        }
+    }
+
+    /// Loads `script` (on a cluster, into every primary).
+    async fn load(&self, script: &Script) -> RedisResult<String> {
+        match self {
+            Self::Single(manager) => script.load_async(&mut manager.clone()).await,
+            Self::Cluster(cluster) => script.load_async(&mut cluster.clone()).await,
+        }
+    }
+
+    /// Independent commands in one round trip, with a result for each: one pipeline to a single
+    /// server; on a cluster, where a pipeline cannot span hash slots, all at once (the cluster
+    /// connection pipelines what goes to the same node). The outer error is a failure of the
+    /// whole pipeline (a lost connection).
+    async fn query_all(&self, cmds: &[Cmd]) -> RedisResult<Vec<RedisResult<Value>>> {
+        match self {
+            Self::Single(manager) => {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for cmd in cmds {
+                    pipe.add_command(cmd.clone());
+                }
+                let replies: Vec<Value> = pipe.query_async(&mut manager.clone()).await?;
+                Ok(replies
+                    .into_iter()
+                    .map(|reply| match reply {
+                        Value::ServerError(err) => Err(err.into()),
+                        reply => Ok(reply),
+                    })
+                    .collect())
+            }
+            Self::Cluster(cluster) => Ok(join_all(cmds.iter().map(|cmd| {
+                let mut cluster = cluster.clone();
+                async move { cmd.query_async(&mut cluster).await }
+            }))
+            .await),
+        }
+    }
+}
+
+/// The key layout (see the module doc).
+#[derive(Debug)]
+struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    fn session(&self, id: &str) -> String {
+        self.session_of(&hashed(id))
+    }
+
+    /// The session key of an index member.
+    fn session_of(&self, member: &str) -> String {
+        format!("{}dl:{member}", self.prefix)
+    }
+
+    fn object(&self, object: &str) -> String {
+        format!("{}obj:{}", self.prefix, hashed(object))
+    }
+
+    fn index(&self) -> String {
+        format!("{}downloads", self.prefix)
+    }
+}
+
+/// The first 128 bits of SHA-256, as 32 hex digits: collisions are out of reach, keys stay short.
+fn hashed(part: &str) -> String {
+    let digest = Sha256::digest(part.as_bytes());
+    let mut hex = String::with_capacity(32);
+    for byte in digest.iter().take(16) {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
+}
+
+fn evalsha(script: &Script, key: &str) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(1).arg(key);
+    cmd
+}
+
+/// A sorted-set index as Redis takes it (a signed 64-bit integer).
+fn redis_index(index: usize) -> i64 {
+    i64::try_from(index).unwrap_or(i64::MAX)
+}
+
+fn is_noscript(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+fn map_error(err: RedisError) -> StoreError {
+    match err.kind() {
+        // The store answered, with something rangeway did not ask for: not an outage.
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Corrupt(err.to_string()),
+        _ if err.code() == Some("WRONGTYPE") => StoreError::Corrupt(err.to_string()),
+        // The client's errors name no URL or credential, only what went wrong.
+        _ => StoreError::Unavailable(err.to_string()),
+    }
+}
+
+fn unexpected(reply: &Value) -> StoreError {
+    let kind = match reply {
+        Value::Nil => "nil",
+        Value::Int(_) => "an integer",
+        Value::BulkString(_) | Value::SimpleString(_) | Value::Okay => "a string",
+        Value::Array(_) | Value::Set(_) | Value::Map(_) => "a collection",
+        Value::ServerError(_) => "an error",
+        _ => "another type",
+    };
+    StoreError::Corrupt(format!("the store answered {kind} where a record was expected"))
+}
+
+fn short_reply(index: usize) -> StoreError {
+    StoreError::Corrupt(format!("the store's reply has no answer #{index}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_bounded_and_hide_client_input() {
+        let keys = Keys { prefix: "rw:".to_owned() };
+        let hostile = format!("*{{}}\n\r {}", "x".repeat(10_000));
+        for key in
+            [keys.session(&hostile), keys.object(&hostile), keys.session(""), keys.object("")]
+        {
+            assert!(key.len() <= "rw:".len() + 36, "{key}");
+            assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b':'), "{key}");
+        }
+        assert_ne!(keys.session("a"), keys.session("b"));
+        assert_eq!(hashed("abc"), "ba7816bf8f01cfea414140de5dae2223");
+    }
+
+    #[test]
+    fn the_breaker_fails_fast_and_lets_one_probe_through() {
+        let breaker = Breaker::new(Duration::from_millis(500));
+        assert!(breaker.admit(0));
+        breaker.open(1_000);
+        assert!(!breaker.admit(1_000));
+        assert!(!breaker.admit(1_499));
+        assert!(breaker.admit(1_500), "the probe");
+        assert!(!breaker.admit(1_501), "one probe per interval");
+        assert!(breaker.admit(2_000), "the next probe");
+        breaker.close();
+        assert!(breaker.admit(2_001));
+    }
+
+    #[test]
+    fn the_scripts_carry_the_shared_code() {
+        for script in [SESSION_SCRIPT, OBJECT_SCRIPT] {
+            assert!(script.starts_with("-- Shared by rangeway's scripts"));
+            assert!(script.contains("9007199254740992"));
+        }
+        assert_eq!(super::super::model::MAX_EXACT, 9_007_199_254_740_992);
+    }
+}

@@ -1,0 +1,168 @@
+//! Several rangeway instances sharing one Redis behave as one, and a Redis outage never costs a
+//! response or a byte.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::clients::{curl_resume, run, sha256_file, sha256_hex};
+use support::data::test_bytes;
+use support::http::get;
+use support::origin::{Behaviour, Origin};
+use support::proxy::Proxy;
+use support::redis::RedisServer;
+use support::tmp::TempDir;
+
+const LEN: usize = 8 * 1024 * 1024;
+
+fn proxy_with_redis(origin: &Origin, redis: &RedisServer) -> Proxy {
+    Proxy::start(&format!(
+        "[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n\n[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+        redis.url(),
+        origin.base_url()
+    ))
+}
+
+/// About 1 MB/s, so that a client stopped after 1.5 s holds part of the object.
+const SLOW: Behaviour = Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) };
+
+fn curl_with_id(
+    id: &str,
+    url: &str,
+    file: &std::path::Path,
+    limit: Option<Duration>,
+) -> support::clients::ClientRun {
+    let mut curl = Command::new("curl");
+    curl.args(["-sS", "-C", "-", "-H", &format!("X-Download-Id: {id}")]);
+    curl.arg("-o").arg(file).arg(url);
+    run(curl, limit.unwrap_or(Duration::from_secs(60)))
+}
+
+/// A download through `proxy` stopped part-way, as a user would.
+fn interrupted(origin: &Origin, proxy: &Proxy, id: &str, file: &std::path::Path) {
+    origin.set_global_behaviour(SLOW);
+    let _ = curl_with_id(id, &proxy.url("/obj.bin"), file, Some(Duration::from_millis(1500)));
+    origin.set_global_behaviour(Behaviour::Normal);
+}
+
+/// The download as `proxy`'s admin API shows it. A download is recorded when its response ends,
+/// which for an interrupted one is when rangeway notices the client is gone: wait for it.
+fn download(proxy: &Proxy, id: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = get(&proxy.admin_url(&format!("/v1/downloads/{id}")), &[]);
+        if response.status == 200 {
+            return serde_json::from_slice(&response.body).expect("JSON");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&response.body)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_download_begun_on_one_instance_resumes_on_another() {
+    let redis = RedisServer::start();
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 21);
+    origin.put("/obj.bin", object.clone());
+    let a = proxy_with_redis(&origin, &redis);
+    let b = proxy_with_redis(&origin, &redis);
+    let work = TempDir::new("shared");
+    let file = work.join("obj.bin");
+
+    interrupted(&origin, &a, "job-1", &file);
+    let partial = std::fs::metadata(&file).expect("partial file").len();
+    assert!(partial > 0 && partial < LEN as u64);
+    let seen = download(&b, "job-1");
+    assert_eq!(seen["complete"], false);
+    // Every response names its download and says where it stands.
+    let hint = get(&b.url("/obj.bin"), &[("X-Download-Id", "job-1"), ("Range", "bytes=0-0")]);
+    assert_eq!(hint.header("x-download-id"), Some("job-1"));
+    let offset: u64 =
+        hint.header("x-resume-offset").expect("X-Resume-Offset").parse().expect("number");
+    assert!(offset >= partial && offset < LEN as u64, "{offset} vs {partial}");
+
+    curl_with_id("job-1", &b.url("/obj.bin"), &file, None).assert_success();
+    assert_eq!(sha256_file(&file), sha256_hex(&object));
+    for proxy in [&a, &b] {
+        let seen = download(proxy, "job-1");
+        assert_eq!(seen["complete"], true, "{seen}");
+        assert_eq!(seen["delivered_bytes"], LEN as u64, "{seen}");
+        assert_eq!(seen["resume_offset"], LEN as u64, "{seen}");
+    }
+    let page = get(&a.admin_url("/v1/downloads?active=false&limit=10"), &[]);
+    assert!(String::from_utf8_lossy(&page.body).contains("job-1"));
+    let object_info = get(&b.admin_url("/v1/objects?path=/obj.bin"), &[]);
+    assert_eq!(object_info.status, 200, "{}", String::from_utf8_lossy(&object_info.body));
+
+    // Resume safety holds across instances too.
+    let file = work.join("second.bin");
+    interrupted(&origin, &a, "job-2", &file);
+    download(&b, "job-2");
+    let partial = std::fs::metadata(&file).expect("partial file").len();
+    origin.put("/obj.bin", test_bytes(LEN, 22));
+    let _ = curl_with_id("job-2", &b.url("/obj.bin"), &file, None);
+    let got = std::fs::read(&file).expect("file");
+    assert_eq!(got.len() as u64, partial, "the refused resume leaves the file as it was");
+    assert_eq!(got[..], object[..got.len()]);
+}
+
+#[test]
+fn a_redis_outage_costs_no_response_and_no_byte() {
+    let mut redis = RedisServer::start();
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 23);
+    origin.put("/obj.bin", object.clone());
+    origin.set_global_behaviour(Behaviour::Slow {
+        chunk: 1024 * 1024,
+        delay: Duration::from_millis(150),
+    });
+    let proxy = proxy_with_redis(&origin, &redis);
+    let work = TempDir::new("outage");
+
+    let url = proxy.url("/obj.bin");
+    let file = work.join("during.bin");
+    let client = {
+        let file = file.clone();
+        let url = url.clone();
+        std::thread::spawn(move || curl_resume(&url, &file))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    redis.kill();
+    client.join().expect("client thread").assert_success();
+    assert_eq!(sha256_file(&file), sha256_hex(&object));
+
+    // Ranges still work while the store is down, and the metrics say it is down.
+    let response = get(&url, &[("Range", "bytes=100-199")]);
+    assert_eq!(response.status, 206);
+    assert_eq!(response.body, object[100..200]);
+    let metrics = String::from_utf8_lossy(&get(&proxy.admin_url("/metrics"), &[]).body).to_string();
+    assert!(metrics.contains("rangeway_store_up 0"), "{metrics}");
+    assert_eq!(get(&proxy.admin_url("/v1/downloads/x"), &[]).status, 503);
+
+    // Back up: state is written again, without restarting rangeway.
+    redis.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let file = work.join("after.bin");
+        let _ = std::fs::remove_file(&file);
+        curl_with_id("after-outage", &url, &file, None).assert_success();
+        let response = get(&proxy.admin_url("/v1/downloads/after-outage"), &[]);
+        if response.status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "state was not written after Redis came back"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let metrics = String::from_utf8_lossy(&get(&proxy.admin_url("/metrics"), &[]).body).to_string();
+    assert!(metrics.contains("rangeway_store_up 1"), "{metrics}");
+}
