@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use support::clients::{curl_resume, sha256_file, write_partial};
 use support::http::get;
-use support::ports::{free_port, wait_for_port};
+use support::ports::{free_ports, wait_for_port};
 use support::tmp::TempDir;
 
 fn rangeway() -> Command {
@@ -67,13 +67,15 @@ upstream = "orign"
 #[test]
 fn serve_runs_the_embedded_default_in_an_empty_folder() {
     let work = TempDir::new("cli-serve");
-    let (listen, admin) = (free_port(), free_port());
+    let [listen, admin] = free_ports::<2>();
     let mut child = rangeway()
         .args(["serve", "--config"])
         .arg(repo_file("config/default.toml"))
         .current_dir(work.path())
         .env("RANGEWAY__SERVER__LISTEN", format!("127.0.0.1:{listen}"))
         .env("RANGEWAY__SERVER__ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+        .env("RANGEWAY__SERVER__ADMIN_TOKEN_ENV", "TEST_ADMIN_TOKEN")
+        .env("TEST_ADMIN_TOKEN", "s3cret-token")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -99,6 +101,16 @@ fn serve_runs_the_embedded_default_in_an_empty_folder() {
     assert!(
         metrics.contains("rangeway_requests_total{route=\"/files/\",status=\"206\"} 1"),
         "{metrics}"
+    );
+    // The admin API wants the bearer token; health and metrics do not.
+    let downloads = format!("http://127.0.0.1:{admin}/v1/downloads");
+    assert_eq!(get(&downloads, &[]).status, 401);
+    assert_eq!(get(&downloads, &[("Authorization", "Bearer wrong")]).status, 401);
+    let listed = get(&downloads, &[("Authorization", "Bearer s3cret-token")]);
+    assert_eq!(listed.status, 200);
+    assert!(
+        String::from_utf8_lossy(&listed.body).contains("sample.bin"),
+        "the resumed download is listed"
     );
     // The admin port is not the proxy: no route answers there, and the proxy has no /metrics.
     assert_eq!(get(&format!("http://127.0.0.1:{listen}/metrics"), &[]).status, 404);

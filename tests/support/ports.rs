@@ -12,8 +12,15 @@ use std::time::{Duration, Instant};
 /// see a failed bind should retry with a new port. Servers that run in-process bind port 0
 /// instead and read the port back, which has no such race.
 pub(crate) fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address of a bound listener").port()
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct free ports: all are held at once while they are chosen, so two calls in a row
+/// cannot hand out the same port twice.
+pub(crate) fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [TcpListener; N] =
+        std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"));
+    listeners.map(|l| l.local_addr().expect("local address of a bound listener").port())
 }
 
 /// Waits until something accepts TCP connections on `addr`.

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use rangeway::config::Config;
 use rangeway::server::Running;
 
-use super::ports::free_port;
+use super::ports::free_ports;
 
 /// A running rangeway; stopped (without grace period) when dropped.
 pub(crate) struct Proxy {
@@ -28,10 +28,9 @@ impl Proxy {
                 .with_test_writer()
                 .try_init();
         }
+        let [listen, admin] = free_ports::<2>();
         let text = format!(
-            "[server]\nlisten = \"127.0.0.1:{}\"\nadmin_listen = \"127.0.0.1:{}\"\nthreads = 2\ngrace_period = \"0s\"\n{server_keys}\n{body}",
-            free_port(),
-            free_port(),
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nthreads = 2\ngrace_period = \"0s\"\n{server_keys}\n{body}",
         );
         let config = Config::from_toml_str(&text, &[])
             .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"));
