@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod fingerprint;
 pub mod origin;
 pub mod proxy;
 pub mod range;

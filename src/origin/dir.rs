@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::fingerprint::fingerprint;
 use async_trait::async_trait;
 use bytes::BytesMut;
 use http::{Method, StatusCode, header};
@@ -22,7 +23,6 @@ use rangeway_middleware::rfc9110::{
     EntityTag, MultipartBody, MultipartPlan, Precondition, RangeLimits, Resolution, Validators,
     content_range, evaluate_preconditions, if_range_holds, unsatisfied_content_range,
 };
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tracing::{debug, info};
 
@@ -250,16 +250,9 @@ async fn answer(
 /// A strong validator: it changes whenever the file is replaced (inode), resized or rewritten
 /// (modification time, to the nanosecond).
 fn etag_of(meta: &std::fs::Metadata) -> EntityTag {
-    let mut hash = Sha256::new();
-    for part in [meta.dev(), meta.ino(), meta.len(), meta.mtime() as u64, meta.mtime_nsec() as u64]
-    {
-        hash.update(part.to_be_bytes());
-    }
-    let digest = hash.finalize();
-    let mut tag = String::with_capacity(32);
-    for byte in &digest[..16] {
-        tag.push_str(&format!("{byte:02x}"));
-    }
+    let parts = [meta.dev(), meta.ino(), meta.len(), meta.mtime() as u64, meta.mtime_nsec() as u64]
+        .map(u64::to_be_bytes);
+    let tag = fingerprint(parts.iter().map(|p| &p[..]), 16);
     EntityTag::strong(&tag).expect("hex digits are valid entity-tag characters")
 }
 

@@ -2,10 +2,10 @@
 
 use std::net::IpAddr;
 
+use crate::fingerprint::fingerprint;
 use http::{HeaderMap, header};
 use pingora_http::RequestHeader;
 use rangeway_middleware::rfc9110::{ContentRange, EntityTag, parse_content_range};
-use sha2::{Digest, Sha256};
 
 use crate::state::ObjectVersion;
 
@@ -35,18 +35,9 @@ pub fn download_id(req: &RequestHeader, client: Option<IpAddr>, object: &str) ->
         // is_usable admits ASCII only.
         return String::from_utf8_lossy(&id).into_owned();
     }
-    let mut hash = Sha256::new();
-    hash.update(client.map(|ip| ip.to_string()).unwrap_or_default());
-    hash.update([0]);
-    hash.update(req.headers.get(header::USER_AGENT).map_or(&b""[..], |v| v.as_bytes()));
-    hash.update([0]);
-    hash.update(object);
-    let digest = hash.finalize();
-    let mut id = String::from("auto-");
-    for byte in &digest[..16] {
-        id.push_str(&format!("{byte:02x}"));
-    }
-    id
+    let client = client.map(|ip| ip.to_string()).unwrap_or_default();
+    let agent = req.headers.get(header::USER_AGENT).map_or(&b""[..], |v| v.as_bytes());
+    format!("auto-{}", fingerprint([client.as_bytes(), agent, object.as_bytes()], 16))
 }
 
 /// The query without rangeway's own `download_id` parameter: it names the download to rangeway

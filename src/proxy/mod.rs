@@ -30,6 +30,7 @@ use rangeway_middleware::{ByteRange, Window};
 use tracing::{info, warn};
 
 use crate::admin::metrics::{ActiveDownload, Metrics};
+use crate::fingerprint::fingerprint;
 use crate::range::{ClientRange, Shape, shape_response};
 use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore};
 use download::{DOWNLOAD_ID, RESUME_OFFSET, download_id, object_version};
@@ -613,19 +614,11 @@ fn empty_answer(response: &mut ResponseHeader, status: StatusCode) -> Result<()>
 /// A multipart boundary that depends only on what is sent, so a repeated request gets the same
 /// bytes; 64 bits of SHA-256 make a collision with content as unlikely as a random one.
 fn boundary(ranges: &[ByteRange], complete_len: u64) -> String {
-    use sha2::{Digest, Sha256};
-    let mut hash = Sha256::new();
-    hash.update(complete_len.to_be_bytes());
-    for range in ranges {
-        hash.update(range.start().to_be_bytes());
-        hash.update(range.end().to_be_bytes());
-    }
-    let digest = hash.finalize();
-    let mut out = String::from("rangeway-");
-    for byte in &digest[..8] {
-        out.push_str(&format!("{byte:02x}"));
-    }
-    out
+    let numbers: Vec<[u8; 8]> = std::iter::once(complete_len)
+        .chain(ranges.iter().flat_map(|r| [r.start(), r.end()]))
+        .map(u64::to_be_bytes)
+        .collect();
+    format!("rangeway-{}", fingerprint(numbers.iter().map(|n| &n[..]), 8))
 }
 
 /// A short answer of rangeway's own.

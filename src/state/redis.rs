@@ -28,12 +28,13 @@
 //! [`RedisOptions::probe_interval`]: an outage costs requests nothing but their resume state, and
 //! a recovered Redis is used again within that interval. The connections reconnect by themselves.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::fingerprint::fingerprint;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -41,7 +42,6 @@ use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 use tracing::debug;
 
 use super::codec::{self, Decoded};
@@ -587,12 +587,7 @@ impl Keys {
 
 /// The first 128 bits of SHA-256, as 32 hex digits: collisions are out of reach, keys stay short.
 fn hashed(part: &str) -> String {
-    let digest = Sha256::digest(part.as_bytes());
-    let mut hex = String::with_capacity(32);
-    for byte in digest.iter().take(16) {
-        let _ = write!(hex, "{byte:02x}");
-    }
-    hex
+    fingerprint([part.as_bytes()], 16)
 }
 
 fn evalsha(script: &Script, key: &str) -> Cmd {
