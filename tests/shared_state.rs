@@ -11,18 +11,37 @@ use support::clients::{curl_resume, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
 use support::http::get;
 use support::origin::{Behaviour, Origin};
-use support::proxy::Proxy;
+use support::proxy::{Proxy, ProxyProcess};
 use support::redis::RedisServer;
 use support::tmp::TempDir;
 
 const LEN: usize = 8 * 1024 * 1024;
 
-fn proxy_with_redis(origin: &Origin, redis: &RedisServer) -> Proxy {
-    Proxy::start(&format!(
+fn config_with_redis(origin: &Origin, redis: &RedisServer) -> String {
+    format!(
         "[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n\n[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
         redis.url(),
         origin.base_url()
-    ))
+    )
+}
+
+fn proxy_with_redis(origin: &Origin, redis: &RedisServer) -> Proxy {
+    Proxy::start(&config_with_redis(origin, redis))
+}
+
+/// What the tests need of a rangeway instance.
+trait Instance {
+    fn url(&self, path: &str) -> String;
+    fn admin_url(&self, path: &str) -> String;
+}
+
+impl Instance for ProxyProcess {
+    fn url(&self, path: &str) -> String {
+        ProxyProcess::url(self, path)
+    }
+    fn admin_url(&self, path: &str) -> String {
+        ProxyProcess::admin_url(self, path)
+    }
 }
 
 /// About 1 MB/s, so that a client stopped after 1.5 s holds part of the object.
@@ -41,7 +60,7 @@ fn curl_with_id(
 }
 
 /// A download through `proxy` stopped part-way, as a user would.
-fn interrupted(origin: &Origin, proxy: &Proxy, id: &str, file: &std::path::Path) {
+fn interrupted(origin: &Origin, proxy: &dyn Instance, id: &str, file: &std::path::Path) {
     origin.set_global_behaviour(SLOW);
     let _ = curl_with_id(id, &proxy.url("/obj.bin"), file, Some(Duration::from_millis(1500)));
     origin.set_global_behaviour(Behaviour::Normal);
@@ -49,7 +68,7 @@ fn interrupted(origin: &Origin, proxy: &Proxy, id: &str, file: &std::path::Path)
 
 /// The download as `proxy`'s admin API shows it. A download is recorded when its response ends,
 /// which for an interrupted one is when rangeway notices the client is gone: wait for it.
-fn download(proxy: &Proxy, id: &str) -> Value {
+fn download(proxy: &dyn Instance, id: &str) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let response = get(&proxy.admin_url(&format!("/v1/downloads/{id}")), &[]);
@@ -65,14 +84,15 @@ fn download(proxy: &Proxy, id: &str) -> Value {
     }
 }
 
+/// Two rangeway processes, one Redis.
 #[test]
 fn a_download_begun_on_one_instance_resumes_on_another() {
     let redis = RedisServer::start();
     let origin = Origin::start();
     let object = test_bytes(LEN, 21);
     origin.put("/obj.bin", object.clone());
-    let a = proxy_with_redis(&origin, &redis);
-    let b = proxy_with_redis(&origin, &redis);
+    let a = ProxyProcess::start(&config_with_redis(&origin, &redis));
+    let b = ProxyProcess::start(&config_with_redis(&origin, &redis));
     let work = TempDir::new("shared");
     let file = work.join("obj.bin");
 
@@ -90,7 +110,7 @@ fn a_download_begun_on_one_instance_resumes_on_another() {
 
     curl_with_id("job-1", &b.url("/obj.bin"), &file, None).assert_success();
     assert_eq!(sha256_file(&file), sha256_hex(&object));
-    for proxy in [&a, &b] {
+    for proxy in [&a as &dyn Instance, &b] {
         let seen = download(proxy, "job-1");
         assert_eq!(seen["complete"], true, "{seen}");
         assert_eq!(seen["delivered_bytes"], LEN as u64, "{seen}");

@@ -58,3 +58,56 @@ impl Proxy {
         format!("http://{}{path}", self.running.endpoints.admin)
     }
 }
+
+/// rangeway as a process of its own: the built binary, run with a config file.
+pub(crate) struct ProxyProcess {
+    child: std::process::Child,
+    proxy: SocketAddr,
+    admin: SocketAddr,
+    _dir: super::tmp::TempDir,
+}
+
+impl ProxyProcess {
+    /// Runs `rangeway serve` with `body` (upstreams, routes, state) on free ports and waits until
+    /// it listens.
+    pub(crate) fn start(body: &str) -> ProxyProcess {
+        let [listen, admin] = free_ports::<2>();
+        let dir = super::tmp::TempDir::new("rangeway-process");
+        let config = dir.join("rangeway.toml");
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nthreads = 2\ngrace_period = \"0s\"\n{body}"
+        );
+        std::fs::write(&config, text).expect("write the config");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_rangeway"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn rangeway");
+        let (proxy, admin) =
+            (SocketAddr::from(([127, 0, 0, 1], listen)), SocketAddr::from(([127, 0, 0, 1], admin)));
+        for addr in [proxy, admin] {
+            super::ports::wait_for_port(addr, std::time::Duration::from_secs(20))
+                .expect("rangeway listens");
+        }
+        ProxyProcess { child, proxy, admin, _dir: dir }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.proxy)
+    }
+
+    pub(crate) fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
