@@ -224,6 +224,14 @@ async fn a_new_version_begins_a_new_session_only_when_nothing_older_can_be_held(
     let v2 = version("r2", 100);
     let s = store.record(&delivery("r", "files|/r", &v2, (50, 100), T0 + 1)).await.expect("record");
     assert_eq!((s.version.clone(), intervals(&s), s.started_at), (v1.clone(), vec![(0, 60)], T0));
+    // One id given to downloads of two objects: another object is another download.
+    store.record(&delivery("o", "files|/a", &v1, (0, 10), T0)).await.expect("record");
+    let other =
+        store.record(&delivery("o", "files|/b", &v2, (0, 10), T0 + 1)).await.expect("record");
+    assert_eq!(
+        (other.object.as_str(), other.version.clone(), other.started_at),
+        ("files|/b", v2.clone(), T0 + 1)
+    );
     // The whole of the new version: the client holds nothing older; a new session begins.
     let s = store.record(&delivery("r", "files|/r", &v2, (0, 100), T0 + 2)).await.expect("record");
     assert_eq!((s.version.clone(), s.complete, s.started_at), (v2.clone(), true, T0 + 2));

@@ -92,7 +92,6 @@ pub struct RequestCtx {
     upstream_status: Option<u16>,
     upstream_connected: Option<Instant>,
     upstream_header: Option<Duration>,
-    bytes_out: u64,
     refusal: Option<&'static str>,
     _active: Option<ActiveDownload>,
     download: Option<DownloadCtx>,
@@ -128,7 +127,6 @@ impl Default for RequestCtx {
             upstream_status: None,
             upstream_connected: None,
             upstream_header: None,
-            bytes_out: 0,
             refusal: None,
             _active: None,
             download: None,
@@ -252,9 +250,15 @@ impl ProxyHttp for Rangeway {
             // download. A store outage costs resume safety and the resume hint, never the
             // response (the store reports it, once).
             let session = match &ctx.client_range {
-                ClientRange::Bytes(_) => {
-                    self.store.lookup(&id, &object).await.ok().and_then(|(s, _)| s)
-                }
+                // A client may give one id to downloads of several objects: only this object's
+                // session counts.
+                ClientRange::Bytes(_) => self
+                    .store
+                    .lookup(&id, &object)
+                    .await
+                    .ok()
+                    .and_then(|(s, _)| s)
+                    .filter(|s| s.object == object),
                 ClientRange::Absent | ClientRange::Ignored(_) => None,
             };
             let guard = session
@@ -515,9 +519,6 @@ impl ProxyHttp for Rangeway {
             }
             BodyPlan::Discard => *body = None,
         }
-        if let Some(chunk) = body {
-            ctx.bytes_out += chunk.len() as u64;
-        }
         Ok(None)
     }
 
@@ -544,13 +545,15 @@ impl ProxyHttp for Rangeway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        if let Some(delivery) = ctx.delivery(session.body_bytes_sent() as u64) {
+        // What reached the client's connection, not what the body filter handed on.
+        let sent = session.body_bytes_sent() as u64;
+        if let Some(delivery) = ctx.delivery(sent) {
             // A store outage is reported by the store's health, once; the response is done.
             let _ = self.store.record(&delivery).await;
         }
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
-        self.metrics.request(route, status, ctx.bytes_out, elapsed);
+        self.metrics.request(route, status, sent, elapsed);
         let req = session.req_header();
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
         let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
@@ -559,14 +562,14 @@ impl ProxyHttp for Rangeway {
             None => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %req.uri, status,
-                range_asked = asked, range_served = %ctx.served, bytes = ctx.bytes_out,
+                range_asked = asked, range_served = %ctx.served, bytes = sent,
                 upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
                 client = %client, refused = ctx.refusal,
             ),
             Some(e) if is_client_abort(e) => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %req.uri, status,
-                range_asked = asked, range_served = %ctx.served, bytes = ctx.bytes_out,
+                range_asked = asked, range_served = %ctx.served, bytes = sent,
                 total_ms = elapsed.as_secs_f64() * 1000.0, client = %client,
                 "client went away before the end of the response"
             ),
@@ -577,7 +580,7 @@ impl ProxyHttp for Rangeway {
                 warn!(
                     target: "rangeway::access",
                     route, method = %req.method, path = %req.uri, status,
-                    range_asked = asked, range_served = %ctx.served, bytes = ctx.bytes_out,
+                    range_asked = asked, range_served = %ctx.served, bytes = sent,
                     upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
                     client = %client, error = %e,
                 )

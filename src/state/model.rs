@@ -153,19 +153,20 @@ impl DownloadSession {
     /// delivery is a whole version: a client that received all of it holds nothing older.
     pub fn record(stored: Option<Self>, delivery: &Delivery) -> Self {
         match stored {
-            Some(mut session)
-                if session.id == delivery.id && session.version.same_as(&delivery.version) =>
-            {
+            Some(session) if !session.is_of(delivery) => Self::begin(delivery),
+            Some(mut session) if session.version.same_as(&delivery.version) => {
                 session.add(delivery);
                 session
             }
-            Some(session)
-                if session.id == delivery.id && !session.complete && !delivery.is_whole() =>
-            {
-                session
-            }
+            Some(session) if !session.complete && !delivery.is_whole() => session,
             _ => Self::begin(delivery),
         }
+    }
+
+    /// Whether `delivery` belongs to this download: the same id for the same object (a client may
+    /// give one id to downloads of several objects).
+    fn is_of(&self, delivery: &Delivery) -> bool {
+        self.id == delivery.id && self.object == delivery.object
     }
 
     fn add(&mut self, delivery: &Delivery) {

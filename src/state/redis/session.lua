@@ -65,7 +65,7 @@ end
 -- format-1 session).
 local function merged(raw, delivery)
   local s = cjson.decode(raw)
-  if type(s) ~= 'table' or s.v ~= 1 or s.id ~= delivery.id
+  if type(s) ~= 'table' or s.v ~= 1 or s.id ~= delivery.id or s.object ~= delivery.object
     or type(s.object) ~= 'string' or type(s.route) ~= 'string' or type(s.client) ~= 'string'
     or not is_version(s.version)
     or not is_intervals(s.delivered) or not is_count(s.bytes)
