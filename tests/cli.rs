@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::clients::{curl_resume, sha256_file, write_partial};
-use support::http::get;
+use support::http::{get, get_until};
 use support::ports::{free_ports, wait_for_port};
 use support::tmp::TempDir;
 
@@ -95,13 +95,12 @@ fn serve_runs_the_embedded_default_in_an_empty_folder() {
 
     assert_eq!(get(&format!("http://127.0.0.1:{admin}/healthz"), &[]).status, 200);
     assert_eq!(get(&format!("http://127.0.0.1:{admin}/readyz"), &[]).status, 200);
-    let metrics =
-        String::from_utf8_lossy(&get(&format!("http://127.0.0.1:{admin}/metrics"), &[]).body)
-            .to_string();
-    assert!(
-        metrics.contains("rangeway_requests_total{route=\"/files/\",status=\"206\"} 1"),
-        "{metrics}"
-    );
+    let counted = "rangeway_requests_total{route=\"/files/\",status=\"206\"} 1";
+    let metrics = get_until(&format!("http://127.0.0.1:{admin}/metrics"), |r| {
+        String::from_utf8_lossy(&r.body).contains(counted)
+    });
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    assert!(metrics.contains(counted), "{metrics}");
     // The admin API wants the bearer token; health and metrics do not.
     let downloads = format!("http://127.0.0.1:{admin}/v1/downloads");
     assert_eq!(get(&downloads, &[]).status, 401);

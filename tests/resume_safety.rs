@@ -25,6 +25,18 @@ fn interrupted(command: Command) {
     let _ = run(command, Duration::from_millis(1500));
 }
 
+/// Waits until rangeway has recorded `count` unfinished downloads: an interrupted download is
+/// recorded when rangeway notices its client went away, a moment after the client stopped.
+fn wait_recorded(proxy: &Proxy, count: usize) {
+    let listed = support::http::get_until(&proxy.admin_url("/v1/downloads?active=true"), |r| {
+        serde_json::from_slice::<serde_json::Value>(&r.body)
+            .ok()
+            .and_then(|v| v["downloads"].as_array().map(Vec::len))
+            .is_some_and(|n| n >= count)
+    });
+    assert_eq!(listed.status, 200, "{}", String::from_utf8_lossy(&listed.body));
+}
+
 fn curl_interrupted(url: &str, file: &std::path::Path) {
     let mut curl = Command::new("curl");
     curl.args(["-sS", "-o"]).arg(file).arg(url);
@@ -72,7 +84,7 @@ fn curl_splices_without_rangeway_and_never_with_it() {
         "curl spliced, as expected"
     );
 
-    // Through rangeway: the resume is answered with the new object in full; curl -C - refuses it.
+    // Through rangeway: the resume of the changed object is refused.
     let old_etag = origin.put("/obj.bin", v1.clone());
     let proxy = Proxy::in_front_of(&origin.base_url());
     let file = work.join("proxied.bin");
@@ -81,6 +93,7 @@ fn curl_splices_without_rangeway_and_never_with_it() {
     origin.set_global_behaviour(Behaviour::Normal);
     let partial = std::fs::metadata(&file).unwrap().len() as usize;
     assert!(partial > 0 && partial < LEN);
+    wait_recorded(&proxy, 1);
     origin.put("/obj.bin", v2.clone());
     // The resume is refused with 412 and no body: curl -C - leaves the file as it was (plain curl
     // exits 0 on an HTTP error; with -f it fails), wget -c fails. A 200 would be spliced by wget.
@@ -151,6 +164,7 @@ fn wget_and_aria2c_never_splice_through_rangeway() {
         .args(["-o", "aria.bin", &url]);
     interrupted(aria);
     origin.set_global_behaviour(Behaviour::Normal);
+    wait_recorded(&proxy, 2);
     let len = std::fs::metadata(&file).map_or(0, |m| m.len()) as usize;
     assert!(len < LEN, "wget must hold part of the object ({len})");
     // aria2c preallocates its file; its control file says the download is unfinished.

@@ -4,7 +4,7 @@
 mod support;
 
 use support::data::test_bytes;
-use support::http::get;
+use support::http::{get, get_until};
 use support::nginx::{Nginx, NginxOptions};
 use support::proxy::Proxy;
 use support::tls::{TestPki, TlsFiles};
@@ -50,11 +50,11 @@ fn a_wrong_ca_or_name_is_a_clear_502() {
     let proxy = proxy_to(&nginx.base_url(), pki.ca_cert(), "");
     let response = get(&proxy.url("/a.bin"), &[]);
     assert_eq!(response.status, 502);
-    let metrics = get(&proxy.admin_url("/metrics"), &[]);
-    assert!(
-        String::from_utf8_lossy(&metrics.body)
-            .contains("rangeway_upstream_errors_total{kind=\"tls\"")
-    );
+    let tls_error = "rangeway_upstream_errors_total{kind=\"tls\"";
+    let metrics = get_until(&proxy.admin_url("/metrics"), |r| {
+        String::from_utf8_lossy(&r.body).contains(tls_error)
+    });
+    assert!(String::from_utf8_lossy(&metrics.body).contains(tls_error));
 
     // Only an explicit insecure_skip_verify turns checking off.
     let proxy = proxy_to(&nginx.base_url(), pki.ca_cert(), "insecure_skip_verify = true");

@@ -112,6 +112,21 @@ pub(crate) fn get(url: &str, headers: &[(&str, &str)]) -> Response {
     request(addr, &raw).unwrap_or_else(|err| panic!("GET {url}: {err}"))
 }
 
+/// GETs `url` until `done` holds for the answer, for up to 5 s; returns the last answer.
+///
+/// rangeway records a request (metrics, the download's state) in its logging phase, after the
+/// response went out: a test that reads what the request left behind waits for it.
+pub(crate) fn get_until(url: &str, done: impl Fn(&Response) -> bool) -> Response {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = get(url, &[]);
+        if done(&response) || std::time::Instant::now() > deadline {
+            return response;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn split_url(url: &str) -> (&str, &str) {
     let rest = url
         .strip_prefix("http://")
