@@ -53,7 +53,17 @@ if [[ ! -s /etc/ssl/certs/ca-certificates.crt ]]; then
     missing+=(ca-certificates)
 fi
 
+# tests/deploy.rs parses deploy/*.yaml with PyYAML in whichever python3 is first on PATH (a
+# pyenv one, say, which Debian's python3-yaml would not reach): pip for that python, else apt.
+pyyaml() {
+    python3 -c 'import yaml' >/dev/null 2>&1 && return
+    echo "deps: installing PyYAML"
+    python3 -m pip install --quiet pyyaml >/dev/null 2>&1 && return
+    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends python3-yaml >/dev/null
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
+    pyyaml
     exit 0
 fi
 
@@ -91,3 +101,5 @@ for service in nginx redis-server; do
         fi
     fi
 done
+
+pyyaml
