@@ -91,6 +91,13 @@ impl Metrics {
         ] {
             registry.register(collector).expect("metric names are unique");
         }
+        // process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total...: what an
+        // operator watches for leaks, from /proc.
+        if let Err(e) =
+            registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+        {
+            tracing::warn!(error = %e, "cannot export process metrics");
+        }
         Self {
             registry,
             requests,
