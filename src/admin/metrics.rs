@@ -61,7 +61,7 @@ impl Metrics {
         let resumes_refused = IntCounterVec::new(
             Opts::new(
                 "rangeway_resumes_refused_total",
-                "Resumes of a download whose object changed since it began, answered with the new object in full.",
+                "Resumes of a download whose object changed since it began, refused (412).",
             ),
             &["route"],
         )

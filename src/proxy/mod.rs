@@ -165,11 +165,10 @@ impl DownloadCtx {
         version: Option<ObjectVersion>,
     ) -> Result<()> {
         response.insert_header(DOWNLOAD_ID, self.id.as_str())?;
-        let same_version = |s: &&DownloadSession| {
-            version.as_ref().is_some_and(|v| v.etag == s.version.etag && v.size == s.version.size)
-        };
-        if let Some(session) = self.session.as_ref().filter(same_version).filter(|_| !self.changed)
-        {
+        // The hint speaks of the version being delivered only.
+        let same_version =
+            |s: &&DownloadSession| version.as_ref().is_some_and(|v| v.same_as(&s.version));
+        if let Some(session) = self.session.as_ref().filter(same_version) {
             response.insert_header(RESUME_OFFSET, session.delivered.contiguous_prefix_end())?;
         }
         // Only a single stretch of bytes is recorded: a 200, or a 206 of one range.
