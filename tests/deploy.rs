@@ -319,6 +319,9 @@ fn every_metric_the_alerts_and_the_board_query_is_exported() {
     origin.set_behaviour("/ignored.bin", Behaviour::IgnoreRange);
     origin.put("/wrong.bin", vec![3u8; 4096]);
     origin.set_behaviour("/wrong.bin", Behaviour::WrongRange(100));
+    // Bytes that fail the digest their origin publishes (refused before the headers went out).
+    let zero_digest = format!("sha-256=:{}:", "A".repeat(43) + "=");
+    origin.put_with_headers("/corrupt.bin", vec![6u8; 4096], &[("Repr-Digest", &zero_digest)]);
     origin.put("/changing.bin", vec![4u8; 4096]);
     let proxy = Proxy::in_front_of(&origin.base_url());
     let send = |path: &str, headers: &[(&str, &str)]| {
@@ -331,6 +334,7 @@ fn every_metric_the_alerts_and_the_board_query_is_exported() {
     assert_eq!(send("/plain.bin", &[]), 200);
     assert_eq!(send("/ignored.bin", &[("Range", "bytes=0-99")]), 206);
     assert_eq!(send("/wrong.bin", &[("Range", "bytes=1000-1099")]), 502);
+    assert_eq!(send("/corrupt.bin", &[]), 502);
     let id = ("X-Download-Id", "deploy-test");
     assert_eq!(send("/changing.bin", &[id, ("Range", "bytes=0-99")]), 206);
     // The download is recorded once its response is done: wait for it before changing the object.

@@ -22,6 +22,7 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     upstream_ignored_range: IntCounterVec,
     resumes_refused: IntCounterVec,
+    origin_digest_mismatches: IntCounterVec,
     duration: HistogramVec,
     active: IntGauge,
 }
@@ -66,6 +67,14 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
+        let origin_digest_mismatches = IntCounterVec::new(
+            Opts::new(
+                "rangeway_origin_digest_mismatches_total",
+                "Whole bodies that did not match the digest their origin published; the client connection was cut.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
         let duration = HistogramVec::new(
             HistogramOpts::new(
                 "rangeway_request_duration_seconds",
@@ -86,6 +95,7 @@ impl Metrics {
             Box::new(upstream_errors.clone()),
             Box::new(upstream_ignored_range.clone()),
             Box::new(resumes_refused.clone()),
+            Box::new(origin_digest_mismatches.clone()),
             Box::new(duration.clone()),
             Box::new(active.clone()),
         ] {
@@ -105,6 +115,7 @@ impl Metrics {
             upstream_errors,
             upstream_ignored_range,
             resumes_refused,
+            origin_digest_mismatches,
             duration,
             active,
         }
@@ -126,6 +137,10 @@ impl Metrics {
 
     pub fn resume_refused(&self, route: &str) {
         self.resumes_refused.with_label_values(&[route]).inc();
+    }
+
+    pub fn origin_digest_mismatch(&self, route: &str) {
+        self.origin_digest_mismatches.with_label_values(&[route]).inc();
     }
 
     /// Counts a response in flight until the returned guard is dropped.

@@ -22,6 +22,7 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use rangeway_middleware::checksum::parse_repr_digest_sha256;
 use rangeway_middleware::rfc9110::{
     ContentRange, MultipartBody, MultipartPlan, RangeLimits, RangeSpec, content_range,
     parse_content_range, unsatisfied_content_range,
@@ -36,6 +37,9 @@ use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore};
 use download::{DOWNLOAD_ID, RESUME_OFFSET, download_id, object_version};
 use path::NormalizedPath;
 use routing::{Route, RouteTable, request_host};
+
+/// The error of a body that fails the digest its origin published.
+const ORIGIN_DIGEST_MISMATCH: &str = "OriginDigestMismatch";
 
 /// Written in `Via` on both sides (RFC 9110 §7.6.3).
 const VIA: &str = "1.1 rangeway";
@@ -95,6 +99,50 @@ pub struct RequestCtx {
     refusal: Option<&'static str>,
     _active: Option<ActiveDownload>,
     download: Option<DownloadCtx>,
+    origin_digest: Option<OriginDigestCheck>,
+}
+
+/// A full pass of an upstream body checked against the SHA-256 its origin published for it.
+#[derive(Debug)]
+struct OriginDigestCheck {
+    expected: [u8; 32],
+    hasher: sha2::Sha256,
+    /// Body bytes still to come; the check is made on the chunk that brings it to zero, before
+    /// that chunk goes out (the end-of-body flag may come only with a later, empty call).
+    remaining: u64,
+}
+
+impl OriginDigestCheck {
+    /// For a 200 whose origin states its SHA-256 (`Repr-Digest`, or S3's `x-amz-checksum-sha256`
+    /// when it is a whole-object checksum) and its length.
+    fn for_response(headers: &http::HeaderMap) -> Option<Self> {
+        let expected = parse_repr_digest_sha256(
+            headers.get_all("repr-digest").iter().map(http::HeaderValue::as_bytes),
+        )
+        .or_else(|| {
+            let value = headers.get("x-amz-checksum-sha256")?.to_str().ok()?;
+            // "…-N" is a checksum of part checksums (multipart upload), not of the bytes.
+            if value.contains('-') {
+                return None;
+            }
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.decode(value).ok()?.try_into().ok()
+        })?;
+        let remaining = headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()?;
+        Some(Self { expected, hasher: sha2::Digest::new(), remaining })
+    }
+
+    /// Hashes `chunk`; `Err` when it completes the body and the digest does not match.
+    fn check(&mut self, chunk: &[u8]) -> std::result::Result<(), ()> {
+        use sha2::Digest as _;
+        self.hasher.update(chunk);
+        self.remaining = self.remaining.saturating_sub(chunk.len() as u64);
+        if self.remaining > 0 {
+            return Ok(());
+        }
+        let got: [u8; 32] = std::mem::take(&mut self.hasher).finalize().into();
+        if got == self.expected { Ok(()) } else { Err(()) }
+    }
 }
 
 /// What the request knows of its download: who it is, what the store said, what was delivered.
@@ -130,6 +178,7 @@ impl Default for RequestCtx {
             refusal: None,
             _active: None,
             download: None,
+            origin_digest: None,
         }
     }
 }
@@ -390,6 +439,8 @@ impl ProxyHttp for Rangeway {
         ctx.upstream_status = Some(status);
         ctx.upstream_header = ctx.upstream_connected.map(|t| t.elapsed());
         let version = object_version(status, &response.headers);
+        let origin_digest =
+            if status == 200 { OriginDigestCheck::for_response(&response.headers) } else { None };
         if let Some(download) = ctx.download.as_ref().filter(|d| d.changed) {
             empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
             response.insert_header(
@@ -487,6 +538,11 @@ impl ProxyHttp for Rangeway {
         if let Some(download) = ctx.download.as_mut() {
             download.note_response(response, version)?;
         }
+        // A whole upstream body whose bytes reach the client (whole or cut) is checked against
+        // the origin's own digest when it gave one.
+        if !matches!(ctx.body, BodyPlan::Discard) {
+            ctx.origin_digest = origin_digest;
+        }
         Ok(())
     }
 
@@ -497,6 +553,20 @@ impl ProxyHttp for Rangeway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
+        if let (Some(check), Some(chunk)) = (ctx.origin_digest.as_mut(), body.as_ref())
+            && check.check(chunk).is_err()
+        {
+            // The bytes are not the ones the origin vouched for: the last of them are withheld,
+            // so the client sees a cut download to resume, never a complete wrong one.
+            *body = None;
+            let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
+            self.metrics.origin_digest_mismatch(route);
+            return Err(Error::explain(
+                ErrorType::Custom(ORIGIN_DIGEST_MISMATCH),
+                "the body does not match the digest its origin published",
+            )
+            .into_up());
+        }
         match &mut ctx.body {
             BodyPlan::Forward => {}
             BodyPlan::Window(window) => *body = body.take().and_then(|chunk| window.cut(chunk)),
@@ -654,6 +724,9 @@ fn error_answer(e: &Error) -> (u16, &'static str) {
     use ErrorType::*;
     match e.etype() {
         HTTPStatus(code) => (*code, "request failed\n"),
+        Custom(ORIGIN_DIGEST_MISMATCH) => {
+            (502, "rangeway: the upstream's body does not match the digest it published\n")
+        }
         _ if is_client_abort(e) => (0, ""),
         InvalidCert | TLSHandshakeFailure | TLSWantX509Lookup | HandshakeError => {
             (502, "rangeway: the upstream's TLS certificate was not accepted\n")

@@ -99,6 +99,8 @@ struct Object {
     body: Bytes,
     etag: String,
     last_modified: SystemTime,
+    /// Sent on every answer with a body, e.g. a digest the origin publishes.
+    extra_headers: Vec<(String, String)>,
 }
 
 /// Chunk size for `Behaviour::Chunked`: small enough that a test object spans several chunks.
@@ -139,6 +141,17 @@ impl Origin {
     /// now, which is the same second as the old version's when replaced quickly: as on real
     /// stores, only the ETag reliably tells versions apart.
     pub(crate) fn put(&self, path: &str, body: impl Into<Bytes>) -> String {
+        self.put_with_headers(path, body, &[])
+    }
+
+    /// Like [`Origin::put`], with header fields sent on every answer about the object (200, 206,
+    /// HEAD), e.g. `Repr-Digest`.
+    pub(crate) fn put_with_headers(
+        &self,
+        path: &str,
+        body: impl Into<Bytes>,
+        headers: &[(&str, &str)],
+    ) -> String {
         assert!(path.starts_with('/'), "object paths start with '/': {path:?}");
         let body = body.into();
         let digest = Sha256::digest(&body);
@@ -147,7 +160,10 @@ impl Origin {
             let _ = write!(etag, "{byte:02x}");
         }
         etag.push('"');
-        let object = Object { body, etag: etag.clone(), last_modified: SystemTime::now() };
+        let extra_headers =
+            headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+        let object =
+            Object { body, etag: etag.clone(), last_modified: SystemTime::now(), extra_headers };
         lock(&self.shared.content).objects.insert(path.to_owned(), object);
         etag
     }
@@ -370,6 +386,9 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
         response.header("ETag", etag);
     }
     response.header("Last-Modified", &last_modified);
+    for (name, value) in &object.extra_headers {
+        response.header(name, value);
+    }
     if behaviour != Behaviour::IgnoreRange {
         response.header("Accept-Ranges", "bytes");
     }
@@ -440,7 +459,7 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
 
 /// Response headers being assembled, with `Date` and connection handling common to all answers.
 struct ResponseHead {
-    headers: Vec<(&'static str, String)>,
+    headers: Vec<(String, String)>,
     keep_alive: bool,
 }
 
@@ -451,8 +470,8 @@ impl ResponseHead {
         head
     }
 
-    fn header(&mut self, name: &'static str, value: &str) {
-        self.headers.push((name, value.to_owned()));
+    fn header(&mut self, name: &str, value: &str) {
+        self.headers.push((name.to_owned(), value.to_owned()));
     }
 
     fn write(&mut self, out: &mut TcpStream, status: u16) -> io::Result<()> {
