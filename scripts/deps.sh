@@ -44,6 +44,7 @@ need nginx nginx
 need redis-server redis-server
 need redis-tools redis-cli
 need curl curl
+need procps kill
 need wget wget
 need aria2 aria2c
 need openssl openssl
