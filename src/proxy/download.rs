@@ -5,8 +5,9 @@ use std::net::IpAddr;
 use crate::fingerprint::fingerprint;
 use http::{HeaderMap, header};
 use pingora_http::RequestHeader;
-use rangeway_middleware::rfc9110::{ContentRange, EntityTag, parse_content_range};
+use rangeway_middleware::rfc9110::{ContentRange, EntityTag, Validators, parse_content_range};
 
+use crate::range::{content_length, validators};
 use crate::state::ObjectVersion;
 
 /// The client's name for a download, echoed on every response.
@@ -57,30 +58,25 @@ fn is_usable(id: &[u8]) -> bool {
 /// The object version an upstream 200 or 206 describes: its validators and complete length.
 pub fn object_version(status: u16, headers: &HeaderMap) -> Option<ObjectVersion> {
     let size = match status {
-        200 => headers
-            .get(header::CONTENT_LENGTH)
-            .filter(|_| !headers.contains_key(header::TRANSFER_ENCODING))?
-            .to_str()
-            .ok()?
-            .parse()
-            .ok()?,
+        200 => content_length(headers)?,
         206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
             ContentRange::Satisfied { complete_len: Some(len), .. } => len,
             _ => return None,
         },
         _ => return None,
     };
-    let etag = headers.get(header::ETAG).and_then(|v| EntityTag::parse(v.as_bytes()));
-    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let Validators { etag, last_modified } = validators(headers);
     Some(ObjectVersion {
         strong: etag.as_ref().is_some_and(EntityTag::is_strong),
         etag: etag.map(|e| e.to_string()),
         size,
-        last_modified: text(header::LAST_MODIFIED)
-            .and_then(|v| httpdate::parse_http_date(v).ok())
+        last_modified: last_modified
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_secs()),
-        content_type: text(header::CONTENT_TYPE).map(str::to_owned),
+        content_type: headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
     })
 }
 

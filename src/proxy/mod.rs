@@ -128,7 +128,7 @@ impl OriginDigestCheck {
             use base64::Engine as _;
             base64::engine::general_purpose::STANDARD.decode(value).ok()?.try_into().ok()
         })?;
-        let remaining = headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()?;
+        let remaining = crate::range::content_length(headers)?;
         Some(Self { expected, hasher: sha2::Digest::new(), remaining })
     }
 

@@ -14,7 +14,7 @@ use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{
     ContentRange, EntityTag, IgnoreReason, Precondition, RangeLimits, RangeRequest, RangeSet,
     RangeSpec, Resolution, Validators, evaluate_preconditions, if_range_holds, parse_content_range,
-    parse_range,
+    parse_range_header,
 };
 
 /// The client's Range header, as far as this request is concerned.
@@ -32,17 +32,10 @@ impl ClientRange {
         if method != Method::GET {
             return Self::Absent;
         }
-        let mut values = headers.get_all(header::RANGE).iter();
-        let Some(value) = values.next() else {
-            return Self::Absent;
-        };
-        if values.next().is_some() {
-            // Range is a singleton field; two of them cannot be combined meaningfully.
-            return Self::Ignored(IgnoreReason::Invalid);
-        }
-        match parse_range(value.as_bytes(), limits) {
-            RangeRequest::Ignore(reason) => Self::Ignored(reason),
-            RangeRequest::Bytes(set) => Self::Bytes(set),
+        match parse_range_header(headers, limits) {
+            None => Self::Absent,
+            Some(RangeRequest::Ignore(reason)) => Self::Ignored(reason),
+            Some(RangeRequest::Bytes(set)) => Self::Bytes(set),
         }
     }
 
@@ -182,7 +175,8 @@ fn resolve(set: &RangeSet, complete_len: u64, available: ByteRange, partial: boo
     }
 }
 
-fn content_length(headers: &HeaderMap) -> Option<u64> {
+/// The length of a body framed by `Content-Length` (not chunked).
+pub fn content_length(headers: &HeaderMap) -> Option<u64> {
     if headers.contains_key(header::TRANSFER_ENCODING) {
         return None;
     }
