@@ -28,10 +28,7 @@ impl Proxy {
                 .with_test_writer()
                 .try_init();
         }
-        let [listen, admin] = free_ports::<2>();
-        let text = format!(
-            "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nthreads = 2\ngrace_period = \"0s\"\n{server_keys}\n{body}",
-        );
+        let (text, _, _) = config_text(server_keys, body);
         let config = Config::from_toml_str(&text, &[])
             .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"));
         let running =
@@ -59,6 +56,16 @@ impl Proxy {
     }
 }
 
+/// A config on free ports for tests: `[server]` with `server_keys` added, then `body`; with the
+/// chosen proxy and admin ports.
+fn config_text(server_keys: &str, body: &str) -> (String, u16, u16) {
+    let [listen, admin] = free_ports::<2>();
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nthreads = 2\ngrace_period = \"0s\"\n{server_keys}\n{body}"
+    );
+    (text, listen, admin)
+}
+
 /// rangeway as a process of its own: the built binary, run with a config file.
 pub(crate) struct ProxyProcess {
     child: std::process::Child,
@@ -71,12 +78,9 @@ impl ProxyProcess {
     /// Runs `rangeway serve` with `body` (upstreams, routes, state) on free ports and waits until
     /// it listens.
     pub(crate) fn start(body: &str) -> ProxyProcess {
-        let [listen, admin] = free_ports::<2>();
+        let (text, listen, admin) = config_text("", body);
         let dir = super::tmp::TempDir::new("rangeway-process");
         let config = dir.join("rangeway.toml");
-        let text = format!(
-            "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nthreads = 2\ngrace_period = \"0s\"\n{body}"
-        );
         std::fs::write(&config, text).expect("write the config");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_rangeway"))
             .arg("serve")
