@@ -420,8 +420,8 @@ impl ProxyHttp for Rangeway {
         // The object is no longer the one this download began on: whatever the client holds is
         // of the old version, and no answer with bytes of the new one is safe. A range of it would
         // be spliced by every client; so would the whole object (wget -c skips a 200's first
-        // bytes up to its file length and appends the rest). The resume is refused: curl, wget
-        // and aria2c all stop with an error and leave the partial file as it is.
+        // bytes up to its file length and appends the rest). The resume is refused: curl -C -
+        // leaves its file as it is, wget and aria2c stop with an error.
         download.changed = true;
         let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
         self.metrics.resume_refused(route);
@@ -465,7 +465,9 @@ impl ProxyHttp for Rangeway {
             &response.headers,
             SystemTime::now(),
         );
-        let route = ctx.route_name().to_owned();
+        // An Arc, not a copy of the name: the ctx is borrowed mutably below.
+        let route_arc = ctx.route.clone();
+        let route = route_arc.as_ref().map_or("-", |r| r.name.as_str());
         match shape {
             Shape::Forward => {
                 if let Some(range) = response.headers.get(header::CONTENT_RANGE) {
@@ -480,7 +482,7 @@ impl ProxyHttp for Rangeway {
             }
             Shape::Single { range, complete_len, stream_start } => {
                 if status == 200 {
-                    self.metrics.upstream_ignored_range(&route);
+                    self.metrics.upstream_ignored_range(route);
                 }
                 let value = content_range(range, complete_len);
                 set_partial(response, range.len(), &value)?;
@@ -528,7 +530,7 @@ impl ProxyHttp for Rangeway {
             }
             Shape::BadGateway(reason) => {
                 warn!(route = %route, upstream_status = status, reason, "refusing the upstream's answer");
-                self.metrics.upstream_error(&route, "bad_range_answer");
+                self.metrics.upstream_error(route, "bad_range_answer");
                 empty_answer(response, StatusCode::BAD_GATEWAY)?;
                 response.insert_header("x-rangeway-error", reason)?;
                 ctx.refusal = Some(reason);
