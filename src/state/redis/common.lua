@@ -94,3 +94,17 @@ local function stored_string()
   end
   return nil
 end
+
+-- What KEYS[1] should hold next: `merge(stored, decoded fresh)` when something is stored and the
+-- merge accepts it (returns a string, without raising), else `fresh` — the value as it is when
+-- nothing usable was stored.
+local function merged_or_fresh(merge, fresh)
+  local raw = stored_string()
+  if raw then
+    local ok, merged = pcall(merge, raw, cjson.decode(fresh))
+    if ok and merged then
+      return merged
+    end
+  end
+  return fresh
+end

@@ -36,12 +36,4 @@ local function merged(raw, seen)
   return encode(s)
 end
 
-local raw = stored_string()
-if raw then
-  local ok, record = pcall(merged, raw, cjson.decode(fresh))
-  if ok and record then
-    store(record, ttl_ms)
-    return
-  end
-end
-store(fresh, ttl_ms)
+store(merged_or_fresh(merged, fresh), ttl_ms)

@@ -87,11 +87,4 @@ local function merged(raw, delivery)
   return encode(s)
 end
 
-local raw = stored_string()
-if raw then
-  local ok, session = pcall(merged, raw, cjson.decode(fresh))
-  if ok and session then
-    return store(session, ttl_ms)
-  end
-end
-return store(fresh, ttl_ms)
+return store(merged_or_fresh(merged, fresh), ttl_ms)
