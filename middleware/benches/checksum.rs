@@ -9,11 +9,20 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rangeway_middleware::ByteRange;
-use rangeway_middleware::chain::{Chain, StageFactory};
+use rangeway_middleware::chain::{Chain, Learned, ObjectVersion, StageContext, StageFactory};
 use rangeway_middleware::checksum::{Algorithm, ChecksumFactory, DEFAULT_CHECKPOINT_INTERVAL};
 use sha2::{Digest as _, Sha256};
 
 const CHUNK: usize = 64 << 10;
+/// The checksum stage looks at nothing in its context.
+const OBJECT: ObjectVersion<'static> =
+    ObjectVersion { route: "bench", path: "/object", strong_etag: Some("\"v1\""), len: 0 };
+const CONTEXT: StageContext<'static> =
+    StageContext { object: &OBJECT, input_identity: "", segments: &[] };
+
+fn object(len: u64) -> ObjectVersion<'static> {
+    ObjectVersion { len, ..OBJECT }
+}
 /// 16 MiB: two checkpoints at the default interval per pass, as a real object would have.
 const TOTAL: usize = 16 << 20;
 
@@ -38,7 +47,7 @@ fn stage(algorithms: &[Algorithm]) -> ChecksumFactory {
 
 /// One pass of the stage: every chunk pushed, then the report (which finalizes the digests).
 fn run_stage(factory: &ChecksumFactory, chunks: &[Bytes]) {
-    let mut stage = factory.start(0, None).expect("starts at 0");
+    let mut stage = factory.start(0, None, &CONTEXT).expect("starts at 0");
     for chunk in chunks {
         black_box(stage.push(chunk.clone()).expect("never fails"));
     }
@@ -77,10 +86,13 @@ fn checksum(c: &mut Criterion) {
 
     // The same stage inside a chain: what a route with only a checksum costs, windows included.
     let chain = Chain::new(vec![Arc::new(both) as Arc<dyn StageFactory>]).expect("valid chain");
-    let plan = chain.plan(ByteRange::whole(TOTAL as u64), TOTAL as u64).expect("in range");
+    let plan = chain
+        .plan(ByteRange::whole(TOTAL as u64), &object(TOTAL as u64), &Learned::new())
+        .expect("in range");
     group.bench_function("both/chain", |b| {
         b.iter(|| {
-            let mut run = chain.start(&plan, &[]).expect("starts");
+            let mut run =
+                chain.start(&plan, &object(TOTAL as u64), &Learned::new(), &[]).expect("starts");
             for chunk in &chunks {
                 black_box(run.push(chunk.clone()).expect("never fails"));
             }

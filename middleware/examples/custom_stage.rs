@@ -8,8 +8,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::{
-    ChainError, Digest, OptionError, Stage, StageError, StageFactory, StageOptions, StagePlan,
-    StageRegistry, StageState,
+    ChainError, Digest, Learned, ObjectVersion, OptionError, Stage, StageContext, StageError,
+    StageFactory, StageOptions, StagePlan, StageRegistry, StageState,
 };
 use rangeway_middleware::checksum::repr_digest;
 
@@ -53,11 +53,16 @@ impl StageFactory for CaseFactory {
         &self.identity
     }
 
-    fn plan(&self, output: ByteRange, _input_len: u64) -> Result<StagePlan, StageError> {
+    fn plan(
+        &self,
+        output: ByteRange,
+        _input_len: u64,
+        _: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError> {
         Ok(StagePlan::identity(output))
     }
 
-    fn output_len(&self, input_len: u64) -> Option<u64> {
+    fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
         Some(input_len)
     }
 
@@ -69,6 +74,7 @@ impl StageFactory for CaseFactory {
         &self,
         _at_input: u64,
         _resume: Option<&StageState>,
+        _: &StageContext<'_>,
     ) -> Result<Box<dyn Stage>, StageError> {
         Ok(Box::new(Case { upper: self.upper }))
     }
@@ -117,15 +123,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let object = Bytes::from_static(b"Resumable downloads, even when the route changes the body.");
     let len = object.len() as u64;
+    // The version the proxy would take from the origin's answer; nothing is learned yet.
+    let version =
+        ObjectVersion { route: "docs", path: "/notes.txt", strong_etag: Some("\"v1\""), len };
+    let learned = Learned::new();
 
     // A client asks for bytes 10..20 of the transformed representation.
     let wanted = ByteRange::new(10, 20).ok_or("reversed range")?;
-    let plan = chain.plan(wanted, len)?;
+    let plan = chain.plan(wanted, &version, &learned)?;
     println!("to send {wanted:?}: fetch origin {:?}", plan.origin());
     let origin = plan.origin();
     // usize::try_from: the range lies inside `object`, whose length is a usize.
     let piece = object.slice(usize::try_from(origin.start())?..usize::try_from(origin.end())?);
-    let mut run = chain.start(&plan, &[])?;
+    let mut run = chain.start(&plan, &version, &learned, &[])?;
     let mut body = Vec::new();
     // Chunks as an upstream would deliver them.
     for at in (0..piece.len()).step_by(4) {
@@ -139,7 +149,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("body: {:?}", String::from_utf8_lossy(&body));
 
     // A full pass publishes the digests: of the origin's bytes, and of the delivered ones.
-    let mut whole = chain.start(&chain.plan_whole(len), &[])?;
+    let mut whole = chain.start(&chain.plan_whole(&version, &learned), &version, &learned, &[])?;
     whole.push(object)?;
     whole.finish()?;
     for (index, report) in whole.reports().into_iter().enumerate() {
@@ -162,7 +172,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Asking past the end is an error, not a panic.
-    match chain.plan(ByteRange::new(0, len + 1).ok_or("reversed range")?, len) {
+    match chain.plan(ByteRange::new(0, len + 1).ok_or("reversed range")?, &version, &learned) {
         Err(error @ ChainError::RangePastEnd { .. }) => println!("past the end: {error}"),
         other => println!("unexpected: {other:?}"),
     }

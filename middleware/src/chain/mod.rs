@@ -23,7 +23,8 @@ use crate::{ByteRange, Window};
 pub use options::{OptionError, OptionReader, OptionValue, StageOptions};
 pub use registry::{ConfigError, RegistryError, StageBuilder, StageRegistry};
 pub use stage::{
-    Digest, Form, RangeDigest, Stage, StageError, StageFactory, StagePlan, StageReport, StageState,
+    Digest, Form, ObjectVersion, RangeDigest, Segment, Stage, StageContext, StageError,
+    StageFactory, StagePlan, StageReport, StageState,
 };
 
 /// Joins stage identities into a chain's; stages may not use it themselves.
@@ -88,6 +89,33 @@ pub enum ChainError {
     /// Input was pushed after [`ChainRun::finish`].
     #[error("input pushed after the run finished")]
     Finished,
+}
+
+/// What earlier passes over one object version taught a chain's stages, as the proxy keeps it:
+/// for each stage, the segments it reported (see [`Segment`]), from segment 0 on without a gap.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Learned {
+    segments: Vec<Vec<Segment>>,
+}
+
+impl Learned {
+    /// Nothing learned yet.
+    pub const fn new() -> Self {
+        Self { segments: Vec::new() }
+    }
+
+    /// Records stage `stage`'s known segments, replacing what was there.
+    pub fn set_segments(&mut self, stage: usize, segments: Vec<Segment>) {
+        if self.segments.len() <= stage {
+            self.segments.resize_with(stage + 1, Vec::new);
+        }
+        self.segments[stage] = segments;
+    }
+
+    /// Stage `stage`'s known segments.
+    pub fn segments(&self, stage: usize) -> &[Segment] {
+        self.segments.get(stage).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// A route's stages, in order, checked to work together.
@@ -183,25 +211,45 @@ impl Chain {
         self.stages.iter().all(|stage| stage.observes_only())
     }
 
-    /// The output length for an origin of `origin_len` bytes, when every stage knows its own.
-    pub fn output_len(&self, origin_len: u64) -> Option<u64> {
-        self.stages.iter().try_fold(origin_len, |len, stage| stage.output_len(len))
+    /// What stage `index` is told about this request.
+    fn context<'a>(
+        &'a self,
+        index: usize,
+        object: &'a ObjectVersion<'a>,
+        learned: &'a Learned,
+    ) -> StageContext<'a> {
+        StageContext {
+            object,
+            input_identity: self.identities.get(index).map_or("", String::as_str),
+            segments: learned.segments(index),
+        }
+    }
+
+    /// The output length for `object`, when every stage knows its own.
+    pub fn output_len(&self, object: &ObjectVersion<'_>, learned: &Learned) -> Option<u64> {
+        self.stages.iter().enumerate().try_fold(object.len, |len, (index, stage)| {
+            stage.output_len(len, &self.context(index, object, learned))
+        })
     }
 
     /// Plans the origin bytes to fetch, and what each stage drops, to produce exactly `output`
     /// (a non-empty range normally; an empty one plans no useful work) of the chain's output for
-    /// an origin of `origin_len` bytes. Stages are planned last first, each from the input the
-    /// next one needs.
-    pub fn plan(&self, output: ByteRange, origin_len: u64) -> Result<ChainPlan, ChainError> {
+    /// `object`. Stages are planned last first, each from the input the next one needs.
+    pub fn plan(
+        &self,
+        output: ByteRange,
+        object: &ObjectVersion<'_>,
+        learned: &Learned,
+    ) -> Result<ChainPlan, ChainError> {
         // lens[i]: the input length of stage i; lens[n]: the output length.
         let mut lens = Vec::with_capacity(self.stages.len() + 1);
-        let mut len = origin_len;
+        let mut len = object.len;
         lens.push(len);
         for (index, stage) in self.stages.iter().enumerate() {
-            len = stage.output_len(len).ok_or_else(|| ChainError::LengthUnknown {
-                index,
-                kind: stage.kind().to_owned(),
-            })?;
+            len =
+                stage.output_len(len, &self.context(index, object, learned)).ok_or_else(|| {
+                    ChainError::LengthUnknown { index, kind: stage.kind().to_owned() }
+                })?;
             lens.push(len);
         }
         if output.end() > len {
@@ -210,10 +258,9 @@ impl Chain {
         let mut plans = Vec::with_capacity(self.stages.len());
         let mut wanted = output;
         for (index, (stage, &input_len)) in self.stages.iter().zip(&lens).enumerate().rev() {
-            let plan = stage.plan(wanted, input_len).map_err(|error| ChainError::Stage {
-                index,
-                kind: stage.kind().to_owned(),
-                error,
+            let context = self.context(index, object, learned);
+            let plan = stage.plan(wanted, input_len, &context).map_err(|error| {
+                ChainError::Stage { index, kind: stage.kind().to_owned(), error }
             })?;
             // The output a stage produces from its planned input starts `skip` bytes before the
             // wanted range, so it cannot skip past the start of its output.
@@ -236,29 +283,33 @@ impl Chain {
 
     /// Plans one pass over the whole origin producing the whole output, which works even when
     /// a stage's output length is unknown. Ranges whose end is unknown end at `u64::MAX`.
-    pub fn plan_whole(&self, origin_len: u64) -> ChainPlan {
-        let mut len = Some(origin_len);
+    pub fn plan_whole(&self, object: &ObjectVersion<'_>, learned: &Learned) -> ChainPlan {
+        let mut len = Some(object.len);
         let mut stages = Vec::with_capacity(self.stages.len());
-        for stage in &self.stages {
+        for (index, stage) in self.stages.iter().enumerate() {
             stages.push(StagePlan { input: ByteRange::whole(len.unwrap_or(u64::MAX)), skip: 0 });
-            len = len.and_then(|len| stage.output_len(len));
+            let context = self.context(index, object, learned);
+            len = len.and_then(|len| stage.output_len(len, &context));
         }
         ChainPlan {
-            origin: ByteRange::whole(origin_len),
+            origin: ByteRange::whole(object.len),
             stages,
             output: ByteRange::whole(len.unwrap_or(u64::MAX)),
             exact: len.is_some(),
         }
     }
 
-    /// Starts a run of `plan`, made by this chain. `resume[i]`, when given, is a state stage `i`
-    /// reported at the offset its planned input starts at; missing entries mean none.
+    /// Starts a run of `plan`, made by this chain for the same `object` and `learned`.
+    /// `resume[i]`, when given, is a state stage `i` reported at the offset its planned input
+    /// starts at; missing entries mean none.
     ///
     /// The run expects origin bytes from `plan.origin().start()` on; cut a stream that starts
     /// elsewhere (a 200 answering a ranged request) with a [`Window`] first.
     pub fn start(
         &self,
         plan: &ChainPlan,
+        object: &ObjectVersion<'_>,
+        learned: &Learned,
         resume: &[Option<&StageState>],
     ) -> Result<ChainRun, ChainError> {
         let stages = self.stages.len();
@@ -271,9 +322,11 @@ impl Chain {
         let mut running = Vec::with_capacity(stages);
         for (index, (factory, stage_plan)) in self.stages.iter().zip(&plan.stages).enumerate() {
             let state = resume.get(index).copied().flatten();
-            let stage = factory.start(stage_plan.input.start(), state).map_err(|error| {
-                ChainError::Stage { index, kind: factory.kind().to_owned(), error }
-            })?;
+            let context = self.context(index, object, learned);
+            let stage =
+                factory.start(stage_plan.input.start(), state, &context).map_err(|error| {
+                    ChainError::Stage { index, kind: factory.kind().to_owned(), error }
+                })?;
             let wanted = plan.stages.get(index + 1).map_or(plan.output, |next| next.input);
             // `plan` checked `skip <= wanted.start()`; should a plan of another chain of the same
             // length break it, the window just starts at 0.

@@ -82,6 +82,44 @@ impl StageState {
     }
 }
 
+/// The object version a request's bytes come from, as every stage of its chain is told.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct ObjectVersion<'a> {
+    /// The route's name.
+    pub route: &'a str,
+    /// The object's path on the upstream.
+    pub path: &'a str,
+    /// The origin's strong ETag, quotes included, or `None` when it has none. Without it nothing
+    /// pins the version: two requests may see different bytes under the same path, so a stage
+    /// that derives anything from the version (a key, a salt) must not make it repeatable.
+    pub strong_etag: Option<&'a str>,
+    /// The origin's length in bytes.
+    pub len: u64,
+}
+
+/// One segment of a stage whose output is made of independently produced pieces (a compressor's
+/// blocks): how long its output is and the CRC32 of that output, so a regenerated segment can be
+/// checked before any byte of it is sent. What input a segment covers is the stage's own rule.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Segment {
+    pub output_len: u64,
+    pub crc32: u32,
+}
+
+/// Per request, what a stage is told beyond its input bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct StageContext<'a> {
+    /// The object version the chain's input comes from.
+    pub object: &'a ObjectVersion<'a>,
+    /// The identity of the bytes entering the stage: empty for the origin's own, else the
+    /// identities of the transforming stages before it (see [`Chain::identity`](super::Chain::identity)).
+    /// A stage that derives anything from its input (a salt) includes it.
+    pub input_identity: &'a str,
+    /// The segments earlier passes over this input reported, from segment 0 on without a gap;
+    /// empty when none are known.
+    pub segments: &'a [Segment],
+}
+
 /// A digest value, as a stage reports it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 #[non_exhaustive]
@@ -109,6 +147,8 @@ pub struct StageReport {
     pub digests: Vec<RangeDigest>,
     /// States from which a later pass can start (see [`StageFactory::start`]), by ascending offset.
     pub checkpoints: Vec<StageState>,
+    /// Segments of the output produced in this pass, by segment number, ascending.
+    pub segments: Vec<(u64, Segment)>,
 }
 
 /// Why a stage cannot plan, start or go on.
@@ -149,11 +189,16 @@ pub trait StageFactory: Send + Sync + fmt::Debug {
     /// The chain calls it only with an `output` that lies inside the stage's output, when
     /// [`output_len`](Self::output_len) knows that; the returned input must lie inside
     /// `0..input_len`.
-    fn plan(&self, output: ByteRange, input_len: u64) -> Result<StagePlan, StageError>;
+    fn plan(
+        &self,
+        output: ByteRange,
+        input_len: u64,
+        context: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError>;
 
-    /// The output length for an input of `input_len` bytes; `None` when it is unknown until a
-    /// full pass has been made (or it would overflow `u64`).
-    fn output_len(&self, input_len: u64) -> Option<u64>;
+    /// The output length for an input of `input_len` bytes; `None` when it is unknown (until a
+    /// full pass has indexed it, say) or would overflow `u64`.
+    fn output_len(&self, input_len: u64, context: &StageContext<'_>) -> Option<u64>;
 
     /// Whether the stage passes every byte on unchanged, returning the very chunk it was given,
     /// and only observes (digests, counts) them.
@@ -177,6 +222,7 @@ pub trait StageFactory: Send + Sync + fmt::Debug {
         &self,
         at_input: u64,
         resume: Option<&StageState>,
+        context: &StageContext<'_>,
     ) -> Result<Box<dyn Stage>, StageError>;
 }
 

@@ -27,6 +27,11 @@ enum Test {
     Encrypt,
 }
 
+/// A version of `len` bytes; the test stages look at nothing else.
+fn object(len: u64) -> ObjectVersion<'static> {
+    ObjectVersion { route: "test", path: "/object", strong_etag: Some("\"v1\""), len }
+}
+
 fn mask(pos: u64) -> u8 {
     (pos.wrapping_mul(7).wrapping_add(3) % 251) as u8
 }
@@ -69,7 +74,12 @@ impl StageFactory for Test {
         self.kind()
     }
 
-    fn plan(&self, output: ByteRange, input_len: u64) -> Result<StagePlan, StageError> {
+    fn plan(
+        &self,
+        output: ByteRange,
+        input_len: u64,
+        _: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError> {
         let (a, b) = (output.start(), output.end());
         let (start, end, skip) = match *self {
             Test::Insert(k) => {
@@ -91,7 +101,7 @@ impl StageFactory for Test {
         Ok(StagePlan { input, skip })
     }
 
-    fn output_len(&self, input_len: u64) -> Option<u64> {
+    fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
         match self {
             Test::Insert(k) => input_len.checked_add(input_len / k),
             Test::Drop(k) => Some(input_len - input_len / k),
@@ -113,6 +123,7 @@ impl StageFactory for Test {
         &self,
         at_input: u64,
         _resume: Option<&StageState>,
+        _: &StageContext<'_>,
     ) -> Result<Box<dyn Stage>, StageError> {
         Ok(Box::new(TestRun { test: *self, pos: at_input }))
     }
@@ -189,7 +200,7 @@ fn run(chain: &Chain, plan: &ChainPlan, origin: &[u8], cuts: &[usize]) -> (Vec<u
     let mut bounds: Vec<usize> = cuts.iter().map(|&cut| cut % (input.len() + 1)).collect();
     bounds.extend([0, input.len()]);
     bounds.sort_unstable();
-    let mut run = chain.start(plan, &[]).unwrap();
+    let mut run = chain.start(plan, &object(origin.len() as u64), &Learned::new(), &[]).unwrap();
     let mut out = Vec::new();
     for pair in bounds.windows(2) {
         if let Some(piece) = run.push(input.slice(pair[0]..pair[1])).unwrap() {
@@ -219,15 +230,15 @@ proptest! {
         let expected = reference(&specs, &origin);
         let full = expected.last().unwrap();
         let origin_len = origin.len() as u64;
-        prop_assert_eq!(chain.output_len(origin_len), Some(full.len() as u64));
+        prop_assert_eq!(chain.output_len(&object(origin_len), &Learned::new()), Some(full.len() as u64));
 
-        let (whole, _) = run(&chain, &chain.plan_whole(origin_len), &origin, &cuts);
+        let (whole, _) = run(&chain, &chain.plan_whole(&object(origin_len), &Learned::new()), &origin, &cuts);
         prop_assert_eq!(&whole, full);
 
         let out_len = full.len() as u64;
         let (a, b) = (ends.0 % (out_len + 1), ends.1 % (out_len + 1));
         let wanted = ByteRange::new(a.min(b), a.max(b)).unwrap();
-        let plan = chain.plan(wanted, origin_len).unwrap();
+        let plan = chain.plan(wanted, &object(origin_len), &Learned::new()).unwrap();
         prop_assert_eq!(plan.output(), wanted);
         let (got, ranged) = run(&chain, &plan, &origin, &cuts);
         prop_assert_eq!(&got[..], &full[wanted.start() as usize..wanted.end() as usize]);
@@ -254,9 +265,10 @@ fn an_empty_or_observing_chain_forwards_the_same_bytes() {
         let chain = Chain::new(specs.iter().map(|&spec| factory(spec)).collect()).unwrap();
         assert!(chain.is_observing_only());
         assert_eq!(chain.identity(), "");
-        let plan = chain.plan(ByteRange::new(0, 3000).unwrap(), 3000).unwrap();
+        let plan =
+            chain.plan(ByteRange::new(0, 3000).unwrap(), &object(3000), &Learned::new()).unwrap();
         assert_eq!(plan.origin(), ByteRange::new(0, 3000).unwrap());
-        let mut run = chain.start(&plan, &[]).unwrap();
+        let mut run = chain.start(&plan, &object(3000), &Learned::new(), &[]).unwrap();
         for _ in 0..3 {
             let out = run.push(chunk.clone()).unwrap().unwrap();
             assert_eq!((out.as_ptr(), out.len()), (chunk.as_ptr(), chunk.len()));
@@ -306,11 +318,16 @@ impl StageFactory for Named {
     fn identity(&self) -> &str {
         self.0
     }
-    fn plan(&self, output: ByteRange, _input_len: u64) -> Result<StagePlan, StageError> {
+    fn plan(
+        &self,
+        output: ByteRange,
+        _input_len: u64,
+        _: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError> {
         // Deliberately wrong, for the chain to catch.
         Ok(StagePlan { input: output, skip: output.end() + 1 })
     }
-    fn output_len(&self, input_len: u64) -> Option<u64> {
+    fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
         Some(input_len)
     }
     fn observes_only(&self) -> bool {
@@ -319,7 +336,12 @@ impl StageFactory for Named {
     fn accepts(&self) -> Form {
         self.1
     }
-    fn start(&self, _: u64, _: Option<&StageState>) -> Result<Box<dyn Stage>, StageError> {
+    fn start(
+        &self,
+        _: u64,
+        _: Option<&StageState>,
+        _: &StageContext<'_>,
+    ) -> Result<Box<dyn Stage>, StageError> {
         Err(StageError::Other("no".into()))
     }
 }
@@ -342,33 +364,35 @@ fn order_rules_and_identities_are_checked_at_build_time() {
 #[test]
 fn planning_errors_instead_of_panicking() {
     let chain = Chain::new(vec![Arc::new(Test::Double)]).unwrap();
-    let past = chain.plan(ByteRange::new(0, 21).unwrap(), 10).unwrap_err();
+    let past =
+        chain.plan(ByteRange::new(0, 21).unwrap(), &object(10), &Learned::new()).unwrap_err();
     assert_eq!(past.to_string(), "range 0..21 is not inside the 20 bytes of output");
     // An output length that overflows is unknown.
     assert!(matches!(
-        chain.plan(ByteRange::new(0, 1).unwrap(), u64::MAX),
+        chain.plan(ByteRange::new(0, 1).unwrap(), &object(u64::MAX), &Learned::new()),
         Err(ChainError::LengthUnknown { index: 0, .. })
     ));
 
     let unsized_chain = Chain::new(vec![Arc::new(Test::Unsized), Arc::new(Test::Double)]).unwrap();
-    assert_eq!(unsized_chain.output_len(5), None);
-    let unknown = unsized_chain.plan(ByteRange::new(0, 1).unwrap(), 5).unwrap_err();
+    assert_eq!(unsized_chain.output_len(&object(5), &Learned::new()), None);
+    let unknown =
+        unsized_chain.plan(ByteRange::new(0, 1).unwrap(), &object(5), &Learned::new()).unwrap_err();
     assert_eq!(
         unknown.to_string(),
         "the output length of unsized at middleware[0] is unknown until a full pass, so ranges \
          of the output cannot be planned"
     );
     // A whole pass still works, and a short one cannot be told from the end.
-    let plan = unsized_chain.plan_whole(5);
+    let plan = unsized_chain.plan_whole(&object(5), &Learned::new());
     assert_eq!(plan.output(), ByteRange::new(0, u64::MAX).unwrap());
     let (out, _) = run(&unsized_chain, &plan, b"abcde", &[2]);
     assert_eq!(out, Test::Double.reference(b"abcde"));
 
     let liar = Chain::new(vec![Arc::new(Named("n", Form::Encrypted))]).unwrap();
-    let bad = liar.plan(ByteRange::new(2, 4).unwrap(), 10).unwrap_err();
+    let bad = liar.plan(ByteRange::new(2, 4).unwrap(), &object(10), &Learned::new()).unwrap_err();
     assert!(matches!(bad, ChainError::BadPlan { index: 0, skip: 5, .. }), "{bad}");
-    let whole = liar.plan_whole(10);
-    let failed = liar.start(&whole, &[]).unwrap_err();
+    let whole = liar.plan_whole(&object(10), &Learned::new());
+    let failed = liar.start(&whole, &object(10), &Learned::new(), &[]).unwrap_err();
     assert_eq!(failed.to_string(), "named at middleware[0]: no");
 }
 
@@ -376,17 +400,17 @@ fn planning_errors_instead_of_panicking() {
 fn runs_check_their_plan_and_their_end() {
     let chain = Chain::new(vec![Arc::new(Test::Xor)]).unwrap();
     let other = Chain::new(vec![]).unwrap();
-    let plan = chain.plan(ByteRange::new(2, 8).unwrap(), 10).unwrap();
+    let plan = chain.plan(ByteRange::new(2, 8).unwrap(), &object(10), &Learned::new()).unwrap();
     assert!(matches!(
-        other.start(&plan, &[]),
+        other.start(&plan, &object(10), &Learned::new(), &[]),
         Err(ChainError::PlanMismatch { planned: 1, stages: 0 })
     ));
     assert!(matches!(
-        chain.start(&plan, &[None, None]),
+        chain.start(&plan, &object(10), &Learned::new(), &[None, None]),
         Err(ChainError::TooManyStates { given: 2, stages: 1 })
     ));
 
-    let mut short = chain.start(&plan, &[None]).unwrap();
+    let mut short = chain.start(&plan, &object(10), &Learned::new(), &[None]).unwrap();
     assert_eq!(short.push(Bytes::from_static(b"abc")).unwrap().map(|b| b.len()), Some(3));
     assert!(!short.is_done());
     let error = short.finish().unwrap_err();
@@ -395,7 +419,7 @@ fn runs_check_their_plan_and_their_end() {
     assert_eq!(short.finish().unwrap(), None);
 
     // Bytes past the planned input are cut off before any stage sees them.
-    let mut long = chain.start(&plan, &[]).unwrap();
+    let mut long = chain.start(&plan, &object(10), &Learned::new(), &[]).unwrap();
     let out = long.push(Bytes::from_static(b"cdefghijXYZ")).unwrap().unwrap();
     assert_eq!(&out[..], &Test::Xor.reference(b"abcdefghij")[2..8]);
     assert!(long.is_done());
@@ -429,24 +453,34 @@ fn tails_of_several_stages_are_joined() {
         fn identity(&self) -> &str {
             if self.0 { "hold-all" } else { "hold-one" }
         }
-        fn plan(&self, output: ByteRange, _: u64) -> Result<StagePlan, StageError> {
+        fn plan(
+            &self,
+            output: ByteRange,
+            _: u64,
+            _: &StageContext<'_>,
+        ) -> Result<StagePlan, StageError> {
             Ok(StagePlan::identity(output))
         }
-        fn output_len(&self, input_len: u64) -> Option<u64> {
+        fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
             Some(input_len)
         }
         fn observes_only(&self) -> bool {
             false
         }
-        fn start(&self, _: u64, _: Option<&StageState>) -> Result<Box<dyn Stage>, StageError> {
+        fn start(
+            &self,
+            _: u64,
+            _: Option<&StageState>,
+            _: &StageContext<'_>,
+        ) -> Result<Box<dyn Stage>, StageError> {
             Ok(Box::new(Hold { all: self.0, held: Vec::new() }))
         }
     }
     let chain =
         Chain::new(vec![Arc::new(Test::Xor), Arc::new(Holding(true)), Arc::new(Holding(false))])
             .unwrap();
-    let plan = chain.plan(ByteRange::new(1, 5).unwrap(), 6).unwrap();
-    let mut run = chain.start(&plan, &[]).unwrap();
+    let plan = chain.plan(ByteRange::new(1, 5).unwrap(), &object(6), &Learned::new()).unwrap();
+    let mut run = chain.start(&plan, &object(6), &Learned::new(), &[]).unwrap();
     assert_eq!(run.push(Bytes::from_static(b"bcde")).unwrap(), None);
     // The first holder's tail makes output through the second, then the second's own tail.
     let out = run.finish().unwrap().unwrap();

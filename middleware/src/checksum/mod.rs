@@ -19,8 +19,8 @@ use sha2::{Digest as _, Sha256};
 
 use crate::ByteRange;
 use crate::chain::{
-    Digest, Form, OptionError, RangeDigest, Stage, StageError, StageFactory, StageOptions,
-    StagePlan, StageReport, StageState,
+    Digest, Form, OptionError, RangeDigest, Stage, StageContext, StageError, StageFactory,
+    StageOptions, StagePlan, StageReport, StageState,
 };
 
 pub use checkpoint::{CheckpointError, ShaCheckpoint};
@@ -161,7 +161,12 @@ impl StageFactory for ChecksumFactory {
         &self.identity
     }
 
-    fn plan(&self, output: ByteRange, input_len: u64) -> Result<StagePlan, StageError> {
+    fn plan(
+        &self,
+        output: ByteRange,
+        input_len: u64,
+        _: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError> {
         if output.end() > input_len {
             return Err(StageError::Plan {
                 range: output,
@@ -172,7 +177,7 @@ impl StageFactory for ChecksumFactory {
         Ok(StagePlan::identity(output))
     }
 
-    fn output_len(&self, input_len: u64) -> Option<u64> {
+    fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
         Some(input_len)
     }
 
@@ -190,6 +195,7 @@ impl StageFactory for ChecksumFactory {
         &self,
         at_input: u64,
         resume: Option<&StageState>,
+        _: &StageContext<'_>,
     ) -> Result<Box<dyn Stage>, StageError> {
         let resume_error = |reason: String| StageError::Resume { offset: at_input, reason };
         let sha = match (self.sha256, resume) {

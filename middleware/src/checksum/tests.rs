@@ -5,7 +5,17 @@ use proptest::prelude::*;
 use sha2::{Digest as _, Sha256};
 
 use super::*;
-use crate::chain::{Chain, ConfigError, OptionValue, StageRegistry};
+use crate::chain::{Chain, ConfigError, Learned, ObjectVersion, OptionValue, StageRegistry};
+
+/// The checksum stage looks at nothing in its context.
+const OBJECT: ObjectVersion<'static> =
+    ObjectVersion { route: "test", path: "/object", strong_etag: Some("\"v1\""), len: 0 };
+const CONTEXT: StageContext<'static> =
+    StageContext { object: &OBJECT, input_identity: "", segments: &[] };
+
+fn object(len: u64) -> ObjectVersion<'static> {
+    ObjectVersion { len, ..OBJECT }
+}
 
 fn factory(interval: u64) -> ChecksumFactory {
     ChecksumFactory::new(&[Algorithm::Sha256, Algorithm::Crc32], interval).unwrap()
@@ -19,7 +29,7 @@ fn pass(
     data: &[u8],
     cuts: &[usize],
 ) -> StageReport {
-    let mut stage = factory.start(start, resume).unwrap();
+    let mut stage = factory.start(start, resume, &CONTEXT).unwrap();
     let data = Bytes::copy_from_slice(data);
     let mut bounds: Vec<usize> = cuts.iter().map(|&cut| cut % (data.len() + 1)).collect();
     bounds.extend([0, data.len()]);
@@ -139,7 +149,7 @@ proptest! {
 fn a_report_is_available_before_the_end() {
     let factory = factory(128);
     let data = vec![1u8; 300];
-    let mut stage = factory.start(0, None).unwrap();
+    let mut stage = factory.start(0, None, &CONTEXT).unwrap();
     stage.push(Bytes::from(data[..200].to_vec())).unwrap();
     let report = stage.report().unwrap();
     let expected: [u8; 32] = Sha256::digest(&data[..200]).into();
@@ -153,13 +163,13 @@ fn resume_states_must_fit() {
     let factory = factory(128);
     let checkpoint = pass(&factory, 0, None, &[5u8; 256], &[]).checkpoints[0].clone();
     assert_eq!(checkpoint.offset(), 128);
-    let error = factory.start(64, Some(&checkpoint)).unwrap_err();
+    let error = factory.start(64, Some(&checkpoint), &CONTEXT).unwrap_err();
     assert_eq!(
         error.to_string(),
         "cannot resume at input byte 64: the state is for input byte 128"
     );
     let foreign = StageState::new(128, Bytes::from_static(b"gzip index"));
-    let error = factory.start(128, Some(&foreign)).unwrap_err();
+    let error = factory.start(128, Some(&foreign), &CONTEXT).unwrap_err();
     assert_eq!(error.to_string(), "cannot resume at input byte 128: not a SHA-256 checkpoint");
     // Without SHA-256 a state is not needed, and not looked at.
     let crc_only = ChecksumFactory::new(&[Algorithm::Crc32], 64).unwrap();
@@ -172,7 +182,7 @@ fn resume_states_must_fit() {
 
 #[test]
 fn offsets_never_overflow() {
-    let mut stage = factory(64).start(u64::MAX - 1, None).unwrap();
+    let mut stage = factory(64).start(u64::MAX - 1, None, &CONTEXT).unwrap();
     stage.push(Bytes::from_static(b"a")).unwrap();
     let error = stage.push(Bytes::from_static(b"bc")).unwrap_err();
     assert_eq!(
@@ -190,10 +200,10 @@ fn configuration() {
     assert_eq!(default.checkpoint_interval(), DEFAULT_CHECKPOINT_INTERVAL);
     assert!(default.observes_only());
     assert_eq!(default.accepts(), Form::Transformed);
-    assert_eq!(default.output_len(42), Some(42));
+    assert_eq!(default.output_len(42, &CONTEXT), Some(42));
     let range = ByteRange::new(3, 9).unwrap();
-    assert_eq!(default.plan(range, 9).unwrap(), StagePlan::identity(range));
-    assert!(default.plan(range, 8).is_err());
+    assert_eq!(default.plan(range, 9, &CONTEXT).unwrap(), StagePlan::identity(range));
+    assert!(default.plan(range, 8, &CONTEXT).is_err());
 
     let options = StageOptions::new()
         .with("algorithms", vec!["crc32", "crc32"])
@@ -276,8 +286,8 @@ fn in_a_chain_digests_the_bytes_at_its_place() {
     let registry = StageRegistry::new();
     let chain = registry.build_chain([("checksum", &StageOptions::new())]).unwrap();
     let data = Bytes::from((0..=255u8).cycle().take(10_000).collect::<Vec<u8>>());
-    let plan = chain.plan(whole(data.len()), data.len() as u64).unwrap();
-    let mut run = chain.start(&plan, &[]).unwrap();
+    let plan = chain.plan(whole(data.len()), &object(data.len() as u64), &Learned::new()).unwrap();
+    let mut run = chain.start(&plan, &object(data.len() as u64), &Learned::new(), &[]).unwrap();
     let out = run.push(data.clone()).unwrap().unwrap();
     assert_eq!(out.as_ptr(), data.as_ptr());
     run.finish().unwrap();
