@@ -18,7 +18,7 @@ const CHUNK: usize = 64 << 10;
 const OBJECT: ObjectVersion<'static> =
     ObjectVersion { route: "bench", path: "/object", strong_etag: Some("\"v1\""), len: 0 };
 const CONTEXT: StageContext<'static> =
-    StageContext { object: &OBJECT, input_identity: "", segments: &[] };
+    StageContext { object: &OBJECT, input_len: None, input_identity: "", segments: &[] };
 
 fn object(len: u64) -> ObjectVersion<'static> {
     ObjectVersion { len, ..OBJECT }

@@ -215,11 +215,13 @@ impl Chain {
     fn context<'a>(
         &'a self,
         index: usize,
+        input_len: Option<u64>,
         object: &'a ObjectVersion<'a>,
         learned: &'a Learned,
     ) -> StageContext<'a> {
         StageContext {
             object,
+            input_len,
             input_identity: self.identities.get(index).map_or("", String::as_str),
             segments: learned.segments(index),
         }
@@ -228,7 +230,7 @@ impl Chain {
     /// The output length for `object`, when every stage knows its own.
     pub fn output_len(&self, object: &ObjectVersion<'_>, learned: &Learned) -> Option<u64> {
         self.stages.iter().enumerate().try_fold(object.len, |len, (index, stage)| {
-            stage.output_len(len, &self.context(index, object, learned))
+            stage.output_len(len, &self.context(index, Some(len), object, learned))
         })
     }
 
@@ -246,9 +248,11 @@ impl Chain {
         let mut len = object.len;
         lens.push(len);
         for (index, stage) in self.stages.iter().enumerate() {
-            len =
-                stage.output_len(len, &self.context(index, object, learned)).ok_or_else(|| {
-                    ChainError::LengthUnknown { index, kind: stage.kind().to_owned() }
+            len = stage
+                .output_len(len, &self.context(index, Some(len), object, learned))
+                .ok_or_else(|| ChainError::LengthUnknown {
+                    index,
+                    kind: stage.kind().to_owned(),
                 })?;
             lens.push(len);
         }
@@ -258,7 +262,7 @@ impl Chain {
         let mut plans = Vec::with_capacity(self.stages.len());
         let mut wanted = output;
         for (index, (stage, &input_len)) in self.stages.iter().zip(&lens).enumerate().rev() {
-            let context = self.context(index, object, learned);
+            let context = self.context(index, Some(input_len), object, learned);
             let plan = stage.plan(wanted, input_len, &context).map_err(|error| {
                 ChainError::Stage { index, kind: stage.kind().to_owned(), error }
             })?;
@@ -278,7 +282,9 @@ impl Chain {
             wanted = plan.input;
         }
         plans.reverse();
-        Ok(ChainPlan { origin: wanted, stages: plans, output, exact: true })
+        lens.pop();
+        let input_lens = lens.into_iter().map(Some).collect();
+        Ok(ChainPlan { origin: wanted, stages: plans, input_lens, output, exact: true })
     }
 
     /// Plans one pass over the whole origin producing the whole output, which works even when
@@ -286,14 +292,17 @@ impl Chain {
     pub fn plan_whole(&self, object: &ObjectVersion<'_>, learned: &Learned) -> ChainPlan {
         let mut len = Some(object.len);
         let mut stages = Vec::with_capacity(self.stages.len());
+        let mut input_lens = Vec::with_capacity(self.stages.len());
         for (index, stage) in self.stages.iter().enumerate() {
             stages.push(StagePlan { input: ByteRange::whole(len.unwrap_or(u64::MAX)), skip: 0 });
-            let context = self.context(index, object, learned);
+            input_lens.push(len);
+            let context = self.context(index, len, object, learned);
             len = len.and_then(|len| stage.output_len(len, &context));
         }
         ChainPlan {
             origin: ByteRange::whole(object.len),
             stages,
+            input_lens,
             output: ByteRange::whole(len.unwrap_or(u64::MAX)),
             exact: len.is_some(),
         }
@@ -322,7 +331,8 @@ impl Chain {
         let mut running = Vec::with_capacity(stages);
         for (index, (factory, stage_plan)) in self.stages.iter().zip(&plan.stages).enumerate() {
             let state = resume.get(index).copied().flatten();
-            let context = self.context(index, object, learned);
+            let input_len = plan.input_lens.get(index).copied().flatten();
+            let context = self.context(index, input_len, object, learned);
             let stage =
                 factory.start(stage_plan.input.start(), state, &context).map_err(|error| {
                     ChainError::Stage { index, kind: factory.kind().to_owned(), error }
@@ -349,6 +359,8 @@ impl Chain {
 pub struct ChainPlan {
     origin: ByteRange,
     stages: Vec<StagePlan>,
+    /// The whole input length of each stage, where known.
+    input_lens: Vec<Option<u64>>,
     output: ByteRange,
     /// Whether the output's end is known, so that a run ending before it is an error.
     exact: bool,

@@ -98,12 +98,18 @@ pub struct ObjectVersion<'a> {
 }
 
 /// One segment of a stage whose output is made of independently produced pieces (a compressor's
-/// blocks): how long its output is and the CRC32 of that output, so a regenerated segment can be
-/// checked before any byte of it is sent. What input a segment covers is the stage's own rule.
+/// blocks). What input a segment covers is the stage's own rule; the entry records what came of
+/// it, so that a later pass can place any output offset without producing what lies before it,
+/// check a regenerated segment before any byte of it is sent, and combine checksums of the input
+/// it did not see.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Segment {
+    /// Length of the segment's output.
     pub output_len: u64,
-    pub crc32: u32,
+    /// CRC32 of the segment's output.
+    pub output_crc32: u32,
+    /// CRC32 of the segment's input.
+    pub input_crc32: u32,
 }
 
 /// Per request, what a stage is told beyond its input bytes.
@@ -111,6 +117,8 @@ pub struct Segment {
 pub struct StageContext<'a> {
     /// The object version the chain's input comes from.
     pub object: &'a ObjectVersion<'a>,
+    /// The length of the stage's whole input (not only the planned part), when known.
+    pub input_len: Option<u64>,
     /// The identity of the bytes entering the stage: empty for the origin's own, else the
     /// identities of the transforming stages before it (see [`Chain::identity`](super::Chain::identity)).
     /// A stage that derives anything from its input (a salt) includes it.

@@ -11,7 +11,7 @@ use crate::chain::{Chain, ConfigError, Learned, ObjectVersion, OptionValue, Stag
 const OBJECT: ObjectVersion<'static> =
     ObjectVersion { route: "test", path: "/object", strong_etag: Some("\"v1\""), len: 0 };
 const CONTEXT: StageContext<'static> =
-    StageContext { object: &OBJECT, input_identity: "", segments: &[] };
+    StageContext { object: &OBJECT, input_len: None, input_identity: "", segments: &[] };
 
 fn object(len: u64) -> ObjectVersion<'static> {
     ObjectVersion { len, ..OBJECT }
