@@ -7,11 +7,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use rangeway::config::{Config, ConfigErrors};
 use rangeway::server;
+use rangeway_middleware::chain::StageRegistry;
 use tracing_subscriber::EnvFilter;
-
-/// Middleware kinds this build can run. Stages land with their own issues; until then a route
-/// naming one is refused at load time rather than served without it.
-const MIDDLEWARE_KINDS: &[&str] = &[];
 
 /// rangeway — a reverse proxy that makes every download resumable at any byte.
 ///
@@ -53,8 +50,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    let registry = StageRegistry::new();
     match cli.command {
-        Command::Check { config } => match load(config.as_deref()) {
+        Command::Check { config } => match load(config.as_deref(), &registry) {
             Ok(loaded) => {
                 println!(
                     "{}: ok ({} upstreams, {} routes)",
@@ -67,11 +65,11 @@ fn main() -> ExitCode {
             Err(errors) => config_failure(config.as_deref(), &errors),
         },
         Command::Serve { config } => {
-            let loaded = match load(config.as_deref()) {
+            let loaded = match load(config.as_deref(), &registry) {
                 Ok(loaded) => loaded,
                 Err(errors) => return config_failure(config.as_deref(), &errors),
             };
-            match server::run(&loaded) {
+            match server::run(&loaded, &registry) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("rangeway: cannot start: {e}");
@@ -82,11 +80,16 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(path: Option<&Path>) -> Result<Config, ConfigErrors> {
-    match path {
-        Some(path) => Config::load(path, MIDDLEWARE_KINDS),
-        None => Config::load_default(MIDDLEWARE_KINDS),
-    }
+/// The config at `path` (or the embedded default), with every route's chain built: a stage's bad
+/// option is a config problem like any other.
+fn load(path: Option<&Path>, registry: &StageRegistry) -> Result<Config, ConfigErrors> {
+    let kinds: Vec<&str> = registry.kinds().collect();
+    let config = match path {
+        Some(path) => Config::load(path, &kinds),
+        None => Config::load_default(&kinds),
+    }?;
+    config.build_chains(registry)?;
+    Ok(config)
 }
 
 fn source_name(path: Option<&Path>) -> String {

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
 use pingora_core::services::listening::Service;
+use rangeway_middleware::chain::StageRegistry;
 use rangeway_middleware::rfc9110::RangeLimits;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -36,6 +37,9 @@ pub enum StartError {
     StoreRuntime(std::io::Error),
     #[error("cannot start the server thread: {0}")]
     Thread(std::io::Error),
+    /// Middleware the registry cannot build (`rangeway check` reports these first).
+    #[error("{0}")]
+    Middleware(crate::config::ConfigErrors),
     #[error("routes[{index}].path_prefix: {source}")]
     Route { index: usize, source: crate::proxy::path::PathError },
 }
@@ -56,7 +60,11 @@ pub struct Endpoints {
 pub struct StoreRuntime(tokio::runtime::Runtime);
 
 /// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
-pub fn build(config: &Config) -> Result<(Server, Endpoints, StoreRuntime), StartError> {
+pub fn build(
+    config: &Config,
+    registry: &StageRegistry,
+) -> Result<(Server, Endpoints, StoreRuntime), StartError> {
+    let chains = config.build_chains(registry).map_err(StartError::Middleware)?;
     let store_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("rangeway-store")
@@ -135,7 +143,7 @@ pub fn build(config: &Config) -> Result<(Server, Endpoints, StoreRuntime), Start
 
     let mut routes = Vec::with_capacity(config.routes.len());
     let mut samples = Vec::new();
-    for (index, route) in config.routes.iter().enumerate() {
+    for (index, (route, chain)) in config.routes.iter().zip(chains).enumerate() {
         let Some(upstream) = upstreams.get(&route.upstream) else {
             continue; // Config::load has refused unknown upstream names.
         };
@@ -153,6 +161,7 @@ pub fn build(config: &Config) -> Result<(Server, Endpoints, StoreRuntime), Start
                 &route.path_prefix,
                 route.strip_prefix,
                 Arc::clone(upstream),
+                chain,
             )
             .map_err(|source| StartError::Route { index, source })?,
         );
@@ -180,8 +189,8 @@ pub fn build(config: &Config) -> Result<(Server, Endpoints, StoreRuntime), Start
 
 /// Runs until SIGTERM (graceful: drains for `grace_period`), SIGINT (fast) or SIGQUIT (hand the
 /// listening sockets to a new process).
-pub fn run(config: &Config) -> Result<(), StartError> {
-    let (server, endpoints, _store) = build(config)?;
+pub fn run(config: &Config, registry: &StageRegistry) -> Result<(), StartError> {
+    let (server, endpoints, _store) = build(config, registry)?;
     announce(&endpoints);
     server.run(RunArgs::default());
     Ok(())
@@ -212,8 +221,8 @@ pub struct Running {
 
 impl Running {
     /// Starts the server and waits until the proxy and admin listeners accept connections.
-    pub fn start(config: &Config) -> Result<Self, StartError> {
-        let (server, endpoints, store) = build(config)?;
+    pub fn start(config: &Config, registry: &StageRegistry) -> Result<Self, StartError> {
+        let (server, endpoints, store) = build(config, registry)?;
         let (stop, stopped) = oneshot::channel();
         let watch = FastShutdownOn(Mutex::new(Some(stopped)));
         let thread = std::thread::Builder::new()

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use rangeway::config::{Config, RedisTarget, StateBackend, StateConfig};
 use rangeway::state::{
-    self, Delivery, DownloadSession, MAX_EXACT, MAX_VERSIONS, ObjectRecord, ObjectVersion,
-    RedisOptions, RedisStore, StateStore, StoreError,
+    self, Delivery, DownloadSession, Lookup, MAX_EXACT, MAX_VERSIONS, ObjectRecord, ObjectVersion,
+    RedisOptions, RedisStore, StageFacts, StateStore, StoreError,
 };
 use rangeway_middleware::ByteRange;
+use rangeway_middleware::chain::{Digest as StageDigest, RangeDigest, Segment, StageState};
 use sha2::{Digest, Sha256};
 use support::redis::{RedisCluster, RedisServer};
 
@@ -117,6 +118,7 @@ fn delivery(
         route: "files".to_owned(),
         client: "127.0.0.1".to_owned(),
         version: version.clone(),
+        origin_version: version.clone(),
         range,
         bytes: range.len(),
         now,
@@ -143,11 +145,66 @@ async fn contract(backend: &Backend) {
     downloads_are_listed_newest_first_in_pages(backend).await;
     hostile_ids_work_and_keys_stay_bounded(backend).await;
     entries_expire_after_the_ttl_from_their_last_write(backend).await;
+    stage_facts_merge_per_version(backend).await;
+}
+
+fn facts(version: &str, offset: u64, k: u64) -> StageFacts {
+    StageFacts {
+        version: version.to_owned(),
+        digests: vec![RangeDigest {
+            range: ByteRange::new(offset, offset + 10).expect("valid"),
+            digest: StageDigest::Crc32(u32::try_from(offset).expect("small")),
+        }],
+        checkpoints: vec![StageState::new(
+            offset,
+            bytes::Bytes::from(vec![u8::try_from(k).expect("small"); 45]),
+        )],
+        segments: [(k, Segment { output_len: k + 1, output_crc32: 7, input_crc32: 9 })].into(),
+    }
+}
+
+/// What stages learn is merged field by field, by concurrent writers too, per stage key; facts
+/// of another version replace the old ones whole.
+async fn stage_facts_merge_per_version(backend: &Backend) {
+    let (store, _) = backend.store("1h").await;
+    let object = "files|/f.bin";
+    let stages = ["0||checksum(sha256)".to_owned(), "1||gzip".to_owned()];
+    let v1 = StageFacts::version_of("\"v1\"", 100);
+    let writes = (0..8u64).map(|k| {
+        let store = Arc::clone(&store);
+        let facts = facts(&v1, k * 10, k);
+        async move { store.learn(object, "0||checksum(sha256)", &facts).await }
+    });
+    for result in futures_util::future::join_all(writes).await {
+        result.expect("learn");
+    }
+    let found = store.lookup("nobody", object, &stages).await.expect("lookup");
+    assert_eq!(found.facts.len(), 2);
+    let first = found.facts[0].as_ref().expect("facts of stage 0");
+    assert_eq!(first.version, v1);
+    assert_eq!(first.checkpoints.len(), 8, "every concurrent writer's state is kept");
+    assert_eq!(first.segments.len(), 8);
+    assert_eq!(first.contiguous_segments().len(), 8);
+    assert_eq!(first.digests.len(), 8);
+    assert!(first.checkpoints.windows(2).all(|w| w[0].offset() < w[1].offset()));
+    assert_eq!(found.facts[1], None, "another stage key learned nothing");
+
+    let v2 = StageFacts::version_of("\"v2\"", 100);
+    store.learn(object, "0||checksum(sha256)", &facts(&v2, 50, 3)).await.expect("learn");
+    let found = store.lookup("nobody", object, &stages).await.expect("lookup");
+    let first = found.facts[0].as_ref().expect("facts of stage 0");
+    assert_eq!(first.version, v2);
+    assert_eq!((first.checkpoints.len(), first.segments.len(), first.digests.len()), (1, 1, 1));
+    assert_eq!(first.segments.get(&3).map(|s| s.output_len), Some(4));
+    assert_eq!(first.contiguous_segments(), vec![], "segment 3 alone is not from 0");
 }
 
 async fn nothing_is_found(backend: &Backend) {
     let (store, _) = backend.store("1h").await;
-    assert_eq!(store.lookup("nope", "files|/nothing").await.expect("lookup"), (None, None));
+    assert_eq!(
+        store.lookup("nope", "files|/nothing", &[]).await.expect("lookup"),
+        Lookup::default()
+    );
     assert_eq!(store.download("nope").await.expect("download"), None);
     assert_eq!(store.object("files|/nothing").await.expect("object"), None);
     assert!(store.downloads(false, 0, 100).await.expect("downloads").is_empty());
@@ -173,14 +230,15 @@ async fn record_creates_the_session_and_the_object(backend: &Backend) {
     assert_eq!(session, expected);
     assert_eq!(intervals(&session), [(0, 100)]);
 
-    let (found, object) = store.lookup("d1", "files|/a.bin").await.expect("lookup");
+    let Lookup { session: found, object, .. } =
+        store.lookup("d1", "files|/a.bin", &[]).await.expect("lookup");
     assert_eq!(found.as_ref(), Some(&session));
     let object = object.expect("the object is recorded");
     assert_eq!(object, ObjectRecord::new("files|/a.bin", &v1, T0));
     assert_eq!(store.download("d1").await.expect("download"), Some(session));
     assert_eq!(store.object("files|/a.bin").await.expect("object"), Some(object));
     // Another object, another download: still nothing.
-    assert_eq!(store.lookup("d2", "files|/b.bin").await.expect("lookup"), (None, None));
+    assert_eq!(store.lookup("d2", "files|/b.bin", &[]).await.expect("lookup"), Lookup::default());
 }
 
 async fn ranges_merge_and_complete(backend: &Backend) {
@@ -287,7 +345,7 @@ async fn numbers_up_to_2_pow_53_are_kept_exactly(backend: &Backend) {
     let too_big = ObjectVersion { size: MAX_EXACT + 1, ..v };
     let refused = store.record(&delivery("huge", "files|/huge", &too_big, (0, 1), T0)).await;
     assert!(matches!(refused, Err(StoreError::Rejected(_))), "{refused:?}");
-    assert_eq!(store.lookup("huge", "files|/huge").await.expect("lookup"), (None, None));
+    assert_eq!(store.lookup("huge", "files|/huge", &[]).await.expect("lookup"), Lookup::default());
     assert!(store.health().is_up(), "a refused input says nothing about the store");
 }
 
@@ -379,7 +437,8 @@ async fn hostile_ids_work_and_keys_stay_bounded(backend: &Backend) {
     }
     for (i, id) in hostile.iter().enumerate() {
         let object = format!("files|/{id}");
-        let (session, record) = store.lookup(id, &object).await.expect("lookup");
+        let Lookup { session, object: record, .. } =
+            store.lookup(id, &object, &[]).await.expect("lookup");
         let session = session.unwrap_or_else(|| panic!("no session for {id:?}"));
         assert_eq!((session.id.as_str(), intervals(&session)), (*id, vec![(0, i as u64 + 1)]));
         assert_eq!(record.map(|r| r.key), Some(object));
@@ -406,11 +465,11 @@ async fn entries_expire_after_the_ttl_from_their_last_write(backend: &Backend) {
     // A write refreshes the TTL: 2.4 s after the first write, the entries are still there.
     store.record(&delivery("t", "files|/t", &v, (10, 20), T0 + 1)).await.expect("record");
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let (session, object) = store.lookup("t", "files|/t").await.expect("lookup");
+    let Lookup { session, object, .. } = store.lookup("t", "files|/t", &[]).await.expect("lookup");
     assert_eq!(session.map(|s| intervals(&s)), Some(vec![(0, 20)]));
     assert!(object.is_some());
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert_eq!(store.lookup("t", "files|/t").await.expect("lookup"), (None, None));
+    assert_eq!(store.lookup("t", "files|/t", &[]).await.expect("lookup"), Lookup::default());
     assert!(store.downloads(false, 0, 10).await.expect("downloads").is_empty());
     // What expired does not come back: a new delivery begins a new session.
     let s = store.record(&delivery("t", "files|/t", &v, (20, 30), T0 + 9)).await.expect("record");
@@ -517,7 +576,7 @@ async fn every_operation_fails_within(store: &RedisStore, limit: Duration) {
     let v = version("o", 10);
     let d = delivery("o", "files|/o", &v, (0, 5), T0);
     let started = Instant::now();
-    assert!(store.lookup("o", "files|/o").await.is_err());
+    assert!(store.lookup("o", "files|/o", &[]).await.is_err());
     assert!(started.elapsed() < limit, "lookup took {:?}", started.elapsed());
     for (name, failed) in [
         ("record", store.record(&d).await.is_err()),
@@ -534,7 +593,7 @@ async fn every_operation_fails_within(store: &RedisStore, limit: Duration) {
 async fn until_answered(store: &RedisStore, within: Duration) -> Duration {
     let started = Instant::now();
     loop {
-        if store.lookup("o", "files|/o").await.is_ok() {
+        if store.lookup("o", "files|/o", &[]).await.is_ok() {
             return started.elapsed();
         }
         assert!(started.elapsed() < within, "the store did not recover within {within:?}");
@@ -573,7 +632,7 @@ async fn an_outage_fails_fast_is_logged_once_and_heals_by_itself() {
     assert!(!store.health().is_up());
     for _ in 0..50 {
         let started = Instant::now();
-        assert!(store.lookup("o", "files|/o").await.is_err());
+        assert!(store.lookup("o", "files|/o", &[]).await.is_err());
         assert!(started.elapsed() < Duration::from_millis(1500));
     }
     let errors = store.health().errors_total();
@@ -627,11 +686,11 @@ async fn a_hung_redis_costs_one_timeout_then_fails_fast() {
     until_answered(&store, Duration::from_secs(5)).await;
     server.pause();
     let started = Instant::now();
-    let first = store.lookup("o", "files|/o").await;
+    let first = store.lookup("o", "files|/o", &[]).await;
     assert!(matches!(first, Err(StoreError::Timeout(_))), "{first:?}");
     assert!(started.elapsed() < Duration::from_millis(1000), "{:?}", started.elapsed());
     let started = Instant::now();
-    assert!(store.lookup("o", "files|/o").await.is_err());
+    assert!(store.lookup("o", "files|/o", &[]).await.is_err());
     assert!(started.elapsed() < Duration::from_millis(50), "not fast: {:?}", started.elapsed());
     server.resume();
     until_answered(&store, Duration::from_secs(10)).await;
@@ -682,7 +741,8 @@ async fn store_latency() {
             store.record(&d).await.expect("record");
             record.push(started.elapsed());
             let started = Instant::now();
-            let (session, object) = store.lookup(&id, "files|/bench").await.expect("lookup");
+            let Lookup { session, object, .. } =
+                store.lookup(&id, "files|/bench", &[]).await.expect("lookup");
             lookup.push(started.elapsed());
             assert!(session.is_some() && object.is_some());
         }

@@ -80,13 +80,22 @@ fn passthrough_and_sliced_bodies_are_not_copied() {
     let half = LEN / 2;
     let sliced = allocated_during(&slicing.url("/big.bin"), Some(&format!("{half}-")), half);
 
+    // A route whose only stage is a checksum: the stage looks at each chunk and hands it on.
+    let checksum = Proxy::start(&format!(
+        "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n  algorithms = [\"sha256\", \"crc32\"]\n",
+        nginx.base_url()
+    ));
+    let checksummed = allocated_during(&checksum.url("/big.bin"), None, LEN);
+
     let per_byte = |allocated: u64| allocated as f64 / LEN as f64;
     eprintln!(
-        "allocated per body byte read from the origin: passthrough {:.3}, sliced {:.3}",
+        "allocated per body byte read from the origin: passthrough {:.3}, sliced {:.3}, checksum {:.3}",
         per_byte(passthrough),
-        per_byte(sliced)
+        per_byte(sliced),
+        per_byte(checksummed)
     );
     // One copy of the body would double these; 1.5 leaves room for pingora's buffer sizing.
     assert!(per_byte(passthrough) < 1.5, "passthrough allocated {passthrough} bytes for {LEN}");
     assert!(per_byte(sliced) < 1.5, "sliced allocated {sliced} bytes for {LEN}");
+    assert!(per_byte(checksummed) < 1.5, "checksum allocated {checksummed} bytes for {LEN}");
 }

@@ -23,6 +23,7 @@ pub struct Metrics {
     upstream_ignored_range: IntCounterVec,
     resumes_refused: IntCounterVec,
     origin_digest_mismatches: IntCounterVec,
+    middleware_errors: IntCounterVec,
     duration: HistogramVec,
     active: IntGauge,
 }
@@ -75,6 +76,14 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
+        let middleware_errors = IntCounterVec::new(
+            Opts::new(
+                "rangeway_middleware_errors_total",
+                "Responses cut because a stage of the route's middleware failed (a regenerated block that does not match its index, say).",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
         let duration = HistogramVec::new(
             HistogramOpts::new(
                 "rangeway_request_duration_seconds",
@@ -96,6 +105,7 @@ impl Metrics {
             Box::new(upstream_ignored_range.clone()),
             Box::new(resumes_refused.clone()),
             Box::new(origin_digest_mismatches.clone()),
+            Box::new(middleware_errors.clone()),
             Box::new(duration.clone()),
             Box::new(active.clone()),
         ] {
@@ -116,6 +126,7 @@ impl Metrics {
             upstream_ignored_range,
             resumes_refused,
             origin_digest_mismatches,
+            middleware_errors,
             duration,
             active,
         }
@@ -141,6 +152,10 @@ impl Metrics {
 
     pub fn origin_digest_mismatch(&self, route: &str) {
         self.origin_digest_mismatches.with_label_values(&[route]).inc();
+    }
+
+    pub fn middleware_error(&self, route: &str) {
+        self.middleware_errors.with_label_values(&[route]).inc();
     }
 
     /// Counts a response in flight until the returned guard is dropped.

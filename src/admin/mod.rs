@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 
 use crate::config::AdminToken;
 use crate::proxy::path::NormalizedPath;
-use crate::proxy::routing::RouteTable;
+use crate::proxy::representation::current_digests;
+use crate::proxy::routing::{Route, RouteTable};
 use crate::state::{DownloadSession, StateStore};
 use metrics::Metrics;
 
@@ -88,14 +89,26 @@ impl Admin {
                     &json!({"error": "give ?path=/route/path/of/the/object (and &host= for a host route)"}),
                 );
             };
-            self.store.object(&object).await.map(|found| match found {
-                Some(record) => {
-                    (StatusCode::OK, serde_json::to_value(&record).unwrap_or(Value::Null))
+            let (object, route, path) = object;
+            self.store.lookup("", &object, &route.stage_keys).await.map(|found| {
+                match found.object {
+                    Some(record) => {
+                        let digests: serde_json::Map<String, Value> =
+                            current_digests(&route, &path, &record.current, found.facts)
+                                .into_iter()
+                                .map(|(name, value)| (name.to_owned(), Value::String(value)))
+                                .collect();
+                        let mut body = serde_json::to_value(&record).unwrap_or(Value::Null);
+                        if let Value::Object(fields) = &mut body {
+                            fields.insert("digests".to_owned(), Value::Object(digests));
+                        }
+                        (StatusCode::OK, body)
+                    }
+                    None => (
+                        StatusCode::NOT_FOUND,
+                        json!({"error": "no such object known", "object": object}),
+                    ),
                 }
-                None => (
-                    StatusCode::NOT_FOUND,
-                    json!({"error": "no such object known", "object": object}),
-                ),
             })
         } else {
             Ok((
@@ -111,14 +124,15 @@ impl Admin {
         }
     }
 
-    /// The store's key of the object a client path names, through the same routes as the proxy.
-    fn object_key(&self, query: &str) -> Option<String> {
+    /// The store's key of the object a client path names, through the same routes as the proxy,
+    /// with that route and the path.
+    fn object_key(&self, query: &str) -> Option<(String, Arc<Route>, String)> {
         let raw = param(query, "path")?;
         let decoded = percent_encoding::percent_decode_str(&raw).decode_utf8().ok()?;
         let path = NormalizedPath::parse(&decoded).ok()?;
         let host = param(query, "host").map(|h| h.to_ascii_lowercase());
         let route = self.routes.find(host.as_deref(), &path)?;
-        Some(format!("{}|{path}", route.name))
+        Some((format!("{}|{path}", route.name), Arc::clone(route), path.to_string()))
     }
 
     async fn proxy_accepts(&self) -> bool {

@@ -39,6 +39,7 @@
 //! A [`Config`] is only made by the loaders, all checks passed: every field is valid and
 //! cross-references (route -> upstream) resolve.
 
+mod chains;
 mod errors;
 mod host;
 mod read;

@@ -9,6 +9,7 @@
 
 pub mod download;
 pub mod path;
+pub(crate) mod representation;
 pub mod routing;
 pub mod upstream;
 
@@ -22,9 +23,10 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use rangeway_middleware::checksum::parse_repr_digest_sha256;
+use rangeway_middleware::chain::ObjectVersion as StageObject;
+use rangeway_middleware::checksum::{parse_repr_digest_sha256, want_repr_digest_sha256};
 use rangeway_middleware::rfc9110::{
-    ContentRange, MultipartBody, MultipartPlan, RangeLimits, RangeSpec, content_range,
+    ContentRange, MultipartBody, MultipartPlan, RangeLimits, RangeSpec, Resolution, content_range,
     parse_content_range, unsatisfied_content_range,
 };
 use rangeway_middleware::{ByteRange, Window};
@@ -36,6 +38,9 @@ use crate::range::{ClientRange, Shape, shape_response};
 use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore};
 use download::{DOWNLOAD_ID, RESUME_OFFSET, download_id, object_version};
 use path::NormalizedPath;
+use representation::{
+    ChainPass, Known, ORIGIN_DIGEST_HEADERS, digest_headers, representation_etag, version_key,
+};
 use routing::{Route, RouteTable, request_host};
 
 /// The error of a body that fails the digest its origin published.
@@ -100,6 +105,15 @@ pub struct RequestCtx {
     _active: Option<ActiveDownload>,
     download: Option<DownloadCtx>,
     origin_digest: Option<OriginDigestCheck>,
+    /// On a route with middleware: what the store knows of the object and its stages.
+    known: Option<Known>,
+    /// The object's path on the upstream, as the stages are told it.
+    object_path: String,
+    /// On a route that transforms: the origin's strong ETag the planned range was made for, sent
+    /// upstream as If-Range so that a changed object comes whole.
+    planned_for: Option<String>,
+    /// The route's middleware running over the upstream body.
+    pass: Option<ChainPass>,
 }
 
 /// A full pass of an upstream body checked against the SHA-256 its origin published for it.
@@ -160,6 +174,8 @@ struct DownloadCtx {
     changed: bool,
     /// The version this response delivers, and where in it the body starts.
     delivering: Option<(ObjectVersion, u64)>,
+    /// The origin's version behind it (the same on a route that does not transform).
+    origin_version: Option<ObjectVersion>,
 }
 
 impl Default for RequestCtx {
@@ -179,6 +195,10 @@ impl Default for RequestCtx {
             _active: None,
             download: None,
             origin_digest: None,
+            known: None,
+            object_path: String::new(),
+            planned_for: None,
+            pass: None,
         }
     }
 }
@@ -192,6 +212,7 @@ impl RequestCtx {
     fn delivery(&self, sent: u64) -> Option<Delivery> {
         let download = self.download.as_ref()?;
         let (version, start) = download.delivering.as_ref()?;
+        let origin_version = download.origin_version.as_ref().unwrap_or(version);
         let range = ByteRange::from_len(*start, sent).filter(|r| !r.is_empty())?;
         Some(Delivery {
             id: download.id.clone(),
@@ -199,6 +220,7 @@ impl RequestCtx {
             route: self.route_name().to_owned(),
             client: download.client.clone(),
             version: version.clone(),
+            origin_version: origin_version.clone(),
             range,
             bytes: sent,
             now: unix_now(),
@@ -234,6 +256,286 @@ impl DownloadCtx {
             _ => None,
         };
         self.delivering = version.zip(start);
+        Ok(())
+    }
+}
+
+impl Rangeway {
+    /// On a route whose stages only observe: publishes what the store knows (digests), and runs
+    /// the stages over the upstream body to learn more.
+    fn observe(
+        &self,
+        session: &Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        version: Option<&crate::state::ObjectVersion>,
+        upstream_stream: Option<ByteRange>,
+    ) -> Result<()> {
+        let Some(version) = version else { return Ok(()) };
+        let known = ctx.known.take().unwrap_or_default().for_version(version_key(version));
+        let path = std::mem::take(&mut ctx.object_path);
+        let object = StageObject {
+            route: &route.name,
+            path: &path,
+            strong_etag: version.etag.as_deref().filter(|_| version.strong),
+            len: version.size,
+        };
+        let lens = route.chain.lengths(&object, &known.learned());
+        let req = session.req_header();
+        let want = want_repr_digest_sha256(
+            req.headers.get_all("want-repr-digest").iter().map(HeaderValue::as_bytes),
+        );
+        for (name, value) in digest_headers(&route.chain, &known, &lens, want) {
+            response.insert_header(name, value)?;
+        }
+        let (Some(stream), true) = (upstream_stream, req.method == Method::GET) else {
+            return Ok(());
+        };
+        if matches!(ctx.body, BodyPlan::Discard) {
+            return Ok(());
+        }
+        // Every chunk passes the stages as it is (they only look), before it is cut for the
+        // client: the stages see the upstream's bytes at their places in the object.
+        let plan = route.chain.plan(stream, &object, &known.learned()).map_err(|e| {
+            Error::because(ErrorType::InternalError, "planning the route's middleware", e)
+        })?;
+        ctx.pass =
+            Some(ChainPass::start(&route.chain, &plan, &object, known, stream.start()).map_err(
+                |e| Error::because(ErrorType::InternalError, "starting the route's middleware", e),
+            )?);
+        Ok(())
+    }
+
+    /// On a route that transforms: the transformed representation's answer. Its length, ETag and
+    /// ranges come from the chain and the origin's version; the client's range and validators
+    /// are evaluated against them; the chain is started for the output range to send.
+    fn transformed_response(
+        &self,
+        session: &Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        version: Option<crate::state::ObjectVersion>,
+    ) -> Result<()> {
+        let status = response.status.as_u16();
+        for name in HOP_BY_HOP {
+            response.remove_header(name);
+        }
+        response.append_header(header::VIA, VIA)?;
+        if !matches!(status, 200 | 206) {
+            // Errors, 304 (If-Modified-Since holds for both representations), and refusals of
+            // the planned range: nothing of the origin's bytes is sent.
+            response.remove_header(&header::ETAG);
+            response.remove_header(&header::CONTENT_RANGE);
+            return Ok(());
+        }
+        let stream = upstream_stream(status, &response.headers);
+        let (Some(version), Some(stream)) = (version, stream) else {
+            return self.refuse(
+                response,
+                ctx,
+                route,
+                "the upstream did not say the object's length, which the route's middleware needs",
+            );
+        };
+        let known = ctx.known.take().unwrap_or_default().for_version(version_key(&version));
+        let strong_etag = version.etag.as_deref().filter(|_| version.strong);
+        let path = std::mem::take(&mut ctx.object_path);
+        let object =
+            StageObject { route: &route.name, path: &path, strong_etag, len: version.size };
+        let learned = known.learned();
+        let lens = route.chain.lengths(&object, &learned);
+        let output_len = lens.last().copied().flatten();
+        let etag = strong_etag.map(|etag| representation_etag(etag, &route.chain));
+        // Resume safety, as for the origin's own bytes: a bare resume of a download begun on
+        // another version is refused.
+        if let Some(download) = ctx.download.as_mut()
+            && let Some(guard) = download.guard.take()
+            && etag.as_deref() != Some(guard.as_str())
+        {
+            download.changed = true;
+            self.metrics.resume_refused(&route.name);
+            let id = download.id.clone();
+            return refuse_changed(response, ctx, &id);
+        }
+        // Ranges only of what can be made again byte for byte: a version pinned by a strong
+        // ETag, of a known length.
+        let rangeable = etag.is_some() && output_len.is_some();
+        let mut own = http::HeaderMap::new();
+        if let Some(etag) = etag.as_deref().and_then(|e| HeaderValue::from_str(e).ok()) {
+            own.insert(header::ETAG, etag);
+        }
+        if let Some(modified) = response.headers.get(header::LAST_MODIFIED) {
+            own.insert(header::LAST_MODIFIED, modified.clone());
+        }
+        if let Some(len) = output_len {
+            own.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+        let client_range = if rangeable { ctx.client_range.clone() } else { ClientRange::Absent };
+        let req = session.req_header();
+        let shape = shape_response(
+            &req.method,
+            &req.headers,
+            &client_range,
+            None,
+            200,
+            &own,
+            SystemTime::now(),
+        );
+        let want = want_repr_digest_sha256(
+            req.headers.get_all("want-repr-digest").iter().map(HeaderValue::as_bytes),
+        );
+        let is_get = req.method == Method::GET;
+        for name in ORIGIN_DIGEST_HEADERS.iter().copied().chain([
+            "etag",
+            "content-range",
+            "accept-ranges",
+            "content-length",
+            "transfer-encoding",
+        ]) {
+            response.remove_header(name);
+        }
+        if let Some(etag) = &etag {
+            response.insert_header(header::ETAG, etag.as_str())?;
+        }
+        let output = match shape {
+            Shape::Forward => {
+                response.set_status(StatusCode::OK)?;
+                match output_len {
+                    Some(len) => response.insert_header(header::CONTENT_LENGTH, len)?,
+                    None => response.insert_header(header::TRANSFER_ENCODING, "chunked")?,
+                }
+                if rangeable {
+                    response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+                }
+                output_len.map(ByteRange::whole)
+            }
+            Shape::Single { range, complete_len, .. } => {
+                let value = content_range(range, complete_len);
+                set_partial(response, range.len(), &value)?;
+                ctx.served = value;
+                Some(range)
+            }
+            Shape::Multiple { ranges, complete_len, .. } => {
+                let covering = match (ranges.first(), ranges.last()) {
+                    (Some(first), Some(last)) => ByteRange::new(first.start(), last.end()),
+                    _ => None,
+                };
+                let Some(covering) = covering else {
+                    return self.refuse(response, ctx, route, "no ranges to send");
+                };
+                self.multipart(response, ctx, &ranges, complete_len, covering.start())?;
+                Some(covering)
+            }
+            Shape::Unsatisfiable { complete_len } => {
+                empty_answer(response, StatusCode::RANGE_NOT_SATISFIABLE)?;
+                response.insert_header(
+                    header::CONTENT_RANGE,
+                    unsatisfied_content_range(complete_len),
+                )?;
+                response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+                ctx.body = BodyPlan::Discard;
+                None
+            }
+            Shape::NotModified => {
+                empty_answer(response, StatusCode::NOT_MODIFIED)?;
+                response.remove_header(&header::CONTENT_LENGTH);
+                ctx.body = BodyPlan::Discard;
+                None
+            }
+            Shape::PreconditionFailed => {
+                empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
+                ctx.body = BodyPlan::Discard;
+                None
+            }
+            Shape::BadGateway(reason) => return self.refuse(response, ctx, route, reason),
+        };
+        for (name, value) in digest_headers(&route.chain, &known, &lens, want) {
+            response.insert_header(name, value)?;
+        }
+        if let Some(download) = ctx.download.as_mut() {
+            let delivered = output_len.map(|size| crate::state::ObjectVersion {
+                etag: etag.clone(),
+                strong: etag.is_some(),
+                size,
+                last_modified: version.last_modified,
+                content_type: version.content_type.clone(),
+            });
+            download.note_response(response, delivered)?;
+            download.origin_version = Some(version.clone());
+        }
+        if !is_get || matches!(ctx.body, BodyPlan::Discard) {
+            ctx.body = BodyPlan::Discard;
+            return Ok(());
+        }
+        let plan = match output {
+            Some(output) => route.chain.plan(output, &object, &learned),
+            None => Ok(route.chain.plan_whole(&object, &learned)),
+        };
+        let plan = match plan {
+            Ok(plan) if stream.contains_range(&plan.origin()) => plan,
+            Ok(_) => {
+                return self.refuse(
+                    response,
+                    ctx,
+                    route,
+                    "the upstream's answer does not hold the bytes the middleware needs",
+                );
+            }
+            Err(error) => {
+                warn!(route = %route.name, %error, "the route's middleware cannot plan this response");
+                return self.refuse(response, ctx, route, "the middleware cannot plan this range");
+            }
+        };
+        let pass = ChainPass::start(&route.chain, &plan, &object, known, stream.start())
+            .map_err(|e| Error::because(ErrorType::InternalError, "starting the middleware", e))?;
+        ctx.pass = Some(pass);
+        Ok(())
+    }
+
+    /// Answers 502 for an upstream answer that cannot be made into a correct response.
+    fn refuse(
+        &self,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        reason: &'static str,
+    ) -> Result<()> {
+        let status = response.status.as_u16();
+        warn!(route = %route.name, upstream_status = status, reason, "refusing the upstream's answer");
+        self.metrics.upstream_error(&route.name, "bad_range_answer");
+        empty_answer(response, StatusCode::BAD_GATEWAY)?;
+        response.insert_header("x-rangeway-error", reason)?;
+        ctx.refusal = Some(reason);
+        ctx.body = BodyPlan::Discard;
+        Ok(())
+    }
+
+    /// Makes `response` a multipart/byteranges answer of `ranges`, cut from a stream that starts
+    /// at `stream_start`.
+    fn multipart(
+        &self,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        ranges: &[ByteRange],
+        complete_len: u64,
+        stream_start: u64,
+    ) -> Result<()> {
+        let content_type = response.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        let plan =
+            MultipartPlan::new(ranges, complete_len, content_type, &boundary(ranges, complete_len))
+                .map_err(|e| Error::because(ErrorType::InternalError, "multipart plan", e))?;
+        let multipart = MultipartBody::new(plan.clone(), stream_start)
+            .map_err(|e| Error::because(ErrorType::InternalError, "multipart body", e))?;
+        response.set_status(StatusCode::PARTIAL_CONTENT)?;
+        response.remove_header(&header::CONTENT_RANGE);
+        response.remove_header(&header::TRANSFER_ENCODING);
+        response.insert_header(header::CONTENT_TYPE, plan.content_type_header())?;
+        response.insert_header(header::CONTENT_LENGTH, plan.total_len())?;
+        response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+        ctx.served = format!("multipart ({} ranges)", ranges.len());
+        ctx.body = BodyPlan::Multipart(Box::new(multipart));
         Ok(())
     }
 }
@@ -286,43 +588,53 @@ impl ProxyHttp for Rangeway {
         ctx.upstream_target = target;
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(route));
-        if req.method == Method::GET {
+        let has_chain = !route.chain.stages().is_empty();
+        if req.method == Method::GET || (has_chain && req.method == Method::HEAD) {
             let object = format!("{}|{path}", route.name);
             let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
             let id = download_id(req, client_ip, &object);
+            let ranged = matches!(ctx.client_range, ClientRange::Bytes(_));
             // Resume safety only for a bare resume: explicit validators keep their RFC meaning.
-            let bare_resume = matches!(ctx.client_range, ClientRange::Bytes(_))
+            let bare_resume = ranged
                 && !req.headers.contains_key(header::IF_RANGE)
                 && !req.headers.contains_key(header::IF_MATCH);
             // The one store round trip before the response, for requests that continue a
-            // download. A store outage costs resume safety and the resume hint, never the
-            // response (the store reports it, once).
-            let session = match &ctx.client_range {
-                // A client may give one id to downloads of several objects: only this object's
-                // session counts.
-                ClientRange::Bytes(_) => self
-                    .store
-                    .lookup(&id, &object)
-                    .await
-                    .ok()
-                    .and_then(|(s, _)| s)
-                    .filter(|s| s.object == object),
-                ClientRange::Absent | ClientRange::Ignored(_) => None,
+            // download and on routes whose stages learn. A store outage costs resume safety,
+            // the resume hint and the digests, never the response (the store reports it, once).
+            let lookup = if ranged || has_chain {
+                self.store.lookup(&id, &object, &route.stage_keys).await.ok()
+            } else {
+                None
             };
+            let (session, record, facts) =
+                lookup.map_or((None, None, Vec::new()), |l| (l.session, l.object, l.facts));
+            // A client may give one id to downloads of several objects: only this object's
+            // session counts.
+            let session = session.filter(|s| ranged && s.object == object);
             let guard = session
                 .as_ref()
                 .filter(|_| bare_resume)
                 .filter(|s| s.version.strong)
                 .and_then(|s| s.version.etag.clone());
-            ctx.download = Some(DownloadCtx {
-                id,
-                object,
-                client: client_ip.map(|ip| ip.to_string()).unwrap_or_default(),
-                session,
-                guard,
-                changed: false,
-                delivering: None,
-            });
+            if has_chain {
+                let current = record.map(|r| r.current);
+                let known = Known::of(current.as_ref().and_then(version_key), facts);
+                ctx.object_path = path.to_string();
+                plan_upstream(ctx, route, current.as_ref(), &known, &req.headers);
+                ctx.known = Some(known);
+            }
+            if req.method == Method::GET {
+                ctx.download = Some(DownloadCtx {
+                    id,
+                    object,
+                    client: client_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+                    session,
+                    guard,
+                    changed: false,
+                    delivering: None,
+                    origin_version: None,
+                });
+            }
         }
         Ok(false)
     }
@@ -370,9 +682,26 @@ impl ProxyHttp for Rangeway {
         let original_host = upstream_request.headers.get(header::HOST).cloned();
         upstream_request.insert_header(header::HOST, route.upstream.host_header())?;
         upstream_request.remove_header(&header::RANGE);
+        let transforms = !route.chain.is_observing_only();
+        if !route.chain.stages().is_empty() {
+            // The stages work on the object's own bytes, not on an encoding of them.
+            upstream_request.insert_header(header::ACCEPT_ENCODING, "identity")?;
+        }
+        if transforms {
+            // The client's validators are of the transformed representation, checked here
+            // against its own ETag; the origin's would never match them.
+            for name in [header::IF_MATCH, header::IF_NONE_MATCH, header::IF_RANGE] {
+                upstream_request.remove_header(&name);
+            }
+        }
         if let Some(spec) = &ctx.sent_range {
             upstream_request.insert_header(header::RANGE, format!("bytes={spec}"))?;
-            if let Some(guard) = ctx.download.as_ref().and_then(|d| d.guard.as_ref()) {
+            if let Some(planned_for) = &ctx.planned_for {
+                // Planned for this version: another one must come whole, to be planned again.
+                upstream_request.insert_header(header::IF_RANGE, planned_for.as_str())?;
+            } else if let Some(guard) = ctx.download.as_ref().and_then(|d| d.guard.as_ref())
+                && !transforms
+            {
                 upstream_request.insert_header(header::IF_MATCH, guard.as_str())?;
             }
         } else {
@@ -404,6 +733,10 @@ impl ProxyHttp for Rangeway {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if ctx.route.as_ref().is_some_and(|route| !route.chain.is_observing_only()) {
+            // The guard is the transformed representation's ETag: checked in response_filter.
+            return Ok(());
+        }
         let Some(download) = ctx.download.as_mut() else {
             return Ok(());
         };
@@ -441,16 +774,20 @@ impl ProxyHttp for Rangeway {
         let version = object_version(status, &response.headers);
         let origin_digest =
             if status == 200 { OriginDigestCheck::for_response(&response.headers) } else { None };
-        if let Some(download) = ctx.download.as_ref().filter(|d| d.changed) {
-            empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
-            response.insert_header(
-                "x-rangeway-error",
-                "the object changed since this download began; download it again from the start",
-            )?;
-            response.insert_header(DOWNLOAD_ID, download.id.as_str())?;
-            ctx.body = BodyPlan::Discard;
-            return Ok(());
+        if let Some(id) = ctx.download.as_ref().filter(|d| d.changed).map(|d| d.id.clone()) {
+            return refuse_changed(response, ctx, &id);
         }
+        // An Arc, not a copy of the name: the ctx is borrowed mutably below.
+        let route_arc = ctx.route.clone();
+        if let Some(route) = route_arc.as_ref().filter(|route| !route.chain.is_observing_only()) {
+            let result = self.transformed_response(session, response, ctx, route, version);
+            if result.is_ok() && !matches!(ctx.body, BodyPlan::Discard) {
+                ctx.origin_digest = origin_digest;
+            }
+            return result;
+        }
+        // The upstream body's place in the object, for stages that observe it.
+        let upstream_stream = upstream_stream(status, &response.headers);
         for name in HOP_BY_HOP {
             response.remove_header(name);
         }
@@ -465,8 +802,6 @@ impl ProxyHttp for Rangeway {
             &response.headers,
             SystemTime::now(),
         );
-        // An Arc, not a copy of the name: the ctx is borrowed mutably below.
-        let route_arc = ctx.route.clone();
         let route = route_arc.as_ref().map_or("-", |r| r.name.as_str());
         match shape {
             Shape::Forward => {
@@ -490,25 +825,7 @@ impl ProxyHttp for Rangeway {
                 ctx.body = BodyPlan::Window(Window::new(stream_start, range));
             }
             Shape::Multiple { ranges, complete_len, stream_start } => {
-                let content_type =
-                    response.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
-                let plan = MultipartPlan::new(
-                    &ranges,
-                    complete_len,
-                    content_type,
-                    &boundary(&ranges, complete_len),
-                )
-                .map_err(|e| Error::because(ErrorType::InternalError, "multipart plan", e))?;
-                let multipart = MultipartBody::new(plan.clone(), stream_start)
-                    .map_err(|e| Error::because(ErrorType::InternalError, "multipart body", e))?;
-                response.set_status(StatusCode::PARTIAL_CONTENT)?;
-                response.remove_header(&header::CONTENT_RANGE);
-                response.remove_header(&header::TRANSFER_ENCODING);
-                response.insert_header(header::CONTENT_TYPE, plan.content_type_header())?;
-                response.insert_header(header::CONTENT_LENGTH, plan.total_len())?;
-                response.insert_header(header::ACCEPT_RANGES, "bytes")?;
-                ctx.served = format!("multipart ({} ranges)", ranges.len());
-                ctx.body = BodyPlan::Multipart(Box::new(multipart));
+                self.multipart(response, ctx, &ranges, complete_len, stream_start)?;
             }
             Shape::Unsatisfiable { complete_len } => {
                 empty_answer(response, StatusCode::RANGE_NOT_SATISFIABLE)?;
@@ -536,6 +853,11 @@ impl ProxyHttp for Rangeway {
                 ctx.refusal = Some(reason);
                 ctx.body = BodyPlan::Discard;
             }
+        }
+        if let Some(route) = route_arc.as_ref().filter(|route| !route.chain.stages().is_empty())
+            && matches!(response.status.as_u16(), 200 | 206)
+        {
+            self.observe(session, response, ctx, route, version.as_ref(), upstream_stream)?;
         }
         if let Some(download) = ctx.download.as_mut() {
             download.note_response(response, version)?;
@@ -569,24 +891,33 @@ impl ProxyHttp for Rangeway {
             )
             .into_up());
         }
+        if let Some(pass) = ctx.pass.as_mut() {
+            let out = match body.take() {
+                Some(chunk) => pass.push(chunk),
+                None => Ok(None),
+            };
+            let out = match (out, end_of_stream) {
+                (Ok(out), true) => pass.finish().map(|tail| join(out, tail)),
+                (out, _) => out,
+            };
+            match out {
+                Ok(out) => *body = out,
+                Err(error) => {
+                    // Nothing but the stages' exact output goes out: the client gets a cut
+                    // download to resume, never a wrong byte.
+                    let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
+                    self.metrics.middleware_error(route);
+                    warn!(route, %error, "the route's middleware failed; cutting the response");
+                    return Err(Error::because(ErrorType::InternalError, "middleware", error));
+                }
+            }
+        }
         match &mut ctx.body {
             BodyPlan::Forward => {}
             BodyPlan::Window(window) => *body = body.take().and_then(|chunk| window.cut(chunk)),
             BodyPlan::Multipart(multipart) => {
                 let out = body.take().and_then(|chunk| multipart.push(chunk));
-                *body = if end_of_stream {
-                    match (out, multipart.finish()) {
-                        (Some(out), Some(tail)) => {
-                            let mut joined = BytesMut::with_capacity(out.len() + tail.len());
-                            joined.extend_from_slice(&out);
-                            joined.extend_from_slice(&tail);
-                            Some(joined.freeze())
-                        }
-                        (out, tail) => out.or(tail),
-                    }
-                } else {
-                    out
-                };
+                *body = if end_of_stream { join(out, multipart.finish()) } else { out };
             }
             BodyPlan::Discard => *body = None,
         }
@@ -621,6 +952,13 @@ impl ProxyHttp for Rangeway {
         if let Some(delivery) = ctx.delivery(sent) {
             // A store outage is reported by the store's health, once; the response is done.
             let _ = self.store.record(&delivery).await;
+        }
+        if let (Some(pass), Some(route), Some(download)) = (&ctx.pass, &ctx.route, &ctx.download) {
+            for (index, facts) in pass.learned_facts() {
+                if let Some(key) = route.stage_keys.get(index) {
+                    let _ = self.store.learn(&download.object, key, &facts).await;
+                }
+            }
         }
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
@@ -657,6 +995,106 @@ impl ProxyHttp for Rangeway {
                 )
             }
         }
+    }
+}
+
+/// Two pieces of output as one.
+fn join(first: Option<Bytes>, second: Option<Bytes>) -> Option<Bytes> {
+    match (first, second) {
+        (Some(first), Some(second)) => {
+            let mut joined = BytesMut::with_capacity(first.len() + second.len());
+            joined.extend_from_slice(&first);
+            joined.extend_from_slice(&second);
+            Some(joined.freeze())
+        }
+        (first, second) => first.or(second),
+    }
+}
+
+/// Refuses a resume whose object changed since its download began (412).
+fn refuse_changed(response: &mut ResponseHeader, ctx: &mut RequestCtx, id: &str) -> Result<()> {
+    empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
+    response.insert_header(
+        "x-rangeway-error",
+        "the object changed since this download began; download it again from the start",
+    )?;
+    response.insert_header(DOWNLOAD_ID, id)?;
+    ctx.body = BodyPlan::Discard;
+    Ok(())
+}
+
+/// Which bytes of the object an upstream 200 or 206 body holds, when it says.
+fn upstream_stream(status: u16, headers: &http::HeaderMap) -> Option<ByteRange> {
+    match status {
+        200 => crate::range::content_length(headers).map(ByteRange::whole),
+        206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
+            ContentRange::Satisfied { range, .. } => Some(range),
+            ContentRange::Unsatisfied { .. } => None,
+        },
+        _ => None,
+    }
+}
+
+/// On a route with middleware, what to ask the upstream for. A route whose stages only observe
+/// asks for the client's range, started earlier when that lets a hash go on from a stored state
+/// (the extra bytes are not sent). A route that transforms asks for the origin bytes its chain
+/// needs for the client's range, planned against the version the store knows, with If-Range on
+/// it; without a known version, a plan or a plain range, it asks for the whole object.
+fn plan_upstream(
+    ctx: &mut RequestCtx,
+    route: &Route,
+    current: Option<&crate::state::ObjectVersion>,
+    known: &Known,
+    request: &http::HeaderMap,
+) {
+    let observing = route.chain.is_observing_only();
+    if !observing {
+        ctx.sent_range = None;
+    }
+    let ClientRange::Bytes(set) = &ctx.client_range else { return };
+    if observing {
+        if let [spec] = set.specs() {
+            let size = current.map(|v| v.size);
+            let widened = match *spec {
+                RangeSpec::Closed { first, last } => {
+                    RangeSpec::Closed { first: known.hash_start(first, size), last }
+                }
+                RangeSpec::From { first } => {
+                    RangeSpec::From { first: known.hash_start(first, size) }
+                }
+                RangeSpec::Suffix { .. } => *spec,
+            };
+            ctx.sent_range = Some(widened);
+        }
+        return;
+    }
+    let Some(current) = current.filter(|v| v.strong) else { return };
+    if request.contains_key(header::IF_RANGE) {
+        return;
+    }
+    let object = StageObject {
+        route: &route.name,
+        path: &ctx.object_path,
+        strong_etag: current.etag.as_deref(),
+        len: current.size,
+    };
+    let learned = known.learned();
+    let Some(output_len) = route.chain.output_len(&object, &learned) else { return };
+    let covering = match set.resolve(output_len) {
+        Resolution::Single(range) => range,
+        Resolution::Multiple(ranges) => match (ranges.first(), ranges.last()) {
+            (Some(first), Some(last)) => match ByteRange::new(first.start(), last.end()) {
+                Some(range) => range,
+                None => return,
+            },
+            _ => return,
+        },
+        Resolution::Unsatisfiable => return,
+    };
+    let Ok(plan) = route.chain.plan(covering, &object, &learned) else { return };
+    if let Some(last) = plan.origin().last() {
+        ctx.sent_range = Some(RangeSpec::Closed { first: plan.origin().start(), last });
+        ctx.planned_for = current.etag.clone();
     }
 }
 

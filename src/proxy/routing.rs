@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use rangeway_middleware::chain::Chain;
+
 use super::path::NormalizedPath;
 use super::upstream::Upstream;
 
@@ -14,6 +16,11 @@ pub struct Route {
     prefix: NormalizedPath,
     strip_prefix: bool,
     pub upstream: Arc<Upstream>,
+    /// The route's middleware; empty for a passthrough route.
+    pub chain: Chain,
+    /// Under which key the state store keeps what each stage learned: the stage's place, the
+    /// identity of its input and its own.
+    pub stage_keys: Vec<String>,
 }
 
 impl Route {
@@ -23,6 +30,7 @@ impl Route {
         prefix: &str,
         strip_prefix: bool,
         upstream: Arc<Upstream>,
+        chain: Chain,
     ) -> Result<Self, super::path::PathError> {
         let prefix_path = NormalizedPath::parse(prefix)?;
         let name = match &host {
@@ -35,6 +43,8 @@ impl Route {
             prefix: prefix_path,
             strip_prefix,
             upstream,
+            stage_keys: stage_keys(&chain),
+            chain,
         })
     }
 
@@ -49,6 +59,18 @@ impl Route {
         }
         path.to_upstream(base)
     }
+}
+
+fn stage_keys(chain: &Chain) -> Vec<String> {
+    chain
+        .stages()
+        .iter()
+        .enumerate()
+        .map(|(index, stage)| {
+            let input = chain.input_identity(index).unwrap_or_default();
+            format!("{index}|{input}|{}", stage.identity())
+        })
+        .collect()
 }
 
 /// Routes ordered so that the first match is the right one: routes for a host before routes for
@@ -106,10 +128,17 @@ mod tests {
 
     fn table() -> RouteTable {
         RouteTable::new(vec![
-            Route::new(None, "/", false, upstream("root")).unwrap(),
-            Route::new(None, "/files/", true, upstream("files")).unwrap(),
-            Route::new(None, "/files/big/", false, upstream("big")).unwrap(),
-            Route::new(Some("DL.example.com".into()), "/files", true, upstream("host")).unwrap(),
+            Route::new(None, "/", false, upstream("root"), Chain::default()).unwrap(),
+            Route::new(None, "/files/", true, upstream("files"), Chain::default()).unwrap(),
+            Route::new(None, "/files/big/", false, upstream("big"), Chain::default()).unwrap(),
+            Route::new(
+                Some("DL.example.com".into()),
+                "/files",
+                true,
+                upstream("host"),
+                Chain::default(),
+            )
+            .unwrap(),
         ])
     }
 

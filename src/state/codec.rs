@@ -83,6 +83,7 @@ mod tests {
             object: "files|/a b.bin".to_owned(),
             route: "files".to_owned(),
             client: "[::1]:5000".to_owned(),
+            origin_version: version.clone(),
             version,
             range: ByteRange::new(0, 100).expect("valid"),
             bytes: 100,

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use super::facts::{StageFacts, merge_fields};
 use super::model::{Delivery, DownloadSession, ObjectRecord};
-use super::{MAX_PAGE, StateStore, StoreError, StoreHealth};
+use super::{Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth};
 
 /// Sessions and object records in a map behind a mutex.
 ///
@@ -38,6 +39,8 @@ struct Inner {
 enum Key {
     Download(String),
     Object(String),
+    /// An object and a stage key.
+    Facts(String, String),
 }
 
 #[derive(Debug)]
@@ -51,6 +54,8 @@ struct Entry {
 enum Value {
     Download(DownloadSession),
     Object(ObjectRecord),
+    /// Stored as Redis stores them, so both stores merge by one rule.
+    Facts(BTreeMap<String, Vec<u8>>),
 }
 
 impl MemoryStore {
@@ -121,7 +126,8 @@ impl StateStore for MemoryStore {
         &self,
         download_id: &str,
         object: &str,
-    ) -> Result<(Option<DownloadSession>, Option<ObjectRecord>), StoreError> {
+        stages: &[String],
+    ) -> Result<Lookup, StoreError> {
         let now = Instant::now();
         let inner = self.lock();
         let session = match inner.get(&Key::Download(download_id.to_owned()), now) {
@@ -132,7 +138,29 @@ impl StateStore for MemoryStore {
             Some(Value::Object(record)) => Some(record.clone()),
             _ => None,
         };
-        Ok((session, record))
+        let facts = stages
+            .iter()
+            .map(|stage| match inner.get(&Key::Facts(object.to_owned(), stage.clone()), now) {
+                Some(Value::Facts(map)) => StageFacts::from_fields(
+                    map.iter().map(|(name, value)| (name.as_bytes(), value.as_slice())),
+                ),
+                _ => None,
+            })
+            .collect();
+        Ok(Lookup { session, object: record, facts })
+    }
+
+    async fn learn(&self, object: &str, stage: &str, facts: &StageFacts) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let key = Key::Facts(object.to_owned(), stage.to_owned());
+        let mut map = match inner.take(&key, now) {
+            Some(Value::Facts(map)) => map,
+            _ => BTreeMap::new(),
+        };
+        merge_fields(&mut map, &facts.version, facts.to_fields());
+        inner.put(key, Value::Facts(map), now + self.ttl, now, self.capacity);
+        Ok(())
     }
 
     async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
@@ -151,10 +179,10 @@ impl StateStore for MemoryStore {
         let object_key = Key::Object(delivery.object.clone());
         let record = match inner.take(&object_key, now) {
             Some(Value::Object(mut record)) => {
-                record.observe(&delivery.version, delivery.now);
+                record.observe(&delivery.origin_version, delivery.now);
                 record
             }
-            _ => ObjectRecord::new(&delivery.object, &delivery.version, delivery.now),
+            _ => ObjectRecord::new(&delivery.object, &delivery.origin_version, delivery.now),
         };
         inner.put(object_key, Value::Object(record), expires, now, self.capacity);
         Ok(session)
@@ -211,18 +239,20 @@ mod tests {
     use crate::state::ObjectVersion;
 
     fn delivery(id: &str, object: &str, now: u64) -> Delivery {
+        let version = ObjectVersion {
+            etag: Some("\"e\"".to_owned()),
+            strong: true,
+            size: 10,
+            last_modified: None,
+            content_type: None,
+        };
         Delivery {
             id: id.to_owned(),
             object: object.to_owned(),
             route: "r".to_owned(),
             client: "c".to_owned(),
-            version: ObjectVersion {
-                etag: Some("\"e\"".to_owned()),
-                strong: true,
-                size: 10,
-                last_modified: None,
-                content_type: None,
-            },
+            origin_version: version.clone(),
+            version,
             range: ByteRange::new(0, 5).expect("valid"),
             bytes: 5,
             now,
@@ -250,7 +280,7 @@ mod tests {
         let store = MemoryStore::new(Duration::from_millis(50), 100);
         store.record(&delivery("a", "o", 1)).await.expect("record");
         tokio::time::sleep(Duration::from_millis(80)).await;
-        assert_eq!(store.lookup("a", "o").await.expect("read"), (None, None));
+        assert_eq!(store.lookup("a", "o", &[]).await.expect("read"), Lookup::default());
         let session = store.record(&delivery("a", "o", 2)).await.expect("record");
         assert_eq!(session.started_at, 2, "an expired session does not go on");
         let inner = store.lock();

@@ -11,6 +11,7 @@
 //! on one Redis server or a Redis Cluster.
 
 mod codec;
+mod facts;
 mod health;
 mod interval;
 mod memory;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use self::facts::{MAX_FIELDS, StageFacts};
 pub use self::health::StoreHealth;
 pub use self::interval::{IntervalSet, IntervalSetFull};
 pub use self::memory::MemoryStore;
@@ -37,14 +39,19 @@ pub const MAX_PAGE: usize = 1000;
 /// Where resume state lives. Every method is bounded in time; none panics on any stored data.
 #[async_trait]
 pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
-    /// The download `download_id` and the object `object`, in one round trip: the hot path of
-    /// every request. Absent is `None`, as is a record written in a format this version does not
-    /// read.
+    /// The download `download_id`, the object `object` and what the stages keyed `stages` learned
+    /// about it, in one round trip: the hot path of every request. Absent is `None`, as is a
+    /// record written in a format this version does not read.
     async fn lookup(
         &self,
         download_id: &str,
         object: &str,
-    ) -> Result<(Option<DownloadSession>, Option<ObjectRecord>), StoreError>;
+        stages: &[String],
+    ) -> Result<Lookup, StoreError>;
+
+    /// Adds what the stage keyed `stage` learned about a version of `object` to what is known
+    /// (replacing what was known of another version). One round trip; concurrent writers merge.
+    async fn learn(&self, object: &str, stage: &str, facts: &StageFacts) -> Result<(), StoreError>;
 
     /// Adds a delivery to its download and to its object's record, atomically per download (the
     /// connections of one multi-connection download record at the same time), and returns the
@@ -68,6 +75,15 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Whether the store answers, and its error counters, for `/healthz` and `/metrics`.
     fn health(&self) -> &StoreHealth;
+}
+
+/// What [`StateStore::lookup`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Lookup {
+    pub session: Option<DownloadSession>,
+    pub object: Option<ObjectRecord>,
+    /// By the stage keys asked for, in their order: the facts stored, of whatever version.
+    pub facts: Vec<Option<StageFacts>>,
 }
 
 /// Why a store operation failed. None of the messages holds a credential.

@@ -187,7 +187,11 @@ pub struct Delivery {
     pub object: String,
     pub route: String,
     pub client: String,
+    /// The version of the representation delivered: the download's.
     pub version: ObjectVersion,
+    /// The version of the object at the origin, for the object's record: the same as `version`
+    /// on a route that does not transform the body.
+    pub origin_version: ObjectVersion,
     /// The bytes of the representation delivered.
     pub range: ByteRange,
     /// Body bytes sent.
@@ -207,6 +211,8 @@ impl Delivery {
         let numbers = [
             self.version.size,
             self.version.last_modified.unwrap_or(0),
+            self.origin_version.size,
+            self.origin_version.last_modified.unwrap_or(0),
             self.range.end(),
             self.bytes,
             self.now,
@@ -240,6 +246,7 @@ mod tests {
             route: "files".to_owned(),
             client: "127.0.0.1".to_owned(),
             version: version.clone(),
+            origin_version: version.clone(),
             range,
             bytes: range.len(),
             now,

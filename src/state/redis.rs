@@ -8,6 +8,8 @@
 //!
 //! - `{prefix}dl:{h(id)}`: a [`DownloadSession`], as versioned JSON (see `codec.rs`).
 //! - `{prefix}obj:{h(object)}`: an [`ObjectRecord`], likewise.
+//! - `{prefix}fct:{h(object)}:{h(stage)}`: what a route's stage learned about the object (see
+//!   `facts.rs`), a hash of one field per fact, merged by `redis/facts.lua`.
 //! - `{prefix}downloads`: a sorted set of `h(id)` scored by the session's `updated_at`, for
 //!   listing; entries older than the TTL are dropped as sessions are recorded.
 //!
@@ -45,15 +47,17 @@ use serde::de::DeserializeOwned;
 use tracing::debug;
 
 use super::codec::{self, Decoded};
+use super::facts::{MAX_FIELDS, StageFacts};
 use super::interval::IntervalSet;
 use super::model::{Delivery, DownloadSession, MAX_VERSIONS, ObjectRecord};
-use super::{MAX_PAGE, StateStore, StoreError, StoreHealth};
+use super::{Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth};
 use crate::config::{RedisTarget, RedisUrl};
 
 const SESSION_SCRIPT: &str =
     concat!(include_str!("redis/common.lua"), include_str!("redis/session.lua"));
 const OBJECT_SCRIPT: &str =
     concat!(include_str!("redis/common.lua"), include_str!("redis/object.lua"));
+const FACTS_SCRIPT: &str = include_str!("redis/facts.lua");
 
 /// Index entries read per round trip while listing active downloads.
 const LIST_BATCH: usize = 256;
@@ -93,6 +97,7 @@ pub struct RedisStore {
     options: RedisOptions,
     session_script: Script,
     object_script: Script,
+    facts_script: Script,
     health: Arc<StoreHealth>,
     breaker: Arc<Breaker>,
 }
@@ -170,6 +175,7 @@ impl RedisStore {
             options,
             session_script: Script::new(SESSION_SCRIPT),
             object_script: Script::new(OBJECT_SCRIPT),
+            facts_script: Script::new(FACTS_SCRIPT),
             health: Arc::new(StoreHealth::unknown(name)),
             breaker: Arc::new(Breaker::new(options.probe_interval)),
         };
@@ -229,8 +235,11 @@ impl RedisStore {
 
     fn record_commands(&self, delivery: &Delivery) -> Result<[Cmd; 5], StoreError> {
         let fresh_session = codec::encode(&DownloadSession::begin(delivery))?;
-        let fresh_object =
-            codec::encode(&ObjectRecord::new(&delivery.object, &delivery.version, delivery.now))?;
+        let fresh_object = codec::encode(&ObjectRecord::new(
+            &delivery.object,
+            &delivery.origin_version,
+            delivery.now,
+        ))?;
         let mut session = evalsha(&self.session_script, &self.keys.session(&delivery.id));
         session
             .arg(fresh_session)
@@ -367,17 +376,56 @@ impl StateStore for RedisStore {
         &self,
         download_id: &str,
         object: &str,
-    ) -> Result<(Option<DownloadSession>, Option<ObjectRecord>), StoreError> {
+        stages: &[String],
+    ) -> Result<Lookup, StoreError> {
+        let mut commands = Vec::with_capacity(2 + stages.len());
         let mut session = redis::cmd("GET");
         session.arg(self.keys.session(download_id));
+        commands.push(session);
         let mut record = redis::cmd("GET");
         record.arg(self.keys.object(object));
+        commands.push(record);
+        for stage in stages {
+            let mut facts = redis::cmd("HGETALL");
+            facts.arg(self.keys.facts(object, stage));
+            commands.push(facts);
+        }
         self.guarded(self.options.lookup_timeout, async {
-            let replies = self.conn.query_all(&[session, record]).await.map_err(map_error)?;
+            let replies = self.conn.query_all(&commands).await.map_err(map_error)?;
             let mut replies = replies.into_iter();
             let session = replies.next().ok_or_else(|| short_reply(0))?.map_err(map_error)?;
             let record = replies.next().ok_or_else(|| short_reply(1))?.map_err(map_error)?;
-            Ok((self.read_session(session, download_id)?, self.read_object(record, object)?))
+            let mut facts = Vec::with_capacity(stages.len());
+            for index in 0..stages.len() {
+                let reply = replies.next().ok_or_else(|| short_reply(2 + index))?;
+                facts.push(read_facts(reply.map_err(map_error)?)?);
+            }
+            Ok(Lookup {
+                session: self.read_session(session, download_id)?,
+                object: self.read_object(record, object)?,
+                facts,
+            })
+        })
+        .await
+    }
+
+    async fn learn(&self, object: &str, stage: &str, facts: &StageFacts) -> Result<(), StoreError> {
+        let mut learn = evalsha(&self.facts_script, &self.keys.facts(object, stage));
+        learn.arg(&facts.version).arg(self.ttl_ms).arg(MAX_FIELDS);
+        for (name, value) in facts.to_fields() {
+            learn.arg(name).arg(value);
+        }
+        self.guarded(self.options.timeout, async {
+            match self.conn.query(&learn).await {
+                Err(err) if is_noscript(&err) => {
+                    self.conn.load(&self.facts_script).await.map_err(map_error)?;
+                    self.conn.query(&learn).await.map_err(map_error)?;
+                }
+                other => {
+                    other.map_err(map_error)?;
+                }
+            }
+            Ok(())
         })
         .await
     }
@@ -580,6 +628,10 @@ impl Keys {
         format!("{}obj:{}", self.prefix, hashed(object))
     }
 
+    fn facts(&self, object: &str, stage: &str) -> String {
+        format!("{}fct:{}:{}", self.prefix, hashed(object), hashed(stage))
+    }
+
     fn index(&self) -> String {
         format!("{}downloads", self.prefix)
     }
@@ -588,6 +640,31 @@ impl Keys {
 /// The first 128 bits of SHA-256, as 32 hex digits: collisions are out of reach, keys stay short.
 fn hashed(part: &str) -> String {
     fingerprint([part.as_bytes()], 16)
+}
+
+/// A facts hash as HGETALL returns it (a map in RESP3, pairs in RESP2).
+fn read_facts(reply: Value) -> Result<Option<StageFacts>, StoreError> {
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = match reply {
+        Value::Nil => return Ok(None),
+        Value::Map(pairs) => pairs
+            .into_iter()
+            .filter_map(|(name, value)| match (name, value) {
+                (Value::BulkString(name), Value::BulkString(value)) => Some((name, value)),
+                _ => None,
+            })
+            .collect(),
+        Value::Array(items) => items
+            .chunks_exact(2)
+            .filter_map(|pair| match pair {
+                [Value::BulkString(name), Value::BulkString(value)] => {
+                    Some((name.clone(), value.clone()))
+                }
+                _ => None,
+            })
+            .collect(),
+        other => return Err(unexpected(&other)),
+    };
+    Ok(StageFacts::from_fields(pairs.iter().map(|(name, value)| (&name[..], &value[..]))))
 }
 
 fn evalsha(script: &Script, key: &str) -> Cmd {

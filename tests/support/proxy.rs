@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 
 use rangeway::config::Config;
 use rangeway::server::Running;
+use rangeway_middleware::chain::StageRegistry;
 
 use super::ports::free_ports;
 
@@ -21,6 +22,16 @@ impl Proxy {
 
     /// Like [`Proxy::start`], with extra `[server]` keys.
     pub(crate) fn start_with_server(body: &str, server_keys: &str) -> Proxy {
+        Proxy::start_with_registry(body, server_keys, &StageRegistry::new())
+    }
+
+    /// Like [`Proxy::start_with_server`], with the middleware kinds of `registry` (a library
+    /// user's own stages, say).
+    pub(crate) fn start_with_registry(
+        body: &str,
+        server_keys: &str,
+        registry: &StageRegistry,
+    ) -> Proxy {
         // RUST_LOG=rangeway=debug shows rangeway's logs in a failing test's output.
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
@@ -29,10 +40,11 @@ impl Proxy {
                 .try_init();
         }
         let (text, _, _) = config_text(server_keys, body);
-        let config = Config::from_toml_str(&text, &[])
+        let kinds: Vec<&str> = registry.kinds().collect();
+        let config = Config::from_toml_str(&text, &kinds)
             .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"));
-        let running =
-            Running::start(&config).unwrap_or_else(|e| panic!("rangeway did not start: {e}"));
+        let running = Running::start(&config, registry)
+            .unwrap_or_else(|e| panic!("rangeway did not start: {e}"));
         Proxy { running }
     }
 

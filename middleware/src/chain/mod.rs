@@ -234,6 +234,20 @@ impl Chain {
         })
     }
 
+    /// The length of each stage's whole input, then of the output, for `object`: `None` from the
+    /// first stage that does not know its output length on.
+    pub fn lengths(&self, object: &ObjectVersion<'_>, learned: &Learned) -> Vec<Option<u64>> {
+        let mut lens = Vec::with_capacity(self.stages.len() + 1);
+        let mut len = Some(object.len);
+        lens.push(len);
+        for (index, stage) in self.stages.iter().enumerate() {
+            let context = self.context(index, len, object, learned);
+            len = len.and_then(|len| stage.output_len(len, &context));
+            lens.push(len);
+        }
+        lens
+    }
+
     /// Plans the origin bytes to fetch, and what each stage drops, to produce exactly `output`
     /// (a non-empty range normally; an empty one plans no useful work) of the chain's output for
     /// `object`. Stages are planned last first, each from the input the next one needs.

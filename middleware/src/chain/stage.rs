@@ -234,8 +234,9 @@ pub trait StageFactory: Send + Sync + fmt::Debug {
     ) -> Result<Box<dyn Stage>, StageError>;
 }
 
-/// One request's run of a stage over a contiguous part of its input.
-pub trait Stage: Send + fmt::Debug {
+/// One request's run of a stage over a contiguous part of its input. `Sync` because the proxy's
+/// per-request state, which holds it, is shared across the request's phases.
+pub trait Stage: Send + Sync + fmt::Debug {
     /// Takes the next input chunk and returns what output is ready, if any. A stage that only
     /// observes returns the very same `Bytes`.
     fn push(&mut self, chunk: Bytes) -> Result<Option<Bytes>, StageError>;

@@ -1,0 +1,355 @@
+//! Routes with middleware, end to end through real origins and clients: the checksum stage
+//! publishes the digest of the whole object however it was fetched (one pass, resumed pieces,
+//! parallel pieces, another instance), never for another version; a library user's own stage
+//! serves a transformed representation with its own ETag, ranges and resumes.
+
+mod support;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::chain::{
+    OptionError, Stage, StageContext, StageError, StageFactory, StageOptions, StagePlan,
+    StageRegistry, StageState,
+};
+use serde_json::Value;
+use support::clients::{aria2c_download, curl_resume, run, sha256_file, sha256_hex};
+use support::data::test_bytes;
+use support::http::{RawRequest, Response, get, get_until, request};
+use support::origin::{Behaviour, Origin};
+use support::proxy::Proxy;
+use support::redis::RedisServer;
+use support::tmp::TempDir;
+
+const LEN: usize = 6 * 1024 * 1024 + 4321;
+
+fn checksum_route(origin: &Origin, state: &str) -> String {
+    format!(
+        "{state}\n[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n  algorithms = [\"sha256\", \"crc32\"]\n",
+        origin.base_url()
+    )
+}
+
+/// `sha256sum FILE`, the hex digest.
+fn sha256sum(path: &std::path::Path) -> String {
+    let output = Command::new("sha256sum").arg(path).output().expect("run sha256sum");
+    assert!(output.status.success());
+    String::from_utf8_lossy(&output.stdout).split_whitespace().next().expect("a digest").to_owned()
+}
+
+/// The hex SHA-256 a `Repr-Digest: sha-256=:…:` names.
+fn repr_digest_hex(response: &Response) -> Option<String> {
+    let value = response.header("repr-digest")?;
+    let b64 = value.strip_prefix("sha-256=:")?.strip_suffix(':')?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn head(url: &str, headers: &[(&str, &str)]) -> Response {
+    let (addr, target) = url.strip_prefix("http://").and_then(|u| u.split_once('/')).expect("url");
+    let mut raw = RawRequest::head(&format!("/{target}")).header("Host", addr);
+    for (name, value) in headers {
+        raw = raw.header(name, value);
+    }
+    request(addr.parse().expect("address"), &raw).expect("HEAD")
+}
+
+/// HEADs `url` until it shows a Repr-Digest (what a response learned is stored after it ends).
+fn digest_eventually(url: &str) -> Option<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = repr_digest_hex(&head(url, &[]));
+        if found.is_some() || std::time::Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_full_download_publishes_the_digest_on_every_later_response() {
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 11);
+    origin.put("/obj.bin", object.clone());
+    let proxy = Proxy::start(&checksum_route(&origin, ""));
+    let url = proxy.url("/obj.bin");
+    let work = TempDir::new("mw-full");
+
+    assert_eq!(repr_digest_hex(&head(&url, &[])), None, "nothing known before a pass");
+    let first = get(&url, &[]);
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, object, "an observing stage changes no byte");
+    let file = work.join("obj.bin");
+    std::fs::write(&file, &first.body).expect("write");
+
+    let want = sha256sum(&file);
+    assert_eq!(digest_eventually(&url), Some(want.clone()));
+    let crc = format!("{:08x}", crc32fast::hash(&object));
+    assert_eq!(head(&url, &[]).header("x-checksum-crc32"), Some(crc.as_str()));
+    let ranged = get(&url, &[("Range", "bytes=100-199")]);
+    assert_eq!(ranged.status, 206);
+    assert_eq!(ranged.body, &object[100..200]);
+    assert_eq!(repr_digest_hex(&ranged), Some(want.clone()), "also on a 206");
+    // Want-Repr-Digest: sha-256=0 says the client does not accept sha-256.
+    let refused = head(&url, &[("Want-Repr-Digest", "sha-256=0")]);
+    assert_eq!(refused.header("repr-digest"), None);
+
+    let admin = get(&proxy.admin_url("/v1/objects?path=/obj.bin"), &[]);
+    assert_eq!(admin.status, 200);
+    let json: Value = serde_json::from_slice(&admin.body).expect("JSON");
+    let published = json["digests"]["repr-digest"].as_str().expect("a digest in the admin API");
+    assert_eq!(Some(published), head(&url, &[]).header("repr-digest"));
+}
+
+/// A download that only ever arrives in pieces: curl stopped and resumed until done, each piece
+/// continuing the hash from the state the one before stored.
+#[test]
+fn a_download_made_of_resumed_pieces_still_yields_the_digest() {
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 12);
+    origin.put("/obj.bin", object.clone());
+    let proxy = Proxy::start(&checksum_route(&origin, ""));
+    let url = proxy.url("/obj.bin");
+    let work = TempDir::new("mw-pieces");
+    let file = work.join("obj.bin");
+
+    origin.set_global_behaviour(Behaviour::Slow {
+        chunk: 256 * 1024,
+        delay: Duration::from_millis(200),
+    });
+    let mut pieces = 0;
+    while std::fs::metadata(&file).map_or(0, |m| m.len()) < LEN as u64 && pieces < 40 {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "-C", "-", "-o"]).arg(&file).arg(&url);
+        let _ = run(curl, Duration::from_millis(900));
+        pieces += 1;
+    }
+    origin.set_global_behaviour(Behaviour::Normal);
+    assert!(pieces >= 3, "the download came in {pieces} pieces");
+    // The last piece may have been cut just before its end: finish it.
+    curl_resume(&url, &file).assert_success();
+    assert_eq!(sha256_file(&file), sha256_hex(&object));
+    assert_eq!(digest_eventually(&url), Some(sha256sum(&file)));
+}
+
+/// aria2c -x8: pieces in parallel, none of them a full pass.
+#[test]
+fn parallel_pieces_yield_the_digest() {
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 13);
+    origin.put("/obj.bin", object.clone());
+    let proxy = Proxy::start(&checksum_route(&origin, ""));
+    let url = proxy.url("/obj.bin");
+    let work = TempDir::new("mw-aria2");
+    aria2c_download(&url, work.path(), "obj.bin").assert_success();
+    let file = work.join("obj.bin");
+    assert_eq!(sha256_file(&file), sha256_hex(&object));
+    assert_eq!(digest_eventually(&url), Some(sha256sum(&file)));
+}
+
+#[test]
+fn a_digest_is_never_shown_for_another_version() {
+    let origin = Origin::start();
+    let v1 = test_bytes(LEN, 14);
+    origin.put("/obj.bin", v1.clone());
+    let proxy = Proxy::start(&checksum_route(&origin, ""));
+    let url = proxy.url("/obj.bin");
+    assert_eq!(get(&url, &[]).body, v1);
+    let old = digest_eventually(&url).expect("v1's digest");
+    assert_eq!(old, sha256_hex(&v1));
+
+    let v2 = test_bytes(LEN, 15);
+    origin.put("/obj.bin", v2.clone());
+    for response in [head(&url, &[]), get(&url, &[("Range", "bytes=0-9")])] {
+        assert_eq!(response.header("repr-digest"), None, "v1's digest on v2");
+    }
+    assert_eq!(get(&url, &[]).body, v2);
+    assert_eq!(digest_eventually(&url), Some(sha256_hex(&v2)));
+}
+
+#[test]
+fn instances_sharing_redis_share_the_digest() {
+    let redis = RedisServer::start();
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 16);
+    origin.put("/obj.bin", object.clone());
+    let state = format!("[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n", redis.url());
+    let one = Proxy::start(&checksum_route(&origin, &state));
+    let two = Proxy::start(&checksum_route(&origin, &state));
+    // Half on one instance, the rest (a resume) on the other.
+    let half = LEN / 2;
+    let first = get(&one.url("/obj.bin"), &[("Range", &format!("bytes=0-{}", half - 1))]);
+    assert_eq!(first.body, &object[..half]);
+    std::thread::sleep(Duration::from_millis(300));
+    let rest = get(&two.url("/obj.bin"), &[("Range", &format!("bytes={half}-"))]);
+    assert_eq!(rest.body, &object[half..]);
+    assert_eq!(digest_eventually(&one.url("/obj.bin")), Some(sha256_hex(&object)));
+    assert_eq!(digest_eventually(&two.url("/obj.bin")), Some(sha256_hex(&object)));
+}
+
+/// A stage of a library user's own: ROT13 over ASCII letters, registered beside the built-ins.
+#[derive(Debug)]
+struct Rot13;
+
+impl StageFactory for Rot13 {
+    fn kind(&self) -> &str {
+        "rot13"
+    }
+    fn identity(&self) -> &str {
+        "rot13/1"
+    }
+    fn plan(
+        &self,
+        output: ByteRange,
+        _: u64,
+        _: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError> {
+        Ok(StagePlan::identity(output))
+    }
+    fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
+        Some(input_len)
+    }
+    fn observes_only(&self) -> bool {
+        false
+    }
+    fn start(
+        &self,
+        _: u64,
+        _: Option<&StageState>,
+        _: &StageContext<'_>,
+    ) -> Result<Box<dyn Stage>, StageError> {
+        Ok(Box::new(Rot13))
+    }
+}
+
+impl Stage for Rot13 {
+    fn push(&mut self, chunk: Bytes) -> Result<Option<Bytes>, StageError> {
+        Ok(Some(chunk.iter().map(|&b| rot13(b)).collect()))
+    }
+    fn finish(&mut self) -> Result<Option<Bytes>, StageError> {
+        Ok(None)
+    }
+}
+
+fn rot13(b: u8) -> u8 {
+    match b {
+        b'a'..=b'z' => (b - b'a' + 13) % 26 + b'a',
+        b'A'..=b'Z' => (b - b'A' + 13) % 26 + b'A',
+        _ => b,
+    }
+}
+
+fn rot13_registry() -> StageRegistry {
+    let mut registry = StageRegistry::new();
+    registry
+        .register("rot13", |options: &StageOptions| {
+            options.reader().finish()?;
+            Ok::<_, Vec<OptionError>>(Arc::new(Rot13) as Arc<dyn StageFactory>)
+        })
+        .expect("a new kind");
+    registry
+}
+
+#[test]
+fn a_custom_stage_serves_its_own_representation_with_ranges_and_resumes() {
+    let origin = Origin::start();
+    let object: Vec<u8> =
+        test_bytes(LEN, 17).iter().map(|b| b"abcxyzABCXYZ 01"[*b as usize % 15]).collect();
+    let etag = origin.put("/text.txt", object.clone());
+    let transformed: Vec<u8> = object.iter().map(|&b| rot13(b)).collect();
+    let body = format!(
+        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n  [[routes.middleware]]\n  kind = \"rot13\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
+        origin.base_url()
+    );
+    let proxy = Proxy::start_with_registry(&body, "", &rot13_registry());
+    let url = proxy.url("/text.txt");
+
+    let full = get(&url, &[]);
+    assert_eq!(full.status, 200);
+    assert_eq!(full.body, transformed);
+    let own_etag = full.header("etag").expect("an ETag of its own").to_owned();
+    assert!(own_etag.starts_with("\"rw-"), "{own_etag}");
+    assert_ne!(own_etag, etag);
+    assert_eq!(full.header("accept-ranges"), Some("bytes"));
+    // The version is recorded after the response: wait for it, so the next request can plan.
+    let recorded = get_until(&proxy.admin_url("/v1/objects?path=/text.txt"), |r| r.status == 200);
+    assert_eq!(recorded.status, 200);
+
+    let part = get(&url, &[("Range", "bytes=1000-1999")]);
+    assert_eq!(part.status, 206);
+    assert_eq!(part.body, &transformed[1000..2000]);
+    assert_eq!(part.header("content-range"), Some(format!("bytes 1000-1999/{LEN}").as_str()));
+    // The origin was asked for those bytes only, with If-Range on the version they were planned for.
+    let asked = origin.requests().into_iter().last().expect("a request");
+    assert_eq!(asked.header("range"), Some("bytes=1000-1999"));
+    assert_eq!(asked.header("if-range"), Some(etag.as_str()));
+
+    // If-Range against the representation's own ETag.
+    let held = get(&url, &[("Range", "bytes=0-9"), ("If-Range", &own_etag)]);
+    assert_eq!((held.status, &held.body[..]), (206, &transformed[..10]));
+    let stale = get(&url, &[("Range", "bytes=0-9"), ("If-Range", &etag)]);
+    assert_eq!(stale.status, 200, "the origin's ETag is not this representation's");
+    let multi = get(&url, &[("Range", "bytes=0-4,100-104")]);
+    assert_eq!(multi.status, 206);
+    assert!(multi.header("content-type").is_some_and(|t| t.starts_with("multipart/byteranges")));
+
+    // Digests of both ends of the chain: the origin's bytes and the delivered ones.
+    let head = head_eventually(&url);
+    assert_eq!(repr_digest_hex(&head), Some(sha256_hex(&transformed)));
+    let origin_digest = head.header("x-origin-digest").expect("the origin bytes' digest");
+    assert_eq!(
+        origin_digest,
+        format!(
+            "sha-256=:{}:",
+            base64::engine::general_purpose::STANDARD.encode(sha2_digest(&object))
+        )
+    );
+
+    // curl resumes the transformed representation.
+    let work = TempDir::new("mw-rot13");
+    let file = work.join("text.txt");
+    std::fs::write(&file, &transformed[..LEN / 3]).expect("write");
+    curl_resume(&url, &file).assert_success();
+    assert_eq!(std::fs::read(&file).expect("read"), transformed);
+
+    // A changed object: a resume of the download begun on the old one is refused (as on any
+    // route); a new download's range, planned for the old version, comes whole from the origin
+    // (If-Range there) and is cut from the new representation.
+    let v2: Vec<u8> = object.iter().rev().copied().collect();
+    origin.put("/text.txt", v2.clone());
+    assert_eq!(get(&url, &[("Range", "bytes=10-19")]).status, 412);
+    let changed = get(&url, &[("Range", "bytes=10-19"), ("X-Download-Id", "another")]);
+    assert_eq!(changed.status, 206);
+    let v2_transformed: Vec<u8> = v2.iter().map(|&b| rot13(b)).collect();
+    assert_eq!(changed.body, &v2_transformed[10..20]);
+}
+
+fn sha2_digest(data: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data).into()
+}
+
+fn head_eventually(url: &str) -> Response {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = head(url, &[]);
+        if response.header("repr-digest").is_some() || std::time::Instant::now() > deadline {
+            return response;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_bad_stage_option_is_a_config_error_naming_the_key() {
+    let registry = StageRegistry::new();
+    let text = "[upstreams.o]\nurl = \"http://127.0.0.1:1\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"o\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n  algorithms = [\"md5\"]\n";
+    let config = rangeway::config::Config::from_toml_str(text, &["checksum"]).expect("loads");
+    let errors = config.build_chains(&registry).expect_err("md5 is not offered");
+    let shown = errors.to_string();
+    assert!(shown.contains("routes[0].middleware[0].algorithms"), "{shown}");
+}
