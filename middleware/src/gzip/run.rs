@@ -59,6 +59,7 @@ impl GzipRun {
             level,
             block_size,
             input_len,
+            // The CRC covers exactly the input before the pass: blocks 0..first_block.
             offset: crc.total_len(),
             pending: Vec::with_capacity(block_size),
             first_block,
