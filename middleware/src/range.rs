@@ -29,6 +29,11 @@ impl ByteRange {
         Self { start: 0, end: len }
     }
 
+    /// From `start` to an end not known yet, which ranges write as `u64::MAX`.
+    pub const fn open(start: u64) -> Self {
+        Self { start, end: u64::MAX }
+    }
+
     pub const fn start(&self) -> u64 {
         self.start
     }

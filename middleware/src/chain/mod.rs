@@ -257,48 +257,124 @@ impl Chain {
         object: &ObjectVersion<'_>,
         learned: &Learned,
     ) -> Result<ChainPlan, ChainError> {
-        // lens[i]: the input length of stage i; lens[n]: the output length.
-        let mut lens = Vec::with_capacity(self.stages.len() + 1);
-        let mut len = object.len;
-        lens.push(len);
-        for (index, stage) in self.stages.iter().enumerate() {
-            len = stage
-                .output_len(len, &self.context(index, Some(len), object, learned))
-                .ok_or_else(|| ChainError::LengthUnknown {
-                    index,
-                    kind: stage.kind().to_owned(),
-                })?;
-            lens.push(len);
-        }
+        let lens = self.known_lens(object, learned);
+        let Some(&len) = lens.get(self.stages.len()) else {
+            return Err(self.length_unknown(lens.len() - 1));
+        };
         if output.end() > len {
             return Err(ChainError::RangePastEnd { range: output, len });
         }
-        let mut plans = Vec::with_capacity(self.stages.len());
-        let mut wanted = output;
-        for (index, (stage, &input_len)) in self.stages.iter().zip(&lens).enumerate().rev() {
+        self.plan_before(output, lens, object, learned, Vec::new(), true)
+    }
+
+    /// Plans the chain's output from `output_start` to its end (an open range, `bytes=X-`), which
+    /// works even while the last stage's output length is unknown: that stage plans with
+    /// [`StageFactory::plan_open`] (a compressor whose block index is incomplete starts at the
+    /// last block it indexed and computes the bytes up to `output_start` without sending them),
+    /// and the stages before it as in [`plan`](Self::plan). With every length known it is
+    /// `plan(output_start..len)`. Otherwise the run ends where the output does, found out by
+    /// running it: a run of an `output_start` past that end produces nothing, and its reports
+    /// complete what was learned. An unknown output length of any stage but the last is an error:
+    /// the stages after it could not be told their input length.
+    pub fn plan_open(
+        &self,
+        output_start: u64,
+        object: &ObjectVersion<'_>,
+        learned: &Learned,
+    ) -> Result<ChainPlan, ChainError> {
+        let lens = self.known_lens(object, learned);
+        let stages = self.stages.len();
+        if let Some(&len) = lens.get(stages) {
+            let output = ByteRange::new(output_start, len)
+                .ok_or(ChainError::RangePastEnd { range: ByteRange::open(output_start), len })?;
+            return self.plan_before(output, lens, object, learned, Vec::new(), true);
+        }
+        // `lens` stops at the input of the first stage whose output length is unknown.
+        let index = lens.len() - 1;
+        if index + 1 != stages {
+            return Err(self.length_unknown(index));
+        }
+        let (stage, input_len) = (&self.stages[index], lens[index]);
+        let context = self.context(index, Some(input_len), object, learned);
+        let plan = stage
+            .plan_open(output_start, input_len, &context)
+            .map_err(|error| ChainError::Stage { index, kind: stage.kind().to_owned(), error })?;
+        let output = ByteRange::open(output_start);
+        self.check_plan(index, output, plan, input_len)?;
+        self.plan_before(output, lens, object, learned, vec![plan], false)
+    }
+
+    /// The input length of each stage, then the output length, up to the input of the first stage
+    /// whose output length is unknown: `stages().len() + 1` entries when every length is known.
+    fn known_lens(&self, object: &ObjectVersion<'_>, learned: &Learned) -> Vec<u64> {
+        let mut lens = Vec::with_capacity(self.stages.len() + 1);
+        lens.push(object.len);
+        for (index, stage) in self.stages.iter().enumerate() {
+            let len = lens[index];
+            match stage.output_len(len, &self.context(index, Some(len), object, learned)) {
+                Some(len) => lens.push(len),
+                None => break,
+            }
+        }
+        lens
+    }
+
+    fn length_unknown(&self, index: usize) -> ChainError {
+        let kind = self.stages.get(index).map_or("", |stage| stage.kind()).to_owned();
+        ChainError::LengthUnknown { index, kind }
+    }
+
+    /// Plans the stages before those already planned (in `plans`, last stage first, made for
+    /// `output`), each for the input the next one needs.
+    fn plan_before(
+        &self,
+        output: ByteRange,
+        mut lens: Vec<u64>,
+        object: &ObjectVersion<'_>,
+        learned: &Learned,
+        mut plans: Vec<StagePlan>,
+        exact: bool,
+    ) -> Result<ChainPlan, ChainError> {
+        let before = self.stages.len() - plans.len();
+        let mut wanted = plans.last().map_or(output, |plan| plan.input);
+        for (index, (stage, &input_len)) in
+            self.stages[..before].iter().zip(&lens).enumerate().rev()
+        {
             let context = self.context(index, Some(input_len), object, learned);
             let plan = stage.plan(wanted, input_len, &context).map_err(|error| {
                 ChainError::Stage { index, kind: stage.kind().to_owned(), error }
             })?;
-            // The output a stage produces from its planned input starts `skip` bytes before the
-            // wanted range, so it cannot skip past the start of its output.
-            if plan.input.end() > input_len || plan.skip > wanted.start() {
-                return Err(ChainError::BadPlan {
-                    index,
-                    kind: stage.kind().to_owned(),
-                    output: wanted,
-                    input: plan.input,
-                    skip: plan.skip,
-                    input_len,
-                });
-            }
+            self.check_plan(index, wanted, plan, input_len)?;
             plans.push(plan);
             wanted = plan.input;
         }
         plans.reverse();
-        lens.pop();
+        lens.truncate(self.stages.len());
         let input_lens = lens.into_iter().map(Some).collect();
-        Ok(ChainPlan { origin: wanted, stages: plans, input_lens, output, exact: true })
+        Ok(ChainPlan { origin: wanted, stages: plans, input_lens, output, exact })
+    }
+
+    /// Rejects a stage's plan for `wanted` that lies outside its input.
+    fn check_plan(
+        &self,
+        index: usize,
+        wanted: ByteRange,
+        plan: StagePlan,
+        input_len: u64,
+    ) -> Result<(), ChainError> {
+        // The output a stage produces from its planned input starts `skip` bytes before the
+        // wanted range, so it cannot skip past the start of its output.
+        if plan.input.end() > input_len || plan.skip > wanted.start() {
+            return Err(ChainError::BadPlan {
+                index,
+                kind: self.stages[index].kind().to_owned(),
+                output: wanted,
+                input: plan.input,
+                skip: plan.skip,
+                input_len,
+            });
+        }
+        Ok(())
     }
 
     /// Plans one pass over the whole origin producing the whole output, which works even when

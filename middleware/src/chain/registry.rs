@@ -53,13 +53,20 @@ impl Default for StageRegistry {
 }
 
 impl StageRegistry {
-    /// A registry of the built-in kinds: `checksum`.
+    /// A registry of the built-in kinds: `checksum`, `gzip`.
     pub fn new() -> Self {
         let mut registry = Self::empty();
         registry.builders.insert(
             crate::checksum::KIND.to_owned(),
             Box::new(|options: &StageOptions| {
                 crate::checksum::ChecksumFactory::from_options(options)
+                    .map(|factory| Arc::new(factory) as Arc<dyn StageFactory>)
+            }),
+        );
+        registry.builders.insert(
+            crate::gzip::KIND.to_owned(),
+            Box::new(|options: &StageOptions| {
+                crate::gzip::GzipFactory::from_options(options)
                     .map(|factory| Arc::new(factory) as Arc<dyn StageFactory>)
             }),
         );

@@ -169,6 +169,14 @@ pub enum StageError {
     /// The resume state cannot be used to start at this offset.
     #[error("cannot resume at input byte {offset}: {reason}")]
     Resume { offset: u64, reason: String },
+    /// A regenerated segment differs from what an earlier pass recorded for it (see [`Segment`]):
+    /// the input changed under the same version, or the backend's output did. None of the
+    /// segment's bytes were returned, and the segments learned for this input cannot be trusted.
+    #[error(
+        "segment {segment} came out as {found:?}, not as recorded: {expected:?}; none of it was \
+         returned"
+    )]
+    SegmentMismatch { segment: u64, expected: Segment, found: Segment },
     /// The input runs past what byte offsets can count.
     #[error("input runs past byte {0}, beyond what a u64 offset can count")]
     Overflow(u64),
@@ -203,6 +211,32 @@ pub trait StageFactory: Send + Sync + fmt::Debug {
         input_len: u64,
         context: &StageContext<'_>,
     ) -> Result<StagePlan, StageError>;
+
+    /// The input needed to produce the output from `output_start` to its end, for an input of
+    /// `input_len` bytes, even while [`output_len`](Self::output_len) does not know that end: what
+    /// resuming an open range (`bytes=X-`) needs before a full pass has indexed the output. The
+    /// planned input runs to `input_len`; the run's output starts `skip` bytes before
+    /// `output_start`, bytes it may have to compute ahead but that are never sent. Should the
+    /// output turn out to end before `output_start`, the run produces nothing.
+    ///
+    /// By default, [`plan`](Self::plan) of `output_start..` the output's end when that is known,
+    /// else an error: a stage whose length can be unknown overrides it.
+    fn plan_open(
+        &self,
+        output_start: u64,
+        input_len: u64,
+        context: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError> {
+        let output = self
+            .output_len(input_len, context)
+            .and_then(|len| ByteRange::new(output_start, len))
+            .ok_or_else(|| StageError::Plan {
+                range: ByteRange::open(output_start),
+                input_len,
+                reason: "the output's end is unknown or before the start".to_owned(),
+            })?;
+        self.plan(output, input_len, context)
+    }
 
     /// The output length for an input of `input_len` bytes; `None` when it is unknown (until a
     /// full pass has indexed it, say) or would overflow `u64`.

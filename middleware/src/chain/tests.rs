@@ -101,6 +101,27 @@ impl StageFactory for Test {
         Ok(StagePlan { input, skip })
     }
 
+    /// `Unsized` knows its output starts where its input does, as a compressor knows the offset
+    /// of the blocks it indexed.
+    fn plan_open(
+        &self,
+        output_start: u64,
+        input_len: u64,
+        context: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError> {
+        match self {
+            Test::Unsized => {
+                let start = output_start.min(input_len);
+                Ok(StagePlan { input: ByteRange::new(start, input_len).unwrap(), skip: 0 })
+            }
+            _ => self.plan(
+                ByteRange::new(output_start, self.output_len(input_len, context).unwrap()).unwrap(),
+                input_len,
+                context,
+            ),
+        }
+    }
+
     fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
         match self {
             Test::Insert(k) => input_len.checked_add(input_len / k),
@@ -256,6 +277,51 @@ proptest! {
             prop_assert!(report.digests.contains(&piece), "{:?} lacks {:?}", report, piece);
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// An open range gives the tail of the full output, whether or not the last stage knows its
+    /// length, and is the closed range to the end when every length is known.
+    #[test]
+    fn open_ranges_give_the_tail_of_the_output(
+        origin in proptest::collection::vec(any::<u8>(), 0..300),
+        specs in proptest::collection::vec(spec(), 0..4),
+        unsized_last in any::<bool>(),
+        start in any::<u64>(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let mut factories: Vec<Arc<dyn StageFactory>> =
+            specs.iter().map(|&spec| factory(spec)).collect();
+        if unsized_last {
+            factories.push(Arc::new(Test::Unsized));
+        }
+        let chain = Chain::new(factories).unwrap();
+        let full = reference(&specs, &origin).pop().unwrap();
+        let object = object(origin.len() as u64);
+        let start = start % (full.len() as u64 + 1);
+        let plan = chain.plan_open(start, &object, &Learned::new()).unwrap();
+        if !unsized_last {
+            let closed = ByteRange::new(start, full.len() as u64).unwrap();
+            prop_assert_eq!(&plan, &chain.plan(closed, &object, &Learned::new()).unwrap());
+        }
+        let (got, _) = run(&chain, &plan, &origin, &cuts);
+        prop_assert_eq!(&got[..], &full[start as usize..]);
+    }
+}
+
+#[test]
+fn an_open_range_needs_every_length_but_the_last() {
+    let chain = Chain::new(vec![Arc::new(Test::Unsized), Arc::new(Test::Double)]).unwrap();
+    let unknown = chain.plan_open(3, &object(5), &Learned::new()).unwrap_err();
+    assert!(matches!(unknown, ChainError::LengthUnknown { index: 0, .. }), "{unknown}");
+    let known = Chain::new(vec![Arc::new(Test::Double)]).unwrap();
+    let past = known.plan_open(11, &object(5), &Learned::new()).unwrap_err();
+    assert_eq!(
+        past.to_string(),
+        "range 11..18446744073709551615 is not inside the 10 bytes of output"
+    );
 }
 
 #[test]
