@@ -18,9 +18,9 @@
 //! response different, so a resumed download would splice two encryptions. The salt is instead
 //! HMAC-SHA-256, keyed with the key, over a length-prefixed encoding of everything that pins the
 //! input bytes and their layout: the route, object path, strong ETag, object length, the identity
-//! of the stages before this one, the key id and the record size (see [`derived_salt`]), cut to
-//! 16 bytes. The same object version gets the same bytes every time; anything different gets a
-//! different key and nonce, so no nonce is ever used for two plaintexts.
+//! of the stages before this one, the key id and the record size, cut to 16 bytes. The same
+//! object version gets the same bytes every time; anything different gets a different key and
+//! nonce, so no nonce is ever used for two plaintexts.
 //!
 //! That holds only while the strong ETag pins the bytes. Without one, two requests may see
 //! different bytes under the same path, and a derived salt would reuse nonces across them. So
