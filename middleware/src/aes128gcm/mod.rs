@@ -454,10 +454,12 @@ impl StageFactory for Aes128GcmFactory {
                     .to_owned(),
             );
         }
+        // Every record starts before the end of the input, but for the empty input's one.
         if let Some(len) = context.input_len
-            && at_input > len
+            && at_input >= len
+            && at_input != 0
         {
-            return resume_error(format!("past the end of the {len} input bytes"));
+            return resume_error(format!("past the last record of the {len} input bytes"));
         }
         let salt = self.salt(context)?;
         Ok(Box::new(EncryptStage {

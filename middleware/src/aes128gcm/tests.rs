@@ -234,15 +234,21 @@ fn without_a_strong_etag_only_the_whole_output_is_produced() {
 #[test]
 fn passes_start_only_at_record_boundaries_and_without_states() {
     let factory = factory(100);
-    let object = object(500);
-    let context = context(&object, Some(500));
-    assert!(factory.start(83, None, &context).is_ok());
-    let error = factory.start(84, None, &context).unwrap_err();
+    let version = object(500);
+    let at = |at_input, version: &ObjectVersion<'_>| {
+        factory.start(at_input, None, &context(version, Some(version.len))).map(|_| ())
+    };
+    assert!(at(83, &version).is_ok());
+    let error = at(84, &version).unwrap_err();
     assert!(error.to_string().contains("not a record boundary"), "{error}");
-    let error = factory.start(581, None, &context).unwrap_err();
-    assert!(error.to_string().contains("past the end"), "{error}");
+    let error = at(581, &version).unwrap_err();
+    assert!(error.to_string().contains("past the last record"), "{error}");
+    // An input of exactly two records has no record at its end; an empty one has its one.
+    let error = at(166, &object(166)).unwrap_err();
+    assert!(error.to_string().contains("past the last record"), "{error}");
+    assert!(at(0, &object(0)).is_ok());
     let state = StageState::new(0, Bytes::from_static(b"x"));
-    assert!(factory.start(0, Some(&state), &context).is_err());
+    assert!(factory.start(0, Some(&state), &context(&version, Some(500))).is_err());
 }
 
 #[test]
