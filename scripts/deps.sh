@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system tools that building and testing rangeway needs: cmake (pingora's libz-ng-sys),
-# a C/C++ toolchain, and the real servers and clients the integration tests drive (nginx,
-# redis-server, curl, wget, aria2c, openssl, gzip, python3).
+# a C/C++ toolchain, the real servers and clients the integration tests drive (nginx,
+# redis-server, curl, wget, aria2c, openssl, gzip, python3), and the Python modules tests call
+# (PyYAML; http_ece, the independent RFC 8188 implementation the aes128gcm interop test runs).
 #
 # Idempotent: every tool is checked with `command -v` first, so a machine that has them all does
 # nothing (not even `apt-get update`). Prints one line per package it installs.
@@ -63,8 +64,23 @@ pyyaml() {
     "${SUDO[@]}" apt-get install -y -qq --no-install-recommends python3-yaml >/dev/null
 }
 
-if [[ ${#missing[@]} -eq 0 ]]; then
+# middleware/tests/aes128gcm_interop.rs decrypts rangeway's output with Python's http_ece (and
+# has it encrypt what rangeway's Decryptor reads): an RFC 8188 implementation nobody here wrote.
+# Same python3 as above, so pip first; Debian's package, where it has one, as the fallback.
+http_ece() {
+    python3 -c 'import http_ece' >/dev/null 2>&1 && return
+    echo "deps: installing http_ece"
+    python3 -m pip install --quiet http-ece >/dev/null 2>&1 && return
+    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends python3-http-ece >/dev/null
+}
+
+python_modules() {
     pyyaml
+    http_ece
+}
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+    python_modules
     exit 0
 fi
 
@@ -103,4 +119,4 @@ for service in nginx redis-server; do
     fi
 done
 
-pyyaml
+python_modules

@@ -1,8 +1,12 @@
 //! Sans-I/O building blocks for rangeway's body path.
 //!
-//! Nothing here does I/O or knows about pingora, tokio or the state store: every type is a pure
-//! function of its inputs, so it can be unit-tested, fuzzed and benchmarked alone.
+//! Nothing here knows about pingora, tokio or the state store, and nothing on the body path does
+//! I/O: every type is a pure function of its inputs, so it can be unit-tested, fuzzed and
+//! benchmarked alone. The one exception, off the body path, is the `aes128gcm` stage's builder
+//! reading its key once, at configuration time.
 //!
+//! - [`aes128gcm`]: the `aes128gcm` stage (RFC 8188 encryption, resumable at any byte), its key
+//!   files and a streaming decryptor.
 //! - [`chain`]: a route's middleware as one streaming transform with one range algebra, and the
 //!   registry of stage kinds.
 //! - [`checksum`]: the `checksum` stage, resumable SHA-256 and combinable CRC32, `Repr-Digest`.
@@ -10,6 +14,7 @@
 //!   any range of it can be regenerated.
 //! - [`rfc9110`]: ranges, conditional requests and entity tags.
 
+pub mod aes128gcm;
 pub mod chain;
 pub mod checksum;
 pub mod gzip;

@@ -53,9 +53,16 @@ impl Default for StageRegistry {
 }
 
 impl StageRegistry {
-    /// A registry of the built-in kinds: `checksum`, `gzip`.
+    /// A registry of the built-in kinds: `aes128gcm`, `checksum` and `gzip`.
     pub fn new() -> Self {
         let mut registry = Self::empty();
+        registry.builders.insert(
+            crate::aes128gcm::KIND.to_owned(),
+            Box::new(|options: &StageOptions| {
+                crate::aes128gcm::Aes128GcmFactory::from_options(options)
+                    .map(|factory| Arc::new(factory) as Arc<dyn StageFactory>)
+            }),
+        );
         registry.builders.insert(
             crate::checksum::KIND.to_owned(),
             Box::new(|options: &StageOptions| {

@@ -222,7 +222,7 @@ fn configuration() {
 #[test]
 fn the_registry_reports_every_bad_option_at_once() {
     let registry = StageRegistry::new();
-    assert_eq!(registry.kinds().collect::<Vec<_>>(), ["checksum", "gzip"]);
+    assert_eq!(registry.kinds().collect::<Vec<_>>(), ["aes128gcm", "checksum", "gzip"]);
     let bad = StageOptions::new()
         .with("algorithms", OptionValue::List(vec!["md5".into(), 3.into(), "sha256".into()]))
         .with("checkpoint_interval", 100)
@@ -240,7 +240,7 @@ fn the_registry_reports_every_bad_option_at_once() {
              block length) — use e.g. 8388608, the default",
             "middleware[0].levle: unknown key `levle` — known keys: `algorithms`, \
              `checkpoint_interval`",
-            "middleware[1].kind: unknown kind \"gzp\" — use \"checksum\", \"gzip\"",
+            "middleware[1].kind: unknown kind \"gzp\" — use \"aes128gcm\", \"checksum\", \"gzip\"",
             "middleware[2].algorithms: no algorithm — use \"sha256\", \"crc32\" or both",
         ]
     );
@@ -277,7 +277,7 @@ fn registering_kinds() {
         ));
     }
     registry.register("digest-2", builder).unwrap();
-    assert_eq!(registry.kinds().collect::<Vec<_>>(), ["checksum", "digest-2", "gzip"]);
+    assert_eq!(registry.kinds().collect::<Vec<_>>(), ["aes128gcm", "checksum", "digest-2", "gzip"]);
     assert!(format!("{registry:?}").contains("digest-2"));
 }
 
