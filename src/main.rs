@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use rangeway::config::{Config, ConfigErrors};
 use rangeway::server;
+use rangeway_middleware::aes128gcm::{self, Decryptor};
 use rangeway_middleware::chain::StageRegistry;
 use tracing_subscriber::EnvFilter;
 
@@ -33,6 +34,17 @@ enum Command {
         #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Print a new random key for an aes128gcm route: base64url of 16 bytes, for a key file
+    /// (alone, or as `ID=KEY` beside older keys) or a `key_env` variable.
+    Keygen,
+    /// Decrypt what an aes128gcm route delivered (RFC 8188), from stdin to stdout, in constant
+    /// memory. Exits non-zero, having written only authenticated records, when the input is
+    /// tampered with, truncated, or encrypted under a key id the file does not hold.
+    Decrypt {
+        /// The key file: one base64url key, or `ID=KEY` lines (the header's key id picks one).
+        #[arg(long, value_name = "FILE")]
+        key_file: PathBuf,
+    },
     /// Validate a config, report every problem at once, and exit (0 when it is good).
     Check {
         /// The TOML config; without it, the embedded default is checked.
@@ -52,6 +64,17 @@ fn main() -> ExitCode {
         .init();
     let registry = StageRegistry::new();
     match cli.command {
+        Command::Keygen => match aes128gcm::generate_key() {
+            Ok(key) => {
+                println!("{}", key.as_str());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rangeway keygen: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Decrypt { key_file } => decrypt(&key_file),
         Command::Check { config } => match load(config.as_deref(), &registry) {
             Ok(loaded) => {
                 println!(
@@ -90,6 +113,55 @@ fn load(path: Option<&Path>, registry: &StageRegistry) -> Result<Config, ConfigE
     }?;
     config.build_chains(registry)?;
     Ok(config)
+}
+
+/// `rangeway decrypt`: stdin through a [`Decryptor`] to stdout, one read buffer at a time.
+fn decrypt(key_file: &Path) -> ExitCode {
+    use std::io::{Read as _, Write as _};
+    let keys = match aes128gcm::read_key_file(key_file) {
+        Ok(keys) => keys,
+        Err(e) => {
+            eprintln!("rangeway decrypt: {}: {e}", key_file.display());
+            return ExitCode::from(2);
+        }
+    };
+    let mut decryptor = Decryptor::new(&keys);
+    let (mut stdin, mut stdout) = (std::io::stdin().lock(), std::io::stdout().lock());
+    let mut input = vec![0; 256 << 10];
+    let mut output = Vec::with_capacity(input.len());
+    loop {
+        let read = match stdin.read(&mut input) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("rangeway decrypt: reading stdin: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let pushed = decryptor.push(&input[..read], &mut output);
+        if let Err(e) = stdout.write_all(&output) {
+            eprintln!("rangeway decrypt: writing stdout: {e}");
+            return ExitCode::FAILURE;
+        }
+        output.clear();
+        if let Err(e) = pushed {
+            eprintln!("rangeway decrypt: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let finished = decryptor.finish(&mut output);
+    if let Err(e) = stdout.write_all(&output).and_then(|()| stdout.flush()) {
+        eprintln!("rangeway decrypt: writing stdout: {e}");
+        return ExitCode::FAILURE;
+    }
+    match finished {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rangeway decrypt: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn source_name(path: Option<&Path>) -> String {
