@@ -197,6 +197,10 @@ async fn stage_facts_merge_per_version(backend: &Backend) {
     assert_eq!((first.checkpoints.len(), first.segments.len(), first.digests.len()), (1, 1, 1));
     assert_eq!(first.segments.get(&3).map(|s| s.output_len), Some(4));
     assert_eq!(first.contiguous_segments(), vec![], "segment 3 alone is not from 0");
+
+    store.forget(object, "0||checksum(sha256)").await.expect("forget");
+    let found = store.lookup("nobody", object, &stages).await.expect("lookup");
+    assert_eq!(found.facts, vec![None, None]);
 }
 
 async fn nothing_is_found(backend: &Backend) {

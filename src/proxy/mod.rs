@@ -23,7 +23,7 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use rangeway_middleware::chain::ObjectVersion as StageObject;
+use rangeway_middleware::chain::{ChainError, ObjectVersion as StageObject, StageError};
 use rangeway_middleware::checksum::{parse_repr_digest_sha256, want_repr_digest_sha256};
 use rangeway_middleware::rfc9110::{
     ContentRange, MultipartBody, MultipartPlan, RangeLimits, RangeSpec, Resolution, content_range,
@@ -114,6 +114,8 @@ pub struct RequestCtx {
     planned_for: Option<String>,
     /// The route's middleware running over the upstream body.
     pass: Option<ChainPass>,
+    /// A stage whose stored index proved wrong, to be forgotten after the response.
+    forget_stage: Option<usize>,
 }
 
 /// A full pass of an upstream body checked against the SHA-256 its origin published for it.
@@ -199,6 +201,7 @@ impl Default for RequestCtx {
             object_path: String::new(),
             planned_for: None,
             pass: None,
+            forget_stage: None,
         }
     }
 }
@@ -398,6 +401,12 @@ impl Rangeway {
         }
         if let Some(etag) = &etag {
             response.insert_header(header::ETAG, etag.as_str())?;
+        }
+        if let Some(media_type) = route.chain.media_type() {
+            response.insert_header(header::CONTENT_TYPE, media_type)?;
+        }
+        if let Some(disposition) = content_disposition(&path, &route.chain) {
+            response.insert_header(header::CONTENT_DISPOSITION, disposition)?;
         }
         let output = match shape {
             Shape::Forward => {
@@ -892,17 +901,29 @@ impl ProxyHttp for Rangeway {
             .into_up());
         }
         if let Some(pass) = ctx.pass.as_mut() {
-            let out = match body.take() {
-                Some(chunk) => pass.push(chunk),
-                None => Ok(None),
-            };
-            let out = match (out, end_of_stream) {
-                (Ok(out), true) => pass.finish().map(|tail| join(out, tail)),
-                (out, _) => out,
-            };
+            let blocks = ctx.route.as_ref().is_some_and(|route| route.chain.blocks());
+            let chunk = body.take();
+            let out = off_the_event_loop(blocks, || {
+                let out = match chunk {
+                    Some(chunk) => pass.push(chunk),
+                    None => Ok(None),
+                };
+                match (out, end_of_stream) {
+                    (Ok(out), true) => pass.finish().map(|tail| join(out, tail)),
+                    (out, _) => out,
+                }
+            });
             match out {
                 Ok(out) => *body = out,
                 Err(error) => {
+                    if let ChainError::Stage {
+                        index,
+                        error: StageError::SegmentMismatch { .. },
+                        ..
+                    } = &error
+                    {
+                        ctx.forget_stage = Some(*index);
+                    }
                     // Nothing but the stages' exact output goes out: the client gets a cut
                     // download to resume, never a wrong byte.
                     let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
@@ -959,6 +980,9 @@ impl ProxyHttp for Rangeway {
                     let _ = self.store.learn(&download.object, key, &facts).await;
                 }
             }
+            if let Some(key) = ctx.forget_stage.and_then(|index| route.stage_keys.get(index)) {
+                let _ = self.store.forget(&download.object, key).await;
+            }
         }
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
@@ -996,6 +1020,29 @@ impl ProxyHttp for Rangeway {
             }
         }
     }
+}
+
+/// Runs `work` where it may block for milliseconds without stalling the other connections of
+/// this thread: `block_in_place` hands the thread's other tasks to another worker first. Only a
+/// multi-threaded runtime (pingora's default) allows it; elsewhere the work runs in place.
+fn off_the_event_loop<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if blocks && multi_thread { tokio::task::block_in_place(work) } else { work() }
+}
+
+/// `attachment; filename="NAME.EXT"` for a chain that names its output (`.gz`): the last
+/// segment of the object's path with the stages' extensions, when it is a plain name.
+fn content_disposition(path: &str, chain: &rangeway_middleware::chain::Chain) -> Option<String> {
+    let mut name = path.rsplit('/').next().filter(|name| !name.is_empty())?.to_owned();
+    let mut extended = false;
+    for extension in chain.file_extensions() {
+        name.push('.');
+        name.push_str(extension);
+        extended = true;
+    }
+    let plain = name.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' && b != b'%');
+    (extended && plain).then(|| format!("attachment; filename=\"{name}\""))
 }
 
 /// Two pieces of output as one.

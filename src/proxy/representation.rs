@@ -30,38 +30,37 @@ pub(super) const ORIGIN_DIGEST_HEADERS: [&str; 5] = [
 /// checkpoint interval, so that one stored state is always in reach).
 pub(super) const MAX_HASH_GAP: u64 = 8 << 20;
 
-/// What the store knows of a route's stages for one object version.
+/// What the store knows of a route's stages, read as facts about one object version.
 #[derive(Debug, Default)]
 pub(super) struct Known {
-    /// The version the facts below are about (`StageFacts::version_of`).
-    pub(super) version: Option<String>,
-    /// Per stage: its facts, when they are about `version`.
-    pub(super) facts: Vec<Option<StageFacts>>,
+    /// The version the facts are read for (`StageFacts::version_of`).
+    version: Option<String>,
+    /// Per stage: its facts as stored, about whatever version they were recorded for.
+    stored: Vec<Option<StageFacts>>,
 }
 
 impl Known {
-    /// The facts of the lookup that are about `version`, per stage.
-    pub(super) fn of(version: Option<String>, facts: Vec<Option<StageFacts>>) -> Self {
-        let facts = facts
-            .into_iter()
-            .map(|f| f.filter(|f| version.as_deref() == Some(f.version.as_str())))
-            .collect();
-        Self { version, facts }
+    /// The facts of a lookup, read for `version` (the store's record of the object, when any).
+    pub(super) fn of(version: Option<String>, stored: Vec<Option<StageFacts>>) -> Self {
+        Self { version, stored }
     }
 
-    /// Re-reads what is known for the version an upstream answer shows.
+    /// The same facts, read for the version an upstream answer shows.
     pub(super) fn for_version(self, version: Option<String>) -> Self {
-        if self.version == version {
-            return self;
-        }
-        let facts = self.facts.into_iter().map(|_| None).collect();
-        Self { version, facts }
+        Self { version, ..self }
+    }
+
+    /// Per stage, its facts when they are about the version read for.
+    pub(super) fn facts(&self) -> impl Iterator<Item = Option<&StageFacts>> {
+        self.stored.iter().map(|facts| {
+            facts.as_ref().filter(|f| self.version.as_deref() == Some(f.version.as_str()))
+        })
     }
 
     /// What the chain's stages may plan with.
     pub(super) fn learned(&self) -> Learned {
         let mut learned = Learned::new();
-        for (index, facts) in self.facts.iter().enumerate() {
+        for (index, facts) in self.facts().enumerate() {
             if let Some(facts) = facts {
                 learned.set_segments(index, facts.contiguous_segments());
             }
@@ -76,15 +75,15 @@ impl Known {
     /// the pieces of a parallel download start together, before any of them stored a state.
     pub(super) fn hash_start(&self, start: u64, origin_len: Option<u64>) -> u64 {
         let mut best = start;
-        for facts in &self.facts {
+        for facts in self.facts() {
             let whole_known = origin_len
-                .zip(facts.as_ref())
+                .zip(facts)
                 .is_some_and(|(len, facts)| facts.digest(ByteRange::whole(len), true).is_some());
             if whole_known {
                 continue;
             }
             let from = facts
-                .iter()
+                .into_iter()
                 .flat_map(|f| f.checkpoints.iter().map(|c| c.offset()))
                 .chain(std::iter::once(0))
                 .filter(|&at| at <= start && start - at <= MAX_HASH_GAP)
@@ -137,7 +136,7 @@ impl ChainPass {
         let states: Vec<_> = plan
             .stages()
             .iter()
-            .zip(known.facts.iter().map(Option::as_ref).chain(std::iter::repeat(None)))
+            .zip(known.facts().chain(std::iter::repeat(None)))
             .map(|(stage, facts)| {
                 facts.and_then(|f| f.checkpoints.iter().find(|c| c.offset() == stage.input.start()))
             })
@@ -147,7 +146,8 @@ impl ChainPass {
         let input = (stream_start != origin.start()).then(|| Window::new(stream_start, origin));
         let mut lens = chain.lengths(object, &learned);
         lens.pop();
-        Ok(Self { run, input, version: known.version, lens, known: known.facts, failed: false })
+        let facts = known.facts().map(|facts| facts.cloned()).collect();
+        Ok(Self { run, input, version: known.version, lens, known: facts, failed: false })
     }
 
     /// The output for the next upstream chunk.
@@ -229,7 +229,7 @@ pub(super) fn digest_headers(
 ) -> Vec<(&'static str, String)> {
     let output = chain.identity();
     let mut headers = Vec::new();
-    for (index, facts) in known.facts.iter().enumerate() {
+    for (index, facts) in known.facts().enumerate() {
         let (Some(facts), Some(Some(len))) = (facts, lens.get(index)) else { continue };
         let input = chain.input_identity(index).unwrap_or_default();
         let (sha_header, crc_header) = if input == output {

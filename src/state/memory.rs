@@ -163,6 +163,12 @@ impl StateStore for MemoryStore {
         Ok(())
     }
 
+    async fn forget(&self, object: &str, stage: &str) -> Result<(), StoreError> {
+        let key = Key::Facts(object.to_owned(), stage.to_owned());
+        let _ = self.lock().take(&key, Instant::now());
+        Ok(())
+    }
+
     async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
         delivery.check()?;
         let now = Instant::now();

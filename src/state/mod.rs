@@ -53,6 +53,10 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
     /// (replacing what was known of another version). One round trip; concurrent writers merge.
     async fn learn(&self, object: &str, stage: &str, facts: &StageFacts) -> Result<(), StoreError>;
 
+    /// Drops what the stage keyed `stage` learned about `object`: it proved wrong (a regenerated
+    /// segment that does not match its index), and the next full pass learns it again.
+    async fn forget(&self, object: &str, stage: &str) -> Result<(), StoreError>;
+
     /// Adds a delivery to its download and to its object's record, atomically per download (the
     /// connections of one multi-connection download record at the same time), and returns the
     /// session as updated. One round trip. See [`DownloadSession::record`] and

@@ -430,6 +430,16 @@ impl StateStore for RedisStore {
         .await
     }
 
+    async fn forget(&self, object: &str, stage: &str) -> Result<(), StoreError> {
+        let mut del = redis::cmd("DEL");
+        del.arg(self.keys.facts(object, stage));
+        self.guarded(self.options.timeout, async {
+            self.conn.query(&del).await.map_err(map_error)?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
         delivery.check()?;
         self.guarded(self.options.timeout, self.record_once(delivery)).await

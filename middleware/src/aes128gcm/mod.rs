@@ -424,6 +424,11 @@ impl StageFactory for Aes128GcmFactory {
         false
     }
 
+    /// Ciphertext is no longer of the origin's type; RFC 8188 names no media type of its own.
+    fn media_type(&self) -> Option<&str> {
+        Some("application/octet-stream")
+    }
+
     fn produces(&self) -> Form {
         Form::Encrypted
     }

@@ -187,6 +187,22 @@ impl Chain {
         Ok(Self { stages, identities })
     }
 
+    /// The media type of the output, when a stage gives it one: the last that does.
+    pub fn media_type(&self) -> Option<&str> {
+        self.stages.iter().rev().find_map(|stage| stage.media_type())
+    }
+
+    /// The extensions the stages add to a file name, in order (`["gz"]`).
+    pub fn file_extensions(&self) -> impl Iterator<Item = &str> {
+        self.stages.iter().filter_map(|stage| stage.file_extension())
+    }
+
+    /// Whether a stage's push may block its thread for milliseconds (see
+    /// [`StageFactory::blocks`]).
+    pub fn blocks(&self) -> bool {
+        self.stages.iter().any(|stage| stage.blocks())
+    }
+
     /// The stages, in order.
     pub fn stages(&self) -> &[Arc<dyn StageFactory>] {
         &self.stages

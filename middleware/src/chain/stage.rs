@@ -258,6 +258,24 @@ pub trait StageFactory: Send + Sync + fmt::Debug {
         if self.observes_only() { Form::Original } else { Form::Transformed }
     }
 
+    /// The media type of this stage's output, when it is a format of its own
+    /// (`application/gzip`); `None` keeps the type of its input.
+    fn media_type(&self) -> Option<&str> {
+        None
+    }
+
+    /// The file name extension of this stage's output (`gz`), added to the object's name in a
+    /// `Content-Disposition` so that a saved download is named for what it holds.
+    fn file_extension(&self) -> Option<&str> {
+        None
+    }
+
+    /// Whether a push may take long enough (milliseconds: compression) to stall other connections
+    /// served by the same thread, so that the proxy runs it where blocking is allowed.
+    fn blocks(&self) -> bool {
+        false
+    }
+
     /// Starts a per-request instance that will be fed the input from byte `at_input` on, going on
     /// from `resume` when it is given (a state this stage reported at that offset).
     fn start(
