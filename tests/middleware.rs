@@ -6,16 +6,10 @@
 mod support;
 
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use bytes::Bytes;
-use rangeway_middleware::ByteRange;
-use rangeway_middleware::chain::{
-    OptionError, Stage, StageContext, StageError, StageFactory, StageOptions, StagePlan,
-    StageRegistry, StageState,
-};
+use rangeway_middleware::chain::StageRegistry;
 use serde_json::Value;
 use support::clients::{aria2c_download, curl_resume, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
@@ -191,66 +185,14 @@ fn instances_sharing_redis_share_the_digest() {
     assert_eq!(digest_eventually(&two.url("/obj.bin")), Some(sha256_hex(&object)));
 }
 
-/// A stage of a library user's own: ROT13 over ASCII letters, registered beside the built-ins.
-#[derive(Debug)]
-struct Rot13;
+/// The stage of `middleware/examples/custom_stage.rs`, as a library user writes one.
+#[allow(dead_code)]
+#[path = "../middleware/examples/custom_stage.rs"]
+mod custom_stage;
 
-impl StageFactory for Rot13 {
-    fn kind(&self) -> &str {
-        "rot13"
-    }
-    fn identity(&self) -> &str {
-        "rot13/1"
-    }
-    fn plan(
-        &self,
-        output: ByteRange,
-        _: u64,
-        _: &StageContext<'_>,
-    ) -> Result<StagePlan, StageError> {
-        Ok(StagePlan::identity(output))
-    }
-    fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
-        Some(input_len)
-    }
-    fn observes_only(&self) -> bool {
-        false
-    }
-    fn start(
-        &self,
-        _: u64,
-        _: Option<&StageState>,
-        _: &StageContext<'_>,
-    ) -> Result<Box<dyn Stage>, StageError> {
-        Ok(Box::new(Rot13))
-    }
-}
-
-impl Stage for Rot13 {
-    fn push(&mut self, chunk: Bytes) -> Result<Option<Bytes>, StageError> {
-        Ok(Some(chunk.iter().map(|&b| rot13(b)).collect()))
-    }
-    fn finish(&mut self) -> Result<Option<Bytes>, StageError> {
-        Ok(None)
-    }
-}
-
-fn rot13(b: u8) -> u8 {
-    match b {
-        b'a'..=b'z' => (b - b'a' + 13) % 26 + b'a',
-        b'A'..=b'Z' => (b - b'A' + 13) % 26 + b'A',
-        _ => b,
-    }
-}
-
-fn rot13_registry() -> StageRegistry {
+fn case_registry() -> StageRegistry {
     let mut registry = StageRegistry::new();
-    registry
-        .register("rot13", |options: &StageOptions| {
-            options.reader().finish()?;
-            Ok::<_, Vec<OptionError>>(Arc::new(Rot13) as Arc<dyn StageFactory>)
-        })
-        .expect("a new kind");
+    registry.register("case", custom_stage::CaseFactory::from_options).expect("a new kind");
     registry
 }
 
@@ -260,12 +202,12 @@ fn a_custom_stage_serves_its_own_representation_with_ranges_and_resumes() {
     let object: Vec<u8> =
         test_bytes(LEN, 17).iter().map(|b| b"abcxyzABCXYZ 01"[*b as usize % 15]).collect();
     let etag = origin.put("/text.txt", object.clone());
-    let transformed: Vec<u8> = object.iter().map(|&b| rot13(b)).collect();
+    let transformed = object.to_ascii_uppercase();
     let body = format!(
-        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n  [[routes.middleware]]\n  kind = \"rot13\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
+        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n  [[routes.middleware]]\n  kind = \"case\"\n  to = \"upper\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
         origin.base_url()
     );
-    let proxy = Proxy::start_with_registry(&body, "", &rot13_registry());
+    let proxy = Proxy::start_with_registry(&body, "", &case_registry());
     let url = proxy.url("/text.txt");
 
     let full = get(&url, &[]);
@@ -310,7 +252,7 @@ fn a_custom_stage_serves_its_own_representation_with_ranges_and_resumes() {
     );
 
     // curl resumes the transformed representation.
-    let work = TempDir::new("mw-rot13");
+    let work = TempDir::new("mw-case");
     let file = work.join("text.txt");
     std::fs::write(&file, &transformed[..LEN / 3]).expect("write");
     curl_resume(&url, &file).assert_success();
@@ -324,7 +266,7 @@ fn a_custom_stage_serves_its_own_representation_with_ranges_and_resumes() {
     assert_eq!(get(&url, &[("Range", "bytes=10-19")]).status, 412);
     let changed = get(&url, &[("Range", "bytes=10-19"), ("X-Download-Id", "another")]);
     assert_eq!(changed.status, 206);
-    let v2_transformed: Vec<u8> = v2.iter().map(|&b| rot13(b)).collect();
+    let v2_transformed = v2.to_ascii_uppercase();
     assert_eq!(changed.body, &v2_transformed[10..20]);
 }
 

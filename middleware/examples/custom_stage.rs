@@ -2,6 +2,8 @@
 //! built from a route's options, and run for a range of its output.
 //!
 //!   cargo run -p rangeway-middleware --example custom_stage
+//!
+//! `tests/middleware.rs` serves this very stage through the proxy.
 
 use std::sync::Arc;
 
@@ -16,14 +18,16 @@ use rangeway_middleware::checksum::repr_digest;
 /// Turns ASCII letters to upper or lower case. Byte `i` of the output depends on byte `i` of the
 /// input alone, so its range algebra is the identity and it can start anywhere.
 #[derive(Debug)]
-struct CaseFactory {
+pub(crate) struct CaseFactory {
     upper: bool,
     identity: String,
 }
 
 impl CaseFactory {
     /// Options: `to = "upper" | "lower"` (default `"upper"`).
-    fn from_options(options: &StageOptions) -> Result<Arc<dyn StageFactory>, Vec<OptionError>> {
+    pub(crate) fn from_options(
+        options: &StageOptions,
+    ) -> Result<Arc<dyn StageFactory>, Vec<OptionError>> {
         let mut reader = options.reader();
         let upper = match reader.str("to") {
             None | Some("upper") => true,
