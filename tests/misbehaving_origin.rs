@@ -180,12 +180,26 @@ fn bodies_are_checked_against_the_digest_their_origin_published() {
         &[("Repr-Digest", &format!("sha-256=:{wrong}:"))],
     );
     origin.put_with_headers("/bad-s3.bin", object.clone(), &[("x-amz-checksum-sha256", &wrong)]);
+    let crc = |value: u32| base64::engine::general_purpose::STANDARD.encode(value.to_be_bytes());
+    let object_crc = crc32fast::hash(&object);
+    origin.put_with_headers(
+        "/good-crc.bin",
+        object.clone(),
+        &[("x-amz-checksum-crc32", &crc(object_crc))],
+    );
+    origin.put_with_headers(
+        "/bad-crc.bin",
+        object.clone(),
+        &[("x-amz-checksum-crc32", &crc(object_crc ^ 1))],
+    );
     let proxy = Proxy::in_front_of(&origin.base_url());
 
-    let good = request(proxy.addr(), &RawRequest::get("/good.bin")).expect("GET");
-    assert_eq!((good.status, good.complete), (200, true));
-    assert_eq!(good.body, object);
-    for path in ["/bad.bin", "/bad-s3.bin"] {
+    for path in ["/good.bin", "/good-crc.bin"] {
+        let good = request(proxy.addr(), &RawRequest::get(path)).expect("GET");
+        assert_eq!((good.status, good.complete), (200, true), "{path}");
+        assert_eq!(good.body, object, "{path}");
+    }
+    for path in ["/bad.bin", "/bad-s3.bin", "/bad-crc.bin"] {
         let bad = request(proxy.addr(), &RawRequest::get(path)).expect("GET");
         // Refused before the headers went out (502), or cut short after: never a whole 200.
         let refused = bad.status == 502 || (bad.status == 200 && !bad.complete);
@@ -199,8 +213,8 @@ fn bodies_are_checked_against_the_digest_their_origin_published() {
         assert!(bad.body.len() < LEN);
         assert_ne!(bad.body, object);
     }
-    // Both refusals are counted.
-    let counted = "rangeway_origin_digest_mismatches_total{route=\"/\"} 2";
+    // Every refusal is counted.
+    let counted = "rangeway_origin_digest_mismatches_total{route=\"/\"} 3";
     let metrics = support::http::get_until(&proxy.admin_url("/metrics"), |r| {
         String::from_utf8_lossy(&r.body).contains(counted)
     });
