@@ -112,6 +112,30 @@ fn encrypted_downloads_decrypt_resume_and_agree_across_instances() {
     assert!(head.header("x-origin-digest").is_some_and(|d| d.starts_with("sha-256=:")));
 }
 
+/// Without a strong ETag nothing pins the version, so nothing may be repeatable: a random salt
+/// per response, served whole, no ranges advertised or honoured.
+#[test]
+fn without_a_strong_etag_the_representation_is_whole_and_never_repeats() {
+    let origin = Origin::start();
+    let object = test_bytes(200_000, 22);
+    origin.put("/plain.bin", object.clone());
+    origin.set_global_behaviour(support::origin::Behaviour::NoEtag);
+    let work = TempDir::new("aes-noetag");
+    let key_file = work.join("keys");
+    std::fs::write(&key_file, KEY_FILE).expect("write keys");
+    let proxy = Proxy::start(&route(&origin, &key_file, ""));
+    let url = proxy.url("/plain.bin");
+    let first = get(&url, &[]);
+    let second = get(&url, &[("Range", "bytes=100-199")]);
+    for response in [&first, &second] {
+        assert_eq!(response.status, 200, "a range is not honoured");
+        assert_eq!(response.header("accept-ranges"), None);
+        assert_eq!(response.header("etag"), None);
+        assert_eq!(http_ece_decrypt(&response.body), object);
+    }
+    assert_ne!(first.body[..16], second.body[..16], "a fresh salt each time");
+}
+
 #[test]
 fn keygen_prints_a_key_that_a_route_accepts() {
     let output =
