@@ -29,6 +29,45 @@ fn check_accepts_the_shipped_configs() {
     }
 }
 
+/// `secure.toml` runs every stage; its key comes from the environment, and a missing or bad key
+/// is a config problem like any other, named with the fix, never echoed.
+#[test]
+fn check_builds_every_stage_of_a_route() {
+    let secure = repo_file("config/examples/secure.toml");
+    let key = rangeway().arg("keygen").output().unwrap();
+    let key = String::from_utf8(key.stdout).unwrap();
+    let good = rangeway()
+        .args(["check", "--config"])
+        .arg(&secure)
+        .env("RANGEWAY_KEY", key.trim())
+        .output()
+        .unwrap();
+    assert!(good.status.success(), "{}", String::from_utf8_lossy(&good.stderr));
+
+    let missing = rangeway()
+        .args(["check", "--config"])
+        .arg(&secure)
+        .env_remove("RANGEWAY_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("routes[2].middleware[2].key_env"), "{stderr}");
+    assert!(stderr.contains("rangeway keygen"), "{stderr}");
+
+    let short = "c2hvcnQta2V5";
+    let bad = rangeway()
+        .args(["check", "--config"])
+        .arg(&secure)
+        .env("RANGEWAY_KEY", short)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("16 or 32 bytes"), "{stderr}");
+    assert!(!stderr.contains(short), "the key is never echoed: {stderr}");
+}
+
 #[test]
 fn check_reports_every_problem_and_exits_non_zero() {
     let dir = TempDir::new("cli-check");
