@@ -176,3 +176,45 @@ fn gzip_then_aes128gcm_decrypts_and_decompresses_to_the_object() {
     assert_eq!(part.status, 206);
     assert_eq!(part.body, &full.body[70000..=140000]);
 }
+
+/// `mode = "content-encoding"`: gzip as a content coding, for the clients that ask for it, never
+/// with ranges; the others get the object as it is.
+#[test]
+fn content_encoding_mode_is_negotiated_and_never_ranged() {
+    let origin = Origin::start();
+    let object = object(33);
+    origin.put("/page.txt", object.clone());
+    let proxy = Proxy::start(
+        &route(&origin, "", "")
+            .replace("  level = 6\n", "  level = 6\n  mode = \"content-encoding\"\n"),
+    );
+    let url = proxy.url("/page.txt");
+
+    for headers in [
+        vec![("Accept-Encoding", "gzip")],
+        vec![("Accept-Encoding", "br, gzip;q=0.5"), ("Range", "bytes=0-9")],
+    ] {
+        let coded = get(&url, &headers);
+        assert_eq!(coded.status, 200, "{headers:?}: no ranges of a content coding");
+        assert_eq!(coded.header("content-encoding"), Some("gzip"));
+        assert_eq!(coded.header("vary"), Some("Accept-Encoding"));
+        assert_eq!(coded.header("accept-ranges"), None);
+        assert_eq!(coded.header("content-disposition"), None);
+        assert_eq!(gunzip(&coded.body), object);
+    }
+
+    let work = TempDir::new("gzip-coding");
+    let file = work.join("page.txt");
+    let mut curl = Command::new("curl");
+    curl.args(["-sS", "--compressed", "-o"]).arg(&file).arg(&url);
+    support::clients::run(curl, Duration::from_secs(60)).assert_success();
+    assert_eq!(std::fs::read(&file).expect("read"), object, "curl --compressed decodes it");
+
+    let plain = get(&url, &[("Range", "bytes=10-19")]);
+    assert_eq!(plain.status, 206, "without Accept-Encoding: the object, with ranges");
+    assert_eq!(plain.body, &object[10..20]);
+    assert_eq!(plain.header("content-encoding"), None);
+    assert_eq!(plain.header("vary"), Some("Accept-Encoding"));
+    let refused = get(&url, &[("Accept-Encoding", "gzip;q=0")]);
+    assert_eq!((refused.header("content-encoding"), &refused.body[..]), (None, &object[..]));
+}

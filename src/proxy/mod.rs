@@ -8,6 +8,7 @@
 //! passthrough), record in `logging`.
 
 pub mod download;
+mod negotiation;
 pub mod path;
 pub(crate) mod representation;
 pub mod routing;
@@ -23,7 +24,7 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use rangeway_middleware::chain::{ChainError, ObjectVersion as StageObject, StageError};
+use rangeway_middleware::chain::{Chain, ChainError, ObjectVersion as StageObject, StageError};
 use rangeway_middleware::checksum::{parse_repr_digest_sha256, want_repr_digest_sha256};
 use rangeway_middleware::rfc9110::{
     ContentRange, MultipartBody, MultipartPlan, RangeLimits, RangeSpec, Resolution, content_range,
@@ -116,6 +117,9 @@ pub struct RequestCtx {
     pass: Option<ChainPass>,
     /// A stage whose stored index proved wrong, to be forgotten after the response.
     forget_stage: Option<usize>,
+    /// The route serves its output as a content coding this client does not accept: the body is
+    /// passed through untouched, as on a route without middleware.
+    coding_declined: bool,
 }
 
 /// A full pass of an upstream body checked against the digest its origin published for it.
@@ -227,6 +231,7 @@ impl Default for RequestCtx {
             planned_for: None,
             pass: None,
             forget_stage: None,
+            coding_declined: false,
         }
     }
 }
@@ -234,6 +239,20 @@ impl Default for RequestCtx {
 impl RequestCtx {
     fn route_name(&self) -> &str {
         self.route.as_ref().map_or("-", |r| r.name.as_str())
+    }
+
+    /// The route's middleware as this request runs it: none on a passthrough route, or when the
+    /// client declined the route's content coding.
+    fn chain(&self) -> Option<&Chain> {
+        self.route
+            .as_ref()
+            .map(|route| &route.chain)
+            .filter(|chain| !chain.stages().is_empty() && !self.coding_declined)
+    }
+
+    /// Whether the route's middleware changes the bytes for this request.
+    fn transforms(&self) -> bool {
+        self.chain().is_some_and(|chain| !chain.is_observing_only())
     }
 
     /// What this response delivered to its download, once `sent` body bytes went out.
@@ -388,8 +407,10 @@ impl Rangeway {
             return refuse_changed(response, ctx, &id);
         }
         // Ranges only of what can be made again byte for byte: a version pinned by a strong
-        // ETag, of a known length.
-        let rangeable = etag.is_some() && output_len.is_some();
+        // ETag, of a known length; never of a content coding, which clients decode as it comes
+        // and would resume at decoded offsets.
+        let coding = route.chain.content_coding();
+        let rangeable = etag.is_some() && output_len.is_some() && coding.is_none();
         let mut own = http::HeaderMap::new();
         if let Some(etag) = etag.as_deref().and_then(|e| HeaderValue::from_str(e).ok()) {
             own.insert(header::ETAG, etag);
@@ -426,6 +447,9 @@ impl Rangeway {
         }
         if let Some(etag) = &etag {
             response.insert_header(header::ETAG, etag.as_str())?;
+        }
+        if let Some(coding) = coding {
+            response.insert_header(header::CONTENT_ENCODING, coding)?;
         }
         if let Some(media_type) = route.chain.media_type() {
             response.insert_header(header::CONTENT_TYPE, media_type)?;
@@ -622,9 +646,17 @@ impl ProxyHttp for Rangeway {
         ctx.upstream_target = target;
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(route));
-        let has_chain = !route.chain.stages().is_empty();
+        ctx.coding_declined = route
+            .chain
+            .content_coding()
+            .is_some_and(|coding| !negotiation::accepts_coding(&req.headers, coding));
+        let has_chain = !route.chain.stages().is_empty() && !ctx.coding_declined;
         if req.method == Method::GET || (has_chain && req.method == Method::HEAD) {
-            let object = format!("{}|{path}", route.name);
+            // A content coding is another representation, with downloads of its own.
+            let object = match route.chain.content_coding().filter(|_| has_chain) {
+                Some(coding) => format!("{}|{path}|{coding}", route.name),
+                None => format!("{}|{path}", route.name),
+            };
             let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
             let id = download_id(req, client_ip, &object);
             let ranged = matches!(ctx.client_range, ClientRange::Bytes(_));
@@ -716,8 +748,8 @@ impl ProxyHttp for Rangeway {
         let original_host = upstream_request.headers.get(header::HOST).cloned();
         upstream_request.insert_header(header::HOST, route.upstream.host_header())?;
         upstream_request.remove_header(&header::RANGE);
-        let transforms = !route.chain.is_observing_only();
-        if !route.chain.stages().is_empty() {
+        let transforms = ctx.transforms();
+        if ctx.chain().is_some() {
             // The stages work on the object's own bytes, not on an encoding of them.
             upstream_request.insert_header(header::ACCEPT_ENCODING, "identity")?;
         }
@@ -767,7 +799,7 @@ impl ProxyHttp for Rangeway {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if ctx.route.as_ref().is_some_and(|route| !route.chain.is_observing_only()) {
+        if ctx.transforms() {
             // The guard is the transformed representation's ETag: checked in response_filter.
             return Ok(());
         }
@@ -813,7 +845,11 @@ impl ProxyHttp for Rangeway {
         }
         // An Arc, not a copy of the name: the ctx is borrowed mutably below.
         let route_arc = ctx.route.clone();
-        if let Some(route) = route_arc.as_ref().filter(|route| !route.chain.is_observing_only()) {
+        if ctx.route.as_ref().is_some_and(|route| route.chain.content_coding().is_some()) {
+            // The answer depends on Accept-Encoding, coded or not.
+            response.append_header(header::VARY, "Accept-Encoding")?;
+        }
+        if let Some(route) = route_arc.as_ref().filter(|_| ctx.transforms()) {
             let result = self.transformed_response(session, response, ctx, route, version);
             if result.is_ok() && !matches!(ctx.body, BodyPlan::Discard) {
                 ctx.origin_digest = origin_digest;
@@ -888,7 +924,7 @@ impl ProxyHttp for Rangeway {
                 ctx.body = BodyPlan::Discard;
             }
         }
-        if let Some(route) = route_arc.as_ref().filter(|route| !route.chain.stages().is_empty())
+        if let Some(route) = route_arc.as_ref().filter(|_| ctx.chain().is_some())
             && matches!(response.status.as_u16(), 200 | 206)
         {
             self.observe(session, response, ctx, route, version.as_ref(), upstream_stream)?;
@@ -1058,7 +1094,7 @@ fn off_the_event_loop<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
 
 /// `attachment; filename="NAME.EXT"` for a chain that names its output (`.gz`): the last
 /// segment of the object's path with the stages' extensions, when it is a plain name.
-fn content_disposition(path: &str, chain: &rangeway_middleware::chain::Chain) -> Option<String> {
+fn content_disposition(path: &str, chain: &Chain) -> Option<String> {
     let mut name = path.rsplit('/').next().filter(|name| !name.is_empty())?.to_owned();
     let mut extended = false;
     for extension in chain.file_extensions() {
@@ -1141,7 +1177,7 @@ fn plan_upstream(
         return;
     }
     let Some(current) = current.filter(|v| v.strong) else { return };
-    if request.contains_key(header::IF_RANGE) {
+    if request.contains_key(header::IF_RANGE) || route.chain.content_coding().is_some() {
         return;
     }
     let object = StageObject {

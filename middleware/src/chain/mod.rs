@@ -46,6 +46,12 @@ pub enum BuildError {
          visible ASCII without '|'"
     )]
     Identity { index: usize, kind: String, identity: String },
+    /// A stage changes bytes that an earlier stage serves as a content coding.
+    #[error(
+        "{kind} at middleware[{index}] changes the bytes that {coding_kind} at \
+         middleware[{coding_index}] serves as a content coding — put the content coding last"
+    )]
+    AfterCoding { index: usize, kind: String, coding_index: usize, coding_kind: String },
 }
 
 /// Why a range cannot be planned, or a run cannot start or go on.
@@ -155,6 +161,19 @@ impl Chain {
                     identity: identity.to_owned(),
                 });
             }
+            if !stage.observes_only()
+                && let Some((coding_index, coding)) = stages[..index]
+                    .iter()
+                    .enumerate()
+                    .find(|(_, before)| before.content_coding().is_some())
+            {
+                return Err(BuildError::AfterCoding {
+                    index,
+                    kind: stage.kind().to_owned(),
+                    coding_index,
+                    coding_kind: coding.kind().to_owned(),
+                });
+            }
             let needs = stage.accepts();
             // The earliest offender is the one to move, so name it.
             if let Some((after_index, after)) =
@@ -195,6 +214,12 @@ impl Chain {
     /// The extensions the stages add to a file name, in order (`["gz"]`).
     pub fn file_extensions(&self) -> impl Iterator<Item = &str> {
         self.stages.iter().filter_map(|stage| stage.file_extension())
+    }
+
+    /// The content coding of the output, when a stage serves its output as one (see
+    /// [`StageFactory::content_coding`]).
+    pub fn content_coding(&self) -> Option<&str> {
+        self.stages.iter().find_map(|stage| stage.content_coding())
     }
 
     /// Whether a stage's push may block its thread for milliseconds (see

@@ -270,6 +270,14 @@ pub trait StageFactory: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The HTTP content coding this stage's output is (`gzip`), when it is served as one: applied
+    /// only for clients that accept it, with `Content-Encoding`, and never with ranges (clients
+    /// decode on the fly and would resume at decoded offsets). `None`: the output is a
+    /// representation of its own.
+    fn content_coding(&self) -> Option<&str> {
+        None
+    }
+
     /// Whether a push may take long enough (milliseconds: compression) to stall other connections
     /// served by the same thread, so that the proxy runs it where blocking is allowed.
     fn blocks(&self) -> bool {

@@ -137,14 +137,29 @@ fn check_block_size(block_size: u64) -> Result<(), GzipConfigError> {
     Ok(())
 }
 
+/// How a gzip route serves its output.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[non_exhaustive]
+pub enum GzipMode {
+    /// A representation of its own (`application/gzip`, a `.gz` name, its own ETag): resumable.
+    #[default]
+    Representation,
+    /// `Content-Encoding: gzip` for clients that accept it, negotiated per request. Clients decode
+    /// on the fly and would resume at decoded offsets, so ranges are never offered: for small,
+    /// non-resumable responses only.
+    ContentEncoding,
+}
+
 /// The `gzip` stage, configured.
 ///
-/// Options: `level` (0 to 9; default [`DEFAULT_LEVEL`]) and `block_size` (bytes, from
-/// [`MIN_BLOCK_SIZE`] to [`MAX_BLOCK_SIZE`]; default [`DEFAULT_BLOCK_SIZE`]).
+/// Options: `level` (0 to 9; default [`DEFAULT_LEVEL`]), `block_size` (bytes, from
+/// [`MIN_BLOCK_SIZE`] to [`MAX_BLOCK_SIZE`]; default [`DEFAULT_BLOCK_SIZE`]) and `mode`
+/// (`"representation"`, the default, or `"content-encoding"`; see [`GzipMode`]).
 #[derive(Clone, Debug)]
 pub struct GzipFactory {
     level: u32,
     block_size: u64,
+    mode: GzipMode,
     identity: String,
 }
 
@@ -154,7 +169,13 @@ impl GzipFactory {
         check_block_size(block_size)?;
         let identity =
             format!("{KIND}(v{FORMAT_VERSION},{BACKEND},level={level},block_size={block_size})");
-        Ok(Self { level, block_size, identity })
+        Ok(Self { level, block_size, mode: GzipMode::default(), identity })
+    }
+
+    /// The same stage, serving its output as `mode` says. The bytes are the same either way, and
+    /// so is the identity.
+    pub fn with_mode(self, mode: GzipMode) -> Self {
+        Self { mode, ..self }
     }
 
     /// Builds the stage from a route's options, reporting every bad one.
@@ -168,10 +189,25 @@ impl GzipFactory {
         if let Err(error) = check_block_size(block_size) {
             reader.error(error.key(), error);
         }
+        let mode = match reader.str("mode") {
+            None | Some("representation") => GzipMode::Representation,
+            Some("content-encoding") => GzipMode::ContentEncoding,
+            Some(other) => {
+                reader.error(
+                    "mode",
+                    format_args!(
+                        "unknown mode {other:?} — use \"representation\" (a resumable .gz, the \
+                         default) or \"content-encoding\" (Content-Encoding: gzip, not resumable)"
+                    ),
+                );
+                GzipMode::Representation
+            }
+        };
         reader.finish()?;
         // Every way `new` can fail was reported above, so this is Ok once `finish` was.
         level
             .and_then(|level| Self::new(level, block_size))
+            .map(|factory| factory.with_mode(mode))
             .map_err(|error| vec![OptionError::new(error.key(), error.to_string())])
     }
 
@@ -287,14 +323,26 @@ impl StageFactory for GzipFactory {
         false
     }
 
-    /// Compressing ciphertext gains nothing, and a compressor after an encrypting stage is a
-    /// configuration mistake (and, for chosen plaintext, a leak).
+    /// A representation of its own, unless served as a content coding.
     fn media_type(&self) -> Option<&str> {
-        Some("application/gzip")
+        match self.mode {
+            GzipMode::Representation => Some("application/gzip"),
+            GzipMode::ContentEncoding => None,
+        }
     }
 
     fn file_extension(&self) -> Option<&str> {
-        Some("gz")
+        match self.mode {
+            GzipMode::Representation => Some("gz"),
+            GzipMode::ContentEncoding => None,
+        }
+    }
+
+    fn content_coding(&self) -> Option<&str> {
+        match self.mode {
+            GzipMode::Representation => None,
+            GzipMode::ContentEncoding => Some("gzip"),
+        }
     }
 
     /// Level 6 compresses tens of MiB/s: a 1 MiB block costs tens of milliseconds.
@@ -302,6 +350,8 @@ impl StageFactory for GzipFactory {
         true
     }
 
+    /// Compressing ciphertext gains nothing, and a compressor after an encrypting stage is a
+    /// configuration mistake (and, for chosen plaintext, a leak).
     fn accepts(&self) -> Form {
         Form::Transformed
     }

@@ -443,7 +443,7 @@ fn options_are_checked_and_named() {
             "block_size: 1000 bytes is not between 4096 and 67108864 — smaller blocks compress \
              worse and bloat the block index, larger ones make every resume recompress more; use \
              e.g. 1048576, the default",
-            "mtime: unknown key `mtime` — known keys: `block_size`, `level`",
+            "mtime: unknown key `mtime` — known keys: `block_size`, `level`, `mode`",
         ]
     );
     let negative = StageOptions::new().with("level", -1).with("block_size", "big");
@@ -462,6 +462,37 @@ fn options_are_checked_and_named() {
         chain.identity(),
         "gzip(v1,zlib-ng-2.3.3/libz-ng-sys-1.1.33,level=1,block_size=65536)"
     );
+}
+
+#[test]
+fn content_encoding_is_a_mode_that_must_come_last() {
+    let registry = StageRegistry::new();
+    let coding = StageOptions::new().with("mode", "content-encoding");
+    let chain = registry.build_chain([("checksum", &StageOptions::new()), ("gzip", &coding)]);
+    let chain = chain.unwrap();
+    assert_eq!(chain.content_coding(), Some("gzip"));
+    assert_eq!(chain.media_type(), None, "the origin's type stays");
+    assert_eq!(chain.file_extensions().count(), 0);
+    let represented = registry.build_chain([("gzip", &StageOptions::new())]).unwrap();
+    assert_eq!(represented.content_coding(), None);
+    assert_eq!(represented.media_type(), Some("application/gzip"));
+    // The same bytes either way: the same identity.
+    assert_eq!(chain.identity(), represented.identity());
+
+    let key = std::env::temp_dir().join(format!("gzip-coding-key-{}", std::process::id()));
+    std::fs::write(&key, "AAECAwQFBgcICQoLDA0ODw\n").unwrap();
+    let aes = StageOptions::new().with("key_file", key.to_string_lossy().as_ref());
+    let errors = registry.build_chain([("gzip", &coding), ("aes128gcm", &aes)]).unwrap_err();
+    std::fs::remove_file(&key).unwrap();
+    assert_eq!(
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["aes128gcm at middleware[1] changes the bytes that gzip at middleware[0] serves as a \
+          content coding — put the content coding last"]
+    );
+    let bad = StageOptions::new().with("mode", "brotli");
+    let errors = GzipFactory::from_options(&bad).unwrap_err();
+    assert_eq!(errors[0].key(), "mode");
+    assert!(errors[0].message().contains("content-encoding"), "{}", errors[0]);
 }
 
 #[test]
