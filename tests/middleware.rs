@@ -235,6 +235,11 @@ fn a_custom_stage_serves_its_own_representation_with_ranges_and_resumes() {
     assert_eq!((held.status, &held.body[..]), (206, &transformed[..10]));
     let stale = get(&url, &[("Range", "bytes=0-9"), ("If-Range", &etag)]);
     assert_eq!(stale.status, 200, "the origin's ETag is not this representation's");
+    let matched = get(&url, &[("If-Match", &own_etag), ("Range", "bytes=5-9")]);
+    assert_eq!((matched.status, &matched.body[..]), (206, &transformed[5..10]));
+    assert_eq!(get(&url, &[("If-Match", &etag)]).status, 412, "If-Match is of this representation");
+    let cached = get(&url, &[("If-None-Match", &own_etag)]);
+    assert_eq!(cached.status, 304);
     let multi = get(&url, &[("Range", "bytes=0-4,100-104")]);
     assert_eq!(multi.status, 206);
     assert!(multi.header("content-type").is_some_and(|t| t.starts_with("multipart/byteranges")));
