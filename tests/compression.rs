@@ -5,13 +5,14 @@
 
 mod support;
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use support::clients::{aria2c_download, curl_resume, sha256_file, sha256_hex, write_partial};
+use support::clients::{
+    aria2c_download, curl_resume, pipe, sha256_file, sha256_hex, write_partial,
+};
 use support::data::test_bytes;
-use support::http::{RawRequest, Response, get, request};
+use support::http::{Response, get, head, head_until};
 use support::origin::Origin;
 use support::proxy::Proxy;
 use support::redis::RedisServer;
@@ -35,41 +36,13 @@ fn route(origin: &Origin, state: &str, extra: &str) -> String {
     )
 }
 
-fn pipe(command: &mut Command, input: &[u8]) -> Vec<u8> {
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let input = input.to_vec();
-    let writer = std::thread::spawn(move || stdin.write_all(&input));
-    let output = child.wait_with_output().expect("wait");
-    let _ = writer.join();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    output.stdout
-}
-
 fn gunzip(data: &[u8]) -> Vec<u8> {
     pipe(Command::new("gzip").arg("-dc"), data)
 }
 
-fn head(url: &str) -> Response {
-    let (addr, target) = url.strip_prefix("http://").and_then(|u| u.split_once('/')).expect("url");
-    request(addr.parse().expect("address"), &RawRequest::head(&format!("/{target}"))).expect("HEAD")
-}
-
 /// HEADs until the representation has a length: the index is stored after the first pass.
 fn indexed(url: &str) -> Response {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let response = head(url);
-        if response.header("content-length").is_some() || std::time::Instant::now() > deadline {
-            return response;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    head_until(url, |r| r.header("content-length").is_some())
 }
 
 #[test]
@@ -128,7 +101,7 @@ fn the_first_pass_indexes_then_every_range_and_resume_works() {
     // Redis, so both serve the same bytes with a length from their first response.
     let two = Proxy::start(&route(&origin, &state, ""));
     assert_eq!(
-        head(&two.url("/obj.txt")).header("content-length"),
+        head(&two.url("/obj.txt"), &[]).header("content-length"),
         Some(gz.len().to_string().as_str())
     );
     aria2c_download(&two.url("/obj.txt"), work.path(), "aria2.gz").assert_success();
@@ -137,7 +110,7 @@ fn the_first_pass_indexes_then_every_range_and_resume_works() {
     drop(two);
     let restarted = Proxy::start(&route(&origin, &state, ""));
     let again = restarted.url("/obj.txt");
-    assert_eq!(head(&again).header("content-length"), Some(gz.len().to_string().as_str()));
+    assert_eq!(head(&again, &[]).header("content-length"), Some(gz.len().to_string().as_str()));
     let part = get(&again, &[("Range", "bytes=5000-70000")]);
     assert_eq!(part.body, &gz[5000..=70000]);
 }

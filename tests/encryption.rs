@@ -7,7 +7,9 @@ mod support;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
-use support::clients::{aria2c_download, curl_resume, sha256_file, sha256_hex, write_partial};
+use support::clients::{
+    aria2c_download, curl_resume, pipe, sha256_file, sha256_hex, write_partial,
+};
 use support::data::test_bytes;
 use support::http::get;
 use support::origin::Origin;
@@ -36,22 +38,6 @@ fn http_ece_decrypt(ciphertext: &[u8]) -> Vec<u8> {
                   data = sys.stdin.buffer.read()\n\
                   sys.stdout.buffer.write(http_ece.decrypt(data, key=bytes.fromhex(sys.argv[1]), version='aes128gcm'))\n";
     pipe(Command::new("python3").args(["-c", script, &key_hex]), ciphertext)
-}
-
-fn pipe(command: &mut Command, input: &[u8]) -> Vec<u8> {
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn (scripts/deps.sh installs python3 and http_ece)");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let input = input.to_vec();
-    let writer = std::thread::spawn(move || stdin.write_all(&input));
-    let output = child.wait_with_output().expect("wait");
-    let _ = writer.join();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    output.stdout
 }
 
 fn expected_len(len: u64, key_id_len: u64) -> u64 {

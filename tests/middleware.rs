@@ -13,7 +13,7 @@ use rangeway_middleware::chain::StageRegistry;
 use serde_json::Value;
 use support::clients::{aria2c_download, curl_resume, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
-use support::http::{RawRequest, Response, get, get_until, request};
+use support::http::{Response, get, get_until, head, head_until};
 use support::origin::{Behaviour, Origin};
 use support::proxy::Proxy;
 use support::redis::RedisServer;
@@ -43,25 +43,9 @@ fn repr_digest_hex(response: &Response) -> Option<String> {
     Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn head(url: &str, headers: &[(&str, &str)]) -> Response {
-    let (addr, target) = url.strip_prefix("http://").and_then(|u| u.split_once('/')).expect("url");
-    let mut raw = RawRequest::head(&format!("/{target}")).header("Host", addr);
-    for (name, value) in headers {
-        raw = raw.header(name, value);
-    }
-    request(addr.parse().expect("address"), &raw).expect("HEAD")
-}
-
 /// HEADs `url` until it shows a Repr-Digest (what a response learned is stored after it ends).
 fn digest_eventually(url: &str) -> Option<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let found = repr_digest_hex(&head(url, &[]));
-        if found.is_some() || std::time::Instant::now() > deadline {
-            return found;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    repr_digest_hex(&head_until(url, |r| r.header("repr-digest").is_some()))
 }
 
 #[test]
@@ -245,7 +229,7 @@ fn a_custom_stage_serves_its_own_representation_with_ranges_and_resumes() {
     assert!(multi.header("content-type").is_some_and(|t| t.starts_with("multipart/byteranges")));
 
     // Digests of both ends of the chain: the origin's bytes and the delivered ones.
-    let head = head_eventually(&url);
+    let head = head_until(&url, |r| r.header("repr-digest").is_some());
     assert_eq!(repr_digest_hex(&head), Some(sha256_hex(&transformed)));
     let origin_digest = head.header("x-origin-digest").expect("the origin bytes' digest");
     assert_eq!(
@@ -278,17 +262,6 @@ fn a_custom_stage_serves_its_own_representation_with_ranges_and_resumes() {
 fn sha2_digest(data: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
     sha2::Sha256::digest(data).into()
-}
-
-fn head_eventually(url: &str) -> Response {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let response = head(url, &[]);
-        if response.header("repr-digest").is_some() || std::time::Instant::now() > deadline {
-            return response;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]

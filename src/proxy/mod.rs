@@ -382,7 +382,7 @@ impl Rangeway {
             return self.refuse(
                 response,
                 ctx,
-                route,
+                &route.name,
                 "the upstream did not say the object's length, which the route's middleware needs",
             );
         };
@@ -481,33 +481,18 @@ impl Rangeway {
                     _ => None,
                 };
                 let Some(covering) = covering else {
-                    return self.refuse(response, ctx, route, "no ranges to send");
+                    return self.refuse(response, ctx, &route.name, "no ranges to send");
                 };
                 self.multipart(response, ctx, &ranges, complete_len, covering.start())?;
                 Some(covering)
             }
-            Shape::Unsatisfiable { complete_len } => {
-                empty_answer(response, StatusCode::RANGE_NOT_SATISFIABLE)?;
-                response.insert_header(
-                    header::CONTENT_RANGE,
-                    unsatisfied_content_range(complete_len),
-                )?;
-                response.insert_header(header::ACCEPT_RANGES, "bytes")?;
-                ctx.body = BodyPlan::Discard;
+            Shape::BadGateway(reason) => return self.refuse(response, ctx, &route.name, reason),
+            shape @ (Shape::Unsatisfiable { .. }
+            | Shape::NotModified
+            | Shape::PreconditionFailed) => {
+                answer_without_body(response, ctx, &shape)?;
                 None
             }
-            Shape::NotModified => {
-                empty_answer(response, StatusCode::NOT_MODIFIED)?;
-                response.remove_header(&header::CONTENT_LENGTH);
-                ctx.body = BodyPlan::Discard;
-                None
-            }
-            Shape::PreconditionFailed => {
-                empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
-                ctx.body = BodyPlan::Discard;
-                None
-            }
-            Shape::BadGateway(reason) => return self.refuse(response, ctx, route, reason),
         };
         for (name, value) in digest_headers(&route.chain, &known, &lens, want) {
             response.insert_header(name, value)?;
@@ -537,13 +522,18 @@ impl Rangeway {
                 return self.refuse(
                     response,
                     ctx,
-                    route,
+                    &route.name,
                     "the upstream's answer does not hold the bytes the middleware needs",
                 );
             }
             Err(error) => {
                 warn!(route = %route.name, %error, "the route's middleware cannot plan this response");
-                return self.refuse(response, ctx, route, "the middleware cannot plan this range");
+                return self.refuse(
+                    response,
+                    ctx,
+                    &route.name,
+                    "the middleware cannot plan this range",
+                );
             }
         };
         let pass = ChainPass::start(&route.chain, &plan, &object, known, stream.start())
@@ -557,12 +547,12 @@ impl Rangeway {
         &self,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
-        route: &Route,
+        route: &str,
         reason: &'static str,
     ) -> Result<()> {
         let status = response.status.as_u16();
-        warn!(route = %route.name, upstream_status = status, reason, "refusing the upstream's answer");
-        self.metrics.upstream_error(&route.name, "bad_range_answer");
+        warn!(route, upstream_status = status, reason, "refusing the upstream's answer");
+        self.metrics.upstream_error(route, "bad_range_answer");
         empty_answer(response, StatusCode::BAD_GATEWAY)?;
         response.insert_header("x-rangeway-error", reason)?;
         ctx.refusal = Some(reason);
@@ -897,31 +887,11 @@ impl ProxyHttp for Rangeway {
             Shape::Multiple { ranges, complete_len, stream_start } => {
                 self.multipart(response, ctx, &ranges, complete_len, stream_start)?;
             }
-            Shape::Unsatisfiable { complete_len } => {
-                empty_answer(response, StatusCode::RANGE_NOT_SATISFIABLE)?;
-                response.insert_header(
-                    header::CONTENT_RANGE,
-                    unsatisfied_content_range(complete_len),
-                )?;
-                response.insert_header(header::ACCEPT_RANGES, "bytes")?;
-                ctx.body = BodyPlan::Discard;
-            }
-            Shape::NotModified => {
-                empty_answer(response, StatusCode::NOT_MODIFIED)?;
-                response.remove_header(&header::CONTENT_LENGTH);
-                ctx.body = BodyPlan::Discard;
-            }
-            Shape::PreconditionFailed => {
-                empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
-                ctx.body = BodyPlan::Discard;
-            }
-            Shape::BadGateway(reason) => {
-                warn!(route = %route, upstream_status = status, reason, "refusing the upstream's answer");
-                self.metrics.upstream_error(route, "bad_range_answer");
-                empty_answer(response, StatusCode::BAD_GATEWAY)?;
-                response.insert_header("x-rangeway-error", reason)?;
-                ctx.refusal = Some(reason);
-                ctx.body = BodyPlan::Discard;
+            Shape::BadGateway(reason) => self.refuse(response, ctx, route, reason)?,
+            shape @ (Shape::Unsatisfiable { .. }
+            | Shape::NotModified
+            | Shape::PreconditionFailed) => {
+                answer_without_body(response, ctx, &shape)?;
             }
         }
         if let Some(route) = route_arc.as_ref().filter(|_| ctx.chain().is_some())
@@ -1117,6 +1087,30 @@ fn join(first: Option<Bytes>, second: Option<Bytes>) -> Option<Bytes> {
         }
         (first, second) => first.or(second),
     }
+}
+
+/// The answers without content to a range or a precondition: 416, 304, 412.
+fn answer_without_body(
+    response: &mut ResponseHeader,
+    ctx: &mut RequestCtx,
+    shape: &Shape,
+) -> Result<()> {
+    match shape {
+        Shape::Unsatisfiable { complete_len } => {
+            empty_answer(response, StatusCode::RANGE_NOT_SATISFIABLE)?;
+            response
+                .insert_header(header::CONTENT_RANGE, unsatisfied_content_range(*complete_len))?;
+            response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+        }
+        Shape::NotModified => {
+            empty_answer(response, StatusCode::NOT_MODIFIED)?;
+            response.remove_header(&header::CONTENT_LENGTH);
+        }
+        // PreconditionFailed; the callers pass no other shape.
+        _ => empty_answer(response, StatusCode::PRECONDITION_FAILED)?,
+    }
+    ctx.body = BodyPlan::Discard;
+    Ok(())
 }
 
 /// Refuses a resume whose object changed since its download began (412).

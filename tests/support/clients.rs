@@ -15,6 +15,25 @@ use sha2::{Digest, Sha256};
 /// hanging, and the run says so instead of blocking the suite.
 pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Runs `command` with `input` on its stdin and returns its stdout; panics, with its stderr, when
+/// it fails. For decoders (gzip, python3, `rangeway decrypt`).
+pub(crate) fn pipe(command: &mut Command, input: &[u8]) -> Vec<u8> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| panic!("spawn {command:?} (scripts/deps.sh installs it): {err}"));
+    let mut stdin = child.stdin.take().expect("a piped stdin");
+    let input = input.to_vec();
+    // A writer of its own: a decoder may fill its stdout before it has read all of its input.
+    let writer = thread::spawn(move || stdin.write_all(&input));
+    let output = child.wait_with_output().expect("wait for the command");
+    let _ = writer.join();
+    assert!(output.status.success(), "{command:?}: {}", String::from_utf8_lossy(&output.stderr));
+    output.stdout
+}
+
 /// Lowercase hex SHA-256 of `data`, as `sha256sum` prints it.
 pub(crate) fn sha256_hex(data: &[u8]) -> String {
     hex(&Sha256::digest(data))

@@ -99,27 +99,46 @@ pub(crate) fn request(addr: SocketAddr, request: &RawRequest) -> io::Result<Resp
 /// GET `url` (`http://host:port/path`) with `headers`; panics on any error but a short body,
 /// naming the URL.
 pub(crate) fn get(url: &str, headers: &[(&str, &str)]) -> Response {
+    send("GET", url, headers)
+}
+
+/// HEAD `url` with `headers`, as [`get`].
+pub(crate) fn head(url: &str, headers: &[(&str, &str)]) -> Response {
+    send("HEAD", url, headers)
+}
+
+fn send(method: &str, url: &str, headers: &[(&str, &str)]) -> Response {
     let (authority, target) = split_url(url);
     let addr = authority
         .to_socket_addrs()
         .ok()
         .and_then(|mut addrs| addrs.next())
         .unwrap_or_else(|| panic!("cannot resolve {authority} in {url}"));
-    let mut raw = RawRequest::get(target).header("Host", authority);
+    let mut raw = RawRequest::new(method, target).header("Host", authority);
     for (name, value) in headers {
         raw = raw.header(name, value);
     }
-    request(addr, &raw).unwrap_or_else(|err| panic!("GET {url}: {err}"))
+    request(addr, &raw).unwrap_or_else(|err| panic!("{method} {url}: {err}"))
 }
 
 /// GETs `url` until `done` holds for the answer, for up to 5 s; returns the last answer.
 ///
-/// rangeway records a request (metrics, the download's state) in its logging phase, after the
-/// response went out: a test that reads what the request left behind waits for it.
+/// rangeway records a request (metrics, the download's state, what its stages learned) in its
+/// logging phase, after the response went out: a test that reads what the request left behind
+/// waits for it.
 pub(crate) fn get_until(url: &str, done: impl Fn(&Response) -> bool) -> Response {
+    until(|| get(url, &[]), done)
+}
+
+/// HEADs `url` until `done` holds for the answer, as [`get_until`].
+pub(crate) fn head_until(url: &str, done: impl Fn(&Response) -> bool) -> Response {
+    until(|| head(url, &[]), done)
+}
+
+fn until(send: impl Fn() -> Response, done: impl Fn(&Response) -> bool) -> Response {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let response = get(url, &[]);
+        let response = send();
         if done(&response) || std::time::Instant::now() > deadline {
             return response;
         }
