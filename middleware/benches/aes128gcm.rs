@@ -15,7 +15,9 @@ use rangeway_middleware::aes128gcm::{
 };
 use rangeway_middleware::chain::{ObjectVersion, StageContext, StageFactory};
 
-const CHUNK: usize = 64 << 10;
+mod support;
+use support::CHUNK;
+
 /// 16 MiB: 256 records at the default record size.
 const TOTAL: usize = 16 << 20;
 const OBJECT: ObjectVersion<'static> = ObjectVersion {
@@ -24,21 +26,6 @@ const OBJECT: ObjectVersion<'static> = ObjectVersion {
     strong_etag: Some("\"v1\""),
     len: TOTAL as u64,
 };
-
-fn chunks() -> Vec<Bytes> {
-    // Deterministic, incompressible-looking content; AES speed does not depend on it.
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let data: Vec<u8> = (0..TOTAL)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    let data = Bytes::from(data);
-    (0..TOTAL).step_by(CHUNK).map(|at| data.slice(at..at + CHUNK)).collect()
-}
 
 fn keys() -> KeySet {
     parse_key_file("bench=AAECAwQFBgcICQoLDA0ODw").expect("valid key")
@@ -72,7 +59,7 @@ fn raw(cipher: &Aes128Gcm, chunks: &[Bytes], buffer: &mut [u8], copy: bool) {
 }
 
 fn aes128gcm(c: &mut Criterion) {
-    let chunks = chunks();
+    let chunks = support::chunks(TOTAL);
     let keys = keys();
     let factory = Aes128GcmFactory::new(&keys, None, DEFAULT_RECORD_SIZE.into())
         .expect("valid configuration");

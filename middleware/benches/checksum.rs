@@ -13,7 +13,8 @@ use rangeway_middleware::chain::{Chain, Learned, ObjectVersion, StageContext, St
 use rangeway_middleware::checksum::{Algorithm, ChecksumFactory, DEFAULT_CHECKPOINT_INTERVAL};
 use sha2::{Digest as _, Sha256};
 
-const CHUNK: usize = 64 << 10;
+mod support;
+
 /// The checksum stage looks at nothing in its context.
 const OBJECT: ObjectVersion<'static> =
     ObjectVersion { route: "bench", path: "/object", strong_etag: Some("\"v1\""), len: 0 };
@@ -23,23 +24,9 @@ const CONTEXT: StageContext<'static> =
 fn object(len: u64) -> ObjectVersion<'static> {
     ObjectVersion { len, ..OBJECT }
 }
+
 /// 16 MiB: two checkpoints at the default interval per pass, as a real object would have.
 const TOTAL: usize = 16 << 20;
-
-fn chunks() -> Vec<Bytes> {
-    // Deterministic, incompressible-looking content; the hash speed does not depend on it.
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let data: Vec<u8> = (0..TOTAL)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    let data = Bytes::from(data);
-    (0..TOTAL).step_by(CHUNK).map(|at| data.slice(at..at + CHUNK)).collect()
-}
 
 fn stage(algorithms: &[Algorithm]) -> ChecksumFactory {
     ChecksumFactory::new(algorithms, DEFAULT_CHECKPOINT_INTERVAL).expect("valid configuration")
@@ -68,7 +55,7 @@ fn raw_crc(chunks: &[Bytes]) -> u32 {
 }
 
 fn checksum(c: &mut Criterion) {
-    let chunks = chunks();
+    let chunks = support::chunks(TOTAL);
     let mut group = c.benchmark_group("checksum-64KiB-chunks");
     group.throughput(Throughput::Bytes(TOTAL as u64));
 
