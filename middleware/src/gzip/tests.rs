@@ -195,7 +195,9 @@ proptest! {
         let object = object(data.len() as u64);
         let mut learned = Learned::new();
         learned.set_segments(0, index[..known].to_vec());
-        let start = start % (whole.len() as u64 + 1);
+        // Up to the last byte: an open range from the end asks for nothing, and plans no pass
+        // (the proxy answers it 416 before planning).
+        let start = start % whole.len() as u64;
         let plan = chain.plan_open(start, &object, &learned).unwrap();
         let origin = plan.origin();
         prop_assert_eq!(origin.end(), data.len() as u64);
