@@ -86,7 +86,7 @@ impl Admin {
             let Some(object) = self.object_key(query) else {
                 return json_response(
                     StatusCode::BAD_REQUEST,
-                    &json!({"error": "give ?path=/route/path/of/the/object (and &host= for a host route)"}),
+                    &json!({"error": "give ?path=/route/path/of/the/object (and &host= for a host route), or ?key= with a download's object"}),
                 );
             };
             let (object, route, path) = object;
@@ -124,9 +124,13 @@ impl Admin {
         }
     }
 
-    /// The store's key of the object a client path names, through the same routes as the proxy,
-    /// with that route and the path.
+    /// The store's key of the object that `?key=` (as a download's `object` names it) or a client
+    /// path names (`?path=`, through the same routes as the proxy), with its route and path.
     fn object_key(&self, query: &str) -> Option<(String, Arc<Route>, String)> {
+        if let Some(key) = param(query, "key") {
+            let (route, path) = self.routes.find_object(&key)?;
+            return Some((key, Arc::clone(route), path.to_string()));
+        }
         let raw = param(query, "path")?;
         let decoded = percent_encoding::percent_decode_str(&raw).decode_utf8().ok()?;
         let path = NormalizedPath::parse(&decoded).ok()?;
