@@ -1,7 +1,9 @@
-//! The admin listener, never on the public port: health, readiness, metrics, and the JSON API
-//! over downloads and objects (`/v1/...`, behind a bearer token when one is configured).
+//! The admin listener, never on the public port: health, readiness, metrics, the JSON API
+//! over downloads and objects (`/v1/...`, behind a bearer token when one is configured), and the
+//! live downloads page that shows the API (`/ui`).
 
 pub mod metrics;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -162,6 +164,9 @@ impl ServeHttp for Admin {
         if path.starts_with("/v1/") || path == "/v1" {
             return self.api(session, &path).await;
         }
+        if ui::is_ui_path(&path) {
+            return ui::response(&path);
+        }
         match path.as_str() {
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" => {
@@ -185,7 +190,7 @@ impl ServeHttp for Admin {
             }
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found: try /healthz, /readyz, /metrics or /v1/downloads\n",
+                "not found: try /healthz, /readyz, /metrics, /v1/downloads or /ui\n",
             ),
         }
     }
