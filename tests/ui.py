@@ -2,9 +2,9 @@
 
 Playwright for Python launches the system chromium by path, so none of Playwright's own browser
 builds is needed. The one argument is JSON: the page's URL, the admin token to type in, the id
-of a download under way, the ids of one with a hostile id and of one with a gap, where to save a screenshot and
-chromium's path. Prints one JSON object; tests/ui.rs makes the assertions. A wait that runs out
-fails with the page's last state on stderr.
+of a download under way, the ids of one with a hostile id and of one with a gap, where to save a
+screenshot and chromium's path. Prints one JSON object; tests/ui.rs makes the assertions. A wait
+that runs out fails with the page's last state on stderr.
 """
 
 import json
@@ -47,7 +47,10 @@ def main():
         def row_when(condition, *extra):
             """Waits until the watched download's row satisfies `condition` (JS, given the row
             and `extra`), and returns the row."""
-            body = f"([id, ...extra]) => {{ const row = ({READ_ROW})(id); return row && ({condition}) ? row : null; }}"
+            body = (
+                f"([id, ...extra]) => {{ const row = ({READ_ROW})(id);"
+                f" return row && ({condition}) ? row : null; }}"
+            )
             try:
                 handle = page.wait_for_function(body, arg=[args["watch"], *extra], timeout=WAIT_MS)
             except Exception:

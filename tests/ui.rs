@@ -24,11 +24,12 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const TOKEN: &str = "ui-test-token-5f1e0c";
 const TOKEN_VAR: &str = "RANGEWAY_UI_TEST_TOKEN";
 
-const LEN: usize = 12 * 1024 * 1024;
+const LEN: usize = 16 * 1024 * 1024;
 /// curl asks for the object in pieces this long, so that the download advances in steps the page
 /// can see: rangeway records what a response delivered when the response ends.
 const PIECE: usize = 1024 * 1024;
-/// About 1 MiB/s: a piece every ~0.75 s, the whole object in ~10 s.
+/// About 1 MiB/s: a piece every ~0.75 s, the whole object in ~13 s, long enough for the browser
+/// to start and look twice on a loaded machine.
 const SLOW: Behaviour = Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) };
 
 /// A download id made to be markup: the page must show it as text.
