@@ -26,7 +26,7 @@ const page = {
   empty: document.getElementById("empty"),
 };
 
-/** Bytes sent per download, as successive polls saw them: id -> [{at, bytes, started}]. */
+/** Bytes sent per download as successive polls saw them: id -> [{at, bytes, started, object}]. */
 const samples = new Map();
 /** What is known of each object's digests: key -> {text, fetchedAt, known, pending}. */
 const digests = new Map();
@@ -84,7 +84,8 @@ function rate(download, now) {
     seen = [];
     samples.set(download.id, seen);
   }
-  seen.push({ at: now, bytes: download.bytes, started: download.started_at, object: download.object });
+  const { bytes, started_at: started, object } = download;
+  seen.push({ at: now, bytes, started, object });
   while (seen.length > 2 && now - seen[1].at >= RATE_WINDOW_MS) {
     seen.shift();
   }
@@ -148,7 +149,8 @@ function progressCell(row, download) {
   bar.max = Math.max(download.size, 1);
   bar.value = download.size === 0 ? 1 : download.delivered_bytes;
   const label = document.createElement("span");
-  label.textContent = `${formatBytes(download.delivered_bytes)} / ${formatBytes(download.size)} (${download.percent}%)`;
+  const delivered = formatBytes(download.delivered_bytes);
+  label.textContent = `${delivered} / ${formatBytes(download.size)} (${download.percent}%)`;
   td.append(bar, label);
 }
 
@@ -176,7 +178,8 @@ function timeCell(row, className, unixSeconds) {
 
 function objectPath(download) {
   const prefix = `${download.route}|`;
-  return download.object.startsWith(prefix) ? download.object.slice(prefix.length) : download.object;
+  const key = download.object;
+  return key.startsWith(prefix) ? key.slice(prefix.length) : key;
 }
 
 function downloadRow(download, now) {
@@ -190,7 +193,8 @@ function downloadRow(download, now) {
   progressCell(row, download);
   rangesCell(row, download);
   const perSecond = rate(download, now);
-  cell(row, "rate", download.complete || perSecond === null ? "–" : `${formatBytes(perSecond)}/s`);
+  const shownRate = download.complete || perSecond === null ? "–" : `${formatBytes(perSecond)}/s`;
+  cell(row, "rate", shownRate);
   cell(row, "state", download.complete ? "complete" : "active");
   timeCell(row, "started", download.started_at);
   timeCell(row, "updated", download.updated_at);
@@ -210,10 +214,8 @@ function render(downloads) {
   }
   const active = downloads.filter((download) => !download.complete).length;
   const more = downloads.length === LIST_LIMIT ? ` (the ${LIST_LIMIT} updated last)` : "";
-  showStatus(
-    `${downloads.length} downloads${more}, ${active} active; as of ${new Date().toLocaleTimeString()}`,
-    false,
-  );
+  const asOf = new Date().toLocaleTimeString();
+  showStatus(`${downloads.length} downloads${more}, ${active} active; as of ${asOf}`, false);
 }
 
 async function poll() {
