@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system tools that building and testing rangeway needs: cmake (pingora's libz-ng-sys),
 # a C/C++ toolchain, the real servers and clients the integration tests drive (nginx,
-# redis-server, curl, wget, aria2c, openssl, gzip, python3), and the Python modules tests call
-# (PyYAML; http_ece, the independent RFC 8188 implementation the aes128gcm interop test runs).
+# redis-server, curl, wget, aria2c, openssl, gzip, python3, chromium and a font for it to draw
+# with), and the Python modules tests call (PyYAML; http_ece, the independent RFC 8188
+# implementation the aes128gcm interop test runs; Playwright, which drives chromium in tests/ui.rs).
 #
 # Idempotent: every tool is checked with `command -v` first, so a machine that has them all does
 # nothing (not even `apt-get update`). Prints one line per package it installs.
@@ -51,8 +52,13 @@ need aria2 aria2c
 need openssl openssl
 need gzip gzip
 need python3 python3
+need chromium chromium
 if [[ ! -s /etc/ssl/certs/ca-certificates.crt ]]; then
     missing+=(ca-certificates)
+fi
+# Without a font, chromium draws the live downloads page's text as empty boxes in screenshots.
+if [[ ! -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]]; then
+    missing+=(fonts-dejavu-core)
 fi
 
 # tests/deploy.rs parses deploy/*.yaml with PyYAML in whichever python3 is first on PATH (a
@@ -74,9 +80,19 @@ http_ece() {
     "${SUDO[@]}" apt-get install -y -qq --no-install-recommends python3-http-ece >/dev/null
 }
 
+# tests/ui.rs drives Debian's chromium (above) through Playwright for Python. Only the Python
+# package: it launches the system chromium by path, so Playwright's own browser downloads
+# (`playwright install`) are never needed. Debian has no package of it.
+playwright() {
+    python3 -c 'import playwright.sync_api' >/dev/null 2>&1 && return
+    echo "deps: installing playwright"
+    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet playwright >/dev/null
+}
+
 python_modules() {
     pyyaml
     http_ece
+    playwright
 }
 
 if [[ ${#missing[@]} -eq 0 ]]; then

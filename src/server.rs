@@ -199,7 +199,7 @@ pub fn run(config: &Config, registry: &StageRegistry) -> Result<(), StartError> 
 fn announce(endpoints: &Endpoints) {
     info!(proxy = %endpoints.proxy, admin = %endpoints.admin, "rangeway is listening");
     println!(
-        "rangeway: proxy on http://{}  admin on http://{} (/healthz /readyz /metrics)",
+        "rangeway: proxy on http://{}  admin on http://{} (/healthz /readyz /metrics /ui)",
         endpoints.proxy, endpoints.admin
     );
     for path in &endpoints.samples {

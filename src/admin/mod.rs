@@ -1,7 +1,9 @@
-//! The admin listener, never on the public port: health, readiness, metrics, and the JSON API
-//! over downloads and objects (`/v1/...`, behind a bearer token when one is configured).
+//! The admin listener, never on the public port: health, readiness, metrics, the JSON API
+//! over downloads and objects (`/v1/...`, behind a bearer token when one is configured), and the
+//! live downloads page that shows the API (`/ui`).
 
 pub mod metrics;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -86,7 +88,7 @@ impl Admin {
             let Some(object) = self.object_key(query) else {
                 return json_response(
                     StatusCode::BAD_REQUEST,
-                    &json!({"error": "give ?path=/route/path/of/the/object (and &host= for a host route)"}),
+                    &json!({"error": "give ?path=/route/path/of/the/object (and &host= for a host route), or ?key= with a download's object"}),
                 );
             };
             let (object, route, path) = object;
@@ -124,9 +126,13 @@ impl Admin {
         }
     }
 
-    /// The store's key of the object a client path names, through the same routes as the proxy,
-    /// with that route and the path.
+    /// The store's key of the object that `?key=` (as a download's `object` names it) or a client
+    /// path names (`?path=`, through the same routes as the proxy), with its route and path.
     fn object_key(&self, query: &str) -> Option<(String, Arc<Route>, String)> {
+        if let Some(key) = param(query, "key") {
+            let (route, path) = self.routes.find_object(&key)?;
+            return Some((key, Arc::clone(route), path.to_string()));
+        }
         let raw = param(query, "path")?;
         let decoded = percent_encoding::percent_decode_str(&raw).decode_utf8().ok()?;
         let path = NormalizedPath::parse(&decoded).ok()?;
@@ -158,6 +164,9 @@ impl ServeHttp for Admin {
         if path.starts_with("/v1/") || path == "/v1" {
             return self.api(session, &path).await;
         }
+        if ui::is_ui_path(&path) {
+            return ui::response(&path);
+        }
         match path.as_str() {
             "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" => {
@@ -181,7 +190,7 @@ impl ServeHttp for Admin {
             }
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found: try /healthz, /readyz, /metrics or /v1/downloads\n",
+                "not found: try /healthz, /readyz, /metrics, /v1/downloads or /ui\n",
             ),
         }
     }

@@ -98,6 +98,17 @@ impl RouteTable {
         })
     }
 
+    /// The route and path of the object the state store keys `key`: `{route name}|{path}`, as the
+    /// proxy names an object it records (a download's `object`).
+    pub fn find_object(&self, key: &str) -> Option<(&Arc<Route>, NormalizedPath)> {
+        self.routes.iter().find_map(|route| {
+            let raw = key.strip_prefix(route.name.as_str())?.strip_prefix('|')?;
+            let path = NormalizedPath::parse(raw).ok()?;
+            // Only a key the proxy could have written names an object it recorded.
+            (path.to_string() == raw && path.starts_with(&route.prefix)).then_some((route, path))
+        })
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.routes.iter()
     }
@@ -147,6 +158,23 @@ mod tests {
         let path = NormalizedPath::parse(path).unwrap();
         let route = table.find(host, &path).unwrap();
         (route.upstream.name().to_owned(), route.upstream_path(&path))
+    }
+
+    #[test]
+    fn an_object_key_names_its_route_and_path() {
+        let table = table();
+        let found = |key: &str| {
+            table.find_object(key).map(|(route, path)| (route.name.clone(), path.to_string()))
+        };
+        assert_eq!(found("/files/|/files/a.bin"), Some(("/files/".into(), "/files/a.bin".into())));
+        assert_eq!(found("/|/a|b.bin"), Some(("/".into(), "/a|b.bin".into())));
+        assert_eq!(
+            found("DL.example.com/files|/files/x"),
+            Some(("DL.example.com/files".into(), "/files/x".into()))
+        );
+        for key in ["/files/|/a.bin", "/|/a/../b", "/|a", "/files/", "other|/a", ""] {
+            assert_eq!(found(key), None, "{key}");
+        }
     }
 
     #[test]

@@ -90,7 +90,13 @@ impl ProxyProcess {
     /// Runs `rangeway serve` with `body` (upstreams, routes, state) on free ports and waits until
     /// it listens.
     pub(crate) fn start(body: &str) -> ProxyProcess {
-        let (text, listen, admin) = config_text("", body);
+        ProxyProcess::start_with(body, "", &[])
+    }
+
+    /// Like [`ProxyProcess::start`], with extra `[server]` keys and environment variables (the
+    /// admin token, which rangeway reads from its environment only).
+    pub(crate) fn start_with(body: &str, server_keys: &str, env: &[(&str, &str)]) -> ProxyProcess {
+        let (text, listen, admin) = config_text(server_keys, body);
         let dir = super::tmp::TempDir::new("rangeway-process");
         let config = dir.join("rangeway.toml");
         std::fs::write(&config, text).expect("write the config");
@@ -98,6 +104,7 @@ impl ProxyProcess {
             .arg("serve")
             .arg("--config")
             .arg(&config)
+            .envs(env.iter().copied())
             .current_dir(dir.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -1,0 +1,175 @@
+//! The live downloads page (`/ui` on the admin listener) in a real browser: Debian's chromium,
+//! headless, driven by Playwright for Python (`tests/ui.py`), watching a throttled curl download
+//! make progress through rangeway.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use support::clients::{CLIENT_TIMEOUT, run};
+use support::data::test_bytes;
+use support::http::get;
+use support::origin::{Behaviour, Origin};
+use support::proxy::ProxyProcess;
+use support::tmp::TempDir;
+
+/// Where Debian's package puts it; scripts/deps.sh installs it.
+const CHROMIUM: &str = "/usr/bin/chromium";
+const TOKEN: &str = "ui-test-token-5f1e0c";
+const TOKEN_VAR: &str = "RANGEWAY_UI_TEST_TOKEN";
+
+const LEN: usize = 16 * 1024 * 1024;
+/// curl asks for the object in pieces this long, so that the download advances in steps the page
+/// can see: rangeway records what a response delivered when the response ends.
+const PIECE: usize = 1024 * 1024;
+/// About 1 MiB/s: a piece every ~0.75 s, the whole object in ~13 s, long enough for the browser
+/// to start and look twice on a loaded machine.
+const SLOW: Behaviour = Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) };
+
+/// A download id made to be markup: the page must show it as text.
+const HOSTILE_ID: &str = "<img/src=x/onerror=document.title='pwned'><b>bold</b>";
+
+/// Where the screenshot is kept after the run, for a human to look at.
+fn screenshot_path() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-artifacts").join("downloads.png")
+}
+
+/// curl fetching `url` into `dir` piece by piece on one connection, as download `id`.
+fn curl_in_pieces(id: &str, url: &str, dir: &Path) -> Command {
+    let mut curl = Command::new("curl");
+    curl.arg("-sS");
+    for (index, start) in (0..LEN).step_by(PIECE).enumerate() {
+        if index > 0 {
+            curl.arg("--next");
+        }
+        let end = (start + PIECE).min(LEN) - 1;
+        curl.args(["-H", &format!("X-Download-Id: {id}"), "-r", &format!("{start}-{end}")]);
+        curl.arg("-o").arg(dir.join(format!("piece-{index:03}"))).arg(url);
+    }
+    curl
+}
+
+fn pieces_joined(dir: &Path) -> Vec<u8> {
+    (0..LEN.div_ceil(PIECE))
+        .flat_map(|index| {
+            std::fs::read(dir.join(format!("piece-{index:03}"))).expect("a piece curl saved")
+        })
+        .collect()
+}
+
+#[test]
+fn the_page_shows_a_download_making_progress() {
+    assert!(Path::new(CHROMIUM).exists(), "{CHROMIUM} is missing: run scripts/deps.sh");
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 31);
+    origin.put("/big.bin", object.clone());
+    origin.put("/small.bin", test_bytes(4096, 32));
+    origin.set_behaviour("/big.bin", SLOW);
+    let proxy = ProxyProcess::start_with(
+        &format!(
+            "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n  algorithms = [\"sha256\"]\n",
+            origin.base_url()
+        ),
+        &format!("admin_token_env = \"{TOKEN_VAR}\""),
+        &[(TOKEN_VAR, TOKEN)],
+    );
+
+    // The page itself holds no data and needs no token; the API does.
+    let html = get(&proxy.admin_url("/ui"), &[]);
+    assert_eq!(html.status, 200);
+    assert_eq!(html.header("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(html.header("cache-control"), Some("no-store"));
+    let csp = html.header("content-security-policy").expect("a Content-Security-Policy");
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe"), "{csp}");
+    assert_eq!(get(&proxy.admin_url("/ui/app.js"), &[]).status, 200);
+    assert_eq!(get(&proxy.admin_url("/v1/downloads"), &[]).status, 401);
+
+    let hostile = get(&proxy.url("/small.bin"), &[("X-Download-Id", HOSTILE_ID)]);
+    assert_eq!(hostile.status, 200);
+    // Two pieces with a gap between them, for the strip to draw apart.
+    for range in ["bytes=0-1023", "bytes=3072-3583"] {
+        let piece = get(&proxy.url("/small.bin"), &[("X-Download-Id", "gappy"), ("Range", range)]);
+        assert_eq!(piece.status, 206);
+    }
+    let work = TempDir::new("ui");
+    let download = {
+        let curl = curl_in_pieces("watched-1", &proxy.url("/big.bin"), work.path());
+        thread::spawn(move || run(curl, CLIENT_TIMEOUT))
+    };
+
+    let screenshot = screenshot_path();
+    std::fs::create_dir_all(screenshot.parent().expect("a folder")).expect("artifact folder");
+    let _ = std::fs::remove_file(&screenshot);
+    let page_args = serde_json::json!({
+        "page": proxy.admin_url("/ui"),
+        "token": TOKEN,
+        "watch": "watched-1",
+        "hostile": HOSTILE_ID,
+        "gappy": "gappy",
+        "screenshot": screenshot,
+        "chromium": CHROMIUM,
+    });
+    let mut browser = Command::new("python3");
+    browser.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui.py"));
+    browser.arg(page_args.to_string());
+    let started = Instant::now();
+    let browsing = run(browser, CLIENT_TIMEOUT);
+    browsing.assert_success();
+    println!("the browser's run took {:?}", started.elapsed());
+    let seen: Value = serde_json::from_str(&browsing.stdout).expect("the script's JSON");
+
+    download.join().expect("the download thread").assert_success();
+    assert_eq!(pieces_joined(work.path()), object, "curl got the object");
+
+    assert_eq!(seen["without_token"], "The admin API needs its token.", "{seen}");
+    assert_eq!(seen["token_form_hidden"], true, "the token was taken: {seen}");
+    let (first, second, last) = (&seen["first"], &seen["second"], &seen["final"]);
+    let delivered = |row: &Value| row["delivered"].as_f64().expect("a number");
+    assert!(delivered(first) > 0.0 && delivered(first) < LEN as f64, "{first}");
+    assert!(delivered(second) > delivered(first), "progress on the live page: {first} {second}");
+    assert_eq!(first["size"], LEN as f64, "{first}");
+    for row in [first, second, last] {
+        assert_eq!(row["id"], "watched-1", "{row}");
+        assert_eq!(row["route"], "/", "{row}");
+        assert_eq!(row["object"], "/big.bin", "{row}");
+        assert_eq!(row["client"], "127.0.0.1", "{row}");
+        assert!(row["segments"].as_u64() >= Some(1), "the strip draws the ranges: {row}");
+        assert!(!row["started"].as_str().unwrap_or("").is_empty(), "{row}");
+    }
+    assert_eq!(second["state"], "active", "{second}");
+    assert_eq!(last["segments"], 1, "{last}");
+    assert!(second["rate"].as_str().is_some_and(|r| r.ends_with("/s")), "a rate: {second}");
+    assert_eq!(delivered(last), LEN as f64, "{last}");
+    let sha256 = base64::engine::general_purpose::STANDARD.encode(Sha256::digest(&object));
+    assert_eq!(last["digest"], format!("repr-digest: sha-256=:{sha256}:"), "{last}");
+
+    let gappy = &seen["gappy"];
+    assert_eq!((&gappy["segments"], &gappy["state"]), (&2.into(), &"active".into()), "{gappy}");
+    assert_eq!(gappy["progress"], "1.5 KiB / 4.0 KiB (37.5%)", "{gappy}");
+
+    // Data is text, never markup.
+    assert_eq!(seen["hostile"]["id"], HOSTILE_ID, "{seen}");
+    assert_eq!(seen["injected_elements"], 0, "{seen}");
+    assert_ne!(seen["title"], "pwned");
+    // The token lives in the tab's storage, never in an address; the policy was never broken.
+    assert_eq!(seen["token_in_storage"], serde_json::json!([TOKEN]));
+    assert!(!seen["url"].as_str().unwrap_or("").contains(TOKEN), "{seen}");
+    let console = seen["console"].as_array().expect("console messages");
+    assert!(
+        console.iter().all(|m| {
+            let m = m.as_str().unwrap_or("");
+            !m.contains("Content Security Policy") && !m.starts_with("pageerror")
+        }),
+        "{console:?}"
+    );
+
+    let png = std::fs::read(&screenshot).expect("the screenshot");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG at {}", screenshot.display());
+    println!("screenshot: {} ({} bytes; {})", screenshot.display(), png.len(), seen["browser"]);
+}
