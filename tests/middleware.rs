@@ -129,6 +129,39 @@ fn parallel_pieces_yield_the_digest() {
     assert_eq!(digest_eventually(&url), Some(sha256sum(&file)));
 }
 
+/// Pieces out of order and far apart, beyond the reach of any stored hash state: when the
+/// download completes, rangeway reads the rest from the origin itself to finish the digest.
+#[test]
+fn pieces_out_of_order_still_yield_the_digest_once_the_download_completes() {
+    let origin = Origin::start();
+    let len = 20 * 1024 * 1024 + 5;
+    let object = test_bytes(len, 18);
+    origin.put("/far.bin", object.clone());
+    let proxy = Proxy::start(&checksum_route(&origin, ""));
+    let url = proxy.url("/far.bin");
+    let split = 15 * 1024 * 1024;
+    let id = [("X-Download-Id", "far-apart")];
+    let tail = get(&url, &[id[0], ("Range", &format!("bytes={split}-"))]);
+    assert_eq!(tail.body, &object[split..]);
+    // Recorded after the response: wait for it, so the next piece completes the download.
+    get_until(&proxy.admin_url("/v1/downloads/far-apart"), |r| r.status == 200);
+    let head_piece = get(&url, &[id[0], ("Range", &format!("bytes=0-{}", split - 1))]);
+    assert_eq!(head_piece.body, &object[..split]);
+    assert_eq!(digest_eventually(&url), Some(sha256_hex(&object)));
+    let crc = format!("{:08x}", crc32fast::hash(&object));
+    assert_eq!(head(&url, &[]).header("x-checksum-crc32"), Some(crc.as_str()));
+    // The pass of rangeway's own: the rest of the object, from the latest stored state, pinned
+    // to the version with If-Match.
+    let own: Vec<String> = origin
+        .requests()
+        .into_iter()
+        .filter(|r| r.header("if-match").is_some())
+        .filter_map(|r| r.header("range").map(str::to_owned))
+        .filter(|range| range.ends_with('-') && range != "bytes=0-")
+        .collect();
+    assert_eq!(own.len(), 1, "one completion pass: {own:?}");
+}
+
 #[test]
 fn a_digest_is_never_shown_for_another_version() {
     let origin = Origin::start();

@@ -7,6 +7,7 @@
 //! `response_filter`, cut the body in `response_body_filter` (synchronous, no allocation on
 //! passthrough), record in `logging`.
 
+mod completion;
 pub mod download;
 mod negotiation;
 pub mod path;
@@ -37,6 +38,7 @@ use crate::admin::metrics::{ActiveDownload, Metrics};
 use crate::fingerprint::fingerprint;
 use crate::range::{ClientRange, Shape, shape_response};
 use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore};
+use completion::{Completions, Unfinished};
 use download::{DOWNLOAD_ID, RESUME_OFFSET, download_id, object_version};
 use path::NormalizedPath;
 use representation::{
@@ -61,6 +63,7 @@ pub struct Rangeway {
     range_limits: RangeLimits,
     metrics: Arc<Metrics>,
     store: Arc<dyn StateStore>,
+    completions: Arc<Completions>,
 }
 
 impl Rangeway {
@@ -70,7 +73,7 @@ impl Rangeway {
         metrics: Arc<Metrics>,
         store: Arc<dyn StateStore>,
     ) -> Self {
-        Self { routes, range_limits, metrics, store }
+        Self { routes, range_limits, metrics, store, completions: Arc::new(Completions::new()) }
     }
 }
 
@@ -1001,9 +1004,14 @@ impl ProxyHttp for Rangeway {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         // What reached the client's connection, not what the body filter handed on.
         let sent = session.body_bytes_sent() as u64;
+        let mut completed = None;
         if let Some(delivery) = ctx.delivery(sent) {
             // A store outage is reported by the store's health, once; the response is done.
-            let _ = self.store.record(&delivery).await;
+            if let Ok(session) = self.store.record(&delivery).await
+                && session.complete
+            {
+                completed = Some(delivery.origin_version);
+            }
         }
         if let (Some(pass), Some(route), Some(download)) = (&ctx.pass, &ctx.route, &ctx.download) {
             for (index, facts) in pass.learned_facts() {
@@ -1014,6 +1022,23 @@ impl ProxyHttp for Rangeway {
             if let Some(key) = ctx.forget_stage.and_then(|index| route.stage_keys.get(index)) {
                 let _ = self.store.forget(&download.object, key).await;
             }
+        }
+        // A download just completed on a route whose stages only observe: if its pieces left a
+        // digest unfinished, finish it from the origin (see completion.rs).
+        if let (Some(version), Some(route), Some(download)) = (completed, &ctx.route, &ctx.download)
+            && ctx.chain().is_some_and(Chain::is_observing_only)
+            && route.chain.stages().iter().any(|stage| stage.whole_digests() > 0)
+        {
+            let target = ctx.upstream_target.clone();
+            let path = download.object.split_once('|').map_or("", |(_, path)| path).to_owned();
+            let unfinished = Unfinished {
+                route: Arc::clone(route),
+                object: download.object.clone(),
+                path,
+                target,
+                version,
+            };
+            self.completions.start(Arc::clone(&self.store), unfinished);
         }
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();

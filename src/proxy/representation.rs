@@ -96,6 +96,34 @@ impl Known {
     }
 }
 
+impl Known {
+    /// Where a pass over the rest of the object must start so that every stage of `chain` (whose
+    /// stages only observe, each seeing the origin's `len` bytes) gets the digests of its whole
+    /// input that it still lacks: the latest stored state of each such stage, the earliest of
+    /// those; `None` when nothing is missing.
+    pub(super) fn completion_start(&self, chain: &Chain, len: u64) -> Option<u64> {
+        let whole = ByteRange::whole(len);
+        chain
+            .stages()
+            .iter()
+            .zip(self.facts())
+            .filter(|(stage, facts)| {
+                let have =
+                    facts.map_or(0, |f| f.digests.iter().filter(|d| d.range == whole).count());
+                have < stage.whole_digests()
+            })
+            .map(|(_, facts)| {
+                facts
+                    .into_iter()
+                    .flat_map(|f| f.checkpoints.iter().map(|c| c.offset()))
+                    .filter(|&at| at <= len)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .min()
+    }
+}
+
 /// A strong ETag of a transformed representation: the origin's strong ETag and the chain's
 /// identity, hashed, so that it changes when either does.
 pub(super) fn representation_etag(origin_etag: &str, chain: &Chain) -> String {

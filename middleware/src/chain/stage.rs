@@ -270,6 +270,13 @@ pub trait StageFactory: Send + Sync + fmt::Debug {
         None
     }
 
+    /// How many digests of its whole input a full pass of this stage reports (one per algorithm
+    /// of a checksum); 0 for a stage that digests nothing. Tells the proxy when what the pieces
+    /// of a download taught a stage is still short of a full pass.
+    fn whole_digests(&self) -> usize {
+        0
+    }
+
     /// The HTTP content coding this stage's output is (`gzip`), when it is served as one: applied
     /// only for clients that accept it, with `Content-Encoding`, and never with ranges (clients
     /// decode on the fly and would resume at decoded offsets). `None`: the output is a

@@ -181,6 +181,10 @@ impl StageFactory for ChecksumFactory {
         Some(input_len)
     }
 
+    fn whole_digests(&self) -> usize {
+        usize::from(self.sha256) + usize::from(self.crc32)
+    }
+
     fn observes_only(&self) -> bool {
         true
     }

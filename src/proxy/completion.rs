@@ -1,0 +1,152 @@
+//! Finishing the digests a download's pieces left unfinished.
+//!
+//! A resumed piece continues the hash from a stored state within [`MAX_HASH_GAP`] of its start;
+//! pieces that come out of order, farther from any state (the last piece of a parallel download
+//! first, say), cannot. When such a download completes and a stage still lacks the digest of its
+//! whole input, rangeway reads the rest of the object from the origin itself, from the latest state
+//! its stages share, runs the stages over it and records what they learn. Nothing of it is sent
+//! to a client; at most one such pass runs per object on an instance.
+//!
+//! [`MAX_HASH_GAP`]: super::representation::MAX_HASH_GAP
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::header;
+use pingora_core::connectors::http::Connector;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::RequestHeader;
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::chain::ObjectVersion as StageObject;
+use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
+use tracing::{debug, info};
+
+use super::representation::{ChainPass, Known, version_key};
+use super::routing::Route;
+use crate::state::{self, StateStore};
+
+/// What a completion pass needs to know, taken from the request that finished the download.
+#[derive(Debug)]
+pub(super) struct Unfinished {
+    pub(super) route: Arc<Route>,
+    /// The object's key in the store.
+    pub(super) object: String,
+    /// The client path, as the stages are told it.
+    pub(super) path: String,
+    /// The upstream path and query.
+    pub(super) target: String,
+    pub(super) version: state::ObjectVersion,
+}
+
+/// The completion passes of one instance.
+pub(super) struct Completions {
+    connector: Connector,
+    /// Objects with a pass running.
+    running: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for Completions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completions").finish_non_exhaustive()
+    }
+}
+
+impl Completions {
+    pub(super) fn new() -> Self {
+        Self { connector: Connector::new(None), running: Mutex::new(HashSet::new()) }
+    }
+
+    /// Starts a pass for `unfinished` in the background, unless one runs for its object.
+    pub(super) fn start(self: &Arc<Self>, store: Arc<dyn StateStore>, unfinished: Unfinished) {
+        let key = unfinished.object.clone();
+        if !self.running.lock().unwrap_or_else(PoisonError::into_inner).insert(key.clone()) {
+            return;
+        }
+        let completions = Arc::clone(self);
+        tokio::spawn(async move {
+            let route = unfinished.route.name.clone();
+            match completions.run(store.as_ref(), unfinished).await {
+                Ok(()) => {
+                    info!(route, object = %key, "finished the digests a download's pieces left unfinished")
+                }
+                Err(error) => debug!(route, object = %key, %error, "could not finish the digests"),
+            }
+            completions.running.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        });
+    }
+
+    async fn run(&self, store: &dyn StateStore, unfinished: Unfinished) -> Result<()> {
+        let Unfinished { route, object, path, target, version } = unfinished;
+        let Some(etag) = version.etag.as_deref().filter(|_| version.strong) else {
+            return Ok(());
+        };
+        // What the store knows now, from every instance: perhaps all of it already.
+        let found = store
+            .lookup("", &object, &route.stage_keys)
+            .await
+            .map_err(|e| Error::because(ErrorType::InternalError, "the store", e))?;
+        let known = Known::of(version_key(&version), found.facts);
+        let Some(from) = known.completion_start(&route.chain, version.size) else {
+            return Ok(());
+        };
+        let peer = route.upstream.peer().await?;
+        let (mut upstream, _) = self.connector.get_http_session(peer.as_ref()).await?;
+        let mut request = RequestHeader::build("GET", target.as_bytes(), Some(4))?;
+        request.insert_header(header::HOST, route.upstream.host_header())?;
+        request.insert_header(header::RANGE, format!("bytes={from}-"))?;
+        // The version the facts are about, or nothing.
+        request.insert_header(header::IF_MATCH, etag)?;
+        request.insert_header(header::ACCEPT_ENCODING, "identity")?;
+        upstream.write_request_header(Box::new(request)).await?;
+        upstream.finish_request_body().await?;
+        upstream.read_response_header().await?;
+        let answer = upstream.response_header().map(|r| {
+            let range = r
+                .headers
+                .get(header::CONTENT_RANGE)
+                .and_then(|v| parse_content_range(v.as_bytes()));
+            (r.status.as_u16(), range)
+        });
+        let expected = ByteRange::new(from, version.size);
+        let stream = match answer {
+            Some((206, Some(ContentRange::Satisfied { range, complete_len })))
+                if Some(range) == expected && complete_len == Some(version.size) =>
+            {
+                range
+            }
+            Some((200, _)) if from == 0 => ByteRange::whole(version.size),
+            other => {
+                return Err(Error::explain(
+                    ErrorType::InvalidHTTPHeader,
+                    format!("the origin answered {other:?} for the rest of the object"),
+                ));
+            }
+        };
+        let object_version = StageObject {
+            route: &route.name,
+            path: &path,
+            strong_etag: Some(etag),
+            len: version.size,
+        };
+        let plan = route
+            .chain
+            .plan(stream, &object_version, &known.learned())
+            .map_err(|e| Error::because(ErrorType::InternalError, "planning", e))?;
+        let mut pass =
+            ChainPass::start(&route.chain, &plan, &object_version, known, stream.start())
+                .map_err(|e| Error::because(ErrorType::InternalError, "starting the stages", e))?;
+        while let Some(chunk) = upstream.read_response_body().await? {
+            pass.push(chunk).map_err(|e| Error::because(ErrorType::InternalError, "a stage", e))?;
+        }
+        pass.finish().map_err(|e| Error::because(ErrorType::InternalError, "a stage", e))?;
+        for (index, facts) in pass.learned_facts() {
+            if let Some(key) = route.stage_keys.get(index) {
+                store
+                    .learn(&object, key, &facts)
+                    .await
+                    .map_err(|e| Error::because(ErrorType::InternalError, "the store", e))?;
+            }
+        }
+        Ok(())
+    }
+}
