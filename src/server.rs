@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::admin::Admin;
+use crate::admin::live::LiveResponses;
 use crate::admin::metrics::Metrics;
 use crate::config::{Config, UpstreamKind};
 use crate::origin::dir::{self, DirOrigin};
@@ -168,15 +169,27 @@ pub fn build(
     }
 
     let routes = Arc::new(RouteTable::new(routes));
-    let proxy =
-        Rangeway::new(Arc::clone(&routes), range_limits, Arc::clone(&metrics), Arc::clone(&store));
+    let live = Arc::new(LiveResponses::new());
+    let proxy = Rangeway::new(
+        Arc::clone(&routes),
+        range_limits,
+        Arc::clone(&metrics),
+        Arc::clone(&store),
+        Arc::clone(&live),
+    );
     let mut proxy_service =
         pingora_proxy::http_proxy_service_with_name(&server.configuration, proxy, "rangeway proxy");
     proxy_service.add_tcp(&config.server.listen.to_string());
     server.add_service(proxy_service);
 
-    let admin_app =
-        Admin::new(metrics, config.server.listen, store, routes, config.server.admin_token.clone());
+    let admin_app = Admin::new(
+        metrics,
+        config.server.listen,
+        store,
+        routes,
+        config.server.admin_token.clone(),
+        live,
+    );
     let mut admin = Service::new("admin".to_owned(), admin_app);
     admin.add_tcp(&config.server.admin_listen.to_string());
     admin.threads = Some(1);

@@ -25,11 +25,8 @@ const TOKEN: &str = "ui-test-token-5f1e0c";
 const TOKEN_VAR: &str = "RANGEWAY_UI_TEST_TOKEN";
 
 const LEN: usize = 16 * 1024 * 1024;
-/// curl asks for the object in pieces this long, so that the download advances in steps the page
-/// can see: rangeway records what a response delivered when the response ends.
-const PIECE: usize = 1024 * 1024;
-/// About 1 MiB/s: a piece every ~0.75 s, the whole object in ~13 s, long enough for the browser
-/// to start and look twice on a loaded machine.
+/// About 1 MiB/s: the whole object in ~13 s, in one response, long enough for the browser to start
+/// and look twice on a loaded machine; the page shows the response's progress while it lasts.
 const SLOW: Behaviour = Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) };
 
 /// A download id made to be markup: the page must show it as text.
@@ -40,27 +37,11 @@ fn screenshot_path() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-artifacts").join("downloads.png")
 }
 
-/// curl fetching `url` into `dir` piece by piece on one connection, as download `id`.
-fn curl_in_pieces(id: &str, url: &str, dir: &Path) -> Command {
+/// curl fetching `url` into `file` in one throttled response, as download `id`.
+fn curl_download(id: &str, url: &str, file: &Path) -> Command {
     let mut curl = Command::new("curl");
-    curl.arg("-sS");
-    for (index, start) in (0..LEN).step_by(PIECE).enumerate() {
-        if index > 0 {
-            curl.arg("--next");
-        }
-        let end = (start + PIECE).min(LEN) - 1;
-        curl.args(["-H", &format!("X-Download-Id: {id}"), "-r", &format!("{start}-{end}")]);
-        curl.arg("-o").arg(dir.join(format!("piece-{index:03}"))).arg(url);
-    }
+    curl.args(["-sS", "-H", &format!("X-Download-Id: {id}"), "-o"]).arg(file).arg(url);
     curl
-}
-
-fn pieces_joined(dir: &Path) -> Vec<u8> {
-    (0..LEN.div_ceil(PIECE))
-        .flat_map(|index| {
-            std::fs::read(dir.join(format!("piece-{index:03}"))).expect("a piece curl saved")
-        })
-        .collect()
 }
 
 #[test]
@@ -99,7 +80,7 @@ fn the_page_shows_a_download_making_progress() {
     }
     let work = TempDir::new("ui");
     let download = {
-        let curl = curl_in_pieces("watched-1", &proxy.url("/big.bin"), work.path());
+        let curl = curl_download("watched-1", &proxy.url("/big.bin"), &work.join("big.bin"));
         thread::spawn(move || run(curl, CLIENT_TIMEOUT))
     };
 
@@ -125,7 +106,7 @@ fn the_page_shows_a_download_making_progress() {
     let seen: Value = serde_json::from_str(&browsing.stdout).expect("the script's JSON");
 
     download.join().expect("the download thread").assert_success();
-    assert_eq!(pieces_joined(work.path()), object, "curl got the object");
+    assert_eq!(std::fs::read(work.join("big.bin")).expect("read"), object, "curl got the object");
 
     assert_eq!(seen["without_token"], "The admin API needs its token.", "{seen}");
     assert_eq!(seen["token_form_hidden"], true, "the token was taken: {seen}");

@@ -2,6 +2,7 @@
 //! over downloads and objects (`/v1/...`, behind a bearer token when one is configured), and the
 //! live downloads page that shows the API (`/ui`).
 
+pub mod live;
 pub mod metrics;
 mod ui;
 
@@ -19,7 +20,8 @@ use crate::config::AdminToken;
 use crate::proxy::path::NormalizedPath;
 use crate::proxy::representation::current_digests;
 use crate::proxy::routing::{Route, RouteTable};
-use crate::state::{DownloadSession, StateStore};
+use crate::state::{DownloadSession, StateStore, unix_now};
+use live::LiveResponses;
 use metrics::Metrics;
 
 /// Most downloads one `/v1/downloads` page lists.
@@ -36,6 +38,7 @@ pub struct Admin {
     store: Arc<dyn StateStore>,
     routes: Arc<RouteTable>,
     token: Option<AdminToken>,
+    live: Arc<LiveResponses>,
 }
 
 impl Admin {
@@ -45,8 +48,9 @@ impl Admin {
         store: Arc<dyn StateStore>,
         routes: Arc<RouteTable>,
         token: Option<AdminToken>,
+        live: Arc<LiveResponses>,
     ) -> Self {
-        Self { metrics, proxy_addr, store, routes, token }
+        Self { metrics, proxy_addr, store, routes, token, live }
     }
 
     /// `/v1/...`: the downloads and objects the state store knows.
@@ -71,9 +75,11 @@ impl Admin {
         let query = session.req_header().uri.query().unwrap_or("");
         let result = if let Some(id) = path.strip_prefix("/v1/downloads/") {
             let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
-            self.store.download(&id).await.map(|found| match found {
-                Some(download) => (StatusCode::OK, download_json(&download)),
-                None => (StatusCode::NOT_FOUND, json!({"error": "no such download"})),
+            self.store.download(&id).await.map(|found| {
+                match self.live.merged(&id, found, unix_now()) {
+                    Some(download) => (StatusCode::OK, download_json(&download)),
+                    None => (StatusCode::NOT_FOUND, json!({"error": "no such download"})),
+                }
             })
         } else if path == "/v1/downloads" {
             let active = param(query, "active").is_some_and(|v| v == "true" || v == "1");
@@ -81,7 +87,20 @@ impl Admin {
             let limit =
                 param(query, "limit").and_then(|v| v.parse().ok()).unwrap_or(100).min(MAX_PAGE);
             self.store.downloads(active, offset, limit).await.map(|page| {
-                let items: Vec<Value> = page.iter().map(download_json).collect();
+                // Responses in flight show on top of what the store recorded: downloads that
+                // have none recorded yet lead the first page.
+                let now = unix_now();
+                let fresh = if offset == 0 { self.live.unlisted(&page, now) } else { Vec::new() };
+                let items: Vec<Value> = fresh
+                    .into_iter()
+                    .chain(
+                        page.into_iter()
+                            .filter_map(|s| self.live.merged(&s.id.clone(), Some(s), now)),
+                    )
+                    .filter(|s| !(active && s.complete))
+                    .take(limit)
+                    .map(|s| download_json(&s))
+                    .collect();
                 (StatusCode::OK, json!({"offset": offset, "limit": limit, "downloads": items}))
             })
         } else if path == "/v1/objects" {

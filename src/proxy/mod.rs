@@ -34,10 +34,11 @@ use rangeway_middleware::rfc9110::{
 use rangeway_middleware::{ByteRange, Window};
 use tracing::{info, warn};
 
+use crate::admin::live::{LiveGuard, LiveResponses};
 use crate::admin::metrics::{ActiveDownload, Metrics};
 use crate::fingerprint::fingerprint;
 use crate::range::{ClientRange, Shape, shape_response};
-use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore};
+use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore, unix_now};
 use completion::{Completions, Unfinished};
 use download::{DOWNLOAD_ID, RESUME_OFFSET, download_id, object_version};
 use path::NormalizedPath;
@@ -64,6 +65,7 @@ pub struct Rangeway {
     metrics: Arc<Metrics>,
     store: Arc<dyn StateStore>,
     completions: Arc<Completions>,
+    live: Arc<LiveResponses>,
 }
 
 impl Rangeway {
@@ -72,8 +74,10 @@ impl Rangeway {
         range_limits: RangeLimits,
         metrics: Arc<Metrics>,
         store: Arc<dyn StateStore>,
+        live: Arc<LiveResponses>,
     ) -> Self {
-        Self { routes, range_limits, metrics, store, completions: Arc::new(Completions::new()) }
+        let completions = Arc::new(Completions::new());
+        Self { routes, range_limits, metrics, store, completions, live }
     }
 }
 
@@ -123,6 +127,8 @@ pub struct RequestCtx {
     /// The route serves its output as a content coding this client does not accept: the body is
     /// passed through untouched, as on a route without middleware.
     coding_declined: bool,
+    /// This response's progress, shown by the admin API while it is in flight.
+    live: Option<LiveGuard>,
 }
 
 /// A full pass of an upstream body checked against the digest its origin published for it.
@@ -235,6 +241,7 @@ impl Default for RequestCtx {
             pass: None,
             forget_stage: None,
             coding_declined: false,
+            live: None,
         }
     }
 }
@@ -258,12 +265,13 @@ impl RequestCtx {
         self.chain().is_some_and(|chain| !chain.is_observing_only())
     }
 
-    /// What this response delivered to its download, once `sent` body bytes went out.
+    /// What this response delivered to its download, once `sent` body bytes went out (none is
+    /// an empty range).
     fn delivery(&self, sent: u64) -> Option<Delivery> {
         let download = self.download.as_ref()?;
         let (version, start) = download.delivering.as_ref()?;
         let origin_version = download.origin_version.as_ref().unwrap_or(version);
-        let range = ByteRange::from_len(*start, sent).filter(|r| !r.is_empty())?;
+        let range = ByteRange::from_len(*start, sent)?;
         Some(Delivery {
             id: download.id.clone(),
             object: download.object.clone(),
@@ -545,6 +553,17 @@ impl Rangeway {
         Ok(())
     }
 
+    /// Shows the response in the admin API while it is in flight, when it delivers to a download.
+    fn go_live(&self, ctx: &mut RequestCtx) {
+        if matches!(ctx.body, BodyPlan::Discard) {
+            return;
+        }
+        // What the response will record at its end, before any byte went out.
+        if let Some(delivery) = ctx.delivery(0) {
+            ctx.live = Some(self.live.register(delivery));
+        }
+    }
+
     /// Answers 502 for an upstream answer that cannot be made into a correct response.
     fn refuse(
         &self,
@@ -589,10 +608,6 @@ impl Rangeway {
         ctx.body = BodyPlan::Multipart(Box::new(multipart));
         Ok(())
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[async_trait]
@@ -847,6 +862,7 @@ impl ProxyHttp for Rangeway {
             if result.is_ok() && !matches!(ctx.body, BodyPlan::Discard) {
                 ctx.origin_digest = origin_digest;
             }
+            self.go_live(ctx);
             return result;
         }
         // The upstream body's place in the object, for stages that observe it.
@@ -910,6 +926,7 @@ impl ProxyHttp for Rangeway {
         if !matches!(ctx.body, BodyPlan::Discard) {
             ctx.origin_digest = origin_digest;
         }
+        self.go_live(ctx);
         Ok(())
     }
 
@@ -976,6 +993,9 @@ impl ProxyHttp for Rangeway {
             }
             BodyPlan::Discard => *body = None,
         }
+        if let (Some(live), Some(chunk)) = (&ctx.live, body.as_ref()) {
+            live.sent(chunk.len());
+        }
         Ok(None)
     }
 
@@ -1005,7 +1025,7 @@ impl ProxyHttp for Rangeway {
         // What reached the client's connection, not what the body filter handed on.
         let sent = session.body_bytes_sent() as u64;
         let mut completed = None;
-        if let Some(delivery) = ctx.delivery(sent) {
+        if let Some(delivery) = ctx.delivery(sent).filter(|d| !d.range.is_empty()) {
             // A store outage is reported by the store's health, once; the response is done.
             if let Ok(session) = self.store.record(&delivery).await
                 && session.complete
@@ -1013,6 +1033,8 @@ impl ProxyHttp for Rangeway {
                 completed = Some(delivery.origin_version);
             }
         }
+        // Recorded: the admin API shows the store's record of the response from now on.
+        ctx.live = None;
         if let (Some(pass), Some(route), Some(download)) = (&ctx.pass, &ctx.route, &ctx.download) {
             for (index, facts) in pass.learned_facts() {
                 if let Some(key) = route.stage_keys.get(index) {

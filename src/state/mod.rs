@@ -33,6 +33,11 @@ pub use self::model::{
 pub use self::redis::{RedisOptions, RedisStore};
 use crate::config::{StateBackend, StateConfig};
 
+/// Now, in the Unix seconds the records keep.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// The most sessions one [`StateStore::downloads`] call returns.
 pub const MAX_PAGE: usize = 1000;
 

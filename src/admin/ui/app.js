@@ -7,8 +7,8 @@
 "use strict";
 
 const POLL_INTERVAL_MS = 1000;
-// Downloads are recorded when a response ends, so bytes arrive in steps: the rate is taken over
-// several polls to smooth them.
+// Bytes arrive unevenly (socket buffers, a response ending and the next beginning): the rate is
+// taken over several polls to smooth them.
 const RATE_WINDOW_MS = 10000;
 // An object's digest is published once a whole pass over it was checked: look again now and then
 // until it is known, and seldom after (the object may change).

@@ -1,0 +1,174 @@
+//! Responses in flight, so the admin API (and the live page) show a download moving within one
+//! long response, not only when it ends and is recorded in the store.
+//!
+//! Each instance knows its own responses only: on many instances, a download shows the stored
+//! state plus what the instance asked is sending now.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rangeway_middleware::ByteRange;
+
+use crate::state::{Delivery, DownloadSession};
+
+/// The responses in flight on this instance that deliver bytes to a download.
+#[derive(Debug, Default)]
+pub struct LiveResponses {
+    entries: Mutex<BTreeMap<u64, Arc<LiveResponse>>>,
+    next: AtomicU64,
+}
+
+/// One response in flight: what it delivers to which download, from which byte, and how many
+/// bytes it has sent so far.
+#[derive(Debug)]
+pub struct LiveResponse {
+    /// The delivery as it will be recorded, but for its range, bytes and time.
+    delivery: Delivery,
+    sent: AtomicU64,
+}
+
+/// A response's place in [`LiveResponses`]; leaves it when dropped (the response ended).
+#[derive(Debug)]
+pub struct LiveGuard {
+    registry: Arc<LiveResponses>,
+    key: u64,
+    entry: Arc<LiveResponse>,
+}
+
+impl LiveResponses {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a response that makes `delivery` (whose range starts where the response does, and whose
+    /// time is when it began).
+    pub fn register(self: &Arc<Self>, delivery: Delivery) -> LiveGuard {
+        let entry = Arc::new(LiveResponse { delivery, sent: AtomicU64::new(0) });
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(key, Arc::clone(&entry));
+        LiveGuard { registry: Arc::clone(self), key, entry }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<LiveResponse>>> {
+        // Nothing panics under the lock; a poisoned map is still a correct map.
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn snapshot(&self) -> Vec<Arc<LiveResponse>> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// `stored` (the store's session of download `id`, if any) with what this instance's
+    /// responses for it have sent so far, merged by the store's own rule; `None` when neither
+    /// knows the download.
+    pub fn merged(
+        &self,
+        id: &str,
+        stored: Option<DownloadSession>,
+        now: u64,
+    ) -> Option<DownloadSession> {
+        let lives: Vec<Arc<LiveResponse>> =
+            self.snapshot().into_iter().filter(|live| live.delivery.id == id).collect();
+        let recorded = stored.is_some();
+        let mut session = lives
+            .iter()
+            .filter_map(|live| live.delivery(now))
+            .fold(stored, |session, delivery| Some(DownloadSession::record(session, &delivery)))?;
+        if !recorded {
+            // Begun by a response still in flight: when that response began, not now.
+            let began = lives.iter().map(|live| live.delivery.now).min();
+            session.started_at = began.unwrap_or(session.started_at);
+        }
+        Some(session)
+    }
+
+    /// The downloads with a response in flight that are not in `listed`, newest first, as
+    /// sessions of what those responses sent so far.
+    pub fn unlisted(&self, listed: &[DownloadSession], now: u64) -> Vec<DownloadSession> {
+        let mut ids: Vec<String> = Vec::new();
+        for live in self.snapshot().iter().rev() {
+            let id = &live.delivery.id;
+            if !listed.iter().any(|s| &s.id == id) && !ids.contains(id) {
+                ids.push(id.clone());
+            }
+        }
+        ids.iter().filter_map(|id| self.merged(id, None, now)).collect()
+    }
+}
+
+impl LiveResponse {
+    /// What the response has delivered so far, as the store would record it at its end.
+    fn delivery(&self, now: u64) -> Option<Delivery> {
+        let sent = self.sent.load(Ordering::Relaxed);
+        let range =
+            ByteRange::from_len(self.delivery.range.start(), sent).filter(|r| !r.is_empty())?;
+        Some(Delivery { range, bytes: sent, now, ..self.delivery.clone() })
+    }
+}
+
+impl LiveGuard {
+    /// Counts `len` more body bytes sent.
+    pub fn sent(&self, len: usize) {
+        self.entry.sent.fetch_add(len as u64, Ordering::Relaxed);
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::ObjectVersion;
+
+    fn delivery(id: &str, start: u64) -> Delivery {
+        let version = version(100);
+        Delivery {
+            id: id.to_owned(),
+            object: "r|/o".to_owned(),
+            route: "r".to_owned(),
+            client: "c".to_owned(),
+            origin_version: version.clone(),
+            version,
+            range: ByteRange::new(start, start).expect("empty"),
+            bytes: 0,
+            now: 0,
+        }
+    }
+
+    fn version(size: u64) -> ObjectVersion {
+        ObjectVersion {
+            etag: Some("\"v\"".to_owned()),
+            strong: true,
+            size,
+            last_modified: None,
+            content_type: None,
+        }
+    }
+
+    #[test]
+    fn responses_in_flight_add_to_the_stored_session_until_they_end() {
+        let live = Arc::new(LiveResponses::new());
+        let guard = live.register(delivery("d", 40));
+        assert_eq!(live.merged("d", None, 1), None, "nothing sent yet");
+        guard.sent(10);
+        let session = live.merged("d", None, 7).expect("in flight");
+        assert_eq!(session.delivered.total(), 10);
+        assert_eq!((session.started_at, session.updated_at), (0, 7));
+        assert!(!session.complete);
+        let listed = live.unlisted(&[], 1);
+        assert_eq!(listed.len(), 1);
+        assert!(live.unlisted(&listed, 1).is_empty());
+
+        let other = live.register(delivery("e", 0));
+        other.sent(100);
+        assert!(live.merged("e", None, 1).expect("in flight").complete);
+        drop(guard);
+        assert_eq!(live.merged("d", None, 1), None, "gone when the response ends");
+        assert_eq!(live.unlisted(&[], 1).len(), 1);
+    }
+}
