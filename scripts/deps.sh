@@ -61,38 +61,45 @@ if [[ ! -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]]; then
     missing+=(fonts-dejavu-core)
 fi
 
-# tests/deploy.rs parses deploy/*.yaml with PyYAML in whichever python3 is first on PATH (a
-# pyenv one, say, which Debian's python3-yaml would not reach): pip for that python, else apt.
-pyyaml() {
-    python3 -c 'import yaml' >/dev/null 2>&1 && return
-    echo "deps: installing PyYAML"
-    python3 -m pip install --quiet pyyaml >/dev/null 2>&1 && return
-    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends python3-yaml >/dev/null
-}
-
-# middleware/tests/aes128gcm_interop.rs decrypts rangeway's output with Python's http_ece (and
-# has it encrypt what rangeway's Decryptor reads): an RFC 8188 implementation nobody here wrote.
-# Same python3 as above, so pip first; Debian's package, where it has one, as the fallback.
-http_ece() {
-    python3 -c 'import http_ece' >/dev/null 2>&1 && return
-    echo "deps: installing http_ece"
-    python3 -m pip install --quiet http-ece >/dev/null 2>&1 && return
-    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends python3-http-ece >/dev/null
-}
-
-# tests/ui.rs drives Debian's chromium (above) through Playwright for Python. Only the Python
-# package: it launches the system chromium by path, so Playwright's own browser downloads
-# (`playwright install`) are never needed. Debian has no package of it.
-playwright() {
-    python3 -c 'import playwright.sync_api' >/dev/null 2>&1 && return
-    echo "deps: installing playwright"
-    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet playwright >/dev/null
+# Python modules the tests import, in whichever python3 is first on PATH (a pyenv one, say, which
+# Debian's python3-* packages would not reach): that python's pip first; else Debian's package,
+# where there is one; else pip installed from apt and allowed beside Debian's own packages
+# (PEP 668: Debian's python refuses pip installs without it). Fails when the module still does not
+# import, rather than letting a test find out.
+apt_updated=false
+py_module() {
+    local module=$1 package=$2 debian=${3:-}
+    python3 -c "import $module" >/dev/null 2>&1 && return
+    echo "deps: installing $package"
+    export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+    python3 -m pip install --quiet "$package" >/dev/null 2>&1 && return
+    if [[ $apt_updated == false ]]; then
+        "${SUDO[@]}" apt-get update -qq >/dev/null 2>&1 || true
+        apt_updated=true
+    fi
+    if [[ -n $debian ]] &&
+        "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "$debian" >/dev/null 2>&1 &&
+        python3 -c "import $module" >/dev/null 2>&1; then
+        return
+    fi
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        "${SUDO[@]}" apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+    fi
+    python3 -m pip install --quiet "$package" >/dev/null 2>&1 ||
+        python3 -m pip install --quiet --break-system-packages "$package" >/dev/null
+    python3 -c "import $module"
 }
 
 python_modules() {
-    pyyaml
-    http_ece
-    playwright
+    # tests/deploy.rs parses deploy/*.yaml with PyYAML.
+    py_module yaml pyyaml python3-yaml
+    # middleware/tests/aes128gcm_interop.rs and tests/encryption.rs decrypt rangeway's output with
+    # http_ece: an RFC 8188 implementation nobody here wrote.
+    py_module http_ece http-ece python3-http-ece
+    # tests/ui.rs drives Debian's chromium (above) through Playwright for Python. Only the Python
+    # package: it launches the system chromium by path, so Playwright's own browser downloads
+    # (`playwright install`) are never needed. Debian has no package of it.
+    py_module playwright.sync_api playwright
 }
 
 if [[ ${#missing[@]} -eq 0 ]]; then
@@ -112,6 +119,7 @@ apt_get() {
 }
 
 apt_get update -qq
+apt_updated=true
 for package in "${missing[@]}"; do
     echo "deps: installing $package"
 done
