@@ -707,3 +707,22 @@ fn a_checksum_cannot_follow_encryption_but_may_precede_it() {
     assert_eq!(chain.stages().len(), 2);
     assert!(chain.identity().starts_with("aes128gcm(v1,rs=65553,keyid=,key="));
 }
+
+/// Found by fuzzing (`fuzz/corpus/aes128gcm_decrypt/regression-header-rs-flip`): RFC 8188 does not
+/// authenticate the record size in the header, so a changed one that moves no record boundary (a
+/// stream of one short record) still decrypts — to the very same plaintext, never to other bytes;
+/// one that moves a boundary fails.
+#[test]
+fn a_changed_record_size_never_yields_other_plaintext() {
+    let keys = keys(&format!("k1={KEY16}"));
+    let data = sample(2);
+    let ciphertext = encrypt(&factory(79), &data);
+    let mut changed = ciphertext.clone();
+    changed[19] ^= 1 << 5; // rs 79 -> 111: the one 19-byte record fits either way
+    assert_eq!(decrypt(&keys, &changed, &[]).unwrap(), data);
+
+    let data = sample(200);
+    let mut changed = encrypt(&factory(79), &data);
+    changed[19] ^= 1 << 5; // now records of 79 bytes are read as 111: every tag fails
+    assert!(decrypt(&keys, &changed, &[]).is_err());
+}
