@@ -13,7 +13,13 @@ bench_init() {
     trap 'exit 130' INT TERM
 }
 bench_cleanup() {
-    local p
+    local status=$? p f
+    # On failure, the servers' own words are the quickest diagnosis: show their logs' tails.
+    if [[ $status -ne 0 ]]; then
+        for f in "$work"/*.log "$work"/*/error.log; do
+            [[ -s $f ]] && { echo "== ${f#"$work"/}"; tail -5 "$f"; } >&2
+        done
+    fi
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     rm -rf "$work"
@@ -74,7 +80,7 @@ origin_nginx_conf() {
     cat > "$1/nginx.conf" <<CONF
 master_process off;
 $(nginx_common "$1")
-worker_rlimit_nofile 65536;
+worker_rlimit_nofile $(ulimit -n);
 events { worker_connections ${4:-1024}; }
 http {
 $(nginx_http_common "$1")
