@@ -318,7 +318,8 @@ measure() { # WORKLOAD TARGET REP
     # perf samples rangeway (all threads) for the whole first run of each of its targets.
     local perf_pid=""
     if [[ $PROFILE == perf && $2 == rangeway* && $3 == 1 ]]; then
-        perf record -q -F 999 -g -p "$pid" -o "$work/perf-$1-$2.data" -- sleep "$DURATION" 2>/dev/null &
+        perf record -q -F 999 --call-graph dwarf,16384 -p "$pid" -o "$work/perf-$1-$2.data" \
+            -- sleep "$DURATION" 2>/dev/null &
         perf_pid=$!
     fi
     line=$(wrk_run "$1" "$2" "$DURATION")
@@ -392,7 +393,14 @@ case $PROFILE in
             [[ -e $data ]] || continue
             echo "== $(basename "$data" .data): perf, $DURATION s, all rangeway threads, self time"
             perf report -i "$data" --stdio --no-children --sort dso,symbol --percent-limit 0.7 -g none 2>/dev/null |
-                grep -v '^#' | grep -v '^$' | head -40
+                grep -v '^#' | grep -v '^$' | head -40 || true   # head may close the pipe early
+            echo
+            # Who calls the top entries: rangeway's code has no frame pointers, so the stacks are
+            # unwound from DWARF (line tables are in the release build).
+            echo "== $(basename "$data" .data): callers of the entries above 5 %"
+            perf report -i "$data" --stdio --no-children --sort symbol --percent-limit 5 \
+                -g caller,2,callee,function,percent --max-stack 24 2>/dev/null |
+                grep -v '^#' | grep -v '^$' | head -120 || true
             echo
         done > "$profile"
         ;;
@@ -400,7 +408,7 @@ case $PROFILE in
         # SIGTERM: rangeway shuts down (grace_period 1 s) and valgrind writes its profile.
         kill -TERM "$rangeway_pid"
         wait "$rangeway_pid" || true
-        callgrind_annotate "$work/callgrind.out" 2>/dev/null | head -60 > "$profile"
+        { callgrind_annotate "$work/callgrind.out" 2>/dev/null || true; } | head -60 > "$profile"
         ;;
 esac
 if [[ -n $PROFILE ]]; then
