@@ -132,6 +132,7 @@ def markdown(meta, summary, raw_name, svg_name):
         "part of the bench, in % of one core.",
         "",
     ]
+    lines += compact(summary) + [""]
     for workload, title in WORKLOADS.items():
         targets = [t for (w, t) in summary if w == workload]
         if not targets:
@@ -182,6 +183,36 @@ def markdown(meta, summary, raw_name, svg_name):
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def compact(summary):
+    """One short table of every workload, the form the README's Measured section quotes."""
+    lines = [
+        "## Summary",
+        "",
+        "| workload | target | req/s | MB/s | p99 ms | CPU s/GB | peak RSS MiB | errors | rangeway ÷ this "
+        "| load, others |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for workload in WORKLOADS:
+        for (w, target), s in summary.items():
+            if w != workload:
+                continue
+            base = summary.get((workload, "rangeway"))
+            if base is None or target in ("direct", "rangeway"):
+                rel = "—"
+            elif workload == "chain":  # the route against passthrough, in bytes delivered
+                rel = ratio(s["mbps"], base["mbps"]) + " MB/s (route ÷ passthrough)"
+            else:
+                rel = ratio(base["rps"], s["rps"]) + " req/s"
+            proxied = target != "direct"
+            lines.append("| " + " | ".join([
+                workload, TARGET_NAMES.get(target, target), fmt(s["rps"], 0), fmt(s["mbps"]),
+                fmt(s["p99_ms"], 1), fmt(s["cpu_per_gb"], 2) if proxied else "—",
+                fmt(s["peak_rss_mib"], 0) if proxied else "—", str(s["errors"]), rel,
+                f"{s['load1']:.1f}, {s['other_cpu_pct']:.0f} %",
+            ]) + " |")
+    return lines
 
 
 def svg(meta, summary):

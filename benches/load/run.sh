@@ -379,10 +379,10 @@ cp "$raw" "$OUT/load-$stamp.tsv"
 } > "$OUT/load-$stamp.meta"
 python3 benches/load/report.py "$OUT/load-$stamp.tsv" "$OUT/load-$stamp.meta" \
     "$OUT/load-$stamp.md" "$OUT/load-$stamp.svg"
-rm -f "$OUT/load-$stamp.meta"
 cat "$OUT/load-$stamp.md"
 echo
-echo "written: $OUT/load-$stamp.md, $OUT/load-$stamp.svg, $OUT/load-$stamp.tsv"
+echo "written: $OUT/load-$stamp.md, .svg, .tsv (every run) and .meta (machine, versions, command);"
+echo "the report can be redrawn from the last two: python3 benches/load/report.py X.tsv X.meta X.md X.svg"
 
 # ---- profile ----------------------------------------------------------------------------------
 # A flat profile: where rangeway's CPU time went, by shared object and function.
