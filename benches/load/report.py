@@ -53,6 +53,10 @@ def load_rows(path):
         row["wrk_cpu_pct"] = 100 * row["wrk_cpu_s"] / row["wall_s"]
         row["other_cpu_pct"] = 100 * row["other_cpu_s"] / row["wall_s"]  # in cores, as %
         row["cpu_per_gb"] = row["proxy_cpu_s"] / (row["bytes"] / 1e9) if row["bytes"] else float("nan")
+        if not row["requests"]:
+            # No response completed within the run (each takes longer than DURATION): wrk's
+            # percentiles are empty, not zero.
+            row["p50_us"] = row["p99_us"] = float("nan")
         row["errors"] = sum(
             row[k] for k in ("status_errors", "connect_errors", "read_errors", "write_errors", "timeouts")
         )
@@ -99,7 +103,9 @@ def fmt(value, digits=1):
 
 
 def ratio(a, b):
-    return f"{a / b:.2f}×" if b else "—"
+    if not b or a != a or b != b:  # zero or NaN: no ratio to give
+        return "—"
+    return f"{a / b:.2f}×"
 
 
 def markdown(meta, summary, raw_name, svg_name):
@@ -242,11 +248,13 @@ def svg(meta, summary):
         for col, (key, title) in enumerate(((metric, f"{workload}: {unit}"), ("p99_ms", f"{workload}: p99 ms"))):
             x0 = 10 + col * (panel_w + 10)
             out.append(f'<text x="{x0}" y="{y + 14}" font-weight="bold">{html.escape(title)}</text>')
-            peak = max(summary[(workload, t)][key] for t in targets) or 1
+            values = [summary[(workload, t)][key] for t in targets]
+            peak = max((v for v in values if v == v), default=0) or 1
             for i, target in enumerate(targets):
                 value = summary[(workload, target)][key]
                 by = y + 24 + i * (bar_h + gap)
-                bw = (panel_w - label_w - 70) * value / peak
+                # NaN (no response completed): no bar, labelled —.
+                bw = (panel_w - label_w - 70) * value / peak if value == value else 0.0
                 out.append(f'<text x="{x0 + label_w - 6}" y="{by + 13}" text-anchor="end">'
                            f'{html.escape(TARGET_NAMES.get(target, target))}</text>')
                 out.append(f'<rect x="{x0 + label_w}" y="{by}" width="{bw:.1f}" height="{bar_h}" '

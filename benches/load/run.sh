@@ -45,6 +45,10 @@ HAPROXY_SPLICE=${HAPROXY_SPLICE:-1}        # haproxy: option splice-auto (kernel
 PROXY_CPU=${PROXY_CPU:-0}                  # core of the proxy under test
 CLIENT_CPU=${CLIENT_CPU:-1}                # core of the origin and of wrk
 WRK_THREADS=${WRK_THREADS:-1}              # wrk threads (all on CLIENT_CPU)
+WRK_TIMEOUT=${WRK_TIMEOUT:-60}             # seconds: wrk counts slower requests as timeouts and
+                                           # leaves them out of its latency histogram, so this
+                                           # must exceed the slowest expected response (a 10 MiB
+                                           # gzip body among 100 is ~13 s here)
 OUT=${OUT:-benches/results}                # where the report goes (relative to the repo)
 PROFILE=${PROFILE:-}                       # perf: sample rangeway during its first run of each
                                            # workload; callgrind: run rangeway under valgrind
@@ -55,7 +59,8 @@ command_line+=" LARGE_CONC=$LARGE_CONC SMALL_BYTES=$SMALL_BYTES SMALL_CONC=$SMAL
 command_line+=" RESUME_MIB=$RESUME_MIB RESUME_RANGE_KIB=$RESUME_RANGE_KIB RESUME_CONC=$RESUME_CONC"
 command_line+=" WORKLOADS='$WORKLOADS' PROXIES='$PROXIES' NGINX_BUFFERS='$NGINX_BUFFERS'"
 command_line+=" HAPROXY_SPLICE=$HAPROXY_SPLICE PROXY_CPU=$PROXY_CPU CLIENT_CPU=$CLIENT_CPU"
-command_line+=" WRK_THREADS=$WRK_THREADS${PROFILE:+ PROFILE=$PROFILE} bash benches/load/run.sh"
+command_line+=" WRK_THREADS=$WRK_THREADS WRK_TIMEOUT=$WRK_TIMEOUT${PROFILE:+ PROFILE=$PROFILE}"
+command_line+=" bash benches/load/run.sh"
 
 # ---- tools, build -----------------------------------------------------------------------------
 bash scripts/deps.sh --bench
@@ -298,7 +303,7 @@ wrk_run() {
     fi
     local out
     out=$(env "${env[@]}" "${on_client_cpu[@]}" wrk -t "$WRK_THREADS" -c "$(workload_conc "$1")" \
-        -d "${3}s" --timeout 10s -s benches/load/wrk.lua "$(url_of "$2" "$(workload_path "$1")")" 2>&1) || true
+        -d "${3}s" --timeout "${WRK_TIMEOUT}s" -s benches/load/wrk.lua "$(url_of "$2" "$(workload_path "$1")")" 2>&1) || true
     # A wrk that could not run at all still gives a row, with -1 connect errors to flag it.
     grep '^WRK ' <<< "$out" ||
         echo "WRK requests=0 bytes=0 duration_us=1 p50_us=0 p99_us=0 max_us=0 status_errors=0 connect_errors=-1 read_errors=0 write_errors=0 timeouts=0"
