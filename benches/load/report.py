@@ -9,6 +9,7 @@ Every figure is the median over the repetitions, except peak RSS (the largest) a
 
 import csv
 import html
+import re
 import statistics
 import sys
 
@@ -116,6 +117,15 @@ def markdown(meta, summary, raw_name, svg_name):
             f"**Taken under foreign load**: other processes used up to {foreign:.0f} % of a core "
             "during these runs (column *others*); treat the figures as a check that the harness "
             "works, not as results.",
+            "",
+        ]
+    params = dict(re.findall(r"\b([A-Z_]+)=(\S+)", meta["command"]))
+    reps, duration = int(params.get("REPS", 0)), float(params.get("DURATION", 0))
+    if reps < 5 or duration < 20:
+        lines += [
+            f"**Shorter than the full run** ({reps} × {duration:g} s per target, against 5 × 20 s): "
+            "medians of so few, so short runs show the harness works and roughly where each proxy "
+            "stands; they are not results.",
             "",
         ]
     lines += [
