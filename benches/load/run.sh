@@ -41,7 +41,7 @@ RESUME_CONC=${RESUME_CONC:-64}             #   connections
 WORKLOADS=${WORKLOADS:-large small resume chain}
 PROXIES=${PROXIES:-rangeway nginx-stream nginx-buffered haproxy}   # peers besides direct
 NGINX_BUFFERS=${NGINX_BUFFERS:-16 64k}     # nginx-buffered: proxy_buffers (per connection)
-HAPROXY_SPLICE=${HAPROXY_SPLICE:-1}        # haproxy: option splice-auto (kernel splicing)
+HAPROXY_SPLICE=${HAPROXY_SPLICE:-0}        # 1: haproxy with option splice-auto (kernel splicing)
 PROXY_CPU=${PROXY_CPU:-0}                  # core of the proxy under test
 CLIENT_CPU=${CLIENT_CPU:-1}                # core of the origin and of wrk
 WRK_THREADS=${WRK_THREADS:-1}              # wrk threads (all on CLIENT_CPU)
@@ -199,7 +199,8 @@ master_nginx_buffered=$last_pid
 
 # ---- HAProxy ----------------------------------------------------------------------------------
 # One thread, HTTP mode, keep-alive both sides with server connections reused (http-reuse safe,
-# the default), and, as throughput-minded users set it, kernel splicing of bodies when it pays.
+# the default). Kernel splicing (HAPROXY_SPLICE=1) is off by default, as in HAProxy: tried here it
+# did not help (see benches/load/README.md).
 haproxy_port=$(free_port)
 cat > "$work/haproxy.cfg" <<CONF
 global
