@@ -393,20 +393,22 @@ echo "the report can be redrawn from the last two: python3 benches/load/report.p
 # ---- profile ----------------------------------------------------------------------------------
 # A flat profile: where rangeway's CPU time went, by shared object and function.
 profile="$OUT/load-$stamp-profile.txt"
+# perf's comment lines, blank lines, and the padding and empty columns it ends each line with.
+tidy() { grep -v '^#' | grep -v '^$' | sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//'; }
 case $PROFILE in
     perf)
         for data in "$work"/perf-*.data; do
             [[ -e $data ]] || continue
             echo "== $(basename "$data" .data): perf, $DURATION s, all rangeway threads, self time"
             perf report -i "$data" --stdio --no-children --sort dso,symbol --percent-limit 0.7 -g none 2>/dev/null |
-                grep -v '^#' | grep -v '^$' | sed 's/[[:space:]]*$//' | head -40 || true   # head may close the pipe early
+                tidy | head -40 || true   # head may close the pipe early
             echo
             # Who calls the top entries: rangeway's code has no frame pointers, so the stacks are
             # unwound from DWARF (line tables are in the release build).
             echo "== $(basename "$data" .data): callers of the entries above 5 %"
             perf report -i "$data" --stdio --no-children --sort symbol --percent-limit 5 \
                 -g caller,2,callee,function,percent --max-stack 24 2>/dev/null |
-                grep -v '^#' | grep -v '^$' | sed 's/[[:space:]]*$//' | head -120 || true
+                tidy | head -120 || true
             echo
         done > "$profile"
         ;;
