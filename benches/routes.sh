@@ -17,37 +17,17 @@ bash scripts/deps.sh
 cargo build --release --bin rangeway >/dev/null
 bin="${CARGO_TARGET_DIR:-target}/release/rangeway"
 
-work=$(mktemp -d /tmp/rangeway-bench.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT
+source benches/lib.sh
+bench_init rangeway-bench
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mkdir -p "$work/root" "$work/nginx"
-# Half random, half text: neither the best nor the worst case for gzip.
-head -c $((size_mib * 512 * 1024)) /dev/urandom > "$work/root/big.bin"
-{ yes "rangeway resumes every download at any byte, through every stage of its chain." || true; } |
-  head -c $((size_mib * 512 * 1024)) >> "$work/root/big.bin"
+fill_object "$work/root/big.bin" $((size_mib * 1024 * 1024))
 printf 'sixteen bytes..\n' > "$work/root/small.bin"
-head -c 16 /dev/urandom | base64 | head -c 22 > "$work/key"
+"$bin" keygen > "$work/key"   # base64url: plain base64 may hold + or /, which rangeway refuses
 
 nginx_port=$(free_port)
-cat > "$work/nginx/nginx.conf" <<CONF
-master_process off;
-$( [ "$(id -u)" = 0 ] && echo "user root;" )
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/error.log;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $work/nginx/tmp; proxy_temp_path $work/nginx/tmp;
-  fastcgi_temp_path $work/nginx/tmp; uwsgi_temp_path $work/nginx/tmp; scgi_temp_path $work/nginx/tmp;
-  sendfile on;
-  server { listen 127.0.0.1:$nginx_port; root $work/root; location / { } }
-}
-CONF
-nginx -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" -g 'daemon off;' &
-pids+=($!)
+origin_nginx_conf "$work/nginx" "$nginx_port" "$work/root"
+start_nginx "$work/nginx"
 
 proxy_port=$(free_port); admin_port=$(free_port)
 cat > "$work/rangeway.toml" <<CONF
@@ -89,16 +69,13 @@ strip_prefix = true
   kind = "gzip"
   level = 6
 CONF
-RUST_LOG=warn "$bin" serve --config "$work/rangeway.toml" >/dev/null &
-rangeway_pid=$!
-pids+=($rangeway_pid)
-for port in "$nginx_port" "$proxy_port"; do
-  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-done
+RUST_LOG=warn start_bg "$bin" serve --config "$work/rangeway.toml" >/dev/null
+rangeway_pid=$last_pid
+wait_port "$nginx_port"
+wait_port "$proxy_port"
 
 cpu_seconds() { awk '{ print ($14 + $15) / 100 }' "/proc/$rangeway_pid/stat"; }
 speed() { curl -s -o /dev/null -w '%{speed_download}' "$1" | awk '{ printf "%.0f", $1 / 1e6 }'; }
-median() { sort -n | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 # One pass per gzip route first: it builds the block index (the first response streams chunked).
 for level in 1 6; do curl -s -o /dev/null "http://127.0.0.1:$proxy_port/gzip$level/big.bin"; done

@@ -53,6 +53,10 @@ need openssl openssl
 need gzip gzip
 need python3 python3
 need chromium chromium
+if [[ "${1:-}" == "--bench" ]]; then
+    need haproxy haproxy
+    need wrk wrk
+fi
 if [[ ! -s /etc/ssl/certs/ca-certificates.crt ]]; then
     missing+=(ca-certificates)
 fi
@@ -125,10 +129,10 @@ for package in "${missing[@]}"; do
 done
 apt_get install -y -qq --no-install-recommends "${missing[@]}"
 
-# Debian's packages start nginx and redis-server as system services on install. The tests start
-# their own instances on free ports, so a system instance only costs memory and, for nginx, holds
-# port 80: stop it and keep it from starting at boot.
-for service in nginx redis-server; do
+# Debian's packages start nginx, redis-server and haproxy as system services on install. The tests
+# and benches start their own instances on free ports, so a system instance only costs memory and,
+# for nginx, holds port 80: stop it and keep it from starting at boot.
+for service in nginx redis-server haproxy; do
     case " ${missing[*]} " in
         *" $service "*) ;;
         *) continue ;;

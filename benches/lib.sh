@@ -1,0 +1,109 @@
+# Shared by the bench scripts (sourced, not run): a scratch directory and a list of started
+# processes that are both cleaned up on exit, free ports, waiting for a listener, medians, test
+# objects, and the nginx origin every bench proxies to.
+#
+#   source benches/lib.sh; bench_init rangeway-bench   # sets $work, $pids and the EXIT trap
+
+# Every process a bench starts goes into $pids; the trap stops them (and their children: nginx
+# masters take their workers down on SIGTERM) and removes the scratch directory.
+bench_init() {
+    work=$(mktemp -d "/tmp/$1.XXXXXX")
+    pids=()
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+bench_cleanup() {
+    local status=$? p f
+    # On failure, the servers' own words are the quickest diagnosis: show their logs' tails.
+    if [[ $status -ne 0 ]]; then
+        for f in "$work"/*.log "$work"/*/error.log; do
+            [[ -s $f ]] && { echo "== ${f#"$work"/}"; tail -5 "$f"; } >&2
+        done
+    fi
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+
+# A port nobody listens on now: the kernel picks it, python releases it, the caller binds it.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# wait_port PORT [SECONDS]: waits (10 s by default) for something to accept on 127.0.0.1:PORT;
+# fails the bench otherwise.
+wait_port() {
+    local _
+    for _ in $(seq $((${2:-10} * 10))); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on 127.0.0.1:$1 after ${2:-10} s" >&2
+    return 1
+}
+
+# Median of the numbers on stdin, one per line.
+median() {
+    sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+
+# fill_object PATH BYTES: half random, half repeated text, so neither the best nor the worst
+# case for gzip. (`yes` dies of SIGPIPE when head is done; `|| true` keeps pipefail quiet.)
+fill_object() {
+    local half=$(($2 / 2))
+    head -c "$half" /dev/urandom > "$1"
+    { yes "rangeway resumes every download at any byte, through every stage of its chain." || true; } |
+        head -c $(($2 - half)) >> "$1"
+}
+
+# nginx_common DIR: the lines every nginx a bench starts shares: its own pid file, logs and temp
+# paths under DIR (so several instances coexist and nothing touches /var), root's user when root.
+nginx_common() {
+    [ "$(id -u)" = 0 ] && echo "user root;"
+    cat <<CONF
+pid $1/nginx.pid;
+error_log $1/error.log;
+CONF
+}
+nginx_http_common() {
+    cat <<CONF
+  access_log off;
+  client_body_temp_path $1/tmp; proxy_temp_path $1/tmp;
+  fastcgi_temp_path $1/tmp; uwsgi_temp_path $1/tmp; scgi_temp_path $1/tmp;
+CONF
+}
+
+# origin_nginx_conf DIR PORT ROOT [WORKER_CONNECTIONS]: nginx serving ROOT statically with
+# sendfile, single process (master_process off), keep-alive connections never recycled.
+origin_nginx_conf() {
+    mkdir -p "$1/tmp"
+    cat > "$1/nginx.conf" <<CONF
+master_process off;
+$(nginx_common "$1")
+worker_rlimit_nofile $(ulimit -n);
+events { worker_connections ${4:-1024}; }
+http {
+$(nginx_http_common "$1")
+  sendfile on;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$2 backlog=4096; root $3; location / { } }
+}
+CONF
+}
+
+# start_bg CMD...: CMD in the background as a direct child of this shell (so the pid recorded is
+# the server's own, not a subshell's that would leave the server running when killed); sets
+# $last_pid and adds it to $pids. Redirections on the call apply to CMD.
+start_bg() {
+    "$@" &
+    last_pid=$!
+    pids+=("$last_pid")
+}
+
+# start_nginx DIR [PREFIX...]: the nginx configured in DIR/nginx.conf, in the foreground of its
+# own process (daemon off), started through PREFIX (e.g. taskset -c 1) if given.
+start_nginx() {
+    local dir=$1
+    shift
+    start_bg "$@" nginx -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" -g 'daemon off;'
+}

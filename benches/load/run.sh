@@ -1,0 +1,425 @@
+#!/usr/bin/env bash
+# Load harness: rangeway beside the proxies people would pick instead, in front of one origin,
+# under concurrent load. See benches/load/README.md for what it measures and how to read it.
+#
+#   bash benches/load/run.sh                   quick run (~6 min): small objects, short runs
+#   PRESET=full bash benches/load/run.sh       the documented full run (~40 min)
+#
+# Any parameter below can be set in the environment (it overrides the preset), e.g.
+#   WORKLOADS="large resume" PROXIES="rangeway haproxy" REPS=3 bash benches/load/run.sh
+#
+# What it does: installs nginx, HAProxy and wrk if missing (scripts/deps.sh --bench), builds
+# rangeway (release), writes the objects, starts one origin (nginx, static files, sendfile), then
+# in front of it rangeway (threads = 1), nginx as a streaming proxy (proxy_buffering off, 64 KiB
+# buffer), nginx as a buffering proxy (in memory: proxy_max_temp_file_size 0) and HAProxy
+# (nbthread 1). The proxy under test runs on core PROXY_CPU; origin and wrk on CLIENT_CPU. Each
+# workload runs every target once per repetition, the order rotated each repetition. Results:
+# benches/results/load-<date>.{md,svg,tsv}, the table also printed.
+#
+# Everything listens on 127.0.0.1 ports chosen at run time and is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root_dir=$PWD
+
+# ---- parameters -------------------------------------------------------------------------------
+PRESET=${PRESET:-quick}
+case $PRESET in
+    quick) d_duration=3 d_reps=2 d_large_mib=1 d_resume_mib=64 d_warmup=1 ;;
+    full) d_duration=20 d_reps=5 d_large_mib=10 d_resume_mib=1024 d_warmup=3 ;;
+    *) echo "PRESET is quick or full, not '$PRESET'" >&2; exit 2 ;;
+esac
+DURATION=${DURATION:-$d_duration}          # seconds per measured wrk run
+REPS=${REPS:-$d_reps}                      # repetitions of every (workload, target)
+WARMUP=${WARMUP:-$d_warmup}                # seconds of unrecorded load per target before a workload
+LARGE_MIB=${LARGE_MIB:-$d_large_mib}       # large (and chain): object size, MiB
+LARGE_CONC=${LARGE_CONC:-100}              #   connections
+SMALL_BYTES=${SMALL_BYTES:-16}             # small: object size, bytes
+SMALL_CONC=${SMALL_CONC:-500}              #   connections
+RESUME_MIB=${RESUME_MIB:-$d_resume_mib}    # resume: object size, MiB (random ranges inside it)
+RESUME_RANGE_KIB=${RESUME_RANGE_KIB:-1024} #   bytes per range, KiB
+RESUME_CONC=${RESUME_CONC:-64}             #   connections
+WORKLOADS=${WORKLOADS:-large small resume chain}
+PROXIES=${PROXIES:-rangeway nginx-stream nginx-buffered haproxy}   # peers besides direct
+NGINX_BUFFERS=${NGINX_BUFFERS:-16 64k}     # nginx-buffered: proxy_buffers (per connection)
+HAPROXY_SPLICE=${HAPROXY_SPLICE:-0}        # 1: haproxy with option splice-auto (kernel splicing)
+PROXY_CPU=${PROXY_CPU:-0}                  # core of the proxy under test
+CLIENT_CPU=${CLIENT_CPU:-1}                # core of the origin and of wrk
+WRK_THREADS=${WRK_THREADS:-1}              # wrk threads (all on CLIENT_CPU)
+WRK_TIMEOUT=${WRK_TIMEOUT:-60}             # seconds: wrk counts slower requests as timeouts and
+                                           # leaves them out of its latency histogram, so this
+                                           # must exceed the slowest expected response (a 10 MiB
+                                           # gzip body among 100 is ~13 s here)
+OUT=${OUT:-benches/results}                # where the report goes (relative to the repo)
+PROFILE=${PROFILE:-}                       # perf: sample rangeway during its first run of each
+                                           # workload; callgrind: run rangeway under valgrind
+                                           # (slow: figures meaningless); profile beside report
+
+command_line="PRESET=$PRESET DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP LARGE_MIB=$LARGE_MIB"
+command_line+=" LARGE_CONC=$LARGE_CONC SMALL_BYTES=$SMALL_BYTES SMALL_CONC=$SMALL_CONC"
+command_line+=" RESUME_MIB=$RESUME_MIB RESUME_RANGE_KIB=$RESUME_RANGE_KIB RESUME_CONC=$RESUME_CONC"
+command_line+=" WORKLOADS='$WORKLOADS' PROXIES='$PROXIES' NGINX_BUFFERS='$NGINX_BUFFERS'"
+command_line+=" HAPROXY_SPLICE=$HAPROXY_SPLICE PROXY_CPU=$PROXY_CPU CLIENT_CPU=$CLIENT_CPU"
+command_line+=" WRK_THREADS=$WRK_THREADS WRK_TIMEOUT=$WRK_TIMEOUT${PROFILE:+ PROFILE=$PROFILE}"
+command_line+=" bash benches/load/run.sh"
+
+# ---- tools, build -----------------------------------------------------------------------------
+bash scripts/deps.sh --bench
+echo "building rangeway (release)..."
+cargo build --release --bin rangeway >/dev/null
+bin="$root_dir/${CARGO_TARGET_DIR:-target}/release/rangeway"
+[[ ${CARGO_TARGET_DIR:-} == /* ]] && bin="$CARGO_TARGET_DIR/release/rangeway"
+
+source benches/lib.sh
+bench_init rangeway-load
+case $PROFILE in
+    '') ;;
+    perf) command -v perf >/dev/null || { echo "PROFILE=perf: no perf (apt-get install linux-perf)" >&2; exit 2; } ;;
+    callgrind) command -v valgrind >/dev/null || { echo "PROFILE=callgrind: no valgrind (apt-get install valgrind)" >&2; exit 2; } ;;
+    *) echo "PROFILE is perf or callgrind, not '$PROFILE'" >&2; exit 2 ;;
+esac
+# 500 clients plus 500 upstream connections per proxy: well above the default 1024 descriptors.
+# Raise the soft limit as far as the hard one allows (containers often cap it); the servers are
+# told the same figure, as they fail when asked for more than they may have.
+nofile=$(ulimit -Hn)
+[[ $nofile == unlimited || $nofile -gt 65536 ]] && nofile=65536
+ulimit -n "$nofile"
+
+# With fewer than two cores there is nothing to pin apart; run unpinned rather than fail.
+if [[ $(nproc) -ge 2 ]]; then
+    on_proxy_cpu=(taskset -c "$PROXY_CPU")
+    on_client_cpu=(taskset -c "$CLIENT_CPU")
+else
+    on_proxy_cpu=()
+    on_client_cpu=()
+fi
+
+# ---- objects ----------------------------------------------------------------------------------
+echo "writing objects: large ${LARGE_MIB} MiB, small ${SMALL_BYTES} B, resume ${RESUME_MIB} MiB..."
+mkdir -p "$work/root"
+fill_object "$work/root/large.bin" $((LARGE_MIB * 1024 * 1024))
+head -c "$SMALL_BYTES" /dev/urandom > "$work/root/small.bin"
+fill_object "$work/root/resume.bin" $((RESUME_MIB * 1024 * 1024))
+# Read once so every target starts from the page cache.
+cat "$work/root/"*.bin > /dev/null
+
+# ---- origin -----------------------------------------------------------------------------------
+origin_port=$(free_port)
+origin_nginx_conf "$work/origin" "$origin_port" "$work/root" 8192
+start_nginx "$work/origin" "${on_client_cpu[@]}"
+origin_pid=$last_pid
+
+# ---- rangeway ---------------------------------------------------------------------------------
+# One worker thread; "/" passthrough (large, small, resume), and the chain workload's two routes.
+"$bin" keygen > "$work/key"
+rangeway_port=$(free_port)
+cat > "$work/rangeway.toml" <<CONF
+[server]
+listen = "127.0.0.1:$rangeway_port"
+admin_listen = "127.0.0.1:$(free_port)"
+threads = 1
+grace_period = "1s"
+[state]
+backend = "memory"
+[upstreams.origin]
+url = "http://127.0.0.1:$origin_port"
+[[routes]]
+path_prefix = "/"
+upstream = "origin"
+[[routes]]
+path_prefix = "/aes/"
+upstream = "origin"
+strip_prefix = true
+  [[routes.middleware]]
+  kind = "checksum"
+  algorithms = ["sha256", "crc32"]
+  [[routes.middleware]]
+  kind = "aes128gcm"
+  key_file = "$work/key"
+[[routes]]
+path_prefix = "/gzip1/"
+upstream = "origin"
+strip_prefix = true
+  [[routes.middleware]]
+  kind = "gzip"
+  level = 1
+CONF
+"$bin" check --config "$work/rangeway.toml" >/dev/null
+# Under callgrind, valgrind runs rangeway in its own process (same pid): it writes the profile
+# when rangeway exits, which the report step arranges.
+rangeway_wrapper=()
+[[ $PROFILE == callgrind ]] && rangeway_wrapper=(valgrind --tool=callgrind -q --callgrind-out-file="$work/callgrind.out")
+RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "${rangeway_wrapper[@]}" "$bin" serve \
+    --config "$work/rangeway.toml" >"$work/rangeway.log" 2>&1
+rangeway_pid=$last_pid
+
+# ---- nginx as a proxy, two ways ---------------------------------------------------------------
+# As its users tune it for downloads: one worker, HTTP/1.1 keep-alive to the origin with a pool
+# as large as the client concurrency, clients' keep-alive never recycled. Then either streaming
+# (proxy_buffering off: each read of up to proxy_buffer_size is written straight to the client)
+# or buffering in memory only (proxy_buffers per connection, nothing spooled to disk).
+nginx_proxy_conf() { # DIR PORT MODE-LINES
+    mkdir -p "$1/tmp"
+    cat > "$1/nginx.conf" <<CONF
+master_process on;
+worker_processes 1;
+$(nginx_common "$1")
+worker_rlimit_nofile $nofile;
+events { worker_connections 8192; }
+http {
+$(nginx_http_common "$1")
+  keepalive_requests 1000000;
+  upstream origin { server 127.0.0.1:$origin_port; keepalive 512; keepalive_requests 1000000; }
+  server {
+    listen 127.0.0.1:$2 backlog=4096;
+    location / {
+      proxy_pass http://origin;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+$3
+    }
+  }
+}
+CONF
+}
+nginx_stream_port=$(free_port)
+# (proxy_buffers is unused without buffering, but nginx checks the busy size it implies.)
+nginx_proxy_conf "$work/nginx-stream" "$nginx_stream_port" "      proxy_buffering off;
+      proxy_buffer_size 64k;
+      proxy_buffers 4 64k;"
+nginx_buffered_port=$(free_port)
+nginx_proxy_conf "$work/nginx-buffered" "$nginx_buffered_port" "      proxy_buffering on;
+      proxy_buffer_size 64k;
+      proxy_buffers $NGINX_BUFFERS;
+      proxy_busy_buffers_size 128k;
+      proxy_max_temp_file_size 0;"
+start_nginx "$work/nginx-stream" "${on_proxy_cpu[@]}"
+master_nginx_stream=$last_pid
+start_nginx "$work/nginx-buffered" "${on_proxy_cpu[@]}"
+master_nginx_buffered=$last_pid
+
+# ---- HAProxy ----------------------------------------------------------------------------------
+# One thread, HTTP mode, keep-alive both sides with server connections reused (http-reuse safe,
+# the default). Kernel splicing (HAPROXY_SPLICE=1) is off by default, as in HAProxy: tried here it
+# did not help (see benches/load/README.md).
+haproxy_port=$(free_port)
+cat > "$work/haproxy.cfg" <<CONF
+global
+  nbthread 1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  timeout http-keep-alive 60s
+  option http-keep-alive
+  http-reuse safe
+  $( [[ $HAPROXY_SPLICE == 1 ]] && echo "option splice-auto" )
+frontend fe
+  bind 127.0.0.1:$haproxy_port
+  default_backend be
+backend be
+  server origin 127.0.0.1:$origin_port
+CONF
+haproxy -c -q -f "$work/haproxy.cfg"
+# -db: foreground, no master: the one process is the worker.
+start_bg "${on_proxy_cpu[@]}" haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1
+haproxy_pid=$last_pid
+
+for port in "$origin_port" "$nginx_stream_port" "$nginx_buffered_port" "$haproxy_port"; do
+    wait_port "$port"
+done
+wait_port "$rangeway_port" "$( [[ $PROFILE == callgrind ]] && echo 180 || echo 10 )"
+
+# The process whose CPU and memory count: nginx's worker, not its master (which only waits).
+worker_of() {
+    local _
+    for _ in $(seq 50); do pgrep -P "$1" && return 0; sleep 0.1; done
+    echo "nginx $1 has no worker" >&2
+    return 1
+}
+nginx_stream_worker=$(worker_of "$master_nginx_stream")
+nginx_buffered_worker=$(worker_of "$master_nginx_buffered")
+declare -A port_of=(
+    [direct]=$origin_port [rangeway]=$rangeway_port [rangeway-aes]=$rangeway_port
+    [rangeway-gzip1]=$rangeway_port [nginx-stream]=$nginx_stream_port
+    [nginx-buffered]=$nginx_buffered_port [haproxy]=$haproxy_port
+)
+declare -A pid_of=(
+    [direct]="" [rangeway]=$rangeway_pid [rangeway-aes]=$rangeway_pid [rangeway-gzip1]=$rangeway_pid
+    [nginx-stream]=$nginx_stream_worker [nginx-buffered]=$nginx_buffered_worker [haproxy]=$haproxy_pid
+)
+# What each target puts before the object's path.
+declare -A prefix_of=([rangeway-aes]=/aes [rangeway-gzip1]=/gzip1)
+url_of() { echo "http://127.0.0.1:${port_of[$1]}${prefix_of[$1]:-}/$2"; }
+
+# ---- correctness first: every target serves the origin's bytes --------------------------------
+# A bench of a proxy that answers wrongly measures nothing. Whole large object and one range of
+# the resume object through each plain proxy; the chain routes decoded back to the origin's bytes
+# (that first gzip pass also builds the block index, so measured gzip responses have a length).
+check_same() { # WHAT EXPECTED-FILE ACTUAL-FILE
+    cmp -s "$2" "$3" || { echo "$1: wrong bytes" >&2; exit 1; }
+}
+range_a=$((RESUME_MIB * 1024 * 1024 / 3))
+range_b=$((range_a + RESUME_RANGE_KIB * 1024 - 1))
+tail -c +$((range_a + 1)) "$work/root/resume.bin" | head -c $((RESUME_RANGE_KIB * 1024)) > "$work/expected-range" || true
+for target in direct $PROXIES; do
+    curl -sf -o "$work/got" "$(url_of "$target" large.bin)"
+    check_same "$target large" "$work/root/large.bin" "$work/got"
+    curl -sf -o "$work/got" -H "Range: bytes=$range_a-$range_b" "$(url_of "$target" resume.bin)"
+    check_same "$target range" "$work/expected-range" "$work/got"
+done
+curl -sf "$(url_of rangeway-aes large.bin)" | "$bin" decrypt --key-file "$work/key" > "$work/got"
+check_same "checksum+aes128gcm" "$work/root/large.bin" "$work/got"
+curl -sf "$(url_of rangeway-gzip1 large.bin)" | gzip -dc > "$work/got"
+check_same "gzip1" "$work/root/large.bin" "$work/got"
+rm -f "$work/got" "$work/expected-range"
+echo "all targets serve the origin's bytes"
+
+# ---- measuring --------------------------------------------------------------------------------
+ticks=$(getconf CLK_TCK)
+cpu_ticks() { [[ -n $1 ]] && awk '{ print $14 + $15 }' "/proc/$1/stat" || echo 0; }
+# Busy time of the whole machine (all cores), to tell how much CPU others took during a run.
+machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+# CPU of this shell's reaped children (wrk, once it has exited and been waited for).
+children_ticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
+peak_rss_kb() { [[ -n $1 ]] && awk '/^VmHWM/ { print $2 }' "/proc/$1/status" || echo 0; }
+# Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0): a peak per run.
+reset_peak_rss() { [[ -z $1 ]] || echo 5 2>/dev/null > "/proc/$1/clear_refs" || true; }
+
+workload_path() { case $1 in large | chain) echo large.bin ;; small) echo small.bin ;; resume) echo resume.bin ;; esac; }
+workload_conc() { case $1 in large | chain) echo "$LARGE_CONC" ;; small) echo "$SMALL_CONC" ;; resume) echo "$RESUME_CONC" ;; esac; }
+workload_targets() {
+    case $1 in
+        chain) echo "rangeway rangeway-aes rangeway-gzip1" ;;
+        *) echo "direct $PROXIES" ;;
+    esac
+}
+
+# wrk_run WORKLOAD TARGET SECONDS: prints wrk's WRK line (see wrk.lua).
+wrk_run() {
+    local env=()
+    if [[ $1 == resume ]]; then
+        env=(RANGE_OBJECT_BYTES=$((RESUME_MIB * 1024 * 1024)) RANGE_SPAN_BYTES=$((RESUME_RANGE_KIB * 1024)))
+    fi
+    local out
+    out=$(env "${env[@]}" "${on_client_cpu[@]}" wrk -t "$WRK_THREADS" -c "$(workload_conc "$1")" \
+        -d "${3}s" --timeout "${WRK_TIMEOUT}s" -s benches/load/wrk.lua "$(url_of "$2" "$(workload_path "$1")")" 2>&1) || true
+    # A wrk that could not run at all still gives a row, with -1 connect errors to flag it.
+    grep '^WRK ' <<< "$out" ||
+        echo "WRK requests=0 bytes=0 duration_us=1 p50_us=0 p99_us=0 max_us=0 status_errors=0 connect_errors=-1 read_errors=0 write_errors=0 timeouts=0"
+}
+
+raw="$work/raw.tsv"
+printf 'workload\ttarget\trep\tload1\tproxy_cpu_s\tproxy_peak_rss_kb\torigin_cpu_s\twrk_cpu_s\tother_cpu_s\twall_s\t%s\n' \
+    "requests bytes duration_us p50_us p99_us max_us status_errors connect_errors read_errors write_errors timeouts" |
+    sed 's/ /\t/g' > "$raw"
+
+measure() { # WORKLOAD TARGET REP
+    local pid=${pid_of[$2]} load1 p0 o0 w0 m0 t0 line p1 o1 w1 m1 t1
+    reset_peak_rss "$pid"
+    load1=$(cut -d' ' -f1 /proc/loadavg)
+    p0=$(cpu_ticks "$pid"); o0=$(cpu_ticks "$origin_pid"); w0=$(children_ticks); m0=$(machine_ticks)
+    t0=$(date +%s.%N)
+    # perf samples rangeway (all threads) for the whole first run of each of its targets.
+    local perf_pid=""
+    if [[ $PROFILE == perf && $2 == rangeway* && $3 == 1 ]]; then
+        perf record -q -F 999 --call-graph dwarf,16384 -p "$pid" -o "$work/perf-$1-$2.data" \
+            -- sleep "$DURATION" 2>/dev/null &
+        perf_pid=$!
+    fi
+    line=$(wrk_run "$1" "$2" "$DURATION")
+    [[ -z $perf_pid ]] || wait "$perf_pid" || true
+    t1=$(date +%s.%N)
+    p1=$(cpu_ticks "$pid"); o1=$(cpu_ticks "$origin_pid"); w1=$(children_ticks); m1=$(machine_ticks)
+    # wrk ran in a subshell of $(...), reaped there, then added to ours when the subshell was.
+    awk -v w="$1" -v t="$2" -v r="$3" -v l="$load1" -v hz="$ticks" -v p=$((p1 - p0)) -v o=$((o1 - o0)) \
+        -v k=$((w1 - w0)) -v m=$((m1 - m0)) -v t0="$t0" -v t1="$t1" -v rss="$(peak_rss_kb "$pid")" -v line="$line" '
+        BEGIN {
+            n = split(line, kv, " "); out = ""
+            for (i = 2; i <= n; i++) { split(kv[i], f, "="); out = out "\t" f[2] }
+            other = (m - p - o - k) / hz; if (other < 0) other = 0
+            printf "%s\t%s\t%s\t%s\t%.2f\t%s\t%.2f\t%.2f\t%.2f\t%.2f%s\n", w, t, r, l, p / hz, rss, o / hz, k / hz, other, t1 - t0, out
+        }' >> "$raw"
+    tail -1 "$raw" | awk -F'\t' '{ printf "  %-7s %-15s rep %s: %9.0f req/s %8.1f MB/s  p99 %7.2f ms  proxy CPU %5.2f s  load %s\n",
+        $1, $2, $3, $11 / ($13 / 1e6), $12 / ($13 / 1e6) / 1e6, $15 / 1000, $5, $4 }'
+}
+
+start_uptime=$(uptime)
+echo "machine before: $start_uptime"
+for workload in $WORKLOADS; do
+    read -r -a targets <<< "$(workload_targets "$workload")"
+    echo "$workload: warm-up (${WARMUP} s per target)"
+    for target in "${targets[@]}"; do wrk_run "$workload" "$target" "$WARMUP" > /dev/null; done
+    for rep in $(seq "$REPS"); do
+        # Rotate the order each repetition so no target always follows the same neighbour.
+        n=${#targets[@]}
+        for i in $(seq 0 $((n - 1))); do
+            measure "$workload" "${targets[$(((i + rep - 1) % n))]}" "$rep"
+        done
+    done
+done
+end_uptime=$(uptime)
+echo "machine after: $end_uptime"
+
+# ---- report -----------------------------------------------------------------------------------
+stamp=$(date +%Y-%m-%d-%H%M)
+mkdir -p "$OUT"
+cp "$raw" "$OUT/load-$stamp.tsv"
+{
+    printf 'date\t%s\n' "$(date -Is)"
+    printf 'command\t%s\n' "$command_line"
+    printf 'nproc\t%s\n' "$(nproc)"
+    printf 'cpu\t%s\n' "$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
+    printf 'kernel\t%s\n' "$(uname -sr)"
+    printf 'rangeway\t%s%s\n' "$(git rev-parse --short HEAD)" "$(git diff --quiet HEAD -- src middleware Cargo.toml Cargo.lock || echo ' (modified)')"
+    printf 'nginx\t%s\n' "$(nginx -v 2>&1 | sed 's/^nginx version: //')"
+    printf 'haproxy\t%s\n' "$(haproxy -v | head -1 | awk '{ print $3 }')"
+    printf 'wrk\t%s\n' "$(wrk -v 2>&1 | head -1 | awk '{ print $2 }')"
+    printf 'uptime_before\t%s\n' "$start_uptime"
+    printf 'uptime_after\t%s\n' "$end_uptime"
+    printf 'pinning\t%s\n' "$( [[ ${#on_proxy_cpu[@]} -gt 0 ]] && echo "proxy on CPU $PROXY_CPU, origin and wrk on CPU $CLIENT_CPU" || echo "none (one CPU)")"
+    printf 'objects\tlarge %s MiB at %s connections; small %s B at %s; resume: random %s KiB ranges of %s MiB at %s\n' \
+        "$LARGE_MIB" "$LARGE_CONC" "$SMALL_BYTES" "$SMALL_CONC" "$RESUME_RANGE_KIB" "$RESUME_MIB" "$RESUME_CONC"
+    printf 'runs\t%s repetitions of %s s per target and workload (after %s s of warm-up)\n' "$REPS" "$DURATION" "$WARMUP"
+} > "$OUT/load-$stamp.meta"
+python3 benches/load/report.py "$OUT/load-$stamp.tsv" "$OUT/load-$stamp.meta" \
+    "$OUT/load-$stamp.md" "$OUT/load-$stamp.svg"
+cat "$OUT/load-$stamp.md"
+echo
+echo "written: $OUT/load-$stamp.md, .svg, .tsv (every run) and .meta (machine, versions, command);"
+echo "the report can be redrawn from the last two: python3 benches/load/report.py X.tsv X.meta X.md X.svg"
+
+# ---- profile ----------------------------------------------------------------------------------
+# A flat profile: where rangeway's CPU time went, by shared object and function.
+profile="$OUT/load-$stamp-profile.txt"
+# perf's comment lines, blank lines, and the padding and empty columns it ends each line with.
+tidy() { grep -v '^#' | grep -v '^$' | sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//'; }
+case $PROFILE in
+    perf)
+        for data in "$work"/perf-*.data; do
+            [[ -e $data ]] || continue
+            echo "== $(basename "$data" .data): perf, $DURATION s, all rangeway threads, self time"
+            perf report -i "$data" --stdio --no-children --sort dso,symbol --percent-limit 0.7 -g none 2>/dev/null |
+                tidy | head -40 || true   # head may close the pipe early
+            echo
+            # Who calls the top entries: rangeway's code has no frame pointers, so the stacks are
+            # unwound from DWARF (line tables are in the release build).
+            echo "== $(basename "$data" .data): callers of the entries above 5 %"
+            perf report -i "$data" --stdio --no-children --sort symbol --percent-limit 5 \
+                -g caller,2,callee,function,percent --max-stack 24 2>/dev/null |
+                tidy | head -120 || true
+            echo
+        done > "$profile"
+        ;;
+    callgrind)
+        # SIGTERM: rangeway shuts down (grace_period 1 s) and valgrind writes its profile.
+        kill -TERM "$rangeway_pid"
+        wait "$rangeway_pid" || true
+        { callgrind_annotate "$work/callgrind.out" 2>/dev/null || true; } | head -60 > "$profile"
+        ;;
+esac
+if [[ -n $PROFILE ]]; then
+    cat "$profile"
+    echo "written: $profile"
+fi
