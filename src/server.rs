@@ -156,16 +156,18 @@ pub fn build(
                 dir::SAMPLE_NAME
             ));
         }
-        routes.push(
-            Route::new(
-                route.host.clone(),
-                &route.path_prefix,
-                route.strip_prefix,
-                Arc::clone(upstream),
-                chain,
-            )
-            .map_err(|source| StartError::Route { index, source })?,
-        );
+        let built = Route::new(
+            route.host.clone(),
+            &route.path_prefix,
+            route.strip_prefix,
+            Arc::clone(upstream),
+            chain,
+        )
+        .map_err(|source| StartError::Route { index, source })?;
+        if !built.chain.stages().is_empty() {
+            metrics.middleware_route(&built.name);
+        }
+        routes.push(built);
     }
 
     let routes = Arc::new(RouteTable::new(routes));

@@ -323,7 +323,11 @@ fn every_metric_the_alerts_and_the_board_query_is_exported() {
     let zero_digest = format!("sha-256=:{}:", "A".repeat(43) + "=");
     origin.put_with_headers("/corrupt.bin", vec![6u8; 4096], &[("Repr-Digest", &zero_digest)]);
     origin.put("/changing.bin", vec![4u8; 4096]);
-    let proxy = Proxy::in_front_of(&origin.base_url());
+    // A route with middleware too, whose error count is exported from the start.
+    let proxy = Proxy::start(&format!(
+        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n\n[[routes]]\npath_prefix = \"/gz/\"\nupstream = \"origin\"\nstrip_prefix = true\n  [[routes.middleware]]\n  kind = \"gzip\"\n",
+        origin.base_url()
+    ));
     let send = |path: &str, headers: &[(&str, &str)]| {
         let mut raw = RawRequest::get(path);
         for (name, value) in headers {

@@ -154,6 +154,12 @@ impl Metrics {
         self.origin_digest_mismatches.with_label_values(&[route]).inc();
     }
 
+    /// Exports the middleware error count of a route with middleware from the start, at 0, so that
+    /// an alert on its increase sees the first error.
+    pub fn middleware_route(&self, route: &str) {
+        let _ = self.middleware_errors.with_label_values(&[route]);
+    }
+
     pub fn middleware_error(&self, route: &str) {
         self.middleware_errors.with_label_values(&[route]).inc();
     }
