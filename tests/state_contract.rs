@@ -568,6 +568,44 @@ impl io::Write for Captured {
     }
 }
 
+thread_local! {
+    /// Where this thread's log lines go, while a test captures them.
+    static CAPTURE: std::cell::RefCell<Option<Captured>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Captures the log lines emitted on this thread from now on.
+///
+/// Through a global subscriber, not a scoped one (`set_default`): tracing caches each log site's
+/// interest for all threads, and a site first reached by another test of this binary, before the
+/// scoped subscriber existed, could stay silent for it (seen as a flaky count of log lines).
+fn capture_this_threads_log() -> Captured {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(|| ThreadLog).with_ansi(false).finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+    });
+    let log = Captured::default();
+    CAPTURE.with(|capture| *capture.borrow_mut() = Some(log.clone()));
+    log
+}
+
+/// Writes to the capture of the thread it runs on, if any.
+struct ThreadLog;
+
+impl io::Write for ThreadLog {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        CAPTURE.with(|capture| match capture.borrow_mut().as_mut() {
+            Some(log) => log.write(buf),
+            None => Ok(buf.len()),
+        })
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 fn redis_target(server: &RedisServer) -> RedisTarget {
     match state_config(&format!("redis_url = \"{}\"", server.url())).backend {
         StateBackend::Redis(target) => target,
@@ -608,15 +646,7 @@ async fn until_answered(store: &RedisStore, within: Duration) -> Duration {
 // Single-threaded, so that the store's log lines come on this thread, to the captured log.
 #[tokio::test]
 async fn an_outage_fails_fast_is_logged_once_and_heals_by_itself() {
-    let log = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let log = log.clone();
-            move || log.clone()
-        })
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let log = capture_this_threads_log();
 
     let mut server = RedisServer::start();
     let store = RedisStore::connect(
