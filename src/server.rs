@@ -6,7 +6,9 @@ use std::thread::JoinHandle;
 
 use async_trait::async_trait;
 use pingora_core::server::configuration::ServerConf;
-use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora_core::server::{
+    RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, UnixShutdownSignalWatch,
+};
 use pingora_core::services::listening::Service;
 use rangeway_middleware::chain::StageRegistry;
 use rangeway_middleware::rfc9110::RangeLimits;
@@ -64,7 +66,7 @@ pub struct StoreRuntime(tokio::runtime::Runtime);
 pub fn build(
     config: &Config,
     registry: &StageRegistry,
-) -> Result<(Server, Endpoints, StoreRuntime), StartError> {
+) -> Result<(Server, Endpoints, StoreRuntime, Arc<Metrics>), StartError> {
     let chains = config.build_chains(registry).map_err(StartError::Middleware)?;
     let store_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -185,7 +187,7 @@ pub fn build(
     server.add_service(proxy_service);
 
     let admin_app = Admin::new(
-        metrics,
+        Arc::clone(&metrics),
         config.server.listen,
         store,
         routes,
@@ -199,16 +201,84 @@ pub fn build(
 
     let endpoints =
         Endpoints { proxy: config.server.listen, admin: config.server.admin_listen, samples };
-    Ok((server, endpoints, StoreRuntime(store_runtime)))
+    Ok((server, endpoints, StoreRuntime(store_runtime), metrics))
 }
 
-/// Runs until SIGTERM (graceful: drains for `grace_period`), SIGINT (fast) or SIGQUIT (hand the
+/// Runs until SIGTERM (graceful: new connections are refused, and the process ends when the
+/// responses in flight have, at most `grace_period` later), SIGINT (fast) or SIGQUIT (hand the
 /// listening sockets to a new process).
 pub fn run(config: &Config, registry: &StageRegistry) -> Result<(), StartError> {
-    let (server, endpoints, _store) = build(config, registry)?;
+    let (server, endpoints, _store, metrics) = build(config, registry)?;
     announce(&endpoints);
-    server.run(RunArgs::default());
+    let watch = DrainOnTerminate { metrics, grace: config.server.grace_period };
+    server.run(RunArgs { shutdown_signal: Box::new(watch) });
     Ok(())
+}
+
+/// pingora's Unix signals, with a drain that ends with the last response.
+///
+/// On SIGTERM pingora closes the listeners, then sleeps out the whole grace period before it
+/// stops, even with nothing in flight, and a SIGINT meanwhile does not cut that short. A watcher
+/// of rangeway's own ends the process as soon as no response is in flight (a response counts
+/// until its logging phase, which records it, is over), or at a SIGINT or second SIGTERM; else
+/// pingora's grace period runs out as before.
+struct DrainOnTerminate {
+    metrics: Arc<Metrics>,
+    grace: std::time::Duration,
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for DrainOnTerminate {
+    async fn recv(&self) -> ShutdownSignal {
+        let signal = UnixShutdownSignalWatch.recv().await;
+        if matches!(signal, ShutdownSignal::GracefulTerminate) {
+            watch_drain(Arc::clone(&self.metrics), self.grace);
+        }
+        signal
+    }
+}
+
+/// Ends the process when the drain is over; see [`DrainOnTerminate`].
+fn watch_drain(metrics: Arc<Metrics>, grace: std::time::Duration) {
+    use tokio::signal::unix::{SignalKind, signal};
+    use tokio::time::{Duration, sleep};
+    let watcher = move || {
+        // pingora's own runtime is no longer driven once the signal is handed over.
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            return;
+        };
+        runtime.block_on(async move {
+            let (Ok(mut interrupt), Ok(mut terminate)) =
+                (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+            else {
+                return;
+            };
+            info!(in_flight = metrics.in_flight(), ?grace, "draining: new connections are refused");
+            // Idle twice in a row, so that a request read just as the listeners closed counts.
+            let drained = async {
+                let mut idle_before = false;
+                loop {
+                    sleep(Duration::from_millis(50)).await;
+                    let idle = metrics.in_flight() == 0;
+                    if idle && idle_before {
+                        return;
+                    }
+                    idle_before = idle;
+                }
+            };
+            tokio::select! {
+                () = drained => info!("drained: no response in flight"),
+                _ = interrupt.recv() => info!("SIGINT during the drain: stopping now"),
+                _ = terminate.recv() => info!("a second SIGTERM during the drain: stopping now"),
+                // pingora's grace period ends about now: its shutdown takes over.
+                () = sleep(grace) => return,
+            }
+            std::process::exit(0);
+        });
+    };
+    if let Err(e) = std::thread::Builder::new().name("rangeway-drain".into()).spawn(watcher) {
+        warn!(error = %e, "cannot watch the drain; the grace period runs out in full");
+    }
 }
 
 fn announce(endpoints: &Endpoints) {
@@ -237,7 +307,7 @@ pub struct Running {
 impl Running {
     /// Starts the server and waits until the proxy and admin listeners accept connections.
     pub fn start(config: &Config, registry: &StageRegistry) -> Result<Self, StartError> {
-        let (server, endpoints, store) = build(config, registry)?;
+        let (server, endpoints, store, _) = build(config, registry)?;
         let (stop, stopped) = oneshot::channel();
         let watch = FastShutdownOn(Mutex::new(Some(stopped)));
         let thread = std::thread::Builder::new()

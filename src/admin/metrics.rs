@@ -165,6 +165,11 @@ impl Metrics {
     }
 
     /// Counts a response in flight until the returned guard is dropped.
+    /// Responses in flight (each counts until its logging phase is over).
+    pub fn in_flight(&self) -> i64 {
+        self.active.get()
+    }
+
     pub fn active_download(&self) -> ActiveDownload {
         self.active.inc();
         ActiveDownload(self.active.clone())

@@ -72,8 +72,10 @@ impl Proxy {
 /// chosen proxy and admin ports.
 fn config_text(server_keys: &str, body: &str) -> (String, u16, u16) {
     let [listen, admin] = free_ports::<2>();
+    // No grace period unless the test gives one.
+    let grace = if server_keys.contains("grace_period") { "" } else { "grace_period = \"0s\"\n" };
     let text = format!(
-        "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nthreads = 2\ngrace_period = \"0s\"\n{server_keys}\n{body}"
+        "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nthreads = 2\n{grace}{server_keys}\n{body}"
     );
     (text, listen, admin)
 }
@@ -125,6 +127,36 @@ impl ProxyProcess {
 
     pub(crate) fn admin_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.admin)
+    }
+
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.proxy
+    }
+
+    /// Sends the process `signal` (`TERM`, `INT`, ...), as `kill -s` does.
+    pub(crate) fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args(["-s", signal, &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -s {signal} failed");
+    }
+
+    /// Waits up to `within` for the process to exit; its status, or `None` if it still runs.
+    pub(crate) fn wait_exit(
+        &mut self,
+        within: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 

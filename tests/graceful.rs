@@ -1,0 +1,86 @@
+//! Stopping rangeway: SIGTERM refuses new connections, lets the downloads in flight finish, and
+//! ends the process when they have — not a whole grace period later.
+
+mod support;
+
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::clients::{CLIENT_TIMEOUT, run};
+use support::data::test_bytes;
+use support::origin::{Behaviour, Origin};
+use support::proxy::ProxyProcess;
+use support::tmp::TempDir;
+
+const GRACE: &str = "grace_period = \"30s\"";
+
+fn route(origin: &Origin) -> String {
+    format!(
+        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+        origin.base_url()
+    )
+}
+
+#[test]
+fn sigterm_drains_the_downloads_in_flight_then_exits() {
+    let origin = Origin::start();
+    let object = test_bytes(2 * 1024 * 1024, 41);
+    origin.put("/obj.bin", object.clone());
+    // About 2 s for the whole object.
+    origin.set_global_behaviour(Behaviour::Slow {
+        chunk: 256 * 1024,
+        delay: Duration::from_millis(250),
+    });
+    let mut proxy = ProxyProcess::start_with(&route(&origin), GRACE, &[]);
+    let work = TempDir::new("graceful");
+    let file = work.join("obj.bin");
+    let download = {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "-o"]).arg(&file).arg(proxy.url("/obj.bin"));
+        std::thread::spawn(move || run(curl, CLIENT_TIMEOUT))
+    };
+    std::thread::sleep(Duration::from_millis(600));
+    let signalled = Instant::now();
+    proxy.signal("TERM");
+
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(TcpStream::connect(proxy.addr()).is_err(), "new connections are refused");
+    download.join().expect("the download thread").assert_success();
+    assert_eq!(std::fs::read(&file).expect("read"), object, "the download in flight finished");
+    let status =
+        proxy.wait_exit(Duration::from_secs(10)).expect("exits once drained, well within 30 s");
+    assert!(status.success(), "{status}");
+    assert!(signalled.elapsed() < Duration::from_secs(10), "{:?}", signalled.elapsed());
+}
+
+#[test]
+fn sigterm_on_an_idle_rangeway_exits_at_once_and_sigint_during_a_drain_cuts_it_short() {
+    let origin = Origin::start();
+    origin.put("/obj.bin", test_bytes(4096, 42));
+    let mut idle = ProxyProcess::start_with(&route(&origin), GRACE, &[]);
+    let signalled = Instant::now();
+    idle.signal("TERM");
+    let status = idle.wait_exit(Duration::from_secs(5)).expect("an idle rangeway exits at once");
+    assert!(status.success(), "{status}");
+    assert!(signalled.elapsed() < Duration::from_secs(5));
+
+    // A download that would take a minute: SIGINT during the drain ends it.
+    origin.set_global_behaviour(Behaviour::Slow { chunk: 64, delay: Duration::from_millis(500) });
+    let mut busy = ProxyProcess::start_with(&route(&origin), GRACE, &[]);
+    let url = busy.url("/obj.bin");
+    let download = std::thread::spawn(move || {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "-o", "/dev/null", &url]);
+        run(curl, CLIENT_TIMEOUT)
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    busy.signal("TERM");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(busy.wait_exit(Duration::from_millis(10)).is_none(), "still draining");
+    let interrupted = Instant::now();
+    busy.signal("INT");
+    busy.wait_exit(Duration::from_secs(5)).expect("SIGINT cuts the drain short");
+    assert!(interrupted.elapsed() < Duration::from_secs(5));
+    assert!(!download.join().expect("the download thread").success(), "that download was cut");
+}
