@@ -139,14 +139,8 @@ impl Completions {
             pass.push(chunk).map_err(|e| Error::because(ErrorType::InternalError, "a stage", e))?;
         }
         pass.finish().map_err(|e| Error::because(ErrorType::InternalError, "a stage", e))?;
-        for (index, facts) in pass.learned_facts() {
-            if let Some(key) = route.stage_keys.get(index) {
-                store
-                    .learn(&object, key, &facts)
-                    .await
-                    .map_err(|e| Error::because(ErrorType::InternalError, "the store", e))?;
-            }
-        }
-        Ok(())
+        pass.record(store, &route.stage_keys, &object)
+            .await
+            .map_err(|e| Error::because(ErrorType::InternalError, "the store", e))
     }
 }

@@ -332,7 +332,7 @@ impl Rangeway {
     ) -> Result<()> {
         let Some(version) = version else { return Ok(()) };
         let known = ctx.known.take().unwrap_or_default().for_version(version_key(version));
-        let path = std::mem::take(&mut ctx.object_path);
+        let path = ctx.object_path.clone();
         let object = StageObject {
             route: &route.name,
             path: &path,
@@ -399,7 +399,7 @@ impl Rangeway {
         };
         let known = ctx.known.take().unwrap_or_default().for_version(version_key(&version));
         let strong_etag = version.etag.as_deref().filter(|_| version.strong);
-        let path = std::mem::take(&mut ctx.object_path);
+        let path = ctx.object_path.clone();
         let object =
             StageObject { route: &route.name, path: &path, strong_etag, len: version.size };
         let learned = known.learned();
@@ -487,11 +487,7 @@ impl Rangeway {
                 Some(range)
             }
             Shape::Multiple { ranges, complete_len, .. } => {
-                let covering = match (ranges.first(), ranges.last()) {
-                    (Some(first), Some(last)) => ByteRange::new(first.start(), last.end()),
-                    _ => None,
-                };
-                let Some(covering) = covering else {
+                let Some(covering) = covering(&ranges) else {
                     return self.refuse(response, ctx, &route.name, "no ranges to send");
                 };
                 self.multipart(response, ctx, &ranges, complete_len, covering.start())?;
@@ -952,9 +948,8 @@ impl ProxyHttp for Rangeway {
             .into_up());
         }
         if let Some(pass) = ctx.pass.as_mut() {
-            let blocks = ctx.route.as_ref().is_some_and(|route| route.chain.blocks());
             let chunk = body.take();
-            let out = off_the_event_loop(blocks, || {
+            let out = off_the_event_loop(pass.blocks(), || {
                 let out = match chunk {
                     Some(chunk) => pass.push(chunk),
                     None => Ok(None),
@@ -1036,11 +1031,8 @@ impl ProxyHttp for Rangeway {
         // Recorded: the admin API shows the store's record of the response from now on.
         ctx.live = None;
         if let (Some(pass), Some(route), Some(download)) = (&ctx.pass, &ctx.route, &ctx.download) {
-            for (index, facts) in pass.learned_facts() {
-                if let Some(key) = route.stage_keys.get(index) {
-                    let _ = self.store.learn(&download.object, key, &facts).await;
-                }
-            }
+            // A store outage is reported by the store's health; what was learned is learned again.
+            let _ = pass.record(self.store.as_ref(), &route.stage_keys, &download.object).await;
             if let Some(key) = ctx.forget_stage.and_then(|index| route.stage_keys.get(index)) {
                 let _ = self.store.forget(&download.object, key).await;
             }
@@ -1051,13 +1043,11 @@ impl ProxyHttp for Rangeway {
             && ctx.chain().is_some_and(Chain::is_observing_only)
             && route.chain.stages().iter().any(|stage| stage.whole_digests() > 0)
         {
-            let target = ctx.upstream_target.clone();
-            let path = download.object.split_once('|').map_or("", |(_, path)| path).to_owned();
             let unfinished = Unfinished {
                 route: Arc::clone(route),
                 object: download.object.clone(),
-                path,
-                target,
+                path: ctx.object_path.clone(),
+                target: ctx.upstream_target.clone(),
                 version,
             };
             self.completions.start(Arc::clone(&self.store), unfinished);
@@ -1104,9 +1094,12 @@ impl ProxyHttp for Rangeway {
 /// this thread: `block_in_place` hands the thread's other tasks to another worker first. Only a
 /// multi-threaded runtime (pingora's default) allows it; elsewhere the work runs in place.
 fn off_the_event_loop<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if blocks && multi_thread { tokio::task::block_in_place(work) } else { work() }
+    let multi_thread = || {
+        tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        })
+    };
+    if blocks && multi_thread() { tokio::task::block_in_place(work) } else { work() }
 }
 
 /// `attachment; filename="NAME.EXT"` for a chain that names its output (`.gz`): the last
@@ -1121,6 +1114,12 @@ fn content_disposition(path: &str, chain: &Chain) -> Option<String> {
     }
     let plain = name.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' && b != b'%');
     (extended && plain).then(|| format!("attachment; filename=\"{name}\""))
+}
+
+/// The one range from the first of `ranges` (sorted, as resolved) to the end of the last: what a
+/// chain produces once for a multipart answer.
+fn covering(ranges: &[ByteRange]) -> Option<ByteRange> {
+    ByteRange::new(ranges.first()?.start(), ranges.last()?.end())
 }
 
 /// Two pieces of output as one.
@@ -1230,16 +1229,11 @@ fn plan_upstream(
     let learned = known.learned();
     let Some(output_len) = route.chain.output_len(&object, &learned) else { return };
     let covering = match set.resolve(output_len) {
-        Resolution::Single(range) => range,
-        Resolution::Multiple(ranges) => match (ranges.first(), ranges.last()) {
-            (Some(first), Some(last)) => match ByteRange::new(first.start(), last.end()) {
-                Some(range) => range,
-                None => return,
-            },
-            _ => return,
-        },
-        Resolution::Unsatisfiable => return,
+        Resolution::Single(range) => Some(range),
+        Resolution::Multiple(ranges) => covering(&ranges),
+        Resolution::Unsatisfiable => None,
     };
+    let Some(covering) = covering else { return };
     let Ok(plan) = route.chain.plan(covering, &object, &learned) else { return };
     if let Some(last) = plan.origin().last() {
         ctx.sent_range = Some(RangeSpec::Closed { first: plan.origin().start(), last });

@@ -11,7 +11,7 @@ use rangeway_middleware::checksum::{Crc32Piece, repr_digest};
 use rangeway_middleware::{ByteRange, Window};
 
 use crate::fingerprint::fingerprint;
-use crate::state::{self, StageFacts};
+use crate::state::{self, StageFacts, StateStore, StoreError};
 
 /// Headers of the origin's that describe its bytes, not a transformed representation's.
 pub(super) const ORIGIN_DIGEST_HEADERS: [&str; 5] = [
@@ -78,7 +78,7 @@ impl Known {
         for facts in self.facts() {
             let whole_known = origin_len
                 .zip(facts)
-                .is_some_and(|(len, facts)| facts.digest(ByteRange::whole(len), true).is_some());
+                .is_some_and(|(len, facts)| facts.sha256(ByteRange::whole(len)).is_some());
             if whole_known {
                 continue;
             }
@@ -148,6 +148,8 @@ pub(super) struct ChainPass {
     known: Vec<Option<StageFacts>>,
     /// Whether the output has gone wrong, so nothing more is pushed and nothing recorded from it.
     failed: bool,
+    /// Whether a push may block the thread for milliseconds (see `StageFactory::blocks`).
+    blocks: bool,
 }
 
 impl ChainPass {
@@ -175,7 +177,36 @@ impl ChainPass {
         let mut lens = chain.lengths(object, &learned);
         lens.pop();
         let facts = known.facts().map(|facts| facts.cloned()).collect();
-        Ok(Self { run, input, version: known.version, lens, known: facts, failed: false })
+        Ok(Self {
+            run,
+            input,
+            version: known.version,
+            lens,
+            known: facts,
+            failed: false,
+            blocks: chain.blocks(),
+        })
+    }
+
+    /// Whether a push may block the thread for milliseconds: run it where blocking is allowed.
+    pub(super) fn blocks(&self) -> bool {
+        self.blocks
+    }
+
+    /// Records what the stages learned (see [`learned_facts`](Self::learned_facts)) about
+    /// `object` in `store`, under each stage's key.
+    pub(super) async fn record(
+        &self,
+        store: &dyn StateStore,
+        stage_keys: &[String],
+        object: &str,
+    ) -> Result<(), StoreError> {
+        for (index, facts) in self.learned_facts() {
+            if let Some(key) = stage_keys.get(index) {
+                store.learn(object, key, &facts).await?;
+            }
+        }
+        Ok(())
     }
 
     /// The output for the next upstream chunk.
@@ -199,7 +230,7 @@ impl ChainPass {
     /// recorded. Only whole-input SHA-256 digests are kept (a prefix digest is of no use to
     /// anyone); CRC32 pieces are kept, and combined with the stored ones into the whole input's
     /// CRC32 when they cover it.
-    pub(super) fn learned_facts(&self) -> Vec<(usize, StageFacts)> {
+    fn learned_facts(&self) -> Vec<(usize, StageFacts)> {
         let Some(version) = self.version.as_ref().filter(|_| !self.failed) else {
             return Vec::new();
         };
@@ -269,12 +300,12 @@ pub(super) fn digest_headers(
             continue;
         };
         let whole = ByteRange::whole(*len);
-        if let Some(Digest::Sha256(sha)) = facts.digest(whole, true)
+        if let Some(sha) = facts.sha256(whole)
             && !(input == output && want_sha256 == Some(0))
         {
             headers.push((sha_header, repr_digest(&sha)));
         }
-        if let Some(Digest::Crc32(crc)) = facts.digest(whole, false) {
+        if let Some(crc) = facts.crc32(whole) {
             headers.push((crc_header, format!("{crc:08x}")));
         }
     }

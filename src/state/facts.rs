@@ -63,13 +63,20 @@ impl StageFacts {
             .collect()
     }
 
-    /// The digest of `range` by the algorithm of `like`, when recorded.
-    pub fn digest(&self, range: ByteRange, sha256: bool) -> Option<Digest> {
-        self.digests
-            .iter()
-            .filter(|d| d.range == range)
-            .map(|d| d.digest)
-            .find(|d| matches!(d, Digest::Sha256(_)) == sha256)
+    /// The SHA-256 of `range`, when recorded.
+    pub fn sha256(&self, range: ByteRange) -> Option<[u8; 32]> {
+        self.digests.iter().filter(|d| d.range == range).find_map(|d| match d.digest {
+            Digest::Sha256(sha) => Some(sha),
+            _ => None,
+        })
+    }
+
+    /// The CRC32 of `range`, when recorded.
+    pub fn crc32(&self, range: ByteRange) -> Option<u32> {
+        self.digests.iter().filter(|d| d.range == range).find_map(|d| match d.digest {
+            Digest::Crc32(crc) => Some(crc),
+            _ => None,
+        })
     }
 
     /// The fields to add to the stored map (all but the version).
@@ -215,8 +222,9 @@ mod tests {
             assert!(back.digests.contains(digest), "{digest:?}");
         }
         assert_eq!(back.contiguous_segments().len(), 2);
-        assert_eq!(back.digest(ByteRange::whole(100), true), Some(Digest::Sha256([7; 32])));
-        assert_eq!(back.digest(ByteRange::whole(100), false), None);
+        assert_eq!(back.sha256(ByteRange::whole(100)), Some([7; 32]));
+        assert_eq!(back.crc32(ByteRange::whole(100)), None);
+        assert_eq!(back.crc32(ByteRange::new(10, 20).expect("valid")), Some(0xdead_beef));
     }
 
     #[test]
