@@ -2,8 +2,9 @@
 # Installs the system tools that building and testing rangeway needs: cmake (pingora's libz-ng-sys),
 # a C/C++ toolchain, the real servers and clients the integration tests drive (nginx,
 # redis-server, curl, wget, aria2c, openssl, gzip, python3, chromium and a font for it to draw
-# with), and the Python modules tests call (PyYAML; http_ece, the independent RFC 8188
-# implementation the aes128gcm interop test runs; Playwright, which drives chromium in tests/ui.rs).
+# with), the Python modules tests call (PyYAML; http_ece, the independent RFC 8188 implementation
+# the aes128gcm interop test runs; Playwright, which drives chromium in tests/ui.rs; boto3 and the
+# AWS CLI), and s3s-fs, the S3-compatible server tests/s3.rs runs.
 #
 # Idempotent: every tool is checked with `command -v` first, so a machine that has them all does
 # nothing (not even `apt-get update`). Prints one line per package it installs.
@@ -104,10 +105,24 @@ python_modules() {
     # package: it launches the system chromium by path, so Playwright's own browser downloads
     # (`playwright install`) are never needed. Debian has no package of it.
     py_module playwright.sync_api playwright
+    # tests/s3.rs downloads through rangeway's S3 routes with the clients S3 users have: boto3
+    # and the AWS CLI (run as `python3 -m awscli`, so no PATH or pyenv shim is involved).
+    py_module boto3 boto3 python3-boto3
+    py_module awscli awscli awscli
+}
+
+# tests/s3.rs runs a real S3-compatible server: s3s-fs (SigV4-checking, file-backed), built once
+# with cargo into ~/.cargo/bin.
+s3_server() {
+    local cargo_bin=${CARGO_HOME:-$HOME/.cargo}/bin
+    command -v s3s-fs >/dev/null 2>&1 || [[ -x $cargo_bin/s3s-fs ]] && return
+    echo "deps: installing s3s-fs (cargo install, a few minutes)"
+    cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary
 }
 
 if [[ ${#missing[@]} -eq 0 ]]; then
     python_modules
+    s3_server
     exit 0
 fi
 
@@ -148,3 +163,4 @@ for service in nginx redis-server haproxy; do
 done
 
 python_modules
+s3_server

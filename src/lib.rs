@@ -9,5 +9,6 @@ pub mod fingerprint;
 pub mod origin;
 pub mod proxy;
 pub mod range;
+pub mod s3;
 pub mod server;
 pub mod state;

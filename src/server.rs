@@ -140,6 +140,22 @@ pub fn build(
                 }
                 built
             }
+            UpstreamKind::S3(s3) => {
+                let built = Upstream::s3(name, s3, timeouts)
+                    .map_err(|source| StartError::Upstream { name: name.clone(), source })?;
+                if built.skips_verification() {
+                    warn!(upstream = %name, "TLS CERTIFICATE VERIFICATION IS OFF for this upstream (insecure_skip_verify = true): anyone on the path can impersonate it");
+                }
+                match &s3.credentials {
+                    Some(credentials) => {
+                        info!(upstream = %name, bucket = %s3.bucket, credentials = %credentials.source, "S3 upstream: requests are signed")
+                    }
+                    None => {
+                        info!(upstream = %name, bucket = %s3.bucket, "S3 upstream: anonymous, requests go unsigned")
+                    }
+                }
+                built
+            }
         };
         upstreams.insert(name.clone(), Arc::new(built));
     }

@@ -44,6 +44,8 @@ mod errors;
 mod host;
 mod read;
 mod route;
+mod s3;
+mod secret;
 mod server;
 mod state;
 mod tree;
@@ -56,6 +58,8 @@ use std::path::Path;
 
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::{MiddlewareSpec, RouteConfig};
+pub use s3::{Addressing, S3Credentials, S3Upstream};
+pub use secret::Secret;
 pub use server::{AdminToken, ServerConfig};
 pub use state::{RedisTarget, RedisUrl, StateBackend, StateConfig};
 pub use units::{UnitError, parse_duration, parse_size};

@@ -180,6 +180,14 @@ impl Field {
         }
     }
 
+    /// [`Field::string`] without giving the field up, for a value read by more than one reader.
+    pub(super) fn text(&self, ctx: &mut Ctx<'_>, example: &str) -> Read<String> {
+        match &self.node.kind {
+            Kind::Str(s) => Ok(s.clone()),
+            _ => Err(self.wrong_type(ctx, "a string", example)),
+        }
+    }
+
     pub(super) fn boolean(self, ctx: &mut Ctx<'_>) -> Read<bool> {
         match (&self.node.kind, &self.node.origin) {
             (Kind::Bool(b), _) => Ok(*b),

@@ -6,6 +6,7 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use super::read::{Ctx, Field, Read, Table};
+use super::secret::{self, Secret, SecretKey};
 use super::tree::Node;
 
 const DEFAULT_LISTEN: SocketAddr =
@@ -45,7 +46,7 @@ pub struct ServerConfig {
 #[derive(Clone)]
 pub struct AdminToken {
     env_var: String,
-    token: String,
+    token: Secret,
 }
 
 impl AdminToken {
@@ -57,7 +58,7 @@ impl AdminToken {
     /// Whether `presented` is the token. Every byte is compared whatever the mismatches, so the
     /// time taken reveals the token's length at most, never its content.
     pub fn verify(&self, presented: &[u8]) -> bool {
-        let expected = self.token.as_bytes();
+        let expected = self.token.expose().as_bytes();
         if presented.len() != expected.len() {
             return false;
         }
@@ -140,54 +141,14 @@ fn sockets_collide(a: SocketAddr, b: SocketAddr) -> bool {
 }
 
 fn admin_token(ctx: &mut Ctx<'_>, field: Field) -> Read<AdminToken> {
-    let path = field.path.clone();
-    let origin = field.origin().clone();
-    let name = field.string(ctx, "\"RANGEWAY_ADMIN_TOKEN\"")?;
-    // The value is never echoed: a user who pasted the token itself here must not see it in logs.
-    let example = "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"";
-    let is_var_name = name.bytes().next().is_some_and(|b| !b.is_ascii_digit())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if !is_var_name {
-        return Err(ctx.report(
-            &path,
-            &origin,
-            "is not an environment variable name (it must hold the variable's name, not the token)",
-            format!("put the token in an environment variable and name it here, e.g. {example}"),
-        ));
-    }
-    // Naming the variable helps, but only when the name looks like one: a token made only of
-    // letters, digits and '_' would pass the check above, and is far less likely to be in
-    // SCREAMING_CASE.
-    let var = if name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_') {
-        format!("environment variable {name}")
-    } else {
-        "the environment variable it names".to_owned()
+    let key = SecretKey {
+        example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
+        holds: "the token",
+        source_hint: " (e.g. from `openssl rand -hex 32`)",
+        otherwise: "or remove admin_token_env to leave the admin API open on admin_listen",
     };
-    let export = format!(
-        "export {} with the token (e.g. from `openssl rand -hex 32`) before starting rangeway, \
-         or remove admin_token_env to leave the admin API open on admin_listen",
-        if var.starts_with("the ") { "it" } else { name.as_str() }
-    );
-    let Some(value) = ctx.env.get(&name) else {
-        return Err(ctx.report(&path, &origin, format!("{var} is not set"), export));
-    };
-    let Some(token) = value.to_str() else {
-        return Err(ctx.report(&path, &origin, format!("{var} is not UTF-8"), export));
-    };
-    if token.is_empty() {
-        return Err(ctx.report(&path, &origin, format!("{var} is empty"), export));
-    }
-    // A bearer token travels in an Authorization header: whitespace or control characters (often a
-    // trailing newline from a secrets file) would make every comparison fail.
-    if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ctx.report(
-            &path,
-            &origin,
-            format!("{var} holds spaces, control characters or non-ASCII text"),
-            "set it to printable ASCII without spaces or newlines (e.g. hex or base64url)",
-        ));
-    }
-    Ok(AdminToken { env_var: name, token: token.to_owned() })
+    let (env_var, token) = secret::read_env(ctx, field, &key)?;
+    Ok(AdminToken { env_var, token })
 }
 
 #[cfg(test)]
@@ -207,7 +168,7 @@ mod tests {
 
     #[test]
     fn token_verification() {
-        let token = AdminToken { env_var: "T".into(), token: "s3cret".into() };
+        let token = AdminToken { env_var: "T".into(), token: Secret::new("s3cret".into()) };
         assert!(token.verify(b"s3cret"));
         assert!(!token.verify(b"s3creT"));
         assert!(!token.verify(b"s3cre"));

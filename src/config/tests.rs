@@ -1244,8 +1244,22 @@ fn shipped_configs_load() {
     assert!(matches!(cdn.state.backend, StateBackend::Redis(RedisTarget::Single(_))));
     assert_eq!(cdn.routes[0].host.as_deref(), Some("dl.example.com"));
 
-    let s3 = Config::load(&shipped("examples/s3.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));
-    assert!(http(&s3, "s3").tls);
+    let s3_text = std::fs::read_to_string(shipped("examples/s3.toml")).expect("s3.toml");
+    let keys = Env::from_pairs([
+        ("RANGEWAY_S3_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+        ("RANGEWAY_S3_SECRET_ACCESS_KEY", "example/secret"),
+    ]);
+    let s3 = load_with(&s3_text, &keys, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let UpstreamKind::S3(store) = &s3.upstreams["s3"].kind else {
+        panic!("not an S3 upstream: {:?}", s3.upstreams["s3"]);
+    };
+    assert!(store.endpoint.tls);
+    assert_eq!((store.bucket.as_str(), store.region.as_str()), ("my-bucket", "eu-central-1"));
+    assert_eq!(store.addressing, Addressing::VirtualHost);
+    // Without its keys the example is refused, naming the variables.
+    let errors = load_err(&s3_text, &Env::default(), &[]);
+    assert_eq!(errors.len(), 2, "{errors}");
+    assert!(errors.to_string().contains("RANGEWAY_S3_SECRET_ACCESS_KEY is not set"), "{errors}");
 
     let secure =
         Config::load(&shipped("examples/secure.toml"), KINDS).unwrap_or_else(|e| panic!("{e}"));
@@ -1308,4 +1322,139 @@ fn errors_display_one_per_line() {
     assert!(!errors.is_empty());
     assert_eq!((&errors).into_iter().count(), 3);
     assert_eq!(errors.into_iter().count(), 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// S3 upstreams
+
+const S3_ROUTE: &str = "\n[[routes]]\npath_prefix = \"/s3/\"\nupstream = \"store\"\n";
+
+fn s3_env() -> Env {
+    Env::from_pairs([("AK", "AKIDEXAMPLE"), ("SK", "example/secret+key"), ("TOK", "token")])
+}
+
+fn s3_upstream(config: &Config) -> &S3Upstream {
+    match &config.upstreams["store"].kind {
+        UpstreamKind::S3(s3) => s3,
+        other => panic!("not S3: {other:?}"),
+    }
+}
+
+#[test]
+fn s3_upstreams_parse_to_typed_values() {
+    let text = format!(
+        "[upstreams.store]\nurl = \"http://127.0.0.1:9400\"\nbucket = \"Old_Bucket\"\n\
+         key_prefix = \"/builds/2026/\"\naccess_key_env = \"AK\"\nsecret_key_env = \"SK\"\n\
+         session_token_env = \"TOK\"\n{S3_ROUTE}"
+    );
+    let config = load_with(&text, &s3_env(), KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let s3 = s3_upstream(&config);
+    assert_eq!(s3.bucket, "Old_Bucket");
+    assert_eq!(s3.region, "us-east-1");
+    assert_eq!(s3.addressing, Addressing::Path);
+    assert_eq!(s3.key_prefix, ["builds", "2026"]);
+    let credentials = s3.credentials.as_ref().expect("credentials");
+    assert_eq!(credentials.access_key_id.expose(), "AKIDEXAMPLE");
+    assert_eq!(credentials.secret_access_key.expose(), "example/secret+key");
+    assert_eq!(credentials.session_token.as_ref().map(Secret::expose), Some("token"));
+    assert_eq!(credentials.source, "environment variables AK/SK");
+    let shown = format!("{config:?}");
+    assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("secret+key"), "{shown}");
+
+    // The AWS variables when nothing else is configured; anonymous needs none.
+    let text = format!(
+        "[upstreams.store]\nurl = \"https://s3.example.com\"\nbucket = \"b-1\"\n\
+         addressing = \"virtual-host\"\nregion = \"eu-west-1\"\n{S3_ROUTE}"
+    );
+    let aws = Env::from_pairs([("AWS_ACCESS_KEY_ID", "AKIDAWS"), ("AWS_SECRET_ACCESS_KEY", "s")]);
+    let config = load_with(&text, &aws, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let s3 = s3_upstream(&config);
+    assert_eq!(s3.addressing, Addressing::VirtualHost);
+    assert_eq!(s3.credentials.as_ref().map(|c| c.access_key_id.expose()), Some("AKIDAWS"));
+    let text = format!(
+        "[upstreams.store]\nurl = \"http://127.0.0.1:1\"\nbucket = \"pub\"\nanonymous = true\n\
+         {S3_ROUTE}"
+    );
+    assert!(s3_upstream(&load_ok(&text)).credentials.is_none());
+}
+
+#[test]
+fn bad_s3_upstreams() {
+    let url = "url = \"http://127.0.0.1:9400\"\n";
+    let keys = "access_key_env = \"AK\"\nsecret_key_env = \"SK\"\n";
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (
+            format!("{url}bucket = \"a\"\n{keys}"),
+            vec![("upstreams.store.bucket", "\"a\" is not a valid bucket name")],
+        ),
+        (
+            format!(
+                "url = \"https://s3.example.com\"\nbucket = \"Up_per\"\naddressing = \"virtual-host\"\n{keys}"
+            ),
+            vec![("upstreams.store.bucket", "it becomes part of a host name")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\naddressing = \"virtual-host\"\n{keys}"),
+            vec![("upstreams.store.url", "needs a DNS name")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\naddressing = \"dns\"\n{keys}"),
+            vec![("upstreams.store.addressing", "\"dns\" is not an addressing style")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\nkey_prefix = \"a/../b\"\n{keys}"),
+            vec![("upstreams.store.key_prefix", "'..'")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\nregion = \"EU West\"\n{keys}"),
+            vec![("upstreams.store.region", "is not a region name")],
+        ),
+        (
+            format!("url = \"http://127.0.0.1:9400/b12\"\nbucket = \"b12\"\n{keys}"),
+            vec![("upstreams.store.url", "an S3 endpoint url has no path")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\nhost_header = \"x\"\n{keys}"),
+            vec![("upstreams.store.host_header", "does not apply to S3 upstreams")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\naccess_key_env = \"AK\"\n"),
+            vec![("upstreams.store.access_key_env", "go together")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\naccess_key_env = \"AK\"\nsecret_key_env = \"NOPE\"\n"),
+            vec![("upstreams.store.secret_key_env", "environment variable NOPE is not set")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\nanonymous = true\n{keys}"),
+            vec![
+                ("upstreams.store.access_key_env", "cannot be combined with anonymous"),
+                ("upstreams.store.secret_key_env", "cannot be combined with anonymous"),
+            ],
+        ),
+        (format!("{url}bucket = \"b12\"\n"), vec![("upstreams.store", "has no credentials")]),
+        (
+            format!("{url}region = \"us-east-1\"\nprofile = \"x\"\n"),
+            vec![
+                ("upstreams.store.region", "applies to S3 upstreams only"),
+                ("upstreams.store.profile", "applies to S3 upstreams only"),
+            ],
+        ),
+        (
+            "dir = \"./data\"\nbucket = \"b12\"\n".to_owned(),
+            vec![("upstreams.store", "has bucket but dir instead of url")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\ncredentials_file = \"/nonexistent/creds\"\n"),
+            vec![("upstreams.store.credentials_file", "/nonexistent/creds cannot be read")],
+        ),
+    ];
+    let env =
+        Env::from_pairs([("AK", "AKIDEXAMPLE"), ("SK", "the-secret"), ("HOME", "/nonexistent")]);
+    for (upstream, expected) in cases {
+        let text = format!("[upstreams.store]\n{upstream}{S3_ROUTE}");
+        expect_errors_with(&text, &env, KINDS, &expected);
+        let shown = load_err(&text, &env, KINDS).to_string();
+        assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("the-secret"), "{shown}");
+    }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::host::{Host, split_host_port};
 use super::read::{Ctx, Field, Read, Table, key_path};
+use super::s3::{self, S3Fields, S3Upstream};
 use super::tree::Node;
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,6 +46,8 @@ pub enum UpstreamKind {
     /// A local folder served as an origin (`dir = ...`). It need not exist yet: the server
     /// creates it. A relative path is relative to the working directory of the process.
     Dir { path: PathBuf },
+    /// An S3-compatible store (`url = ...` with `bucket = ...`), whose requests rangeway signs.
+    S3(S3Upstream),
 }
 
 /// An HTTP(S) origin, from `url = "http(s)://host[:port][/base]"`.
@@ -156,6 +159,7 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
     let insecure_skip_verify = table.take("insecure_skip_verify");
     let sni = table.take("sni");
     let host_header = table.take("host_header");
+    let s3_fields = S3Fields::take(&mut table);
     let mut timeout = |key, default, max, bounds: &str| {
         table.take(key).map_or(Ok(default), |f| f.duration(ctx, MIN_TIMEOUT..=max, bounds))
     };
@@ -171,9 +175,34 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
     let idle_timeout = timeout("idle_timeout", DEFAULT_IO_TIMEOUT, MAX_IO_TIMEOUT, io_bounds);
     table.finish(ctx);
 
-    let kind = match (url, dir) {
-        (Some(url), None) => read_http(ctx, url, [ca_file, insecure_skip_verify, sni], host_header),
-        (None, Some(dir)) => {
+    let s3_fields = if s3_fields.bucket.is_some() {
+        Some(s3_fields)
+    } else {
+        // Checked first, so that a stray S3 key is reported however the rest reads.
+        s3_fields.refuse(ctx);
+        None
+    };
+    let kind = match (url, dir, s3_fields) {
+        (Some(url), None, Some(s3_fields)) => {
+            let endpoint = read_http(ctx, &url, [ca_file, insecure_skip_verify, sni]);
+            s3::read(ctx, path, endpoint, Some(&url), s3_fields, host_header).map(UpstreamKind::S3)
+        }
+        (Some(url), None, None) => {
+            let http = read_http(ctx, &url, [ca_file, insecure_skip_verify, sni]);
+            let host_header = host_header.map(|f| read_host_header(ctx, f)).transpose();
+            http.and_then(|mut http| {
+                if let Some(host_header) = host_header? {
+                    http.host_header = host_header;
+                }
+                Ok(UpstreamKind::Http(http))
+            })
+        }
+        (None, Some(_), Some(_)) => Err(ctx.report_at(
+            path,
+            "has bucket but dir instead of url",
+            "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
+        )),
+        (None, Some(dir), None) => {
             let http_only = [ca_file, insecure_skip_verify, sni, host_header];
             for field in http_only.into_iter().flatten() {
                 ctx.report(
@@ -185,13 +214,13 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
             }
             read_dir(ctx, dir)
         }
-        (Some(_), Some(dir)) => Err(ctx.report(
+        (Some(_), Some(dir), _) => Err(ctx.report(
             path,
             dir.origin(),
             "has both url and dir",
             "keep one: url for an HTTP(S) origin, dir for a local folder",
         )),
-        (None, None) => Err(ctx.report_at(
+        (None, None, _) => Err(ctx.report_at(
             path,
             "has neither url nor dir",
             format!(
@@ -210,14 +239,9 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
     })
 }
 
-fn read_http(
-    ctx: &mut Ctx<'_>,
-    url: Field,
-    tls_fields: [Option<Field>; 3],
-    host_header: Option<Field>,
-) -> Read<UpstreamKind> {
+fn read_http(ctx: &mut Ctx<'_>, url: &Field, tls_fields: [Option<Field>; 3]) -> Read<HttpUpstream> {
     let (url_path, url_origin) = (url.path.clone(), url.origin().clone());
-    let parsed = url.string(ctx, URL_EXAMPLE).and_then(|text| {
+    let parsed = url.text(ctx, URL_EXAMPLE).and_then(|text| {
         parse_http_url(&text)
             .map_err(|(problem, fix)| ctx.report(&url_path, &url_origin, problem, fix))
     });
@@ -238,10 +262,9 @@ fn read_http(
         // is fixed.
         Err(_) => Ok(Tls::default()),
     };
-    let host_header = host_header.map(|f| read_host_header(ctx, f)).transpose();
     let parsed = parsed?;
     let tls = tls?;
-    Ok(UpstreamKind::Http(HttpUpstream {
+    Ok(HttpUpstream {
         tls: parsed.tls,
         host: parsed.host.bare(),
         port: parsed.port,
@@ -249,8 +272,8 @@ fn read_http(
         ca_file: tls.ca_file,
         insecure_skip_verify: tls.insecure_skip_verify,
         sni: tls.sni,
-        host_header: host_header?.unwrap_or(parsed.authority),
-    }))
+        host_header: parsed.authority,
+    })
 }
 
 /// The TLS settings of an https upstream; all unset for http.

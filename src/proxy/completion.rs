@@ -13,14 +13,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use http::header;
-use pingora_core::connectors::http::Connector;
 use pingora_error::{Error, ErrorType, Result};
-use pingora_http::RequestHeader;
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::ObjectVersion as StageObject;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 use tracing::{debug, info};
 
+use super::origin_client::OriginClient;
 use super::representation::{ChainPass, Known, version_key};
 use super::routing::Route;
 use crate::state::{self, StateStore};
@@ -40,7 +39,7 @@ pub(super) struct Unfinished {
 
 /// The completion passes of one instance.
 pub(super) struct Completions {
-    connector: Connector,
+    client: Arc<OriginClient>,
     /// Objects with a pass running.
     running: Mutex<HashSet<String>>,
 }
@@ -52,8 +51,8 @@ impl std::fmt::Debug for Completions {
 }
 
 impl Completions {
-    pub(super) fn new() -> Self {
-        Self { connector: Connector::new(None), running: Mutex::new(HashSet::new()) }
+    pub(super) fn new(client: Arc<OriginClient>) -> Self {
+        Self { client, running: Mutex::new(HashSet::new()) }
     }
 
     /// Starts a pass for `unfinished` in the background, unless one runs for its object.
@@ -89,17 +88,12 @@ impl Completions {
         let Some(from) = known.completion_start(&route.chain, version.size) else {
             return Ok(());
         };
-        let peer = route.upstream.peer().await?;
-        let (mut upstream, _) = self.connector.get_http_session(peer.as_ref()).await?;
-        let mut request = RequestHeader::build("GET", target.as_bytes(), Some(4))?;
-        request.insert_header(header::HOST, route.upstream.host_header())?;
+        let mut request = route.upstream.request("GET", &target)?;
         request.insert_header(header::RANGE, format!("bytes={from}-"))?;
         // The version the facts are about, or nothing.
         request.insert_header(header::IF_MATCH, etag)?;
         request.insert_header(header::ACCEPT_ENCODING, "identity")?;
-        upstream.write_request_header(Box::new(request)).await?;
-        upstream.finish_request_body().await?;
-        upstream.read_response_header().await?;
+        let mut upstream = self.client.send(&route.upstream, request).await?;
         let answer = upstream.response_header().map(|r| {
             let range = r
                 .headers

@@ -10,9 +10,11 @@
 mod completion;
 pub mod download;
 mod negotiation;
+mod origin_client;
 pub mod path;
 pub(crate) mod representation;
 pub mod routing;
+mod s3;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -41,6 +43,7 @@ use crate::range::{ClientRange, Shape, shape_response};
 use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore, unix_now};
 use completion::{Completions, Unfinished};
 use download::{DOWNLOAD_ID, RESUME_OFFSET, download_id, object_version};
+use origin_client::OriginClient;
 use path::NormalizedPath;
 use representation::{
     ChainPass, Known, ORIGIN_DIGEST_HEADERS, digest_headers, representation_etag, version_key,
@@ -65,6 +68,7 @@ pub struct Rangeway {
     metrics: Arc<Metrics>,
     store: Arc<dyn StateStore>,
     completions: Arc<Completions>,
+    origin_client: Arc<OriginClient>,
     live: Arc<LiveResponses>,
 }
 
@@ -76,8 +80,9 @@ impl Rangeway {
         store: Arc<dyn StateStore>,
         live: Arc<LiveResponses>,
     ) -> Self {
-        let completions = Arc::new(Completions::new());
-        Self { routes, range_limits, metrics, store, completions, live }
+        let origin_client = Arc::new(OriginClient::new());
+        let completions = Arc::new(Completions::new(Arc::clone(&origin_client)));
+        Self { routes, range_limits, metrics, store, completions, origin_client, live }
     }
 }
 
@@ -93,6 +98,8 @@ enum BodyPlan {
     Multipart(Box<MultipartBody>),
     /// Send nothing: the answer has no content (304, 412, 416, refused upstream answers).
     Discard,
+    /// Send an explanation of an S3 error in place of its XML.
+    S3Error(Box<s3::ErrorBody>),
 }
 
 /// Per-request state.
@@ -456,6 +463,7 @@ impl Rangeway {
         ]) {
             response.remove_header(name);
         }
+        remove_whole_object_checksums(response);
         if let Some(etag) = &etag {
             response.insert_header(header::ETAG, etag.as_str())?;
         }
@@ -639,9 +647,11 @@ impl ProxyHttp for Rangeway {
             return Ok(true);
         };
         let mut target = route.upstream_path(&path);
-        if let Some(query) =
-            req.uri.query().map(download::without_download_id).filter(|q| !q.is_empty())
-        {
+        let query = req.uri.query().map(|query| match route.upstream.is_s3() {
+            true => s3::upstream_query(query),
+            false => download::without_download_id(query),
+        });
+        if let Some(query) = query.filter(|q| !q.is_empty()) {
             target.push('?');
             target.push_str(&query);
         }
@@ -794,7 +804,7 @@ impl ProxyHttp for Rangeway {
             upstream_request.insert_header("x-forwarded-host", host)?;
         }
         upstream_request.append_header(header::VIA, VIA)?;
-        Ok(())
+        route.upstream.authorize(upstream_request)
     }
 
     async fn upstream_response_filter(
@@ -849,6 +859,39 @@ impl ProxyHttp for Rangeway {
         }
         // An Arc, not a copy of the name: the ctx is borrowed mutably below.
         let route_arc = ctx.route.clone();
+        if route_arc.as_ref().is_some_and(|r| r.upstream.is_s3())
+            && let Some(client_status) = crate::s3::error::client_status(status)
+        {
+            for name in HOP_BY_HOP {
+                response.remove_header(name);
+            }
+            response.append_header(header::VIA, VIA)?;
+            ctx.served = format!("S3 error {status}");
+            let xml = crate::s3::error::speaks_s3(&session.req_header().headers);
+            let error = s3::ErrorBody::start(response, client_status, xml)?;
+            ctx.body = BodyPlan::S3Error(Box::new(error));
+            if session.req_header().method == Method::HEAD {
+                response.remove_header(&header::TRANSFER_ENCODING);
+            }
+            return Ok(());
+        }
+        if status == 416
+            && !ctx.transforms()
+            && !response.headers.contains_key(header::CONTENT_RANGE)
+        {
+            // An origin that refuses a range without saying the length (S3 does): the client
+            // still gets `Content-Range: bytes */LEN` (RFC 9110 §15.5.17), from a HEAD.
+            if let Some(route) = route_arc.as_ref()
+                && let Ok(Some(complete_len)) =
+                    self.origin_client.length(&route.upstream, &ctx.upstream_target).await
+            {
+                for name in HOP_BY_HOP {
+                    response.remove_header(name);
+                }
+                response.append_header(header::VIA, VIA)?;
+                return answer_without_body(response, ctx, &Shape::Unsatisfiable { complete_len });
+            }
+        }
         if ctx.route.as_ref().is_some_and(|route| route.chain.content_coding().is_some()) {
             // The answer depends on Accept-Encoding, coded or not.
             response.append_header(header::VARY, "Accept-Encoding")?;
@@ -908,6 +951,11 @@ impl ProxyHttp for Rangeway {
             | Shape::PreconditionFailed) => {
                 answer_without_body(response, ctx, &shape)?;
             }
+        }
+        if response.status == StatusCode::PARTIAL_CONTENT {
+            // They are of the whole object (S3 sends them on a whole-object answer rangeway cut
+            // a range out of), and clients check them against the part (boto3 fails).
+            remove_whole_object_checksums(response);
         }
         if let Some(route) = route_arc.as_ref().filter(|_| ctx.chain().is_some())
             && matches!(response.status.as_u16(), 200 | 206)
@@ -987,6 +1035,20 @@ impl ProxyHttp for Rangeway {
                 *body = if end_of_stream { join(out, multipart.finish()) } else { out };
             }
             BodyPlan::Discard => *body = None,
+            BodyPlan::S3Error(error) => {
+                if let Some(chunk) = body.take() {
+                    error.push(&chunk);
+                }
+                if end_of_stream {
+                    let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
+                    let upstream = ctx.route.as_ref().map_or("-", |r| r.upstream.name());
+                    let (text, code) = error.finish(route, upstream);
+                    if let Some(code) = code {
+                        ctx.served = format!("S3 {code}");
+                    }
+                    *body = Some(text);
+                }
+            }
         }
         if let (Some(live), Some(chunk)) = (&ctx.live, body.as_ref()) {
             live.sent(chunk.len());
@@ -1169,6 +1231,19 @@ fn refuse_changed(response: &mut ResponseHeader, ctx: &mut RequestCtx, id: &str)
     response.insert_header(DOWNLOAD_ID, id)?;
     ctx.body = BodyPlan::Discard;
     Ok(())
+}
+
+/// Removes S3's `x-amz-checksum-*` fields: digests of the origin's whole object.
+fn remove_whole_object_checksums(response: &mut ResponseHeader) {
+    let names: Vec<header::HeaderName> = response
+        .headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("x-amz-checksum-"))
+        .cloned()
+        .collect();
+    for name in names {
+        response.remove_header(&name);
+    }
 }
 
 /// Which bytes of the object an upstream 200 or 206 body holds, when it says.

@@ -32,6 +32,35 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b':')
     .remove(b'@');
 
+/// Characters SigV4 leaves as they are in an S3 object key: RFC 3986's unreserved set only. S3
+/// reads `+` in a path as itself but some stores as a space, and signs the path as sent: writing
+/// every other byte as `%XX` makes the path sent and the path signed one and the same.
+const S3_KEY_SEGMENT: &AsciiSet =
+    &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// How segments are written into an upstream path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathEncoding {
+    /// RFC 3986 `pchar`: sub-delims, `:` and `@` as they are.
+    Http,
+    /// AWS SigV4's URI encoding: everything but the unreserved set percent-encoded.
+    S3,
+}
+
+impl PathEncoding {
+    fn set(self) -> &'static AsciiSet {
+        match self {
+            Self::Http => SEGMENT,
+            Self::S3 => S3_KEY_SEGMENT,
+        }
+    }
+
+    /// `segment` written in this encoding.
+    pub fn encode(self, segment: &str) -> impl fmt::Display + '_ {
+        utf8_percent_encode(segment, self.set())
+    }
+}
+
 /// A decoded, checked request path: non-empty segments that are neither `.` nor `..`, and a note
 /// of whether the client wrote a trailing slash.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,14 +137,14 @@ impl NormalizedPath {
 
     /// The path written for an upstream: `base` (already encoded, without trailing slash) followed
     /// by every segment percent-encoded.
-    pub fn to_upstream(&self, base: &str) -> String {
+    pub fn to_upstream(&self, base: &str, encoding: PathEncoding) -> String {
         let mut out = String::with_capacity(
             base.len() + 1 + self.segments.iter().map(|s| s.len() + 1).sum::<usize>(),
         );
         out.push_str(base.trim_end_matches('/'));
         for segment in &self.segments {
             out.push('/');
-            out.extend(utf8_percent_encode(segment, SEGMENT));
+            out.extend(utf8_percent_encode(segment, encoding.set()));
         }
         if self.segments.is_empty() || self.trailing_slash {
             out.push('/');
@@ -146,7 +175,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn upstream(raw: &str) -> Result<String, PathError> {
-        NormalizedPath::parse(raw).map(|p| p.to_upstream(""))
+        NormalizedPath::parse(raw).map(|p| p.to_upstream("", PathEncoding::Http))
     }
 
     #[test]
@@ -182,9 +211,23 @@ mod tests {
         let prefix = NormalizedPath::parse("/files/").unwrap();
         let path = NormalizedPath::parse("/files/x/y.bin").unwrap();
         assert!(path.starts_with(&prefix));
-        assert_eq!(path.strip(&prefix).unwrap().to_upstream("/base/"), "/base/x/y.bin");
+        assert_eq!(
+            path.strip(&prefix).unwrap().to_upstream("/base/", PathEncoding::Http),
+            "/base/x/y.bin"
+        );
         let filesystem = NormalizedPath::parse("/filesystem").unwrap();
         assert!(!filesystem.starts_with(&prefix));
+    }
+
+    #[test]
+    fn s3_keys_are_written_as_sigv4_encodes_them() {
+        let key =
+            |raw: &str| NormalizedPath::parse(raw).unwrap().to_upstream("/b", PathEncoding::S3);
+        assert_eq!(key("/with space/ü.bin"), "/b/with%20space/%C3%BC.bin");
+        assert_eq!(key("/a+b~c_d-e.f"), "/b/a%2Bb~c_d-e.f");
+        assert_eq!(key("/100%25"), "/b/100%25");
+        assert_eq!(key("/q%3Fx%23y=z&w"), "/b/q%3Fx%23y%3Dz%26w");
+        assert_eq!(key("/a!$'()*,;:@"), "/b/a%21%24%27%28%29%2A%2C%3B%3A%40");
     }
 
     proptest! {
@@ -193,7 +236,7 @@ mod tests {
         #[test]
         fn never_escapes_the_base(raw in "/[a-z./%25\\\\2eEfF0-9c]{0,40}") {
             if let Ok(path) = NormalizedPath::parse(&raw) {
-                let written = path.to_upstream("/base");
+                let written = path.to_upstream("/base", PathEncoding::Http);
                 prop_assert!(written.starts_with("/base/"));
                 for segment in written.split('/') {
                     prop_assert!(segment != "..");

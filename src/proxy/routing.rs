@@ -51,13 +51,14 @@ impl Route {
     /// The upstream path for a request path this route matched.
     pub fn upstream_path(&self, path: &NormalizedPath) -> String {
         let base = self.upstream.base_path();
+        let encoding = self.upstream.path_encoding();
         if self.strip_prefix {
             // `path` matched `self.prefix`, so stripping succeeds.
             if let Some(rest) = path.strip(&self.prefix) {
-                return rest.to_upstream(base);
+                return rest.to_upstream(base, encoding);
             }
         }
-        path.to_upstream(base)
+        path.to_upstream(base, encoding)
     }
 }
 

@@ -3,14 +3,19 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use pingora_core::protocols::tls::CaType;
 use pingora_core::upstreams::peer::{HttpPeer, PeerOptions};
 use pingora_core::utils::tls::{WrappedX509, parse_x509};
 use pingora_error::{Error, ErrorType, Result};
+use pingora_http::RequestHeader;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+
+use super::path::PathEncoding;
+use crate::config::{Addressing, S3Upstream};
+use crate::s3::sign::Signer;
 
 /// How long a DNS answer is reused. pingora resolves `HttpPeer` addresses with a blocking call on
 /// the event loop, so rangeway resolves names itself, off the loop, and keeps answers briefly.
@@ -26,6 +31,8 @@ pub struct Upstream {
     /// Path prefix of every upstream request, encoded, without a trailing slash.
     base_path: String,
     timeouts: Timeouts,
+    /// Set for an S3 upstream: its requests are signed.
+    signer: Option<Signer>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -112,7 +119,50 @@ impl Upstream {
             host_header,
             base_path: base_path.trim_end_matches('/').to_owned(),
             timeouts,
+            signer: None,
         })
+    }
+
+    /// An S3 bucket (or a folder of one): its endpoint, addressed by path or by virtual host, with
+    /// every request signed.
+    pub fn s3(name: &str, config: &S3Upstream, timeouts: Timeouts) -> Result<Self, UpstreamError> {
+        let endpoint = &config.endpoint;
+        let bucket = &config.bucket;
+        let (host, host_header, sni, mut base_path) = match config.addressing {
+            Addressing::Path => (
+                endpoint.host.clone(),
+                endpoint.host_header.clone(),
+                endpoint.sni.clone(),
+                format!("/{}", PathEncoding::S3.encode(bucket)),
+            ),
+            Addressing::VirtualHost => {
+                // The name the certificate must cover is the bucket's own host, unless `sni`
+                // was set to something else on purpose.
+                let sni = match &endpoint.sni {
+                    Some(sni) if *sni != endpoint.host => sni.clone(),
+                    _ => format!("{bucket}.{}", endpoint.host),
+                };
+                (
+                    format!("{bucket}.{}", endpoint.host),
+                    format!("{bucket}.{}", endpoint.host_header),
+                    Some(sni),
+                    String::new(),
+                )
+            }
+        };
+        for segment in &config.key_prefix {
+            base_path.push('/');
+            base_path.push_str(&PathEncoding::S3.encode(segment).to_string());
+        }
+        let tls = endpoint.tls.then(|| TlsSettings {
+            sni,
+            ca_file: endpoint.ca_file.clone(),
+            insecure_skip_verify: endpoint.insecure_skip_verify,
+        });
+        let mut upstream =
+            Self::http(name, &host, endpoint.port, tls, host_header, &base_path, timeouts)?;
+        upstream.signer = Some(Signer::new(&config.region, config.credentials.as_ref()));
+        Ok(upstream)
     }
 
     /// An origin listening on a Unix socket (the `dir` origin runs on one).
@@ -123,6 +173,7 @@ impl Upstream {
             host_header: "localhost".to_owned(),
             base_path: String::new(),
             timeouts,
+            signer: None,
         }
     }
 
@@ -136,6 +187,35 @@ impl Upstream {
 
     pub fn base_path(&self) -> &str {
         &self.base_path
+    }
+
+    /// How request paths are written for this upstream.
+    pub fn path_encoding(&self) -> PathEncoding {
+        if self.signer.is_some() { PathEncoding::S3 } else { PathEncoding::Http }
+    }
+
+    /// Whether this is an S3 upstream.
+    pub fn is_s3(&self) -> bool {
+        self.signer.is_some()
+    }
+
+    /// The last step before `request` goes out: for an S3 upstream, the client's own
+    /// authentication fields are dropped and the request is signed. Nothing for other upstreams.
+    pub fn authorize(&self, request: &mut RequestHeader) -> Result<()> {
+        let Some(signer) = &self.signer else {
+            return Ok(());
+        };
+        signer.sign(request, SystemTime::now()).map_err(|e| {
+            Error::because(ErrorType::InternalError, format!("upstream {}", self.name), e)
+        })
+    }
+
+    /// A request for `target` (path and query) with this upstream's Host, ready for
+    /// [`Upstream::authorize`].
+    pub fn request(&self, method: &str, target: &str) -> Result<RequestHeader> {
+        let mut request = RequestHeader::build(method, target.as_bytes(), Some(4))?;
+        request.insert_header(http::header::HOST, self.host_header())?;
+        Ok(request)
     }
 
     pub fn is_tls(&self) -> bool {

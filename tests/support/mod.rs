@@ -18,5 +18,6 @@ pub(crate) mod origin;
 pub(crate) mod ports;
 pub(crate) mod proxy;
 pub(crate) mod redis;
+pub(crate) mod s3;
 pub(crate) mod tls;
 pub(crate) mod tmp;

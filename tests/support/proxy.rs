@@ -98,6 +98,25 @@ impl ProxyProcess {
     /// Like [`ProxyProcess::start`], with extra `[server]` keys and environment variables (the
     /// admin token, which rangeway reads from its environment only).
     pub(crate) fn start_with(body: &str, server_keys: &str, env: &[(&str, &str)]) -> ProxyProcess {
+        ProxyProcess::spawn(body, server_keys, env, std::process::Stdio::null())
+    }
+
+    /// Like [`ProxyProcess::start_with`], writing the process's log (stderr) to `log`.
+    pub(crate) fn start_logged(
+        body: &str,
+        env: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> ProxyProcess {
+        let file = std::fs::File::create(log).expect("create the log file");
+        ProxyProcess::spawn(body, "", env, std::process::Stdio::from(file))
+    }
+
+    fn spawn(
+        body: &str,
+        server_keys: &str,
+        env: &[(&str, &str)],
+        stderr: std::process::Stdio,
+    ) -> ProxyProcess {
         let (text, listen, admin) = config_text(server_keys, body);
         let dir = super::tmp::TempDir::new("rangeway-process");
         let config = dir.join("rangeway.toml");
@@ -109,7 +128,7 @@ impl ProxyProcess {
             .envs(env.iter().copied())
             .current_dir(dir.path())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn rangeway");
         let (proxy, admin) =

@@ -1,0 +1,53 @@
+//! Requests rangeway makes to an origin on its own behalf, outside a client's request: the rest of
+//! an object for a completion pass, the length of an object whose origin would not say it.
+
+use http::header;
+use pingora_core::connectors::http::Connector;
+use pingora_core::protocols::http::client::HttpSession;
+use pingora_error::Result;
+use pingora_http::RequestHeader;
+
+use super::upstream::Upstream;
+
+/// A connection pool of rangeway's own, apart from the proxy's.
+pub(super) struct OriginClient {
+    connector: Connector,
+}
+
+impl std::fmt::Debug for OriginClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OriginClient").finish_non_exhaustive()
+    }
+}
+
+impl OriginClient {
+    pub(super) fn new() -> Self {
+        Self { connector: Connector::new(None) }
+    }
+
+    /// Sends `request` (made by [`Upstream::request`]) to `upstream`, signed when it is an S3
+    /// upstream, and reads the answer's header.
+    pub(super) async fn send(
+        &self,
+        upstream: &Upstream,
+        mut request: RequestHeader,
+    ) -> Result<HttpSession> {
+        upstream.authorize(&mut request)?;
+        let peer = upstream.peer().await?;
+        let (mut session, _) = self.connector.get_http_session(peer.as_ref()).await?;
+        session.write_request_header(Box::new(request)).await?;
+        session.finish_request_body().await?;
+        session.read_response_header().await?;
+        Ok(session)
+    }
+
+    /// The length of the object at `target` (path and query), by a HEAD: `None` when the origin
+    /// does not answer 200 with a Content-Length.
+    pub(super) async fn length(&self, upstream: &Upstream, target: &str) -> Result<Option<u64>> {
+        let session = self.send(upstream, upstream.request("HEAD", target)?).await?;
+        Ok(session
+            .response_header()
+            .filter(|r| r.status.as_u16() == 200)
+            .and_then(|r| r.headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()))
+    }
+}

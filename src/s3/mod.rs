@@ -1,0 +1,4 @@
+//! S3-compatible origins: the requests rangeway signs for them, and the answers they give.
+
+pub mod error;
+pub mod sign;
