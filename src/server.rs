@@ -174,7 +174,7 @@ pub fn build(
                 dir::SAMPLE_NAME
             ));
         }
-        let built = Route::new(
+        let mut built = Route::new(
             route.host.clone(),
             &route.path_prefix,
             route.strip_prefix,
@@ -182,6 +182,7 @@ pub fn build(
             chain,
         )
         .map_err(|source| StartError::Route { index, source })?;
+        built.s3_client_keys = route.s3_client_keys.clone();
         if !built.chain.stages().is_empty() {
             metrics.middleware_route(&built.name);
         }

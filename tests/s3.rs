@@ -209,6 +209,17 @@ fn a_client_signature_is_not_passed_on_and_s3_errors_are_explained() {
 }
 
 fn boto3(endpoint: &str, command: &str, key: &str, file: Option<&Path>) -> serde_json::Value {
+    boto3_as((ACCESS_KEY, SECRET_KEY), endpoint, command, key, file)
+}
+
+/// Runs tests/s3_clients.py signing with `key` (id, secret).
+fn boto3_as(
+    (key_id, secret): (&str, &str),
+    endpoint: &str,
+    command: &str,
+    key: &str,
+    file: Option<&Path>,
+) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3_clients.py");
     let mut python = Command::new("python3");
     python.args([script, endpoint, command, BUCKET, key]);
@@ -216,8 +227,8 @@ fn boto3(endpoint: &str, command: &str, key: &str, file: Option<&Path>) -> serde
         python.arg(file);
     }
     python
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("AWS_ACCESS_KEY_ID", key_id)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
         .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("AWS_CONFIG_FILE", "/dev/null");
     let out = run(python, Duration::from_secs(120));
@@ -423,4 +434,60 @@ fn log_dir_config(body: &str) -> TempDir {
     let dir = TempDir::new("s3-check");
     std::fs::write(dir.join("rangeway.toml"), body).expect("write the config");
     dir
+}
+
+#[test]
+fn a_route_with_client_keys_serves_only_requests_signed_with_one() {
+    let server = S3Server::start();
+    server.bucket(BUCKET);
+    let object = test_bytes(2 * 1024 * 1024 + 99, 13);
+    server.put(BUCKET, "private/a b.bin", &object);
+    let work = TempDir::new("s3-client-keys");
+    let keys = work.join("clients");
+    std::fs::write(&keys, "# team keys\nAKIDCLIENT1 client/secret+1\nAKIDCLIENT2 two\n")
+        .expect("keys");
+    let config = s3_config(&server, &credentials_file(&work, ACCESS_KEY, SECRET_KEY), "")
+        .replace("path_prefix = \"/s3/\"", &format!("path_prefix = \"/{BUCKET}/\""))
+        .replace(
+            "strip_prefix = true\n",
+            &format!("strip_prefix = true\ns3_client_keys_file = \"{}\"\n", keys.display()),
+        );
+    let proxy = started(&config);
+    let endpoint = proxy.url("");
+
+    // boto3 signing with an admitted key: HeadObject, then ranged GetObjects, all verified.
+    let file = work.join("admitted");
+    boto3_as(
+        ("AKIDCLIENT1", "client/secret+1"),
+        &endpoint,
+        "download",
+        "private/a b.bin",
+        Some(&file),
+    );
+    assert_eq!(sha256_file(&file), sha256_hex(&object));
+
+    // The wrong secret, an unknown key, no signature: 403 with S3's code, and nothing fetched.
+    let wrong = boto3_as(("AKIDCLIENT1", "guess"), &endpoint, "get-error", "private/a b.bin", None);
+    assert_eq!(wrong["error"], "SignatureDoesNotMatch");
+    let unknown = boto3_as(("AKIDNOBODY", "x"), &endpoint, "get-error", "private/a b.bin", None);
+    assert_eq!(unknown["error"], "InvalidAccessKeyId");
+    let unsigned = get(&proxy.url(&format!("/{BUCKET}/private/a%20b.bin")), &[]);
+    assert_eq!(unsigned.status, 403);
+    assert!(String::from_utf8_lossy(&unsigned.body).contains("<Code>AccessDenied</Code>"));
+    // A signature of a day ago is refused even with the right key.
+    let stale = get(
+        &proxy.url(&format!("/{BUCKET}/private/a%20b.bin")),
+        &[
+            (
+                "authorization",
+                &format!(
+                    "AWS4-HMAC-SHA256 Credential=AKIDCLIENT2/20000101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-date, Signature={}",
+                    "0".repeat(64)
+                ),
+            ),
+            ("x-amz-date", "20000101T000000Z"),
+        ],
+    );
+    assert_eq!(stale.status, 403);
+    assert!(String::from_utf8_lossy(&stale.body).contains("RequestTimeTooSkewed"));
 }

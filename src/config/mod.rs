@@ -58,7 +58,7 @@ use std::path::Path;
 
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::{MiddlewareSpec, RouteConfig};
-pub use s3::{Addressing, S3Credentials, S3Upstream};
+pub use s3::{Addressing, S3ClientKeys, S3Credentials, S3Upstream};
 pub use secret::Secret;
 pub use server::{AdminToken, ServerConfig};
 pub use state::{RedisTarget, RedisUrl, StateBackend, StateConfig};

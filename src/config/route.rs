@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::host::split_host_port;
 use super::read::{Ctx, Field, Read, Table, suggest};
+use super::s3::{self, S3ClientKeys};
 use super::tree::{Kind, Node};
 
 const MAX_PATH_PREFIX_LEN: usize = 1024;
@@ -25,6 +26,9 @@ pub struct RouteConfig {
     pub strip_prefix: bool,
     /// The stages, in order; empty for a passthrough route.
     pub middleware: Vec<MiddlewareSpec>,
+    /// `s3_client_keys_file`: when set, only requests signed (SigV4) with one of these keys are
+    /// served; others get 403.
+    pub s3_client_keys: Option<S3ClientKeys>,
 }
 
 /// A middleware entry as written: its kind is known to the stage registry (checked at load time),
@@ -144,6 +148,8 @@ fn read_one(
     };
     let strip_prefix = table.take("strip_prefix").map_or(Ok(false), |f| f.boolean(ctx));
     let middleware = table.take("middleware").map_or(Ok(Vec::new()), |f| read_middleware(ctx, f));
+    let s3_client_keys =
+        table.take("s3_client_keys_file").map(|f| s3::read_client_keys(ctx, f)).transpose();
     table.finish(ctx);
     let claim = match (&host, &path_prefix) {
         (Ok(host), Ok(prefix)) => Some(Claim { host: host.clone(), prefix: prefix.clone() }),
@@ -156,6 +162,7 @@ fn read_one(
             upstream: upstream?,
             strip_prefix: strip_prefix?,
             middleware: middleware?,
+            s3_client_keys: s3_client_keys?,
         })
     });
     (claim, route)

@@ -1,6 +1,7 @@
 //! `[upstreams.NAME]` with `bucket = …`: an S3-compatible object store, whose requests rangeway
 //! signs itself (AWS Signature V4).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::read::{Ctx, Field, Read};
@@ -52,6 +53,83 @@ pub struct S3Credentials {
     /// Where the key came from, for logs: `environment variables RANGEWAY_S3_KEY_ID/…`,
     /// `/root/.aws/credentials [default]`.
     pub source: String,
+}
+
+/// The keys S3 clients must sign with on a route (`s3_client_keys_file`): access key id → secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct S3ClientKeys {
+    keys: BTreeMap<String, Secret>,
+}
+
+impl S3ClientKeys {
+    /// The secret of `access_key_id`, if the route admits it.
+    pub fn secret(&self, access_key_id: &str) -> Option<&Secret> {
+        self.keys.get(access_key_id)
+    }
+}
+
+/// Ids only: the ids name clients, the secrets are secret.
+impl std::fmt::Debug for S3ClientKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3ClientKeys").field("keys", &self.keys.len()).finish()
+    }
+}
+
+/// Reads `s3_client_keys_file`: one `ACCESS_KEY_ID SECRET` pair per line, `#` comments. Problems
+/// name the line, never a value.
+pub(super) fn read_client_keys(ctx: &mut Ctx<'_>, field: Field) -> Read<S3ClientKeys> {
+    use std::io::Read as _;
+    let (path, origin) = (field.path.clone(), field.origin().clone());
+    let file = field.string(ctx, "\"/etc/rangeway/s3-clients\"")?;
+    let fix = "write one `ACCESS_KEY_ID SECRET` pair per line (generate them, e.g. with \
+               `openssl rand -hex 10` and `openssl rand -base64 30`)";
+    let mut text = String::new();
+    let read = std::fs::File::open(&file)
+        .and_then(|f| f.take(MAX_CREDENTIALS_FILE_LEN + 1).read_to_string(&mut text));
+    match read {
+        Err(e) => {
+            return Err(ctx.report(
+                &path,
+                &origin,
+                format!("{file:?} cannot be read: {e}"),
+                "point s3_client_keys_file at a readable file of client keys",
+            ));
+        }
+        Ok(n) if n as u64 > MAX_CREDENTIALS_FILE_LEN => {
+            return Err(ctx.report(&path, &origin, format!("{file:?} is larger than 1 MiB"), fix));
+        }
+        Ok(_) => {}
+    }
+    let mut keys = BTreeMap::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let problem = match (words.next(), words.next(), words.next()) {
+            (Some(id), Some(secret), None) if printable(id) && printable(secret) => {
+                if keys.insert(id.to_owned(), Secret::new(secret.to_owned())).is_some() {
+                    Some("repeats an access key id")
+                } else {
+                    None
+                }
+            }
+            _ => Some("is not an `ACCESS_KEY_ID SECRET` pair"),
+        };
+        if let Some(problem) = problem {
+            return Err(ctx.report(
+                &path,
+                &origin,
+                format!("line {} of {file:?} {problem}", number + 1),
+                fix,
+            ));
+        }
+    }
+    if keys.is_empty() {
+        return Err(ctx.report(&path, &origin, format!("{file:?} holds no keys"), fix));
+    }
+    Ok(S3ClientKeys { keys })
 }
 
 /// The keys of an S3 upstream, taken out of its table before they are read.

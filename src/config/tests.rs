@@ -1458,3 +1458,30 @@ fn bad_s3_upstreams() {
         assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("the-secret"), "{shown}");
     }
 }
+
+#[test]
+fn s3_client_keys_files() {
+    let good = Temp::file("clients", b"# keys\nAKIDONE secret/one\n\nAKIDTWO two\n");
+    let text = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = {}\n", good.toml());
+    let config = load_ok(&text);
+    let keys = config.routes[0].s3_client_keys.as_ref().expect("keys");
+    assert_eq!(keys.secret("AKIDONE").map(Secret::expose), Some("secret/one"));
+    assert!(keys.secret("AKIDTHREE").is_none());
+    assert!(!format!("{config:?}").contains("secret/one"));
+
+    let cases: [(&[u8], &str); 4] = [
+        (b"AKIDONE\n", "line 1 of"),
+        (b"AKIDONE s1\nAKIDONE s2-hidden\n", "line 2 of"),
+        (b"# nothing\n", "holds no keys"),
+        (b"AKIDONE a b-hidden\n", "is not an `ACCESS_KEY_ID SECRET` pair"),
+    ];
+    for (contents, fragment) in cases {
+        let file = Temp::file("clients-bad", contents);
+        let text = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = {}\n", file.toml());
+        expect_errors(&text, &[("routes[0].s3_client_keys_file", fragment)]);
+        assert!(!load_err(&text, &Env::default(), KINDS).to_string().contains("hidden"));
+    }
+    let missing = Temp::path("clients-missing");
+    let text = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = {}\n", missing.toml());
+    expect_errors(&text, &[("routes[0].s3_client_keys_file", "cannot be read")]);
+}

@@ -646,6 +646,23 @@ impl ProxyHttp for Rangeway {
             respond(session, StatusCode::NOT_FOUND, "no route for this path\n", &[]).await?;
             return Ok(true);
         };
+        if let Some(keys) = &route.s3_client_keys {
+            let target = req.uri.path_and_query().map_or("/", |p| p.as_str());
+            let checked = crate::s3::verify::verify(
+                keys,
+                req.method.as_str(),
+                target,
+                &req.headers,
+                SystemTime::now(),
+            );
+            if let Err(refusal) = checked {
+                info!(route = %route.name, code = refusal.code(), "refused an S3 client: {refusal}");
+                let document = crate::s3::error::document(refusal.code(), &refusal.to_string());
+                let xml = [(header::CONTENT_TYPE, "application/xml")];
+                respond(session, StatusCode::FORBIDDEN, &document, &xml).await?;
+                return Ok(true);
+            }
+        }
         let mut target = route.upstream_path(&path);
         let query = req.uri.query().map(|query| match route.upstream.is_s3() {
             true => s3::upstream_query(query),

@@ -6,6 +6,7 @@ use rangeway_middleware::chain::Chain;
 
 use super::path::NormalizedPath;
 use super::upstream::Upstream;
+use crate::config::S3ClientKeys;
 
 /// One `[[routes]]` entry, resolved against its upstream.
 #[derive(Debug)]
@@ -21,6 +22,8 @@ pub struct Route {
     /// Under which key the state store keeps what each stage learned: the stage's place, the
     /// identity of its input and its own.
     pub stage_keys: Vec<String>,
+    /// When set, only requests signed with one of these keys are served.
+    pub s3_client_keys: Option<S3ClientKeys>,
 }
 
 impl Route {
@@ -45,6 +48,7 @@ impl Route {
             upstream,
             stage_keys: stage_keys(&chain),
             chain,
+            s3_client_keys: None,
         })
     }
 

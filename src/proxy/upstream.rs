@@ -310,3 +310,51 @@ fn load_ca(path: &Path) -> Result<Arc<CaType>, UpstreamError> {
     }
     Ok(Arc::from(certs.into_boxed_slice()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HttpUpstream;
+
+    fn store(addressing: Addressing, tls: bool) -> S3Upstream {
+        S3Upstream {
+            endpoint: HttpUpstream {
+                tls,
+                host: "s3.example.com".into(),
+                port: 9000,
+                base_path: String::new(),
+                ca_file: None,
+                insecure_skip_verify: false,
+                sni: tls.then(|| "s3.example.com".into()),
+                host_header: "s3.example.com:9000".into(),
+            },
+            bucket: "my-bucket".into(),
+            region: "eu-west-1".into(),
+            addressing,
+            key_prefix: vec!["builds".into(), "a b+c".into()],
+            credentials: None,
+        }
+    }
+
+    #[test]
+    fn s3_addressing() {
+        let t = Duration::from_secs(1);
+        let timeouts = Timeouts { connect: t, read: t, write: t, idle: t };
+        let path = Upstream::s3("p", &store(Addressing::Path, false), timeouts).unwrap();
+        assert_eq!(path.host_header(), "s3.example.com:9000");
+        assert_eq!(path.base_path(), "/my-bucket/builds/a%20b%2Bc");
+        assert_eq!(path.path_encoding(), PathEncoding::S3);
+        assert!(path.is_s3());
+
+        let host = Upstream::s3("v", &store(Addressing::VirtualHost, true), timeouts).unwrap();
+        assert_eq!(host.host_header(), "my-bucket.s3.example.com:9000");
+        assert_eq!(host.base_path(), "/builds/a%20b%2Bc");
+        let Target::Tcp { host: name, tls: Some(tls), .. } = &host.target else {
+            panic!("not TLS over TCP: {host:?}");
+        };
+        assert_eq!(
+            (name.as_str(), tls.sni.as_str()),
+            ("my-bucket.s3.example.com", "my-bucket.s3.example.com")
+        );
+    }
+}

@@ -124,12 +124,16 @@ pub fn explain(status: StatusCode, code: Option<&str>) -> Explanation {
         StatusCode::SERVICE_UNAVAILABLE => "SlowDown",
         _ => "InternalError",
     });
-    // `what` is rangeway's own text and `xml_code` is checked by `parse`: neither needs escaping.
-    let client_xml = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{xml_code}</Code>\
-         <Message>{what}</Message></Error>\n"
-    );
-    Explanation { client, client_xml, operator }
+    Explanation { client, client_xml: document(xml_code, what), operator }
+}
+
+/// An S3 error document. `code` and `message` are rangeway's own text (or a code `parse`
+/// accepted), which needs no escaping.
+pub fn document(code: &str, message: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>\
+         <Message>{message}</Message></Error>\n"
+    )
 }
 
 /// Whether a request comes from an S3 client (an SDK, the AWS CLI), which reads errors as S3

@@ -2,3 +2,4 @@
 
 pub mod error;
 pub mod sign;
+pub mod verify;
