@@ -16,6 +16,7 @@ use support::clients::{
 use support::data::test_bytes;
 use support::http::{Response, get, head, head_until};
 use support::multipart::parts;
+use support::origin::{Behaviour, Origin};
 use support::proxy::{Proxy, ProxyProcess};
 use support::s3::{ACCESS_KEY, S3Server, SECRET_KEY, credentials_file};
 use support::tmp::TempDir;
@@ -199,6 +200,32 @@ fn a_client_signature_is_not_passed_on_and_s3_errors_are_explained() {
         .replace(&format!("bucket = \"{BUCKET}\""), "bucket = \"nonexistent\"");
     let no_bucket = started(&config);
     assert_eq!(get(&no_bucket.url("/s3/a.bin"), &[]).status, 404);
+
+    // A store that throttles or fails (the in-process origin, as an S3 endpoint of a public
+    // bucket): 503 with Retry-After, and 502 for its own failures.
+    let store = Origin::start();
+    store.put("/public/a.bin", test_bytes(10, 1));
+    let public = started(&format!(
+        "[upstreams.store]\nurl = \"{}\"\nbucket = \"public\"\nanonymous = true\n\n[[routes]]\n\
+         path_prefix = \"/s3/\"\nupstream = \"store\"\nstrip_prefix = true\n",
+        store.base_url()
+    ));
+    assert_eq!(get(&public.url("/s3/a.bin"), &[]).body, test_bytes(10, 1));
+    store.set_global_behaviour(Behaviour::Status(503));
+    let throttled = get(&public.url("/s3/a.bin"), &[]);
+    assert_eq!(throttled.status, 503);
+    assert_eq!(throttled.header("retry-after"), Some("1"));
+    assert_eq!(
+        throttled.body,
+        b"503 Service Unavailable: the store is unavailable; retry shortly\n"
+    );
+    store.set_global_behaviour(Behaviour::Status(500));
+    assert_eq!(get(&public.url("/s3/a.bin"), &[]).status, 502);
+    // Anonymous: nothing signed, and the client's own Authorization does not get through either.
+    let _ = get(&public.url("/s3/a.bin"), &[("authorization", "Bearer client-token")]);
+    let seen = store.requests();
+    assert!(seen.iter().all(|r| r.header("authorization").is_none()), "{seen:?}");
+    assert!(seen.iter().all(|r| r.target.starts_with("/public/a.bin")), "{seen:?}");
 
     // Nothing listens: a 502, not a hang.
     let closed = S3Server::start();
