@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Throughput of one large download: curl from nginx directly, then the same file through rangeway
-# (release build, one thread) in front of that nginx, on a passthrough route and on routes with
+# (release build, one thread) in front of that nginx, on a passthrough route, on one that continues
+# broken bodies (`upstream_resume`: rangeway's own client relays them), and on routes with
 # middleware (checksum, aes128gcm, gzip level 1 and 6), each repeated; prints MB/s delivered per
 # run, the medians, each route's share of passthrough, and rangeway's CPU seconds (user+system,
 # all threads) per GB of origin bytes. Then the latency of small passthrough requests, alone and
@@ -41,6 +42,11 @@ url = "http://127.0.0.1:$nginx_port"
 path_prefix = "/"
 upstream = "origin"
 [[routes]]
+path_prefix = "/resuming/"
+upstream = "origin"
+strip_prefix = true
+upstream_resume = true
+[[routes]]
 path_prefix = "/checksum/"
 upstream = "origin"
 strip_prefix = true
@@ -80,7 +86,7 @@ speed() { curl -s -o /dev/null -w '%{speed_download}' "$1" | awk '{ printf "%.0f
 # One pass per gzip route first: it builds the block index (the first response streams chunked).
 for level in 1 6; do curl -s -o /dev/null "http://127.0.0.1:$proxy_port/gzip$level/big.bin"; done
 
-routes=(direct passthrough checksum aes128gcm gzip1 gzip6)
+routes=(direct passthrough resuming checksum aes128gcm gzip1 gzip6)
 url_of() {
   case $1 in
     direct) echo "http://127.0.0.1:$nginx_port/big.bin" ;;

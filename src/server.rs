@@ -183,6 +183,7 @@ pub fn build(
         )
         .map_err(|source| StartError::Route { index, source })?;
         built.s3_client_keys = route.s3_client_keys.clone();
+        built.upstream_resume = route.upstream_resume;
         if !built.chain.stages().is_empty() {
             metrics.middleware_route(&built.name);
         }

@@ -24,6 +24,7 @@ pub struct Metrics {
     resumes_refused: IntCounterVec,
     origin_digest_mismatches: IntCounterVec,
     middleware_errors: IntCounterVec,
+    upstream_resumes: IntCounterVec,
     duration: HistogramVec,
     active: IntGauge,
 }
@@ -84,6 +85,14 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
+        let upstream_resumes = IntCounterVec::new(
+            Opts::new(
+                "rangeway_upstream_resumes_total",
+                "Responses whose origin failed mid-body, by outcome: resumed (the client saw nothing), changed (the object changed: cut), failed (no continuation within the route's attempts and deadline: cut), unresumable (no strong validator or length: cut).",
+            ),
+            &["route", "outcome"],
+        )
+        .expect("valid metric");
         let duration = HistogramVec::new(
             HistogramOpts::new(
                 "rangeway_request_duration_seconds",
@@ -106,6 +115,7 @@ impl Metrics {
             Box::new(resumes_refused.clone()),
             Box::new(origin_digest_mismatches.clone()),
             Box::new(middleware_errors.clone()),
+            Box::new(upstream_resumes.clone()),
             Box::new(duration.clone()),
             Box::new(active.clone()),
         ] {
@@ -127,6 +137,7 @@ impl Metrics {
             resumes_refused,
             origin_digest_mismatches,
             middleware_errors,
+            upstream_resumes,
             duration,
             active,
         }
@@ -166,6 +177,12 @@ impl Metrics {
 
     /// Counts a response in flight until the returned guard is dropped.
     /// Responses in flight (each counts until its logging phase is over).
+    /// A response whose origin failed mid-body: `outcome` is `resumed`, `changed`, `failed` or
+    /// `unresumable`.
+    pub fn upstream_resume(&self, route: &str, outcome: &str) {
+        self.upstream_resumes.with_label_values(&[route, outcome]).inc();
+    }
+
     pub fn in_flight(&self) -> i64 {
         self.active.get()
     }

@@ -57,7 +57,7 @@ use std::io::Read as _;
 use std::path::Path;
 
 pub use errors::{ConfigError, ConfigErrors};
-pub use route::{MiddlewareSpec, RouteConfig};
+pub use route::{MiddlewareSpec, RouteConfig, UpstreamResume};
 pub use s3::{Addressing, S3ClientKeys, S3Credentials, S3Upstream};
 pub use secret::Secret;
 pub use server::{AdminToken, ServerConfig};

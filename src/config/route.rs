@@ -1,6 +1,7 @@
 //! `[[routes]]` and their middleware entries.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use super::host::split_host_port;
 use super::read::{Ctx, Field, Read, Table, suggest};
@@ -29,6 +30,53 @@ pub struct RouteConfig {
     /// `s3_client_keys_file`: when set, only requests signed (SigV4) with one of these keys are
     /// served; others get 403.
     pub s3_client_keys: Option<S3ClientKeys>,
+    /// `[routes.upstream_resume]`: continue a response whose origin fails mid-body.
+    pub upstream_resume: Option<UpstreamResume>,
+}
+
+/// How rangeway continues a response whose origin connection fails mid-body: it asks for the
+/// rest (`Range: bytes=N-`, `If-Match` on the strong ETag) and goes on sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UpstreamResume {
+    /// Continuations one response may use, 1..=100. Default 5.
+    pub attempts: u32,
+    /// The most time one response may spend waiting for continuations. Default 30s.
+    pub deadline: Duration,
+    /// The wait before the first continuation, doubled for each next one (at most 5s).
+    /// Default 100ms.
+    pub backoff: Duration,
+}
+
+impl Default for UpstreamResume {
+    fn default() -> Self {
+        Self { attempts: 5, deadline: Duration::from_secs(30), backoff: Duration::from_millis(100) }
+    }
+}
+
+/// `upstream_resume = true` (the defaults), `= false` (off), or a table of settings.
+fn read_upstream_resume(ctx: &mut Ctx<'_>, field: Field) -> Read<Option<UpstreamResume>> {
+    let header = format!("[{}]", field.path);
+    let example = "[routes.upstream_resume] with attempts = 5";
+    let mut table = match field.node.kind {
+        Kind::Bool(on) => return Ok(on.then(UpstreamResume::default)),
+        _ => Table::new(ctx, &field.path, header, field.node, example)?,
+    };
+    let defaults = UpstreamResume::default();
+    let attempts =
+        table.take("attempts").map_or(Ok(defaults.attempts), |f| f.integer(ctx, 1..=100, "5"));
+    let deadline = table.take("deadline").map_or(Ok(defaults.deadline), |f| {
+        f.duration(
+            ctx,
+            Duration::from_millis(1)..=Duration::from_secs(3600),
+            "from \"1ms\" to \"1h\"",
+        )
+    });
+    let backoff = table.take("backoff").map_or(Ok(defaults.backoff), |f| {
+        f.duration(ctx, Duration::ZERO..=Duration::from_secs(5), "from \"0s\" to \"5s\"")
+    });
+    table.finish(ctx);
+    Ok(Some(UpstreamResume { attempts: attempts?, deadline: deadline?, backoff: backoff? }))
 }
 
 /// A middleware entry as written: its kind is known to the stage registry (checked at load time),
@@ -150,6 +198,8 @@ fn read_one(
     let middleware = table.take("middleware").map_or(Ok(Vec::new()), |f| read_middleware(ctx, f));
     let s3_client_keys =
         table.take("s3_client_keys_file").map(|f| s3::read_client_keys(ctx, f)).transpose();
+    let upstream_resume =
+        table.take("upstream_resume").map_or(Ok(None), |f| read_upstream_resume(ctx, f));
     table.finish(ctx);
     let claim = match (&host, &path_prefix) {
         (Ok(host), Ok(prefix)) => Some(Claim { host: host.clone(), prefix: prefix.clone() }),
@@ -163,6 +213,7 @@ fn read_one(
             strip_prefix: strip_prefix?,
             middleware: middleware?,
             s3_client_keys: s3_client_keys?,
+            upstream_resume: upstream_resume?,
         })
     });
     (claim, route)

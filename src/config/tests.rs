@@ -1485,3 +1485,28 @@ fn s3_client_keys_files() {
     let text = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = {}\n", missing.toml());
     expect_errors(&text, &[("routes[0].s3_client_keys_file", "cannot be read")]);
 }
+
+#[test]
+fn upstream_resume_settings() {
+    let with = |value: &str| format!("{UPSTREAMS}{ROUTE}upstream_resume = {value}\n");
+    let config = load_ok(&with("true"));
+    assert_eq!(config.routes[0].upstream_resume, Some(UpstreamResume::default()));
+    let config = load_ok(&with("{ attempts = 9, deadline = \"2m\", backoff = \"0s\" }"));
+    let resume = config.routes[0].upstream_resume.expect("set");
+    assert_eq!(
+        (resume.attempts, resume.deadline, resume.backoff),
+        (9, Duration::from_secs(120), Duration::ZERO)
+    );
+    assert_eq!(load_ok(&format!("{UPSTREAMS}{ROUTE}")).routes[0].upstream_resume, None);
+    assert_eq!(load_ok(&with("false")).routes[0].upstream_resume, None);
+    let cases: [(&str, &[(&str, &str)]); 5] = [
+        ("{ attempts = 0 }", &[("routes[0].upstream_resume.attempts", "0 is out of range")]),
+        ("{ deadline = \"2h\" }", &[("routes[0].upstream_resume.deadline", "out of range")]),
+        ("{ backoff = 1 }", &[("routes[0].upstream_resume.backoff", "bare number")]),
+        ("{ attempt = 3 }", &[("routes[0].upstream_resume.attempt", "did you mean `attempts`?")]),
+        ("\"yes\"", &[("routes[0].upstream_resume", "expected a table")]),
+    ];
+    for (value, expected) in cases {
+        expect_errors(&with(value), expected);
+    }
+}

@@ -93,7 +93,8 @@ impl Completions {
         // The version the facts are about, or nothing.
         request.insert_header(header::IF_MATCH, etag)?;
         request.insert_header(header::ACCEPT_ENCODING, "identity")?;
-        let mut upstream = self.client.send(&route.upstream, request).await?;
+        let mut exchange = self.client.send(&route.upstream, request).await?;
+        let upstream = &mut exchange.session;
         let answer = upstream.response_header().map(|r| {
             let range = r
                 .headers
@@ -132,6 +133,7 @@ impl Completions {
         while let Some(chunk) = upstream.read_response_body().await? {
             pass.push(chunk).map_err(|e| Error::because(ErrorType::InternalError, "a stage", e))?;
         }
+        self.client.release(exchange).await;
         pass.finish().map_err(|e| Error::because(ErrorType::InternalError, "a stage", e))?;
         pass.record(store, &route.stage_keys, &object)
             .await

@@ -12,6 +12,7 @@ pub mod download;
 mod negotiation;
 mod origin_client;
 pub mod path;
+mod relay;
 pub(crate) mod representation;
 pub mod routing;
 mod s3;
@@ -733,6 +734,19 @@ impl ProxyHttp for Rangeway {
                 });
             }
         }
+        Ok(false)
+    }
+
+    async fn proxy_upstream_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<bool> {
+        let Some(policy) = ctx.route.as_ref().and_then(|route| route.upstream_resume) else {
+            return Ok(true);
+        };
+        // rangeway relays it itself, so that a body its origin breaks off can be continued.
+        self.relay(session, ctx, policy).await?;
         Ok(false)
     }
 

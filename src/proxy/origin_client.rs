@@ -1,9 +1,11 @@
-//! Requests rangeway makes to an origin on its own behalf, outside a client's request: the rest of
-//! an object for a completion pass, the length of an object whose origin would not say it.
+//! Requests rangeway makes to an origin itself: the rest of an object for a completion pass, the
+//! length of an object whose origin would not say it, whole responses on routes that continue a
+//! body its origin broke off (`relay`).
 
 use http::header;
 use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::Result;
 use pingora_http::RequestHeader;
 
@@ -20,6 +22,12 @@ impl std::fmt::Debug for OriginClient {
     }
 }
 
+/// One request and the connection it went on.
+pub(super) struct Exchange {
+    pub(super) session: HttpSession,
+    peer: Box<HttpPeer>,
+}
+
 impl OriginClient {
     pub(super) fn new() -> Self {
         Self { connector: Connector::new(None) }
@@ -31,23 +39,41 @@ impl OriginClient {
         &self,
         upstream: &Upstream,
         mut request: RequestHeader,
-    ) -> Result<HttpSession> {
+    ) -> Result<Exchange> {
         upstream.authorize(&mut request)?;
+        self.exchange(upstream, request).await
+    }
+
+    /// Sends `request` as it is (already authorized) and reads the answer's header.
+    pub(super) async fn exchange(
+        &self,
+        upstream: &Upstream,
+        request: RequestHeader,
+    ) -> Result<Exchange> {
         let peer = upstream.peer().await?;
         let (mut session, _) = self.connector.get_http_session(peer.as_ref()).await?;
         session.write_request_header(Box::new(request)).await?;
         session.finish_request_body().await?;
         session.read_response_header().await?;
-        Ok(session)
+        Ok(Exchange { session, peer })
+    }
+
+    /// Returns the connection of an exchange whose body was read to its end to the pool.
+    pub(super) async fn release(&self, exchange: Exchange) {
+        let idle = exchange.peer.options.idle_timeout;
+        self.connector.release_http_session(exchange.session, exchange.peer.as_ref(), idle).await;
     }
 
     /// The length of the object at `target` (path and query), by a HEAD: `None` when the origin
     /// does not answer 200 with a Content-Length.
     pub(super) async fn length(&self, upstream: &Upstream, target: &str) -> Result<Option<u64>> {
-        let session = self.send(upstream, upstream.request("HEAD", target)?).await?;
-        Ok(session
+        let exchange = self.send(upstream, upstream.request("HEAD", target)?).await?;
+        let length = exchange
+            .session
             .response_header()
             .filter(|r| r.status.as_u16() == 200)
-            .and_then(|r| r.headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()))
+            .and_then(|r| r.headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok());
+        self.release(exchange).await;
+        Ok(length)
     }
 }

@@ -6,7 +6,7 @@ use rangeway_middleware::chain::Chain;
 
 use super::path::NormalizedPath;
 use super::upstream::Upstream;
-use crate::config::S3ClientKeys;
+use crate::config::{S3ClientKeys, UpstreamResume};
 
 /// One `[[routes]]` entry, resolved against its upstream.
 #[derive(Debug)]
@@ -24,6 +24,8 @@ pub struct Route {
     pub stage_keys: Vec<String>,
     /// When set, only requests signed with one of these keys are served.
     pub s3_client_keys: Option<S3ClientKeys>,
+    /// When set, a body its origin breaks off is continued (see `relay`).
+    pub upstream_resume: Option<UpstreamResume>,
 }
 
 impl Route {
@@ -49,6 +51,7 @@ impl Route {
             stage_keys: stage_keys(&chain),
             chain,
             s3_client_keys: None,
+            upstream_resume: None,
         })
     }
 

@@ -44,6 +44,23 @@ pub(crate) enum Behaviour {
     NoEtag,
     /// The correct answer framed with `Transfer-Encoding: chunked` and no Content-Length.
     Chunked,
+    /// The correct answer, or by the roll of a seeded die per response: a 503 (only to ranged
+    /// requests: continuations), a body cut at a random byte, or a body that stalls at a random
+    /// byte and is then cut.
+    Faulty(Faults),
+}
+
+/// How often a [`Behaviour::Faulty`] origin fails, in percent of responses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Faults {
+    pub(crate) seed: u64,
+    /// Of ranged requests, answered 503.
+    pub(crate) error_percent: u64,
+    /// Of bodies, cut at a random byte.
+    pub(crate) cut_percent: u64,
+    /// Of bodies, stalled at a random byte for `stall`, then cut.
+    pub(crate) stall_percent: u64,
+    pub(crate) stall: Duration,
 }
 
 /// A request as the origin received it.
@@ -85,6 +102,8 @@ struct Shared {
     /// out of blocking reads (a proxy keeps idle upstream connections open indefinitely).
     open: Mutex<HashMap<u64, TcpStream>>,
     stopping: AtomicBool,
+    /// Responses a `Faulty` origin has rolled for.
+    rolls: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -354,6 +373,20 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
             head_only,
         );
     }
+    // One roll per response of a faulty origin: a 503 for a ranged request, else a cut.
+    let faults = match &behaviour {
+        Behaviour::Faulty(faults) => {
+            let n = shared.rolls.fetch_add(1, Ordering::SeqCst);
+            Some((faults.clone(), splitmix64(faults.seed ^ n.wrapping_mul(0x9E37_79B9))))
+        }
+        _ => None,
+    };
+    if let Some((faults, roll)) = &faults
+        && request.header("range").is_some()
+        && roll % 100 < faults.error_percent
+    {
+        return response.send_text(out, 503, "test origin: injected 503\n", head_only);
+    }
     if request.method != "GET" && !head_only {
         response.header("Allow", "GET, HEAD");
         return response.send_text(out, 405, "method not allowed\n", head_only);
@@ -439,6 +472,22 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
                 }
                 out.write_all(piece)?;
             }
+            Ok(keep_alive)
+        }
+        Behaviour::Faulty(_) if !body.is_empty() => {
+            let Some((faults, roll)) = faults else { unreachable!("rolled above") };
+            let (cut, stall) = ((roll >> 8) % 100, (roll >> 16) % 100);
+            let at = usize::try_from((roll >> 24) % body.len() as u64).unwrap_or(0);
+            if cut < faults.cut_percent || stall < faults.stall_percent {
+                out.write_all(&body[..at])?;
+                if stall < faults.stall_percent {
+                    out.flush()?;
+                    thread::sleep(faults.stall);
+                }
+                let _ = out.shutdown(Shutdown::Write);
+                return Ok(false);
+            }
+            out.write_all(&body)?;
             Ok(keep_alive)
         }
         Behaviour::Chunked => {
@@ -588,4 +637,12 @@ fn shifted(first: u64, last: u64, shift: u64, len: u64) -> (u64, u64) {
     } else {
         (first, last)
     }
+}
+
+/// A well-mixed 64-bit value of `x` (SplitMix64's finaliser), for the faulty origin's dice.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

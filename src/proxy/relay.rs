@@ -1,0 +1,214 @@
+//! Relaying a response with rangeway's own upstream client, on routes that continue a body its
+//! origin broke off (`[routes.upstream_resume]`).
+//!
+//! pingora proxies a response once: when the origin connection fails after the first byte went to
+//! the client, the client's download is cut, and only the client can resume it. On these routes
+//! rangeway sends the upstream request itself and takes the answer through the very phases
+//! pingora would (the upstream and client response filters, then every chunk through the body
+//! filter with its window, multipart cut and stages), so the answer is the same. When the body
+//! breaks at byte N of its stream, rangeway asks for the rest — `Range: bytes=N-END` with
+//! `If-Match` on the strong ETag, signed again for S3 — and feeds it to the same body filter: the
+//! stages go on at that input offset and the client sees one uninterrupted response. A changed
+//! object (412, another ETag), an answer without a strong validator or a length, or no
+//! continuation within the route's attempts and deadline: the client connection is cut, never
+//! padded or spliced.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Method, header};
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::RequestHeader;
+use pingora_proxy::{ProxyHttp, Session};
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
+use tracing::{info, warn};
+
+use super::origin_client::Exchange;
+use super::{Rangeway, RequestCtx, upstream_stream};
+use crate::config::UpstreamResume;
+
+/// What a broken body can be continued with: the stream's end and the version it is of.
+struct Continuable {
+    /// One past the last byte of the object the upstream body runs to.
+    end: u64,
+    complete_len: u64,
+    etag: String,
+}
+
+impl Rangeway {
+    /// Answers the request with rangeway's own upstream client, continuing the body when its
+    /// origin fails mid-way. Called instead of pingora's proxying.
+    pub(super) async fn relay(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        policy: UpstreamResume,
+    ) -> Result<()> {
+        let route = ctx
+            .route
+            .clone()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
+        let mut request = session.req_header().clone();
+        self.upstream_request_filter(session, &mut request, ctx).await?;
+        // The request continuations are made of: the same fields, another Range.
+        let base = request.clone();
+        let mut exchange = self.origin_client.exchange(&route.upstream, request).await?;
+        ctx.upstream_connected = Some(Instant::now());
+        let mut response =
+            exchange.session.response_header().cloned().ok_or_else(|| {
+                Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
+            })?;
+        let status = response.status.as_u16();
+        let stream = upstream_stream(status, &response.headers);
+        let strong_etag = response
+            .headers
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .filter(|etag| etag.starts_with('"'))
+            .map(str::to_owned);
+        let continuable = match (stream, strong_etag) {
+            (Some(stream), Some(etag)) => {
+                let complete_len = match response.headers.get(header::CONTENT_RANGE) {
+                    Some(value) => match parse_content_range(value.as_bytes()) {
+                        Some(ContentRange::Satisfied { complete_len: Some(len), .. }) => len,
+                        _ => stream.end(),
+                    },
+                    None => stream.end(),
+                };
+                Some(Continuable { end: stream.end(), complete_len, etag })
+            }
+            _ => None,
+        };
+        self.upstream_response_filter(session, &mut response, ctx).await?;
+        self.response_filter(session, &mut response, ctx).await?;
+        let head_only = session.req_header().method == Method::HEAD;
+        session.write_response_header(Box::new(response), head_only).await?;
+        if head_only {
+            self.origin_client.release(exchange).await;
+            return Ok(());
+        }
+        let mut at = stream.map_or(0, |s| s.start());
+        let started = Instant::now();
+        let mut attempts = 0;
+        loop {
+            match exchange.session.read_response_body().await {
+                Ok(Some(chunk)) => {
+                    at += chunk.len() as u64;
+                    self.forward(session, ctx, Some(chunk), false).await?;
+                }
+                Ok(None) => {
+                    self.forward(session, ctx, None, true).await?;
+                    self.origin_client.release(exchange).await;
+                    return Ok(());
+                }
+                Err(broke) => {
+                    let route_name = route.name.as_str();
+                    let Some(continuable) = continuable.as_ref().filter(|c| at < c.end) else {
+                        self.metrics.upstream_resume(route_name, "unresumable");
+                        info!(route = route_name, at, error = %broke, "the origin broke off a body that cannot be continued (no strong ETag or length): cutting the response");
+                        return Err(broke);
+                    };
+                    exchange = self
+                        .continuation(ctx, &base, continuable, at, &policy, started, &mut attempts)
+                        .await
+                        .map_err(|outcome| {
+                            self.metrics.upstream_resume(route_name, outcome);
+                            warn!(route = route_name, at, outcome, error = %broke, "the origin broke off the body and it could not be continued: cutting the response");
+                            broke
+                        })?;
+                    self.metrics.upstream_resume(route_name, "resumed");
+                    info!(
+                        route = route_name,
+                        at,
+                        attempts,
+                        "the origin broke off the body; continued it from where it broke"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Asks the origin for the rest of the body from `at`, within the policy's attempts and
+    /// deadline. `Err` names the outcome: `changed` or `failed`.
+    #[allow(clippy::too_many_arguments)]
+    async fn continuation(
+        &self,
+        ctx: &RequestCtx,
+        base: &RequestHeader,
+        continuable: &Continuable,
+        at: u64,
+        policy: &UpstreamResume,
+        started: Instant,
+        attempts: &mut u32,
+    ) -> std::result::Result<Exchange, &'static str> {
+        let route = ctx.route.as_ref().ok_or("failed")?;
+        let mut backoff = policy.backoff;
+        loop {
+            if *attempts >= policy.attempts {
+                return Err("failed");
+            }
+            *attempts += 1;
+            let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
+                return Err("failed");
+            };
+            tokio::time::sleep(backoff.min(left)).await;
+            backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+            let mut request = base.clone();
+            let range = format!("bytes={at}-{}", continuable.end - 1);
+            for (name, value) in
+                [(header::RANGE, range.as_str()), (header::IF_MATCH, &continuable.etag)]
+            {
+                request.insert_header(name, value).map_err(|_| "failed")?;
+            }
+            for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+                request.remove_header(&name);
+            }
+            let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
+                return Err("failed");
+            };
+            let sent =
+                tokio::time::timeout(left, self.origin_client.send(&route.upstream, request));
+            let exchange = match sent.await {
+                Ok(Ok(exchange)) => exchange,
+                Ok(Err(_)) | Err(_) => continue,
+            };
+            let Some(answer) = exchange.session.response_header() else { continue };
+            let status = answer.status.as_u16();
+            if status == 412 {
+                return Err("changed");
+            }
+            let etag = answer.headers.get(header::ETAG).map(|v| v.as_bytes());
+            if status == 206 && etag != Some(continuable.etag.as_bytes()) {
+                return Err("changed");
+            }
+            let expected = ByteRange::new(at, continuable.end);
+            let matches = status == 206
+                && matches!(
+                    answer.headers.get(header::CONTENT_RANGE).and_then(|v| parse_content_range(v.as_bytes())),
+                    Some(ContentRange::Satisfied { range, complete_len })
+                        if Some(range) == expected && complete_len == Some(continuable.complete_len)
+                );
+            if matches {
+                return Ok(exchange);
+            }
+            // A 5xx, a 200, another range: not a continuation; try again.
+        }
+    }
+
+    /// One chunk (or the end) through the body filter, then to the client.
+    async fn forward(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        chunk: Option<Bytes>,
+        end: bool,
+    ) -> Result<()> {
+        let mut body = chunk;
+        self.response_body_filter(session, &mut body, end, ctx)?;
+        if body.is_some() || end {
+            session.write_response_body(body, end).await?;
+        }
+        Ok(())
+    }
+}
