@@ -4,6 +4,7 @@
 //! server in-process through [`server::Running`].
 
 pub mod admin;
+pub mod admission;
 pub mod config;
 pub mod fingerprint;
 pub mod origin;

@@ -18,6 +18,7 @@ use tracing::{info, warn};
 use crate::admin::Admin;
 use crate::admin::live::LiveResponses;
 use crate::admin::metrics::Metrics;
+use crate::admission::Admission;
 use crate::config::{Config, UpstreamKind};
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Rangeway;
@@ -198,9 +199,11 @@ pub fn build(
         Arc::clone(&metrics),
         Arc::clone(&store),
         Arc::clone(&live),
+        config.server.client_limits,
     );
-    let mut proxy_service =
-        pingora_proxy::http_proxy_service_with_name(&server.configuration, proxy, "rangeway proxy");
+    let proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
+    let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics));
+    let mut proxy_service = Service::new("rangeway proxy".to_owned(), admission);
     proxy_service.add_tcp(&config.server.listen.to_string());
     server.add_service(proxy_service);
 

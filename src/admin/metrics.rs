@@ -25,6 +25,7 @@ pub struct Metrics {
     origin_digest_mismatches: IntCounterVec,
     middleware_errors: IntCounterVec,
     upstream_resumes: IntCounterVec,
+    connections_refused: IntCounterVec,
     duration: HistogramVec,
     active: IntGauge,
 }
@@ -93,6 +94,14 @@ impl Metrics {
             &["route", "outcome"],
         )
         .expect("valid metric");
+        let connections_refused = IntCounterVec::new(
+            Opts::new(
+                "rangeway_client_connections_refused_total",
+                "Client connections ended by a limit, by reason: per_client_limit (more open from one address than max_connections_per_client), header_timeout (a request header slower than client_header_timeout).",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
         let duration = HistogramVec::new(
             HistogramOpts::new(
                 "rangeway_request_duration_seconds",
@@ -116,6 +125,7 @@ impl Metrics {
             Box::new(origin_digest_mismatches.clone()),
             Box::new(middleware_errors.clone()),
             Box::new(upstream_resumes.clone()),
+            Box::new(connections_refused.clone()),
             Box::new(duration.clone()),
             Box::new(active.clone()),
         ] {
@@ -138,6 +148,7 @@ impl Metrics {
             origin_digest_mismatches,
             middleware_errors,
             upstream_resumes,
+            connections_refused,
             duration,
             active,
         }
@@ -181,6 +192,11 @@ impl Metrics {
     /// `unresumable`.
     pub fn upstream_resume(&self, route: &str, outcome: &str) {
         self.upstream_resumes.with_label_values(&[route, outcome]).inc();
+    }
+
+    /// A client connection ended by a limit: `per_client_limit` or `header_timeout`.
+    pub fn connection_refused(&self, reason: &str) {
+        self.connections_refused.with_label_values(&[reason]).inc();
     }
 
     pub fn in_flight(&self) -> i64 {

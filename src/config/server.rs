@@ -37,6 +37,40 @@ pub struct ServerConfig {
     pub grace_period: Duration,
     /// Most ranges served for one request, 1..=1000. Default 16.
     pub max_ranges: usize,
+    /// What one client may cost.
+    pub client_limits: ClientLimits,
+}
+
+/// Bounds on what one client connection may cost, whatever it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientLimits {
+    /// `client_header_timeout`: the whole request header must arrive within this time of its
+    /// first byte, or the connection is closed (slowloris). Default 10s.
+    pub header_timeout: Duration,
+    /// `client_write_timeout`: a client that takes none of the response for this long is cut
+    /// (a slow reader holds one chunk of memory, never more). Default 60s.
+    pub write_timeout: Duration,
+    /// `max_connections_per_client`: open connections from one address; more are answered 503
+    /// and closed. Default 1024; 0 for no limit.
+    pub max_connections_per_client: usize,
+    /// `max_header_bytes`: the request line and header fields together. Default 32 KiB; more is
+    /// answered 431.
+    pub max_header_bytes: usize,
+    /// `max_header_fields`: header fields in a request. Default 100; more is answered 431.
+    pub max_header_fields: usize,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(60),
+            max_connections_per_client: 1024,
+            max_header_bytes: 32 * 1024,
+            max_header_fields: 100,
+        }
+    }
 }
 
 /// The admin API's bearer token, read at load time from the variable named by `admin_token_env`.
@@ -107,6 +141,7 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<ServerConfig> 
     let max_ranges = table
         .take("max_ranges")
         .map_or(Ok(DEFAULT_MAX_RANGES), |f| f.integer(ctx, 1..=MAX_RANGES_LIMIT, "16"));
+    let client_limits = read_client_limits(ctx, &mut table);
     table.finish(ctx);
 
     let (listen, admin_listen) = (listen?, admin_listen?);
@@ -128,6 +163,39 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<ServerConfig> 
         threads: threads?,
         grace_period: grace_period?,
         max_ranges: max_ranges?,
+        client_limits: client_limits?,
+    })
+}
+
+fn read_client_limits(ctx: &mut Ctx<'_>, table: &mut Table) -> Read<ClientLimits> {
+    let defaults = ClientLimits::default();
+    let timeout = |field: Option<Field>, ctx: &mut Ctx<'_>, default| {
+        field.map_or(Ok(default), |f| {
+            f.duration(
+                ctx,
+                Duration::from_millis(1)..=Duration::from_secs(3600),
+                "from \"1ms\" to \"1h\"",
+            )
+        })
+    };
+    let header_timeout = timeout(table.take("client_header_timeout"), ctx, defaults.header_timeout);
+    let write_timeout = timeout(table.take("client_write_timeout"), ctx, defaults.write_timeout);
+    let max_connections_per_client = table
+        .take("max_connections_per_client")
+        .map_or(Ok(defaults.max_connections_per_client), |f| f.integer(ctx, 0..=1_000_000, "1024"));
+    // pingora itself reads at most 1 MiB of header and 256 fields: the limits stay within them.
+    let max_header_bytes = table
+        .take("max_header_bytes")
+        .map_or(Ok(defaults.max_header_bytes), |f| f.integer(ctx, 1024..=1_048_575, "32768"));
+    let max_header_fields = table
+        .take("max_header_fields")
+        .map_or(Ok(defaults.max_header_fields), |f| f.integer(ctx, 1..=256, "100"));
+    Ok(ClientLimits {
+        header_timeout: header_timeout?,
+        write_timeout: write_timeout?,
+        max_connections_per_client: max_connections_per_client?,
+        max_header_bytes: max_header_bytes?,
+        max_header_fields: max_header_fields?,
     })
 }
 

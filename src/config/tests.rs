@@ -1510,3 +1510,32 @@ fn upstream_resume_settings() {
         expect_errors(&with(value), expected);
     }
 }
+
+#[test]
+fn client_limits() {
+    let config = load_ok(&format!("{UPSTREAMS}{ROUTE}"));
+    assert_eq!(config.server.client_limits, ClientLimits::default());
+    let text = format!(
+        "[server]\nclient_header_timeout = \"2s\"\nclient_write_timeout = \"5m\"\n\
+         max_connections_per_client = 0\nmax_header_bytes = 8192\nmax_header_fields = 50\n\
+         {UPSTREAMS}{ROUTE}"
+    );
+    let limits = load_ok(&text).server.client_limits;
+    assert_eq!(
+        (limits.header_timeout, limits.write_timeout, limits.max_connections_per_client),
+        (Duration::from_secs(2), Duration::from_secs(300), 0)
+    );
+    assert_eq!((limits.max_header_bytes, limits.max_header_fields), (8192, 50));
+    let cases: [(&str, &[(&str, &str)]); 4] = [
+        ("client_header_timeout = \"0s\"", &[("server.client_header_timeout", "out of range")]),
+        ("max_header_bytes = 100", &[("server.max_header_bytes", "100 is out of range")]),
+        ("max_header_fields = 300", &[("server.max_header_fields", "300 is out of range")]),
+        (
+            "max_connections_per_client = -1",
+            &[("server.max_connections_per_client", "out of range")],
+        ),
+    ];
+    for (server, expected) in cases {
+        expect_errors(&format!("[server]\n{server}\n{UPSTREAMS}{ROUTE}"), expected);
+    }
+}

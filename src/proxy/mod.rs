@@ -39,6 +39,7 @@ use tracing::{info, warn};
 
 use crate::admin::live::{LiveGuard, LiveResponses};
 use crate::admin::metrics::{ActiveDownload, Metrics};
+use crate::config::ClientLimits;
 use crate::fingerprint::fingerprint;
 use crate::range::{ClientRange, Shape, shape_response};
 use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore, unix_now};
@@ -71,6 +72,7 @@ pub struct Rangeway {
     completions: Arc<Completions>,
     origin_client: Arc<OriginClient>,
     live: Arc<LiveResponses>,
+    client_limits: ClientLimits,
 }
 
 impl Rangeway {
@@ -80,10 +82,20 @@ impl Rangeway {
         metrics: Arc<Metrics>,
         store: Arc<dyn StateStore>,
         live: Arc<LiveResponses>,
+        client_limits: ClientLimits,
     ) -> Self {
         let origin_client = Arc::new(OriginClient::new());
         let completions = Arc::new(Completions::new(Arc::clone(&origin_client)));
-        Self { routes, range_limits, metrics, store, completions, origin_client, live }
+        Self {
+            routes,
+            range_limits,
+            metrics,
+            store,
+            completions,
+            origin_client,
+            live,
+            client_limits,
+        }
     }
 }
 
@@ -624,6 +636,14 @@ impl ProxyHttp for Rangeway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        // A client that takes none of the response for this long is cut: a slow reader holds
+        // one chunk, never more.
+        session.set_write_timeout(Some(self.client_limits.write_timeout));
+        if let Some(problem) = header_over_limits(session.req_header(), &self.client_limits) {
+            let status = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+            respond(session, status, problem, &[(header::CONNECTION, "close")]).await?;
+            return Ok(true);
+        }
         let req = session.req_header();
         if req.method != Method::GET && req.method != Method::HEAD {
             respond(
@@ -1262,6 +1282,18 @@ fn refuse_changed(response: &mut ResponseHeader, ctx: &mut RequestCtx, id: &str)
     response.insert_header(DOWNLOAD_ID, id)?;
     ctx.body = BodyPlan::Discard;
     Ok(())
+}
+
+/// Why a request's header is over the client limits, if it is.
+fn header_over_limits(req: &RequestHeader, limits: &ClientLimits) -> Option<&'static str> {
+    if req.headers.len() > limits.max_header_fields {
+        return Some("the request has more header fields than max_header_fields allows\n");
+    }
+    let line = req.method.as_str().len() + req.uri.to_string().len() + 11;
+    let fields: usize =
+        req.headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    (line + fields > limits.max_header_bytes)
+        .then_some("the request header is larger than max_header_bytes allows\n")
 }
 
 /// Removes S3's `x-amz-checksum-*` fields: digests of the origin's whole object.

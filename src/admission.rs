@@ -1,0 +1,331 @@
+//! What a client connection may cost before the proxy sees a request: connections per address,
+//! and how long its request header may take to arrive.
+//!
+//! pingora bounds a request header's size (1 MiB) and each read (60 s), but not the time the
+//! whole header takes: a client dribbling a byte every few seconds (slowloris) holds its
+//! connection forever. [`Admission`] wraps the proxy's application: it counts each address's
+//! connections (more than the limit are answered 503 and closed), and wraps each connection's
+//! stream so that a request header not complete within `client_header_timeout` of its first byte
+//! ends the connection.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_core::apps::ServerApp;
+use pingora_core::protocols::l4::socket::SocketAddr;
+use pingora_core::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
+    UniqueIDType,
+};
+use pingora_core::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tracing::info;
+
+use crate::admin::metrics::Metrics;
+use crate::config::ClientLimits;
+
+/// The answer to a connection over its address's limit, written before its request is read.
+const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; \
+charset=utf-8\r\ncontent-length: 39\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
+connections from your address\n";
+
+/// The proxy's application behind connection admission.
+pub struct Admission<A> {
+    inner: Arc<A>,
+    limits: ClientLimits,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl<A> Admission<A> {
+    pub fn new(inner: A, limits: ClientLimits, metrics: Arc<Metrics>) -> Self {
+        Self { inner: Arc::new(inner), limits, open: Arc::default(), metrics }
+    }
+
+    /// A place for a connection from `ip`, or `None` when its address has all it may have.
+    fn admit(&self, ip: IpAddr) -> Option<Slot> {
+        let limit = self.limits.max_connections_per_client;
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(ip).or_insert(0);
+        if limit != 0 && *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(Slot { ip, open: Arc::clone(&self.open) })
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        // A kept-alive connection comes back for its next request: admitted already.
+        if stream.as_any().is::<Watched>() {
+            return self.inner.process_new(stream, shutdown).await;
+        }
+        let ip = stream.get_socket_digest().and_then(|digest| match digest.peer_addr() {
+            Some(SocketAddr::Inet(addr)) => Some(addr.ip()),
+            _ => None,
+        });
+        let slot = match ip.map(|ip| self.admit(ip)) {
+            Some(None) => {
+                self.metrics.connection_refused("per_client_limit");
+                info!(client = ?ip, limit = self.limits.max_connections_per_client, "refused a connection: its address has as many open as max_connections_per_client allows");
+                let _ = stream.write_all(TOO_MANY).await;
+                let _ = stream.flush().await;
+                let _ = AsyncWriteExt::shutdown(&mut stream).await;
+                return None;
+            }
+            Some(Some(slot)) => Some(slot),
+            // Not over TCP (a Unix socket): one local peer, nothing to count.
+            None => None,
+        };
+        let watched = Watched::new(stream, self.limits.header_timeout, slot, &self.metrics);
+        self.inner.process_new(Box::new(watched), shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await;
+    }
+}
+
+/// A connection's place in its address's count, given back when the connection ends.
+#[derive(Debug)]
+struct Slot {
+    ip: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Where a connection is in its request/response cycle, as seen from its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for, or reading, a request header.
+    Header,
+    /// The header is complete; a body (if any) may follow. Nothing is timed here.
+    Request,
+    /// A response is being written; the next byte read begins the next request header.
+    Response,
+}
+
+/// A client connection whose request headers must each arrive within a deadline.
+struct Watched {
+    inner: Stream,
+    timeout: Duration,
+    phase: Phase,
+    /// How far into `\r\n\r\n` the last bytes read reached.
+    matched: usize,
+    /// When the current header's first byte arrived, and the timer that fires at its deadline.
+    started: Option<(Instant, Pin<Box<tokio::time::Sleep>>)>,
+    _slot: Option<Slot>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Watched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched")
+            .field("inner", &self.inner)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watched {
+    fn new(inner: Stream, timeout: Duration, slot: Option<Slot>, metrics: &Arc<Metrics>) -> Self {
+        Self {
+            inner,
+            timeout,
+            phase: Phase::Header,
+            matched: 0,
+            started: None,
+            _slot: slot,
+            metrics: Arc::clone(metrics),
+        }
+    }
+
+    /// Follows the bytes just read: a header's first byte starts its clock, its blank line
+    /// stops it.
+    fn saw(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.phase == Phase::Response {
+            self.phase = Phase::Header;
+            self.matched = 0;
+        }
+        if self.phase != Phase::Header {
+            return;
+        }
+        if self.started.is_none() {
+            let sleep = Box::pin(tokio::time::sleep(self.timeout));
+            self.started = Some((Instant::now(), sleep));
+        }
+        const END: &[u8; 4] = b"\r\n\r\n";
+        for &byte in bytes {
+            self.matched = if byte == END[self.matched] {
+                self.matched + 1
+            } else {
+                usize::from(byte == b'\r')
+            };
+            if self.matched == END.len() {
+                self.phase = Phase::Request;
+                self.started = None;
+                return;
+            }
+        }
+    }
+
+    fn late(&self) -> io::Error {
+        self.metrics.connection_refused("header_timeout");
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the request header took longer than client_header_timeout ({:?})",
+                self.timeout
+            ),
+        )
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = result {
+            this.saw(&buf.filled()[before..]);
+        }
+        if this.phase == Phase::Header
+            && let Some((started, sleep)) = this.started.as_mut()
+        {
+            // Checked on every read, so that a header dribbled byte by byte, which never leaves
+            // a read waiting, is cut off too.
+            if started.elapsed() >= this.timeout || sleep.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(this.late()));
+            }
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        // Whatever was read, the request has been taken: the answer is going out.
+        this.phase = Phase::Response;
+        this.started = None;
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.phase = Phase::Response;
+        this.started = None;
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for Watched {
+    async fn shutdown(&mut self) {
+        Shutdown::shutdown(self.inner.as_mut()).await;
+    }
+}
+
+impl UniqueID for Watched {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for Watched {
+    fn get_ssl(&self) -> Option<&pingora_core::protocols::tls::TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora_core::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<pingora_core::protocols::ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for Watched {
+    fn get_timing_digest(&self) -> Vec<Option<pingora_core::protocols::TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for Watched {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora_core::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for Watched {
+    fn get_socket_digest(&self) -> Option<Arc<pingora_core::protocols::SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for Watched {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}

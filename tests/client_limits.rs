@@ -1,0 +1,143 @@
+//! What one client may cost: a header dribbled byte by byte is cut off, an address may hold only
+//! so many connections, oversized headers are answered 431, and a client that stops reading is
+//! cut rather than held on to.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use support::data::test_bytes;
+use support::http::get;
+use support::origin::Origin;
+use support::proxy::Proxy;
+
+fn proxy(origin: &Origin, server_keys: &str) -> Proxy {
+    Proxy::start_with_server(
+        &format!(
+            "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+            origin.base_url()
+        ),
+        server_keys,
+    )
+}
+
+/// Reads until the server closes (or resets) the connection; what arrived.
+fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn a_header_dribbled_byte_by_byte_is_cut_off() {
+    let origin = Origin::start();
+    origin.put("/a.bin", test_bytes(100, 1));
+    let proxy = proxy(&origin, "client_header_timeout = \"1s\"");
+    let mut stream = TcpStream::connect(proxy.addr()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let began = Instant::now();
+    stream.write_all(b"GET /a.bin HTTP/1.1\r\n").expect("write");
+    // One header byte every 200 ms: every read gets something, none waits out a read timeout.
+    let mut cut = false;
+    for byte in b"X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter().cycle().take(100) {
+        std::thread::sleep(Duration::from_millis(200));
+        if stream.write_all(&[*byte]).is_err() {
+            cut = true;
+            break;
+        }
+        if began.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+    }
+    let answer = read_to_close(&mut stream);
+    let elapsed = began.elapsed();
+    assert!(cut || answer.is_empty() || elapsed < Duration::from_secs(5), "{elapsed:?}");
+    assert!(elapsed >= Duration::from_millis(900), "cut before the deadline: {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(5), "not cut: {elapsed:?}");
+    assert!(origin.requests().is_empty(), "nothing reached the origin");
+    let metrics = String::from_utf8(get(&proxy.admin_url("/metrics"), &[]).body).expect("text");
+    assert!(
+        metrics.contains("rangeway_client_connections_refused_total{reason=\"header_timeout\"} 1"),
+        "{metrics}"
+    );
+
+    // A client that sends its header at once, then waits before the next request on the same
+    // connection, is not timed while it waits.
+    let mut kept = TcpStream::connect(proxy.addr()).expect("connect");
+    kept.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    for _ in 0..2 {
+        kept.write_all(b"GET /a.bin HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+        let mut buf = vec![0u8; 4096];
+        let n = kept.read(&mut buf).expect("an answer");
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+}
+
+#[test]
+fn one_address_holds_at_most_its_connections() {
+    let origin = Origin::start();
+    origin.put("/a.bin", test_bytes(100, 2));
+    let proxy = proxy(&origin, "max_connections_per_client = 3");
+    let held: Vec<TcpStream> =
+        (0..3).map(|_| TcpStream::connect(proxy.addr()).expect("connect")).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fourth = TcpStream::connect(proxy.addr()).expect("connect");
+    fourth.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let answer = String::from_utf8(read_to_close(&mut fourth)).expect("text");
+    assert!(answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{answer}");
+    assert!(answer.ends_with("too many connections from your address\n"), "{answer}");
+    // One closes: the address has room again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = get(&proxy.url("/a.bin"), &[]);
+        if answer.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never admitted again: {}", answer.status);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn oversized_headers_are_answered_431() {
+    let origin = Origin::start();
+    origin.put("/a.bin", test_bytes(100, 3));
+    let proxy = proxy(&origin, "max_header_bytes = 4096\nmax_header_fields = 20");
+    let many: Vec<(String, String)> = (0..21).map(|i| (format!("x-f{i}"), "v".into())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    assert_eq!(get(&proxy.url("/a.bin"), &many).status, 431);
+    let long = "a".repeat(5000);
+    assert_eq!(get(&proxy.url("/a.bin"), &[("x-long", &long)]).status, 431);
+    assert_eq!(get(&proxy.url("/a.bin"), &many[..10]).status, 200);
+    assert!(origin.requests().len() == 1, "only the request within limits reached the origin");
+}
+
+#[test]
+fn a_client_that_stops_reading_is_cut() {
+    let origin = Origin::start();
+    let len = 64 * 1024 * 1024;
+    origin.put("/big.bin", test_bytes(len, 4));
+    let proxy = proxy(&origin, "client_write_timeout = \"1s\"");
+    let mut stream = TcpStream::connect(proxy.addr()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+    // Read a little, then nothing for longer than the write timeout.
+    let mut first = vec![0u8; 4096];
+    let _ = stream.read(&mut first).expect("the answer begins");
+    std::thread::sleep(Duration::from_secs(4));
+    let rest = read_to_close(&mut stream);
+    assert!(
+        rest.len() < len / 2,
+        "a client that stopped reading got {} of {len} bytes: it was never cut",
+        rest.len()
+    );
+}
