@@ -152,6 +152,11 @@ impl ProxyProcess {
         self.proxy
     }
 
+    /// The process id, to read its /proc entries.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends the process `signal` (`TERM`, `INT`, ...), as `kill -s` does.
     pub(crate) fn signal(&self, signal: &str) {
         let status = std::process::Command::new("kill")
