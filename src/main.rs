@@ -92,7 +92,7 @@ fn main() -> ExitCode {
                 Ok(loaded) => loaded,
                 Err(errors) => return config_failure(config.as_deref(), &errors),
             };
-            match server::run(&loaded, &registry) {
+            match server::run(&loaded, registry, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("rangeway: cannot start: {e}");

@@ -1,6 +1,8 @@
 //! Assembling and running the pingora server from a validated config.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -10,7 +12,7 @@ use pingora_core::server::{
     RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, UnixShutdownSignalWatch,
 };
 use pingora_core::services::listening::Service;
-use rangeway_middleware::chain::StageRegistry;
+use rangeway_middleware::chain::{Chain, StageRegistry};
 use rangeway_middleware::rfc9110::RangeLimits;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -22,7 +24,7 @@ use crate::admission::Admission;
 use crate::config::{Config, UpstreamKind};
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Rangeway;
-use crate::proxy::routing::{Route, RouteTable};
+use crate::proxy::routing::{Route, RouteSwitch, RouteTable};
 use crate::proxy::upstream::{Timeouts, TlsSettings, Upstream, UpstreamError};
 use crate::state::{self, StoreError};
 
@@ -63,11 +65,20 @@ pub struct Endpoints {
 #[derive(Debug)]
 pub struct StoreRuntime(tokio::runtime::Runtime);
 
+/// A server built from config, not yet running.
+pub struct Built {
+    pub server: Server,
+    pub endpoints: Endpoints,
+    pub store: StoreRuntime,
+    pub metrics: Arc<Metrics>,
+    /// The route table in force, which a reload replaces.
+    pub routes: Arc<RouteSwitch>,
+    /// The `dir` upstreams served, by name: their services cannot change while running.
+    pub dirs: BTreeMap<String, PathBuf>,
+}
+
 /// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
-pub fn build(
-    config: &Config,
-    registry: &StageRegistry,
-) -> Result<(Server, Endpoints, StoreRuntime, Arc<Metrics>), StartError> {
+pub fn build(config: &Config, registry: &StageRegistry) -> Result<Built, StartError> {
     let chains = config.build_chains(registry).map_err(StartError::Middleware)?;
     let store_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -91,107 +102,43 @@ pub fn build(
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
-    let mut upstreams = std::collections::BTreeMap::new();
+    // A `dir` upstream is a service of the server, with its socket: made once, at start.
+    let mut dirs = BTreeMap::new();
     let mut sample_names = Vec::new();
     for (name, upstream) in &config.upstreams {
-        let timeouts = Timeouts {
-            connect: upstream.connect_timeout,
-            read: upstream.read_timeout,
-            write: upstream.write_timeout,
-            idle: upstream.idle_timeout,
+        let UpstreamKind::Dir { path } = &upstream.kind else {
+            continue;
         };
-        let built = match &upstream.kind {
-            UpstreamKind::Dir { path } => {
-                let sample = dir::prepare_folder(path).map_err(|source| StartError::Folder {
-                    name: name.clone(),
-                    path: path.clone(),
-                    source,
-                })?;
-                if sample.is_some() {
-                    sample_names.push(name.clone());
-                }
-                let origin = DirOrigin::new(path, range_limits).map_err(|source| {
-                    StartError::Folder { name: name.clone(), path: path.clone(), source }
-                })?;
-                let socket = dir::socket_path(name);
-                let mut service = Service::new(format!("dir origin {name}"), origin);
-                service.add_uds(&socket.to_string_lossy(), None);
-                service.threads = Some(1);
-                server.add_service(service);
-                Upstream::unix(name, socket, timeouts)
-            }
-            UpstreamKind::Http(http) => {
-                let tls = http.tls.then(|| TlsSettings {
-                    sni: http.sni.clone(),
-                    ca_file: http.ca_file.clone(),
-                    insecure_skip_verify: http.insecure_skip_verify,
-                });
-                let built = Upstream::http(
-                    name,
-                    &http.host,
-                    http.port,
-                    tls,
-                    http.host_header.clone(),
-                    &http.base_path,
-                    timeouts,
-                )
-                .map_err(|source| StartError::Upstream { name: name.clone(), source })?;
-                if built.skips_verification() {
-                    warn!(upstream = %name, "TLS CERTIFICATE VERIFICATION IS OFF for this upstream (insecure_skip_verify = true): anyone on the path can impersonate it");
-                }
-                built
-            }
-            UpstreamKind::S3(s3) => {
-                let built = Upstream::s3(name, s3, timeouts)
-                    .map_err(|source| StartError::Upstream { name: name.clone(), source })?;
-                if built.skips_verification() {
-                    warn!(upstream = %name, "TLS CERTIFICATE VERIFICATION IS OFF for this upstream (insecure_skip_verify = true): anyone on the path can impersonate it");
-                }
-                match &s3.credentials {
-                    Some(credentials) => {
-                        info!(upstream = %name, bucket = %s3.bucket, credentials = %credentials.source, "S3 upstream: requests are signed")
-                    }
-                    None => {
-                        info!(upstream = %name, bucket = %s3.bucket, "S3 upstream: anonymous, requests go unsigned")
-                    }
-                }
-                built
-            }
-        };
-        upstreams.insert(name.clone(), Arc::new(built));
+        let sample = dir::prepare_folder(path).map_err(|source| StartError::Folder {
+            name: name.clone(),
+            path: path.clone(),
+            source,
+        })?;
+        if sample.is_some() {
+            sample_names.push(name.clone());
+        }
+        let origin = DirOrigin::new(path, range_limits).map_err(|source| StartError::Folder {
+            name: name.clone(),
+            path: path.clone(),
+            source,
+        })?;
+        let mut service = Service::new(format!("dir origin {name}"), origin);
+        service.add_uds(&dir::socket_path(name).to_string_lossy(), None);
+        service.threads = Some(1);
+        server.add_service(service);
+        dirs.insert(name.clone(), path.clone());
     }
-
-    let mut routes = Vec::with_capacity(config.routes.len());
-    let mut samples = Vec::new();
-    for (index, (route, chain)) in config.routes.iter().zip(chains).enumerate() {
-        let Some(upstream) = upstreams.get(&route.upstream) else {
-            continue; // Config::load has refused unknown upstream names.
-        };
+    let table = build_routes(config, chains, &metrics)?;
+    let samples = config
+        .routes
+        .iter()
         // The sample sits at the folder's root: reachable under the prefix when it is stripped.
-        if route.strip_prefix && sample_names.contains(&route.upstream) {
-            samples.push(format!(
-                "{}/{}",
-                route.path_prefix.trim_end_matches('/'),
-                dir::SAMPLE_NAME
-            ));
-        }
-        let mut built = Route::new(
-            route.host.clone(),
-            &route.path_prefix,
-            route.strip_prefix,
-            Arc::clone(upstream),
-            chain,
-        )
-        .map_err(|source| StartError::Route { index, source })?;
-        built.s3_client_keys = route.s3_client_keys.clone();
-        built.upstream_resume = route.upstream_resume;
-        if !built.chain.stages().is_empty() {
-            metrics.middleware_route(&built.name);
-        }
-        routes.push(built);
-    }
+        .filter(|route| route.strip_prefix && sample_names.contains(&route.upstream))
+        .map(|route| format!("{}/{}", route.path_prefix.trim_end_matches('/'), dir::SAMPLE_NAME))
+        .collect();
 
-    let routes = Arc::new(RouteTable::new(routes));
+    let routes = Arc::new(RouteSwitch::new(table));
+    let routes_in_force = Arc::clone(&routes);
     let live = Arc::new(LiveResponses::new());
     let proxy = Rangeway::new(
         Arc::clone(&routes),
@@ -222,18 +169,234 @@ pub fn build(
 
     let endpoints =
         Endpoints { proxy: config.server.listen, admin: config.server.admin_listen, samples };
-    Ok((server, endpoints, StoreRuntime(store_runtime), metrics))
+    Ok(Built {
+        server,
+        endpoints,
+        store: StoreRuntime(store_runtime),
+        metrics,
+        routes: routes_in_force,
+        dirs,
+    })
+}
+
+/// The upstreams and routes of `config`, with their middleware (`chains`, one per route).
+/// `dir` upstreams are reached over the socket of the service [`build`] made for them.
+fn build_routes(
+    config: &Config,
+    chains: Vec<Chain>,
+    metrics: &Metrics,
+) -> Result<RouteTable, StartError> {
+    let mut upstreams = BTreeMap::new();
+    for (name, upstream) in &config.upstreams {
+        let timeouts = Timeouts {
+            connect: upstream.connect_timeout,
+            read: upstream.read_timeout,
+            write: upstream.write_timeout,
+            idle: upstream.idle_timeout,
+        };
+        let failed = |source| StartError::Upstream { name: name.clone(), source };
+        let built = match &upstream.kind {
+            UpstreamKind::Dir { .. } => Upstream::unix(name, dir::socket_path(name), timeouts),
+            UpstreamKind::Http(http) => {
+                let tls = http.tls.then(|| TlsSettings {
+                    sni: http.sni.clone(),
+                    ca_file: http.ca_file.clone(),
+                    insecure_skip_verify: http.insecure_skip_verify,
+                });
+                Upstream::http(
+                    name,
+                    &http.host,
+                    http.port,
+                    tls,
+                    http.host_header.clone(),
+                    &http.base_path,
+                    timeouts,
+                )
+                .map_err(failed)?
+            }
+            UpstreamKind::S3(s3) => {
+                match &s3.credentials {
+                    Some(credentials) => {
+                        info!(upstream = %name, bucket = %s3.bucket, credentials = %credentials.source, "S3 upstream: requests are signed")
+                    }
+                    None => {
+                        info!(upstream = %name, bucket = %s3.bucket, "S3 upstream: anonymous, requests go unsigned")
+                    }
+                }
+                Upstream::s3(name, s3, timeouts).map_err(failed)?
+            }
+        };
+        if built.skips_verification() {
+            warn!(upstream = %name, "TLS CERTIFICATE VERIFICATION IS OFF for this upstream (insecure_skip_verify = true): anyone on the path can impersonate it");
+        }
+        upstreams.insert(name.clone(), Arc::new(built));
+    }
+    let mut routes = Vec::with_capacity(config.routes.len());
+    for (index, (route, chain)) in config.routes.iter().zip(chains).enumerate() {
+        let Some(upstream) = upstreams.get(&route.upstream) else {
+            continue; // Config::load has refused unknown upstream names.
+        };
+        let mut built = Route::new(
+            route.host.clone(),
+            &route.path_prefix,
+            route.strip_prefix,
+            Arc::clone(upstream),
+            chain,
+        )
+        .map_err(|source| StartError::Route { index, source })?;
+        built.s3_client_keys = route.s3_client_keys.clone();
+        built.upstream_resume = route.upstream_resume;
+        if !built.chain.stages().is_empty() {
+            metrics.middleware_route(&built.name);
+        }
+        routes.push(built);
+    }
+    Ok(RouteTable::new(routes))
 }
 
 /// Runs until SIGTERM (graceful: new connections are refused, and the process ends when the
 /// responses in flight have, at most `grace_period` later), SIGINT (fast) or SIGQUIT (hand the
 /// listening sockets to a new process).
-pub fn run(config: &Config, registry: &StageRegistry) -> Result<(), StartError> {
-    let (server, endpoints, _store, metrics) = build(config, registry)?;
-    announce(&endpoints);
-    let watch = DrainOnTerminate { metrics, grace: config.server.grace_period };
-    server.run(RunArgs { shutdown_signal: Box::new(watch) });
+///
+/// SIGHUP reloads the config from `source` (the embedded default when `None`): see [`Reloader`].
+pub fn run(
+    config: &Config,
+    registry: StageRegistry,
+    source: Option<PathBuf>,
+) -> Result<(), StartError> {
+    let built = build(config, &registry)?;
+    announce(&built.endpoints);
+    let reloader = Reloader {
+        source,
+        registry,
+        running: config.clone(),
+        dirs: built.dirs,
+        routes: built.routes,
+        metrics: Arc::clone(&built.metrics),
+    };
+    reloader.watch_hangups();
+    let watch = DrainOnTerminate { metrics: built.metrics, grace: config.server.grace_period };
+    let _store = built.store;
+    built.server.run(RunArgs { shutdown_signal: Box::new(watch) });
     Ok(())
+}
+
+/// Reloads the config on SIGHUP, validating it first: the routes, their upstreams and their
+/// middleware are replaced whole, at once, and requests in flight finish on what they began
+/// with. A config with errors changes nothing (the errors are logged, each with its fix). What is
+/// read only at start — listeners, threads, the state store, the admin token, client limits,
+/// `dir` upstreams (each is a service of its own) — is kept; a change to it is logged as needing
+/// a restart.
+struct Reloader {
+    source: Option<PathBuf>,
+    registry: StageRegistry,
+    running: Config,
+    dirs: BTreeMap<String, PathBuf>,
+    routes: Arc<RouteSwitch>,
+    metrics: Arc<Metrics>,
+}
+
+impl Reloader {
+    fn watch_hangups(mut self) {
+        use tokio::signal::unix::{SignalKind, signal};
+        // The handler is in place before this returns, so a SIGHUP right after start reloads
+        // rather than ending the process (SIGHUP's default).
+        let watching = tokio::runtime::Builder::new_current_thread().enable_all().build().and_then(
+            |runtime| {
+                let hangups = {
+                    let _entered = runtime.enter();
+                    signal(SignalKind::hangup())?
+                };
+                Ok((runtime, hangups))
+            },
+        );
+        let (runtime, mut hangups) = match watching {
+            Ok(watching) => watching,
+            Err(e) => {
+                warn!(error = %e, "cannot watch for SIGHUP: reloading the config needs a restart");
+                return;
+            }
+        };
+        let watcher = move || {
+            runtime.block_on(async move {
+                while hangups.recv().await.is_some() {
+                    self.reload();
+                }
+            });
+        };
+        if let Err(e) = std::thread::Builder::new().name("rangeway-reload".into()).spawn(watcher) {
+            warn!(error = %e, "cannot watch for SIGHUP: reloading the config needs a restart");
+        }
+    }
+
+    fn reload(&mut self) {
+        let source = self
+            .source
+            .as_deref()
+            .map_or("the embedded default".into(), |p| p.display().to_string());
+        let kinds: Vec<&str> = self.registry.kinds().collect();
+        let loaded = match &self.source {
+            Some(path) => Config::load(path, &kinds),
+            None => Config::load_default(&kinds),
+        };
+        let checked = loaded.and_then(|config| {
+            let chains = config.build_chains(&self.registry)?;
+            Ok((config, chains))
+        });
+        let (config, chains) = match checked {
+            Ok(checked) => checked,
+            Err(errors) => {
+                warn!(config = %source, "SIGHUP: the config has errors, the running one stays:\n{errors}");
+                return;
+            }
+        };
+        let dirs: BTreeMap<String, PathBuf> = config
+            .upstreams
+            .iter()
+            .filter_map(|(name, u)| match &u.kind {
+                UpstreamKind::Dir { path } => Some((name.clone(), path.clone())),
+                _ => None,
+            })
+            .collect();
+        if dirs != self.dirs {
+            warn!(config = %source, "SIGHUP: the dir upstreams changed (added, removed or moved), which needs a restart; the running config stays");
+            return;
+        }
+        let table = match build_routes(&config, chains, &self.metrics) {
+            Ok(table) => table,
+            Err(e) => {
+                warn!(config = %source, error = %e, "SIGHUP: the config cannot be put in force, the running one stays");
+                return;
+            }
+        };
+        let count = config.routes.len();
+        self.routes.replace(table);
+        for part in restart_only_changes(&self.running, &config) {
+            warn!(config = %source, "SIGHUP: {part} changed, which takes effect at the next restart");
+        }
+        info!(config = %source, routes = count, upstreams = config.upstreams.len(), "SIGHUP: reloaded; new requests take the new routes");
+        self.running = config;
+    }
+}
+
+/// The settings of `new` that differ from `running` and are read only at start.
+fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
+    let (a, b) = (&running.server, &new.server);
+    let token =
+        |s: &crate::config::ServerConfig| s.admin_token.as_ref().map(|t| t.env_var().to_owned());
+    [
+        ("server.listen", a.listen != b.listen),
+        ("server.admin_listen", a.admin_listen != b.admin_listen),
+        ("server.threads", a.threads != b.threads),
+        ("server.grace_period", a.grace_period != b.grace_period),
+        ("server.max_ranges", a.max_ranges != b.max_ranges),
+        ("server.admin_token_env", token(a) != token(b)),
+        ("the client limits of [server]", a.client_limits != b.client_limits),
+        ("[state]", running.state != new.state),
+    ]
+    .into_iter()
+    .filter_map(|(part, changed)| changed.then_some(part))
+    .collect()
 }
 
 /// pingora's Unix signals, with a drain that ends with the last response.
@@ -328,7 +491,7 @@ pub struct Running {
 impl Running {
     /// Starts the server and waits until the proxy and admin listeners accept connections.
     pub fn start(config: &Config, registry: &StageRegistry) -> Result<Self, StartError> {
-        let (server, endpoints, store, _) = build(config, registry)?;
+        let Built { server, endpoints, store, .. } = build(config, registry)?;
         let (stop, stopped) = oneshot::channel();
         let watch = FastShutdownOn(Mutex::new(Some(stopped)));
         let thread = std::thread::Builder::new()
@@ -373,5 +536,28 @@ impl ShutdownSignalWatch for FastShutdownOn {
             let _ = receiver.await;
         }
         ShutdownSignal::FastShutdown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_names_what_only_a_restart_changes() {
+        let kinds = ["checksum", "gzip", "aes128gcm"];
+        let text = "[upstreams.o]\nurl = \"http://127.0.0.1:1\"\n[[routes]]\npath_prefix = \"/\"\nupstream = \"o\"\n";
+        let running = Config::from_toml_str(text, &kinds).expect("valid");
+        let same = Config::from_toml_str(&text.replace("/\"", "/x/\""), &kinds).expect("valid");
+        assert!(restart_only_changes(&running, &same).is_empty(), "routes reload");
+        let moved = Config::from_toml_str(
+            &format!("[server]\nlisten = \"127.0.0.1:1\"\nmax_header_fields = 9\n[state]\nttl = \"1h\"\n{text}"),
+            &kinds,
+        )
+        .expect("valid");
+        assert_eq!(
+            restart_only_changes(&running, &moved),
+            ["server.listen", "the client limits of [server]", "[state]"]
+        );
     }
 }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::config::AdminToken;
 use crate::proxy::path::NormalizedPath;
 use crate::proxy::representation::current_digests;
-use crate::proxy::routing::{Route, RouteTable};
+use crate::proxy::routing::{Route, RouteSwitch};
 use crate::state::{DownloadSession, StateStore, unix_now};
 use live::LiveResponses;
 use metrics::Metrics;
@@ -36,7 +36,7 @@ pub struct Admin {
     /// The public listener, probed by `/readyz`.
     proxy_addr: SocketAddr,
     store: Arc<dyn StateStore>,
-    routes: Arc<RouteTable>,
+    routes: Arc<RouteSwitch>,
     token: Option<AdminToken>,
     live: Arc<LiveResponses>,
 }
@@ -46,7 +46,7 @@ impl Admin {
         metrics: Arc<Metrics>,
         proxy_addr: SocketAddr,
         store: Arc<dyn StateStore>,
-        routes: Arc<RouteTable>,
+        routes: Arc<RouteSwitch>,
         token: Option<AdminToken>,
         live: Arc<LiveResponses>,
     ) -> Self {
@@ -149,14 +149,16 @@ impl Admin {
     /// path names (`?path=`, through the same routes as the proxy), with its route and path.
     fn object_key(&self, query: &str) -> Option<(String, Arc<Route>, String)> {
         if let Some(key) = param(query, "key") {
-            let (route, path) = self.routes.find_object(&key)?;
+            let routes = self.routes.current();
+            let (route, path) = routes.find_object(&key)?;
             return Some((key, Arc::clone(route), path.to_string()));
         }
         let raw = param(query, "path")?;
         let decoded = percent_encoding::percent_decode_str(&raw).decode_utf8().ok()?;
         let path = NormalizedPath::parse(&decoded).ok()?;
         let host = param(query, "host").map(|h| h.to_ascii_lowercase());
-        let route = self.routes.find(host.as_deref(), &path)?;
+        let routes = self.routes.current();
+        let route = routes.find(host.as_deref(), &path)?;
         Some((format!("{}|{path}", route.name), Arc::clone(route), path.to_string()))
     }
 

@@ -17,7 +17,7 @@ const BACKENDS: [&str; 2] = ["memory", "redis"];
 const REDIS_EXAMPLE: &str = "redis_url = \"redis://127.0.0.1:6379/0\"";
 
 /// `[state]`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StateConfig {
     pub backend: StateBackend,

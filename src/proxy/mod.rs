@@ -50,7 +50,7 @@ use path::NormalizedPath;
 use representation::{
     ChainPass, Known, ORIGIN_DIGEST_HEADERS, digest_headers, representation_etag, version_key,
 };
-use routing::{Route, RouteTable, request_host};
+use routing::{Route, RouteSwitch, request_host};
 
 /// The error of a body that fails the digest its origin published.
 const ORIGIN_DIGEST_MISMATCH: &str = "OriginDigestMismatch";
@@ -65,7 +65,7 @@ const HOP_BY_HOP: [&str; 6] =
 /// The proxy, built once from config and shared by every request.
 #[derive(Debug)]
 pub struct Rangeway {
-    routes: Arc<RouteTable>,
+    routes: Arc<RouteSwitch>,
     range_limits: RangeLimits,
     metrics: Arc<Metrics>,
     store: Arc<dyn StateStore>,
@@ -77,7 +77,7 @@ pub struct Rangeway {
 
 impl Rangeway {
     pub fn new(
-        routes: Arc<RouteTable>,
+        routes: Arc<RouteSwitch>,
         range_limits: RangeLimits,
         metrics: Arc<Metrics>,
         store: Arc<dyn StateStore>,
@@ -663,7 +663,8 @@ impl ProxyHttp for Rangeway {
             }
         };
         let host = request_host(req);
-        let Some(route) = self.routes.find(host.as_deref(), &path) else {
+        let routes = self.routes.current();
+        let Some(route) = routes.find(host.as_deref(), &path) else {
             respond(session, StatusCode::NOT_FOUND, "no route for this path\n", &[]).await?;
             return Ok(true);
         };

@@ -1,6 +1,6 @@
 //! The route table: which upstream serves a request, and under which path.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use rangeway_middleware::chain::Chain;
 
@@ -119,6 +119,25 @@ impl RouteTable {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.routes.iter()
+    }
+}
+
+/// The route table in force. A reload replaces it whole; a request keeps the table (and the
+/// routes, upstreams and stages) it began with until it ends.
+#[derive(Debug)]
+pub struct RouteSwitch(RwLock<Arc<RouteTable>>);
+
+impl RouteSwitch {
+    pub fn new(table: RouteTable) -> Self {
+        Self(RwLock::new(Arc::new(table)))
+    }
+
+    pub fn current(&self) -> Arc<RouteTable> {
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub fn replace(&self, table: RouteTable) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(table);
     }
 }
 

@@ -85,7 +85,9 @@ pub(crate) struct ProxyProcess {
     child: std::process::Child,
     proxy: SocketAddr,
     admin: SocketAddr,
-    _dir: super::tmp::TempDir,
+    /// The config's `[server]` section, which [`ProxyProcess::rewrite`] keeps.
+    server_section: String,
+    dir: super::tmp::TempDir,
 }
 
 impl ProxyProcess {
@@ -120,7 +122,7 @@ impl ProxyProcess {
         let (text, listen, admin) = config_text(server_keys, body);
         let dir = super::tmp::TempDir::new("rangeway-process");
         let config = dir.join("rangeway.toml");
-        std::fs::write(&config, text).expect("write the config");
+        std::fs::write(&config, &text).expect("write the config");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_rangeway"))
             .arg("serve")
             .arg("--config")
@@ -137,7 +139,8 @@ impl ProxyProcess {
             super::ports::wait_for_port(addr, std::time::Duration::from_secs(20))
                 .expect("rangeway listens");
         }
-        ProxyProcess { child, proxy, admin, _dir: dir }
+        let server_section = text[..text.len() - body.len()].to_owned();
+        ProxyProcess { child, proxy, admin, server_section, dir }
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
@@ -150,6 +153,13 @@ impl ProxyProcess {
 
     pub(crate) fn addr(&self) -> SocketAddr {
         self.proxy
+    }
+
+    /// Replaces the config file's upstreams and routes (etc.) with `body`, keeping `[server]`;
+    /// the process reads it at its next SIGHUP.
+    pub(crate) fn rewrite(&self, body: &str) {
+        let text = format!("{}{body}", self.server_section);
+        std::fs::write(self.dir.join("rangeway.toml"), text).expect("rewrite the config");
     }
 
     /// The process id, to read its /proc entries.
