@@ -26,13 +26,18 @@ struct Cli {
 enum Command {
     /// Run the proxy (and its admin listener) until stopped.
     ///
-    /// SIGTERM drains in-flight downloads for `server.grace_period`, SIGINT stops at once.
-    /// Logs go to stderr; filter them with RUST_LOG (e.g. RUST_LOG=rangeway=debug).
+    /// SIGTERM drains in-flight downloads for `server.grace_period`, SIGINT stops at once,
+    /// SIGHUP reloads the config, SIGQUIT hands the listening sockets to a process started with
+    /// `--upgrade`. Logs go to stderr; filter them with RUST_LOG (e.g. RUST_LOG=rangeway=debug).
     Serve {
         /// The TOML config; RANGEWAY__SECTION__KEY environment variables override it.
         /// Without it, the embedded default (config/default.toml, built in) is used.
         #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Take the listening sockets over from a running rangeway (zero-downtime upgrade):
+        /// start this, then send the old process SIGQUIT. Both use `server.upgrade_socket`.
+        #[arg(long)]
+        upgrade: bool,
     },
     /// Print a new random key for an aes128gcm route: base64url of 16 bytes, for a key file
     /// (alone, or as `ID=KEY` beside older keys) or a `key_env` variable.
@@ -87,12 +92,12 @@ fn main() -> ExitCode {
             }
             Err(errors) => config_failure(config.as_deref(), &errors),
         },
-        Command::Serve { config } => {
+        Command::Serve { config, upgrade } => {
             let loaded = match load(config.as_deref(), &registry) {
                 Ok(loaded) => loaded,
                 Err(errors) => return config_failure(config.as_deref(), &errors),
             };
-            match server::run(&loaded, registry, config) {
+            match server::run(&loaded, registry, config, upgrade) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("rangeway: cannot start: {e}");

@@ -5,9 +5,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{
     RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, UnixShutdownSignalWatch,
 };
@@ -78,7 +79,14 @@ pub struct Built {
 }
 
 /// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
-pub fn build(config: &Config, registry: &StageRegistry) -> Result<Built, StartError> {
+///
+/// With `upgrade`, the listening sockets are taken over from a running rangeway through
+/// `server.upgrade_socket` (which blocks until that process is sent SIGQUIT).
+pub fn build(
+    config: &Config,
+    registry: &StageRegistry,
+    upgrade: bool,
+) -> Result<Built, StartError> {
     let chains = config.build_chains(registry).map_err(StartError::Middleware)?;
     let store_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -97,9 +105,11 @@ pub fn build(config: &Config, registry: &StageRegistry) -> Result<Built, StartEr
         threads: config.server.threads.get(),
         grace_period_seconds: Some(grace),
         graceful_shutdown_timeout_seconds: Some(grace.max(1)),
+        upgrade_sock: config.server.upgrade_socket.to_string_lossy().into_owned(),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let options = Opt { upgrade, ..Opt::default() };
+    let mut server = Server::new_with_opt_and_conf(Some(options), conf);
     server.bootstrap();
 
     // A `dir` upstream is a service of the server, with its socket: made once, at start.
@@ -263,8 +273,9 @@ pub fn run(
     config: &Config,
     registry: StageRegistry,
     source: Option<PathBuf>,
+    upgrade: bool,
 ) -> Result<(), StartError> {
-    let built = build(config, &registry)?;
+    let built = build(config, &registry, upgrade)?;
     announce(&built.endpoints);
     let reloader = Reloader {
         source,
@@ -391,6 +402,7 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("server.grace_period", a.grace_period != b.grace_period),
         ("server.max_ranges", a.max_ranges != b.max_ranges),
         ("server.admin_token_env", token(a) != token(b)),
+        ("server.upgrade_socket", a.upgrade_socket != b.upgrade_socket),
         ("the client limits of [server]", a.client_limits != b.client_limits),
         ("[state]", running.state != new.state),
     ]
@@ -408,24 +420,36 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
 /// pingora's grace period runs out as before.
 struct DrainOnTerminate {
     metrics: Arc<Metrics>,
-    grace: std::time::Duration,
+    grace: Duration,
 }
 
 #[async_trait]
 impl ShutdownSignalWatch for DrainOnTerminate {
     async fn recv(&self) -> ShutdownSignal {
         let signal = UnixShutdownSignalWatch.recv().await;
-        if matches!(signal, ShutdownSignal::GracefulTerminate) {
-            watch_drain(Arc::clone(&self.metrics), self.grace);
+        match signal {
+            ShutdownSignal::GracefulTerminate => {
+                watch_drain(Arc::clone(&self.metrics), self.grace, Duration::ZERO);
+            }
+            // pingora hands the sockets over, then keeps accepting beside the new process for
+            // its close timeout (5 s) before it stops: the drain begins after that.
+            ShutdownSignal::GracefulUpgrade => {
+                watch_drain(Arc::clone(&self.metrics), self.grace, UPGRADE_CLOSE_TIMEOUT);
+            }
+            _ => {}
         }
         signal
     }
 }
 
-/// Ends the process when the drain is over; see [`DrainOnTerminate`].
-fn watch_drain(metrics: Arc<Metrics>, grace: std::time::Duration) {
+/// How long pingora keeps accepting after it handed its sockets to a new process.
+const UPGRADE_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Ends the process when the drain, beginning `after` from now, is over; see
+/// [`DrainOnTerminate`].
+fn watch_drain(metrics: Arc<Metrics>, grace: Duration, after: Duration) {
     use tokio::signal::unix::{SignalKind, signal};
-    use tokio::time::{Duration, sleep};
+    use tokio::time::sleep;
     let watcher = move || {
         // pingora's own runtime is no longer driven once the signal is handed over.
         let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
@@ -437,6 +461,7 @@ fn watch_drain(metrics: Arc<Metrics>, grace: std::time::Duration) {
             else {
                 return;
             };
+            sleep(after).await;
             info!(in_flight = metrics.in_flight(), ?grace, "draining: new connections are refused");
             // Idle twice in a row, so that a request read just as the listeners closed counts.
             let drained = async {
@@ -491,7 +516,7 @@ pub struct Running {
 impl Running {
     /// Starts the server and waits until the proxy and admin listeners accept connections.
     pub fn start(config: &Config, registry: &StageRegistry) -> Result<Self, StartError> {
-        let Built { server, endpoints, store, .. } = build(config, registry)?;
+        let Built { server, endpoints, store, .. } = build(config, registry, false)?;
         let (stop, stopped) = oneshot::channel();
         let watch = FastShutdownOn(Mutex::new(Some(stopped)));
         let thread = std::thread::Builder::new()

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::read::{Ctx, Field, Read, Table};
@@ -16,6 +17,7 @@ const DEFAULT_ADMIN_LISTEN: SocketAddr =
 const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
 const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
 const DEFAULT_MAX_RANGES: usize = 16;
+const DEFAULT_UPGRADE_SOCKET: &str = "/tmp/rangeway-upgrade.sock";
 const MAX_RANGES_LIMIT: usize = 1000;
 /// Far above any machine this runs on; only there to catch a typo such as `threads = 80000`.
 const MAX_THREADS: usize = 1024;
@@ -39,6 +41,10 @@ pub struct ServerConfig {
     pub max_ranges: usize,
     /// What one client may cost.
     pub client_limits: ClientLimits,
+    /// `upgrade_socket`: where a process started with `--upgrade` receives the listening sockets
+    /// of this one when it gets SIGQUIT. Default `/tmp/rangeway-upgrade.sock`; instances on one
+    /// machine each need their own.
+    pub upgrade_socket: PathBuf,
 }
 
 /// Bounds on what one client connection may cost, whatever it does.
@@ -142,6 +148,21 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<ServerConfig> 
         .take("max_ranges")
         .map_or(Ok(DEFAULT_MAX_RANGES), |f| f.integer(ctx, 1..=MAX_RANGES_LIMIT, "16"));
     let client_limits = read_client_limits(ctx, &mut table);
+    let upgrade_socket =
+        table.take("upgrade_socket").map_or(Ok(PathBuf::from(DEFAULT_UPGRADE_SOCKET)), |f| {
+            let (path, origin) = (f.path.clone(), f.origin().clone());
+            let text = f.string(ctx, "\"/run/rangeway/upgrade.sock\"")?;
+            // A Unix socket path holds at most 107 bytes (sun_path).
+            if text.is_empty() || text.len() > 107 || text.contains('\0') {
+                return Err(ctx.report(
+                &path,
+                &origin,
+                "is not a usable Unix socket path (1 to 107 bytes)",
+                "use a short absolute path, e.g. upgrade_socket = \"/run/rangeway/upgrade.sock\"",
+            ));
+            }
+            Ok(PathBuf::from(text))
+        });
     table.finish(ctx);
 
     let (listen, admin_listen) = (listen?, admin_listen?);
@@ -164,6 +185,7 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<ServerConfig> 
         grace_period: grace_period?,
         max_ranges: max_ranges?,
         client_limits: client_limits?,
+        upgrade_socket: upgrade_socket?,
     })
 }
 

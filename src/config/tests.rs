@@ -1539,3 +1539,18 @@ fn client_limits() {
         expect_errors(&format!("[server]\n{server}\n{UPSTREAMS}{ROUTE}"), expected);
     }
 }
+
+#[test]
+fn upgrade_socket() {
+    let config = load_ok(&format!("{UPSTREAMS}{ROUTE}"));
+    assert_eq!(config.server.upgrade_socket, Path::new("/tmp/rangeway-upgrade.sock"));
+    let text = format!("[server]\nupgrade_socket = \"/run/rw/up.sock\"\n{UPSTREAMS}{ROUTE}");
+    assert_eq!(load_ok(&text).server.upgrade_socket, Path::new("/run/rw/up.sock"));
+    let long = format!("/{}", "a".repeat(120));
+    for bad in ["", long.as_str()] {
+        expect_errors(
+            &format!("[server]\nupgrade_socket = \"{bad}\"\n{UPSTREAMS}{ROUTE}"),
+            &[("server.upgrade_socket", "is not a usable Unix socket path")],
+        );
+    }
+}

@@ -107,6 +107,13 @@ pub(crate) fn head(url: &str, headers: &[(&str, &str)]) -> Response {
     send("HEAD", url, headers)
 }
 
+/// GET `url` without headers; `None` on any connection error, for tests that count failures.
+pub(crate) fn try_get(url: &str) -> Option<Response> {
+    let (authority, target) = split_url(url);
+    let addr = authority.to_socket_addrs().ok()?.next()?;
+    request(addr, &RawRequest::get(target).header("Host", authority)).ok()
+}
+
 fn send(method: &str, url: &str, headers: &[(&str, &str)]) -> Response {
     let (authority, target) = split_url(url);
     let addr = authority

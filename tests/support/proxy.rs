@@ -162,6 +162,29 @@ impl ProxyProcess {
         std::fs::write(self.dir.join("rangeway.toml"), text).expect("rewrite the config");
     }
 
+    /// Starts a second rangeway with this one's config and `--upgrade`, logging to `log`: it
+    /// takes the listening sockets over once this one gets SIGQUIT.
+    pub(crate) fn upgrade(&self, log: &std::path::Path) -> ProxyProcess {
+        let dir = super::tmp::TempDir::new("rangeway-upgrade");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_rangeway"))
+            .arg("serve")
+            .arg("--config")
+            .arg(self.dir.join("rangeway.toml"))
+            .arg("--upgrade")
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log).expect("create the log file"))
+            .spawn()
+            .expect("spawn rangeway --upgrade");
+        ProxyProcess {
+            child,
+            proxy: self.proxy,
+            admin: self.admin,
+            server_section: self.server_section.clone(),
+            dir,
+        }
+    }
+
     /// The process id, to read its /proc entries.
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
