@@ -75,7 +75,7 @@ pub struct Built {
     /// The route table in force, which a reload replaces.
     pub routes: Arc<RouteSwitch>,
     /// The `dir` upstreams served, by name: their services cannot change while running.
-    pub dirs: BTreeMap<String, PathBuf>,
+    pub dirs: BTreeMap<String, DirService>,
 }
 
 /// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
@@ -132,13 +132,14 @@ pub fn build(
             path: path.clone(),
             source,
         })?;
+        let socket = dir::socket_path(name);
         let mut service = Service::new(format!("dir origin {name}"), origin);
-        service.add_uds(&dir::socket_path(name).to_string_lossy(), None);
+        service.add_uds(&socket.to_string_lossy(), None);
         service.threads = Some(1);
         server.add_service(service);
-        dirs.insert(name.clone(), path.clone());
+        dirs.insert(name.clone(), DirService { folder: path.clone(), socket });
     }
-    let table = build_routes(config, chains, &metrics)?;
+    let table = build_routes(config, chains, &dirs, &metrics)?;
     let samples = config
         .routes
         .iter()
@@ -189,11 +190,19 @@ pub fn build(
     })
 }
 
+/// A `dir` upstream's folder, and the socket of the service that serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirService {
+    folder: PathBuf,
+    socket: PathBuf,
+}
+
 /// The upstreams and routes of `config`, with their middleware (`chains`, one per route).
-/// `dir` upstreams are reached over the socket of the service [`build`] made for them.
+/// `dir` upstreams are reached over the socket of the service [`build`] made for them (`dirs`).
 fn build_routes(
     config: &Config,
     chains: Vec<Chain>,
+    dirs: &BTreeMap<String, DirService>,
     metrics: &Metrics,
 ) -> Result<RouteTable, StartError> {
     let mut upstreams = BTreeMap::new();
@@ -206,7 +215,11 @@ fn build_routes(
         };
         let failed = |source| StartError::Upstream { name: name.clone(), source };
         let built = match &upstream.kind {
-            UpstreamKind::Dir { .. } => Upstream::unix(name, dir::socket_path(name), timeouts),
+            UpstreamKind::Dir { .. } => match dirs.get(name) {
+                Some(service) => Upstream::unix(name, service.socket.clone(), timeouts),
+                // The caller has checked that every dir upstream has its service.
+                None => continue,
+            },
             UpstreamKind::Http(http) => {
                 let tls = http.tls.then(|| TlsSettings {
                     sni: http.sni.clone(),
@@ -302,7 +315,7 @@ struct Reloader {
     source: Option<PathBuf>,
     registry: StageRegistry,
     running: Config,
-    dirs: BTreeMap<String, PathBuf>,
+    dirs: BTreeMap<String, DirService>,
     routes: Arc<RouteSwitch>,
     metrics: Arc<Metrics>,
 }
@@ -361,19 +374,21 @@ impl Reloader {
                 return;
             }
         };
-        let dirs: BTreeMap<String, PathBuf> = config
+        let folders: BTreeMap<&String, &PathBuf> = config
             .upstreams
             .iter()
             .filter_map(|(name, u)| match &u.kind {
-                UpstreamKind::Dir { path } => Some((name.clone(), path.clone())),
+                UpstreamKind::Dir { path } => Some((name, path)),
                 _ => None,
             })
             .collect();
-        if dirs != self.dirs {
+        let served: BTreeMap<&String, &PathBuf> =
+            self.dirs.iter().map(|(name, service)| (name, &service.folder)).collect();
+        if folders != served {
             warn!(config = %source, "SIGHUP: the dir upstreams changed (added, removed or moved), which needs a restart; the running config stays");
             return;
         }
-        let table = match build_routes(&config, chains, &self.metrics) {
+        let table = match build_routes(&config, chains, &self.dirs, &self.metrics) {
             Ok(table) => table,
             Err(e) => {
                 warn!(config = %source, error = %e, "SIGHUP: the config cannot be put in force, the running one stays");

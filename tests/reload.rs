@@ -12,9 +12,11 @@ use support::origin::{Behaviour, Origin};
 use support::proxy::ProxyProcess;
 use support::tmp::TempDir;
 
-fn routes(origin: &Origin, prefix: &str) -> String {
+/// An http upstream under `prefix`, and a `dir` upstream (`folder`) under `/files/`.
+fn routes_with(origin: &Origin, prefix: &str, folder: &std::path::Path) -> String {
     format!(
-        "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"{prefix}\"\nupstream = \"origin\"\nstrip_prefix = true\n",
+        "[upstreams.local]\ndir = \"{}\"\n\n[[routes]]\npath_prefix = \"/files/\"\nupstream = \"local\"\nstrip_prefix = true\n\n[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"{prefix}\"\nupstream = \"origin\"\nstrip_prefix = true\n",
+        folder.display(),
         origin.base_url()
     )
 }
@@ -38,6 +40,10 @@ fn sighup_reloads_routes_and_keeps_them_when_the_new_config_is_wrong() {
     origin.put("/a.bin", object.clone());
     let logs = TempDir::new("reload-log");
     let log = logs.join("rangeway.log");
+    let folder = logs.join("files");
+    std::fs::create_dir(&folder).expect("folder");
+    std::fs::write(folder.join("f.txt"), b"from the folder\n").expect("write");
+    let routes = |origin: &Origin, prefix: &str| routes_with(origin, prefix, &folder);
     let process = ProxyProcess::start_logged(&routes(&origin, "/old/"), &[], &log);
     assert_eq!(get(&process.url("/old/a.bin"), &[]).status, 200);
 
@@ -54,6 +60,8 @@ fn sighup_reloads_routes_and_keeps_them_when_the_new_config_is_wrong() {
     process.signal("HUP");
     assert!(until_status(&process.url("/new/a.bin"), 200), "the new route never came");
     assert_eq!(get(&process.url("/old/a.bin"), &[]).status, 404, "the old route is gone");
+    let from_folder = get(&process.url("/files/f.txt"), &[]);
+    assert_eq!(from_folder.body, b"from the folder\n", "the dir upstream still serves");
     let finished = in_flight.join().expect("the download thread");
     assert!(finished.complete && finished.status == 200);
     assert_eq!(sha256_hex(&finished.body), sha256_hex(&object), "finished on its old route");
@@ -71,7 +79,17 @@ fn sighup_reloads_routes_and_keeps_them_when_the_new_config_is_wrong() {
     let text = std::fs::read_to_string(&log).expect("the log");
     assert!(text.contains("SIGHUP: reloaded"), "{text}");
     assert!(text.contains("the config has errors, the running one stays"), "{text}");
-    assert!(text.contains("routes[0].middleware[0].level"), "the error names the key: {text}");
+    assert!(text.contains("routes[1].middleware[0].level"), "the error names the key: {text}");
+
+    // A dir upstream moved elsewhere needs a restart: nothing changes.
+    let elsewhere = logs.join("elsewhere");
+    process.rewrite(&routes_with(&origin, "/moved/", &elsewhere));
+    process.signal("HUP");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(get(&process.url("/moved/a.bin"), &[]).status, 404);
+    assert_eq!(get(&process.url("/files/f.txt"), &[]).status, 200);
+    let text = std::fs::read_to_string(&log).expect("the log");
+    assert!(text.contains("the dir upstreams changed"), "{text}");
 
     // Fixed again, it reloads.
     process.rewrite(&routes(&origin, "/third/"));
