@@ -12,6 +12,7 @@ use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{
     RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, UnixShutdownSignalWatch,
 };
+use pingora_core::services::background::background_service;
 use pingora_core::services::listening::Service;
 use rangeway_middleware::chain::{Chain, StageRegistry};
 use rangeway_middleware::rfc9110::RangeLimits;
@@ -22,11 +23,12 @@ use crate::admin::Admin;
 use crate::admin::live::LiveResponses;
 use crate::admin::metrics::Metrics;
 use crate::admission::Admission;
-use crate::config::{Config, UpstreamKind};
+use crate::config::{Config, HttpUpstream, UpstreamKind};
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Rangeway;
+use crate::proxy::health::HealthChecks;
 use crate::proxy::routing::{Route, RouteSwitch, RouteTable};
-use crate::proxy::upstream::{Timeouts, TlsSettings, Upstream, UpstreamError};
+use crate::proxy::upstream::{ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError};
 use crate::state::{self, StoreError};
 
 /// Why rangeway could not start. Config problems are caught earlier by `Config::load`; these are
@@ -150,6 +152,7 @@ pub fn build(
 
     let routes = Arc::new(RouteSwitch::new(table));
     let routes_in_force = Arc::clone(&routes);
+    server.add_service(background_service("health checks", HealthChecks::new(Arc::clone(&routes))));
     let live = Arc::new(LiveResponses::new());
     let proxy = Rangeway::new(
         Arc::clone(&routes),
@@ -221,21 +224,13 @@ fn build_routes(
                 None => continue,
             },
             UpstreamKind::Http(http) => {
-                let tls = http.tls.then(|| TlsSettings {
-                    sni: http.sni.clone(),
-                    ca_file: http.ca_file.clone(),
-                    insecure_skip_verify: http.insecure_skip_verify,
-                });
-                Upstream::http(
-                    name,
-                    &http.host,
-                    http.port,
-                    tls,
-                    http.host_header.clone(),
-                    &http.base_path,
-                    timeouts,
-                )
-                .map_err(failed)?
+                let spec = replica_spec(http);
+                Upstream::replicas(name, vec![spec], &http.base_path, timeouts).map_err(failed)?
+            }
+            UpstreamKind::Replicas(replicas) => {
+                let base_path = replicas.first().map_or("", |r| r.base_path.as_str());
+                let specs = replicas.iter().map(replica_spec).collect();
+                Upstream::replicas(name, specs, base_path, timeouts).map_err(failed)?
             }
             UpstreamKind::S3(s3) => {
                 match &s3.credentials {
@@ -252,6 +247,7 @@ fn build_routes(
         if built.skips_verification() {
             warn!(upstream = %name, "TLS CERTIFICATE VERIFICATION IS OFF for this upstream (insecure_skip_verify = true): anyone on the path can impersonate it");
         }
+        let built = built.with_health_check(upstream.health_check.clone());
         upstreams.insert(name.clone(), Arc::new(built));
     }
     let mut routes = Vec::with_capacity(config.routes.len());
@@ -275,6 +271,19 @@ fn build_routes(
         routes.push(built);
     }
     Ok(RouteTable::new(routes))
+}
+
+fn replica_spec(http: &HttpUpstream) -> ReplicaSpec {
+    ReplicaSpec {
+        host: http.host.clone(),
+        port: http.port,
+        tls: http.tls.then(|| TlsSettings {
+            sni: http.sni.clone(),
+            ca_file: http.ca_file.clone(),
+            insecure_skip_verify: http.insecure_skip_verify,
+        }),
+        host_header: http.host_header.clone(),
+    }
 }
 
 /// Runs until SIGTERM (graceful: new connections are refused, and the process ends when the

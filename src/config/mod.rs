@@ -63,7 +63,7 @@ pub use secret::Secret;
 pub use server::{AdminToken, ClientLimits, ServerConfig};
 pub use state::{RedisTarget, RedisUrl, StateBackend, StateConfig};
 pub use units::{UnitError, parse_duration, parse_size};
-pub use upstream::{HttpUpstream, UpstreamConfig, UpstreamKind};
+pub use upstream::{HealthCheck, HttpUpstream, UpstreamConfig, UpstreamKind};
 
 use read::{Ctx, Read, Table};
 use tree::Env;

@@ -175,6 +175,7 @@ fn design_example_parses_to_typed_values() {
         read_timeout: Duration::from_secs(60),
         write_timeout: Duration::from_secs(60),
         idle_timeout: Duration::from_secs(60),
+        health_check: None,
     };
     let expected = BTreeMap::from([
         (
@@ -345,6 +346,7 @@ fn every_field_set() {
             read_timeout: Duration::from_secs(300),
             write_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(90),
+            health_check: None,
         }
     );
     assert_eq!(
@@ -1553,4 +1555,49 @@ fn upgrade_socket() {
             &[("server.upgrade_socket", "is not a usable Unix socket path")],
         );
     }
+}
+
+#[test]
+fn replicas_and_health_checks() {
+    let text = "[upstreams.pool]\nurls = [\"http://10.0.0.1:9000/b\", \"https://cdn.example.com/b\"]\n\
+                [upstreams.pool.health_check]\npath = \"/healthz\"\ninterval = \"2s\"\n\n\
+                [[routes]]\npath_prefix = \"/\"\nupstream = \"pool\"\n";
+    let config = load_ok(text);
+    let pool = &config.upstreams["pool"];
+    let UpstreamKind::Replicas(replicas) = &pool.kind else { panic!("{pool:?}") };
+    assert_eq!(replicas.len(), 2);
+    assert_eq!((replicas[0].tls, replicas[0].sni.as_deref()), (false, None));
+    assert_eq!((replicas[1].tls, replicas[1].sni.as_deref()), (true, Some("cdn.example.com")));
+    assert_eq!(replicas[1].host_header, "cdn.example.com");
+    assert!(replicas.iter().all(|r| r.base_path == "/b"));
+    let check = pool.health_check.as_ref().expect("a health check");
+    assert_eq!(
+        (check.path.as_str(), check.interval, check.timeout),
+        ("/healthz", Duration::from_secs(2), Duration::from_secs(2))
+    );
+
+    let route = "\n[[routes]]\npath_prefix = \"/\"\nupstream = \"pool\"\n";
+    let cases: [(&str, &[(&str, &str)]); 6] = [
+        ("urls = []", &[("upstreams.pool.urls", "non-empty list")]),
+        ("urls = [\"http://a/x\", \"http://b/y\"]", &[("upstreams.pool.urls", "different paths")]),
+        ("urls = [\"http://a\", 5]", &[("upstreams.pool.urls[1]", "expected a url string")]),
+        ("urls = [\"ftp://a\"]", &[("upstreams.pool.urls[0]", "ftp:// is not supported")]),
+        (
+            "url = \"http://a\"\nurls = [\"http://b\"]",
+            &[("upstreams.pool.urls", "cannot be combined")],
+        ),
+        (
+            "dir = \"./data\"\nhealth_check = { path = \"/\" }",
+            &[("upstreams.pool.health_check", "nothing to check")],
+        ),
+    ];
+    for (upstream, expected) in cases {
+        expect_errors(&format!("[upstreams.pool]\n{upstream}\n{route}"), expected);
+    }
+    expect_errors(
+        &format!(
+            "[upstreams.pool]\nurl = \"http://a\"\nhealth_check = {{ path = \"health\" }}\n{route}"
+        ),
+        &[("upstreams.pool.health_check.path", "is not a request path")],
+    );
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::host::{Host, split_host_port};
 use super::read::{Ctx, Field, Read, Table, key_path};
 use super::s3::{self, S3Fields, S3Upstream};
-use super::tree::Node;
+use super::tree::{Kind, Node};
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
@@ -36,6 +36,21 @@ pub struct UpstreamConfig {
     pub write_timeout: Duration,
     /// How long a pooled keep-alive connection may stay idle. Default 60s.
     pub idle_timeout: Duration,
+    /// `[upstreams.NAME.health_check]`: probe every replica in the background.
+    pub health_check: Option<HealthCheck>,
+}
+
+/// Active health checks of an upstream's replicas: a `GET` of `path` every `interval`; a replica
+/// that does not answer 2xx within `timeout` gets no requests until it does again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HealthCheck {
+    /// Starts with `/`. Default `/`.
+    pub path: String,
+    /// Default 5s.
+    pub interval: Duration,
+    /// Default 2s.
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +63,9 @@ pub enum UpstreamKind {
     Dir { path: PathBuf },
     /// An S3-compatible store (`url = ...` with `bucket = ...`), whose requests rangeway signs.
     S3(S3Upstream),
+    /// Replicas of one origin holding the same objects (`urls = [...]`): requests go round the
+    /// healthy ones, and a body one of them breaks off may be continued from another.
+    Replicas(Vec<HttpUpstream>),
 }
 
 /// An HTTP(S) origin, from `url = "http(s)://host[:port][/base]"`.
@@ -154,7 +172,9 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
     let mut table =
         Table::new(ctx, path, header.clone(), node, &format!("{header} with url = {URL_EXAMPLE}"))?;
     let url = table.take("url");
+    let urls = table.take("urls");
     let dir = table.take("dir");
+    let health_check = table.take("health_check");
     let ca_file = table.take("ca_file");
     let insecure_skip_verify = table.take("insecure_skip_verify");
     let sni = table.take("sni");
@@ -182,12 +202,31 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
         s3_fields.refuse(ctx);
         None
     };
-    let kind = match (url, dir, s3_fields) {
-        (Some(url), None, Some(s3_fields)) => {
+    let health_check = health_check.map(|f| read_health_check(ctx, f)).transpose();
+    let kind = match (urls, url, dir, s3_fields) {
+        (Some(urls), None, None, s3) => {
+            if s3.is_some() {
+                ctx.report(
+                    &urls.path,
+                    urls.origin(),
+                    "an S3 upstream has one endpoint",
+                    "use url = the S3 endpoint",
+                );
+            }
+            read_replicas(ctx, urls, [ca_file, insecure_skip_verify, sni], host_header)
+                .map(UpstreamKind::Replicas)
+        }
+        (Some(urls), _, _, _) => Err(ctx.report(
+            &urls.path,
+            urls.origin(),
+            "urls cannot be combined with url or dir",
+            "keep urls (every replica) and remove url",
+        )),
+        (None, Some(url), None, Some(s3_fields)) => {
             let endpoint = read_http(ctx, &url, [ca_file, insecure_skip_verify, sni]);
             s3::read(ctx, path, endpoint, Some(&url), s3_fields, host_header).map(UpstreamKind::S3)
         }
-        (Some(url), None, None) => {
+        (None, Some(url), None, None) => {
             let http = read_http(ctx, &url, [ca_file, insecure_skip_verify, sni]);
             let host_header = host_header.map(|f| read_host_header(ctx, f)).transpose();
             http.and_then(|mut http| {
@@ -197,12 +236,12 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
                 Ok(UpstreamKind::Http(http))
             })
         }
-        (None, Some(_), Some(_)) => Err(ctx.report_at(
+        (None, None, Some(_), Some(_)) => Err(ctx.report_at(
             path,
             "has bucket but dir instead of url",
             "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
         )),
-        (None, Some(dir), None) => {
+        (None, None, Some(dir), None) => {
             let http_only = [ca_file, insecure_skip_verify, sni, host_header];
             for field in http_only.into_iter().flatten() {
                 ctx.report(
@@ -214,13 +253,13 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
             }
             read_dir(ctx, dir)
         }
-        (Some(_), Some(dir), _) => Err(ctx.report(
+        (None, Some(_), Some(dir), _) => Err(ctx.report(
             path,
             dir.origin(),
             "has both url and dir",
             "keep one: url for an HTTP(S) origin, dir for a local folder",
         )),
-        (None, None, _) => Err(ctx.report_at(
+        (None, None, None, _) => Err(ctx.report_at(
             path,
             "has neither url nor dir",
             format!(
@@ -229,14 +268,147 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
             ),
         )),
     };
+    let kind = kind?;
+    let health_check = health_check?;
+    if let (UpstreamKind::Dir { .. }, Some(_)) = (&kind, &health_check) {
+        return Err(ctx.report_at(
+            &key_path(path, "health_check"),
+            "a dir upstream is a local folder, with nothing to check",
+            "remove health_check",
+        ));
+    }
     Ok(UpstreamConfig {
         name: name.to_owned(),
-        kind: kind?,
+        kind,
         connect_timeout: connect_timeout?,
         read_timeout: read_timeout?,
         write_timeout: write_timeout?,
         idle_timeout: idle_timeout?,
+        health_check,
     })
+}
+
+fn read_health_check(ctx: &mut Ctx<'_>, field: Field) -> Read<HealthCheck> {
+    let header = format!("[{}]", field.path);
+    let mut table = Table::new(
+        ctx,
+        &field.path.clone(),
+        header,
+        field.node,
+        "[upstreams.NAME.health_check] with path = \"/healthz\"",
+    )?;
+    let path = table.take("path").map_or(Ok("/".to_owned()), |f| {
+        let (at, origin) = (f.path.clone(), f.origin().clone());
+        let path = f.string(ctx, "\"/healthz\"")?;
+        let valid =
+            path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#');
+        if valid {
+            Ok(path)
+        } else {
+            Err(ctx.report(
+                &at,
+                &origin,
+                format!("{path:?} is not a request path"),
+                "write a path starting with '/', e.g. path = \"/healthz\"",
+            ))
+        }
+    });
+    let bounds = "from \"10ms\" to \"1h\"";
+    let range = Duration::from_millis(10)..=Duration::from_secs(3600);
+    let interval = table
+        .take("interval")
+        .map_or(Ok(Duration::from_secs(5)), |f| f.duration(ctx, range.clone(), bounds));
+    let timeout = table
+        .take("timeout")
+        .map_or(Ok(Duration::from_secs(2)), |f| f.duration(ctx, range, bounds));
+    table.finish(ctx);
+    Ok(HealthCheck { path: path?, interval: interval?, timeout: timeout? })
+}
+
+/// `urls = [...]`: replicas of one origin. Their paths must agree (a route's paths are written
+/// under it), the TLS keys apply to the https ones, and `host_header` to all.
+fn read_replicas(
+    ctx: &mut Ctx<'_>,
+    urls: Field,
+    [ca_file, insecure, sni]: [Option<Field>; 3],
+    host_header: Option<Field>,
+) -> Read<Vec<HttpUpstream>> {
+    let example = "urls = [\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
+    let items = match urls.node.kind {
+        Kind::Array(items) if !items.is_empty() => items,
+        _ => {
+            return Err(ctx.report(
+                &urls.path,
+                &urls.node.origin,
+                "expected a non-empty list of urls",
+                format!("write {example}"),
+            ));
+        }
+    };
+    let mut parsed = Vec::with_capacity(items.len());
+    let mut failed = None;
+    for (index, item) in items.into_iter().enumerate() {
+        let at = format!("{}[{index}]", urls.path);
+        let text = match item.kind {
+            Kind::Str(text) => text,
+            _ => {
+                failed = Some(ctx.report(&at, &item.origin, "expected a url string", example));
+                continue;
+            }
+        };
+        match parse_http_url(&text) {
+            Ok(url) => parsed.push(url),
+            Err((problem, fix)) => failed = Some(ctx.report(&at, &item.origin, problem, fix)),
+        }
+    }
+    let explicit_sni = sni.is_some();
+    let tls = match parsed.iter().find(|u| u.tls) {
+        Some(first) => {
+            let host = first.host.clone();
+            read_tls(ctx, &host, [ca_file, insecure, sni])
+        }
+        None => {
+            for field in [ca_file, insecure, sni].into_iter().flatten() {
+                ctx.report(
+                    &field.path,
+                    field.origin(),
+                    format!("{} applies to https:// urls only", field.key),
+                    "remove it, or use https:// urls",
+                );
+            }
+            Ok(Tls::default())
+        }
+    };
+    let host_header = host_header.map(|f| read_host_header(ctx, f)).transpose();
+    if let Some(reported) = failed {
+        return Err(reported);
+    }
+    if parsed.windows(2).any(|pair| pair[0].base_path != pair[1].base_path) {
+        return Err(ctx.report(
+            &urls.path,
+            &urls.node.origin,
+            "the urls have different paths",
+            "give every replica the same path (or none): a route's paths are written under it",
+        ));
+    }
+    let (tls, host_header) = (tls?, host_header?);
+    Ok(parsed
+        .into_iter()
+        .map(|url| HttpUpstream {
+            tls: url.tls,
+            sni: match (url.tls, explicit_sni) {
+                (false, _) => None,
+                (true, true) => tls.sni.clone(),
+                (true, false) => url.host.is_name().then(|| url.host.bare()),
+            },
+            ca_file: tls.ca_file.clone().filter(|_| url.tls),
+            insecure_skip_verify: tls.insecure_skip_verify && url.tls,
+            host: url.host.bare(),
+            port: url.port,
+            base_path: url.base_path,
+            host_header: host_header.clone().unwrap_or(url.authority),
+        })
+        .collect())
 }
 
 fn read_http(ctx: &mut Ctx<'_>, url: &Field, tls_fields: [Option<Field>; 3]) -> Read<HttpUpstream> {

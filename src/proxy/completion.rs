@@ -88,12 +88,13 @@ impl Completions {
         let Some(from) = known.completion_start(&route.chain, version.size) else {
             return Ok(());
         };
-        let mut request = route.upstream.request("GET", &target)?;
+        let replica = route.upstream.choose();
+        let mut request = route.upstream.request("GET", &target, replica)?;
         request.insert_header(header::RANGE, format!("bytes={from}-"))?;
         // The version the facts are about, or nothing.
         request.insert_header(header::IF_MATCH, etag)?;
         request.insert_header(header::ACCEPT_ENCODING, "identity")?;
-        let mut exchange = self.client.send(&route.upstream, request).await?;
+        let mut exchange = self.client.send(&route.upstream, replica, request).await?;
         let upstream = &mut exchange.session;
         let answer = upstream.response_header().map(|r| {
             let range = r

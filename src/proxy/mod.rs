@@ -9,6 +9,7 @@
 
 mod completion;
 pub mod download;
+pub mod health;
 mod negotiation;
 mod origin_client;
 pub mod path;
@@ -149,6 +150,8 @@ pub struct RequestCtx {
     coding_declined: bool,
     /// This response's progress, shown by the admin API while it is in flight.
     live: Option<LiveGuard>,
+    /// Which replica of the route's upstream the request went to.
+    replica: usize,
 }
 
 /// A full pass of an upstream body checked against the digest its origin published for it.
@@ -262,6 +265,7 @@ impl Default for RequestCtx {
             forget_stage: None,
             coding_declined: false,
             live: None,
+            replica: 0,
         }
     }
 }
@@ -780,7 +784,25 @@ impl ProxyHttp for Rangeway {
             .route
             .as_ref()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        route.upstream.peer().await
+        ctx.replica = route.upstream.choose();
+        route.upstream.peer(ctx.replica).await
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let Some(upstream) = ctx.route.as_ref().map(|route| &route.upstream)
+            && upstream.replica_count() > 1
+        {
+            // Nothing was sent: another replica can take the request.
+            upstream.failed(ctx.replica);
+            e.set_retry(true);
+        }
+        e
     }
 
     async fn connected_to_upstream(
@@ -812,7 +834,7 @@ impl ProxyHttp for Rangeway {
             .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
         upstream_request.set_uri(uri);
         let original_host = upstream_request.headers.get(header::HOST).cloned();
-        upstream_request.insert_header(header::HOST, route.upstream.host_header())?;
+        upstream_request.insert_header(header::HOST, route.upstream.host_header(ctx.replica))?;
         upstream_request.remove_header(&header::RANGE);
         let transforms = ctx.transforms();
         if ctx.chain().is_some() {
@@ -865,6 +887,11 @@ impl ProxyHttp for Rangeway {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if response.status.is_server_error()
+            && let Some(route) = ctx.route.as_ref()
+        {
+            route.upstream.failed(ctx.replica);
+        }
         if ctx.transforms() {
             // The guard is the transformed representation's ETag: checked in response_filter.
             return Ok(());

@@ -33,29 +33,41 @@ impl OriginClient {
         Self { connector: Connector::new(None) }
     }
 
-    /// Sends `request` (made by [`Upstream::request`]) to `upstream`, signed when it is an S3
-    /// upstream, and reads the answer's header.
+    /// Sends `request` (made by [`Upstream::request`] for `replica`) to that replica of
+    /// `upstream`, signed when it is an S3 upstream, and reads the answer's header.
     pub(super) async fn send(
         &self,
         upstream: &Upstream,
+        replica: usize,
         mut request: RequestHeader,
     ) -> Result<Exchange> {
         upstream.authorize(&mut request)?;
-        self.exchange(upstream, request).await
+        self.exchange(upstream, replica, request).await
     }
 
-    /// Sends `request` as it is (already authorized) and reads the answer's header.
+    /// Sends `request` as it is (already authorized) and reads the answer's header. A replica
+    /// that cannot be reached, or answers 5xx, is passed over for a while.
     pub(super) async fn exchange(
         &self,
         upstream: &Upstream,
+        replica: usize,
         request: RequestHeader,
     ) -> Result<Exchange> {
-        let peer = upstream.peer().await?;
-        let (mut session, _) = self.connector.get_http_session(peer.as_ref()).await?;
-        session.write_request_header(Box::new(request)).await?;
-        session.finish_request_body().await?;
-        session.read_response_header().await?;
-        Ok(Exchange { session, peer })
+        let exchanged = async {
+            let peer = upstream.peer(replica).await?;
+            let (mut session, _) = self.connector.get_http_session(peer.as_ref()).await?;
+            session.write_request_header(Box::new(request)).await?;
+            session.finish_request_body().await?;
+            session.read_response_header().await?;
+            Ok(Exchange { session, peer })
+        };
+        let exchanged: Result<Exchange> = exchanged.await;
+        let server_error =
+            |e: &Exchange| e.session.response_header().is_some_and(|r| r.status.is_server_error());
+        if exchanged.as_ref().map_or(true, server_error) {
+            upstream.failed(replica);
+        }
+        exchanged
     }
 
     /// Returns the connection of an exchange whose body was read to its end to the pool.
@@ -67,7 +79,9 @@ impl OriginClient {
     /// The length of the object at `target` (path and query), by a HEAD: `None` when the origin
     /// does not answer 200 with a Content-Length.
     pub(super) async fn length(&self, upstream: &Upstream, target: &str) -> Result<Option<u64>> {
-        let exchange = self.send(upstream, upstream.request("HEAD", target)?).await?;
+        let replica = upstream.choose();
+        let request = upstream.request("HEAD", target, replica)?;
+        let exchange = self.send(upstream, replica, request).await?;
         let length = exchange
             .session
             .response_header()

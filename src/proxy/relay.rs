@@ -49,11 +49,34 @@ impl Rangeway {
             .route
             .clone()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
+        ctx.replica = route.upstream.choose();
         let mut request = session.req_header().clone();
         self.upstream_request_filter(session, &mut request, ctx).await?;
-        // The request continuations are made of: the same fields, another Range.
+        // The request continuations are made of: the same fields, another Range (and Host).
         let base = request.clone();
-        let mut exchange = self.origin_client.exchange(&route.upstream, request).await?;
+        let mut exchange =
+            match self.origin_client.exchange(&route.upstream, ctx.replica, request).await {
+                Ok(exchange) => exchange,
+                Err(e) => {
+                    // Nothing was sent: another replica, if there is one, can take the request.
+                    let mut last = e;
+                    let mut exchanged = None;
+                    for _ in 1..route.upstream.replica_count() {
+                        ctx.replica = route.upstream.choose();
+                        let mut request = base.clone();
+                        request
+                            .insert_header(header::HOST, route.upstream.host_header(ctx.replica))?;
+                        match self.origin_client.send(&route.upstream, ctx.replica, request).await {
+                            Ok(exchange) => {
+                                exchanged = Some(exchange);
+                                break;
+                            }
+                            Err(e) => last = e,
+                        }
+                    }
+                    exchanged.ok_or(last)?
+                }
+            };
         ctx.upstream_connected = Some(Instant::now());
         let mut response =
             exchange.session.response_header().cloned().ok_or_else(|| {
@@ -103,13 +126,14 @@ impl Rangeway {
                     return Ok(());
                 }
                 Err(broke) => {
+                    route.upstream.failed(ctx.replica);
                     let route_name = route.name.as_str();
                     let Some(continuable) = continuable.as_ref().filter(|c| at < c.end) else {
                         self.metrics.upstream_resume(route_name, "unresumable");
                         info!(route = route_name, at, error = %broke, "the origin broke off a body that cannot be continued (no strong ETag or length): cutting the response");
                         return Err(broke);
                     };
-                    exchange = self
+                    (exchange, ctx.replica) = self
                         .continuation(ctx, &base, continuable, at, &policy, started, &mut attempts)
                         .await
                         .map_err(|outcome| {
@@ -129,8 +153,9 @@ impl Rangeway {
         }
     }
 
-    /// Asks the origin for the rest of the body from `at`, within the policy's attempts and
-    /// deadline. `Err` names the outcome: `changed` or `failed`.
+    /// Asks the origin (perhaps another replica of it) for the rest of the body from `at`,
+    /// within the policy's attempts and deadline: the answer, and which replica gave it. `Err`
+    /// names the outcome: `changed` or `failed`.
     #[allow(clippy::too_many_arguments)]
     async fn continuation(
         &self,
@@ -141,7 +166,7 @@ impl Rangeway {
         policy: &UpstreamResume,
         started: Instant,
         attempts: &mut u32,
-    ) -> std::result::Result<Exchange, &'static str> {
+    ) -> std::result::Result<(Exchange, usize), &'static str> {
         let route = ctx.route.as_ref().ok_or("failed")?;
         let mut backoff = policy.backoff;
         loop {
@@ -154,11 +179,15 @@ impl Rangeway {
             };
             tokio::time::sleep(backoff.min(left)).await;
             backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+            // Perhaps another replica, holding the same version (If-Match says so).
+            let replica = route.upstream.choose();
             let mut request = base.clone();
             let range = format!("bytes={at}-{}", continuable.end - 1);
-            for (name, value) in
-                [(header::RANGE, range.as_str()), (header::IF_MATCH, &continuable.etag)]
-            {
+            for (name, value) in [
+                (header::RANGE, range.as_str()),
+                (header::IF_MATCH, &continuable.etag),
+                (header::HOST, route.upstream.host_header(replica)),
+            ] {
                 request.insert_header(name, value).map_err(|_| "failed")?;
             }
             for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
@@ -167,8 +196,8 @@ impl Rangeway {
             let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
                 return Err("failed");
             };
-            let sent =
-                tokio::time::timeout(left, self.origin_client.send(&route.upstream, request));
+            let sending = self.origin_client.send(&route.upstream, replica, request);
+            let sent = tokio::time::timeout(left, sending);
             let exchange = match sent.await {
                 Ok(Ok(exchange)) => exchange,
                 Ok(Err(_)) | Err(_) => continue,
@@ -190,7 +219,7 @@ impl Rangeway {
                         if Some(range) == expected && complete_len == Some(continuable.complete_len)
                 );
             if matches {
-                return Ok(exchange);
+                return Ok((exchange, replica));
             }
             // A 5xx, a 200, another range: not a continuation; try again.
         }

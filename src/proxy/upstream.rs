@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,25 +15,52 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
 use super::path::PathEncoding;
-use crate::config::{Addressing, S3Upstream};
+use crate::config::{Addressing, HealthCheck, S3Upstream};
 use crate::s3::sign::Signer;
 
 /// How long a DNS answer is reused. pingora resolves `HttpPeer` addresses with a blocking call on
 /// the event loop, so rangeway resolves names itself, off the loop, and keeps answers briefly.
 const DNS_TTL: Duration = Duration::from_secs(30);
 
-/// An origin rangeway forwards to.
+/// An origin rangeway forwards to: one server, or replicas holding the same objects.
 #[derive(Debug)]
 pub struct Upstream {
     name: String,
-    target: Target,
-    /// The authority sent as `Host`.
-    host_header: String,
+    replicas: Vec<Replica>,
+    /// The next replica round-robin starts from.
+    next: AtomicUsize,
     /// Path prefix of every upstream request, encoded, without a trailing slash.
     base_path: String,
     timeouts: Timeouts,
     /// Set for an S3 upstream: its requests are signed.
     signer: Option<Signer>,
+    health_check: Option<HealthCheck>,
+    /// Milliseconds since the Unix epoch when the next health check is due.
+    next_check: AtomicU64,
+}
+
+/// One server of an upstream.
+#[derive(Debug)]
+struct Replica {
+    target: Target,
+    /// The authority sent as `Host`.
+    host_header: String,
+    /// Milliseconds since the Unix epoch until which it gets no requests while another replica
+    /// is up: after a failure, for [`PASSIVE_DOWN`]; after a failed health check, until one
+    /// passes (`u64::MAX`).
+    down_until: AtomicU64,
+}
+
+/// How long a replica that failed a request (a connection, a 5xx) is passed over.
+pub const PASSIVE_DOWN: Duration = Duration::from_secs(10);
+
+/// One server of a replicated upstream, as [`Upstream::replicas`] takes it.
+#[derive(Debug, Clone)]
+pub struct ReplicaSpec {
+    pub host: String,
+    pub port: u16,
+    pub tls: Option<TlsSettings>,
+    pub host_header: String,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -103,24 +131,51 @@ impl Upstream {
         base_path: &str,
         timeouts: Timeouts,
     ) -> Result<Self, UpstreamError> {
-        let tls = match tls {
-            None => None,
-            Some(settings) => Some(Tls {
-                sni: settings.sni.unwrap_or_else(|| {
-                    host.trim_start_matches('[').trim_end_matches(']').to_owned()
-                }),
-                verify: !settings.insecure_skip_verify,
-                ca: settings.ca_file.as_deref().map(load_ca).transpose()?,
-            }),
-        };
+        let spec = ReplicaSpec { host: host.to_owned(), port, tls, host_header };
+        Self::replicas(name, vec![spec], base_path, timeouts)
+    }
+
+    /// Replicas of one origin, each at `host:port`, sharing `base_path`.
+    pub fn replicas(
+        name: &str,
+        specs: Vec<ReplicaSpec>,
+        base_path: &str,
+        timeouts: Timeouts,
+    ) -> Result<Self, UpstreamError> {
+        let replicas = specs
+            .into_iter()
+            .map(|spec| {
+                let ReplicaSpec { host, port, tls, host_header } = spec;
+                let tls = match tls {
+                    None => None,
+                    Some(settings) => Some(Tls {
+                        sni: settings.sni.unwrap_or_else(|| {
+                            host.trim_start_matches('[').trim_end_matches(']').to_owned()
+                        }),
+                        verify: !settings.insecure_skip_verify,
+                        ca: settings.ca_file.as_deref().map(load_ca).transpose()?,
+                    }),
+                };
+                let target = Target::Tcp { host, port, tls, resolved: Mutex::new(None) };
+                Ok(Replica { target, host_header, down_until: AtomicU64::new(0) })
+            })
+            .collect::<Result<Vec<_>, UpstreamError>>()?;
         Ok(Self {
             name: name.to_owned(),
-            target: Target::Tcp { host: host.to_owned(), port, tls, resolved: Mutex::new(None) },
-            host_header,
+            replicas,
+            next: AtomicUsize::new(0),
             base_path: base_path.trim_end_matches('/').to_owned(),
             timeouts,
             signer: None,
+            health_check: None,
+            next_check: AtomicU64::new(0),
         })
+    }
+
+    /// Probes the replicas in the background (see `health`).
+    pub fn with_health_check(mut self, health_check: Option<HealthCheck>) -> Self {
+        self.health_check = health_check;
+        self
     }
 
     /// An S3 bucket (or a folder of one): its endpoint, addressed by path or by virtual host, with
@@ -169,11 +224,17 @@ impl Upstream {
     pub fn unix(name: &str, socket: PathBuf, timeouts: Timeouts) -> Self {
         Self {
             name: name.to_owned(),
-            target: Target::Unix(socket),
-            host_header: "localhost".to_owned(),
+            replicas: vec![Replica {
+                target: Target::Unix(socket),
+                host_header: "localhost".to_owned(),
+                down_until: AtomicU64::new(0),
+            }],
+            next: AtomicUsize::new(0),
             base_path: String::new(),
             timeouts,
             signer: None,
+            health_check: None,
+            next_check: AtomicU64::new(0),
         }
     }
 
@@ -181,8 +242,74 @@ impl Upstream {
         &self.name
     }
 
-    pub fn host_header(&self) -> &str {
-        &self.host_header
+    /// The `Host` sent to `replica`.
+    pub fn host_header(&self, replica: usize) -> &str {
+        self.replica(replica).host_header.as_str()
+    }
+
+    fn replica(&self, index: usize) -> &Replica {
+        // Every upstream has at least one replica; an index from another table wraps.
+        &self.replicas[index % self.replicas.len()]
+    }
+
+    pub fn replica_count(&self) -> usize {
+        self.replicas.len()
+    }
+
+    pub fn health_check(&self) -> Option<&HealthCheck> {
+        self.health_check.as_ref()
+    }
+
+    /// Whether a health check is due now; if so, the next one is scheduled an interval later.
+    pub fn health_check_due(&self) -> bool {
+        let Some(check) = &self.health_check else {
+            return false;
+        };
+        let now = unix_millis();
+        let next = now.saturating_add(check.interval.as_millis() as u64);
+        self.next_check
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |due| (due <= now).then_some(next))
+            .is_ok()
+    }
+
+    /// The replica for the next request: round-robin over those that are up, or over all when
+    /// none is.
+    pub fn choose(&self) -> usize {
+        let count = self.replicas.len();
+        if count == 1 {
+            return 0;
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
+        let now = unix_millis();
+        (0..count)
+            .map(|offset| (start + offset) % count)
+            .find(|&index| self.replicas[index].down_until.load(Ordering::Relaxed) <= now)
+            .unwrap_or(start)
+    }
+
+    /// `replica` failed a request: passed over for [`PASSIVE_DOWN`], unless a failed health
+    /// check holds it down already.
+    pub fn failed(&self, replica: usize) {
+        if self.replicas.len() == 1 {
+            return;
+        }
+        let until = unix_millis().saturating_add(PASSIVE_DOWN.as_millis() as u64);
+        let _ = self.replica(replica).down_until.fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |current| (current != u64::MAX).then_some(current.max(until)),
+        );
+    }
+
+    /// The outcome of a health check of `replica`.
+    pub fn checked(&self, replica: usize, healthy: bool) {
+        let down_until = if healthy { 0 } else { u64::MAX };
+        self.replica(replica).down_until.store(down_until, Ordering::Relaxed);
+    }
+
+    /// Whether `replica` gets requests now.
+    pub fn is_up(&self, replica: usize) -> bool {
+        self.replica(replica).down_until.load(Ordering::Relaxed) <= unix_millis()
     }
 
     pub fn base_path(&self) -> &str {
@@ -210,26 +337,29 @@ impl Upstream {
         })
     }
 
-    /// A request for `target` (path and query) with this upstream's Host, ready for
+    /// A request for `target` (path and query) with `replica`'s Host, ready for
     /// [`Upstream::authorize`].
-    pub fn request(&self, method: &str, target: &str) -> Result<RequestHeader> {
+    pub fn request(&self, method: &str, target: &str, replica: usize) -> Result<RequestHeader> {
         let mut request = RequestHeader::build(method, target.as_bytes(), Some(4))?;
-        request.insert_header(http::header::HOST, self.host_header())?;
+        request.insert_header(http::header::HOST, self.host_header(replica))?;
         Ok(request)
     }
 
     pub fn is_tls(&self) -> bool {
-        matches!(&self.target, Target::Tcp { tls: Some(_), .. })
+        self.replicas.iter().any(|r| matches!(&r.target, Target::Tcp { tls: Some(_), .. }))
     }
 
     /// Whether certificate checks are off for this upstream (said loudly at start-up).
     pub fn skips_verification(&self) -> bool {
-        matches!(&self.target, Target::Tcp { tls: Some(Tls { verify: false, .. }), .. })
+        self.replicas
+            .iter()
+            .any(|r| matches!(&r.target, Target::Tcp { tls: Some(Tls { verify: false, .. }), .. }))
     }
 
-    /// The peer for one request. Peers with equal fields share pingora's connection pool.
-    pub async fn peer(&self) -> Result<Box<HttpPeer>> {
-        let mut peer = match &self.target {
+    /// The peer for one request to `replica`. Peers with equal fields share pingora's connection
+    /// pool.
+    pub async fn peer(&self, replica: usize) -> Result<Box<HttpPeer>> {
+        let mut peer = match &self.replica(replica).target {
             Target::Unix(path) => HttpPeer::new_uds(&path.to_string_lossy(), false, String::new())?,
             Target::Tcp { host, port, tls, resolved } => {
                 let addr = self.resolve(host, *port, resolved).await?;
@@ -277,6 +407,10 @@ impl Upstream {
         *cache.lock().unwrap_or_else(|p| p.into_inner()) = Some((addr, Instant::now()));
         Ok(addr)
     }
+}
+
+fn unix_millis() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn apply_timeouts(options: &mut PeerOptions, timeouts: &Timeouts) {
@@ -341,15 +475,15 @@ mod tests {
         let t = Duration::from_secs(1);
         let timeouts = Timeouts { connect: t, read: t, write: t, idle: t };
         let path = Upstream::s3("p", &store(Addressing::Path, false), timeouts).unwrap();
-        assert_eq!(path.host_header(), "s3.example.com:9000");
+        assert_eq!(path.host_header(0), "s3.example.com:9000");
         assert_eq!(path.base_path(), "/my-bucket/builds/a%20b%2Bc");
         assert_eq!(path.path_encoding(), PathEncoding::S3);
         assert!(path.is_s3());
 
         let host = Upstream::s3("v", &store(Addressing::VirtualHost, true), timeouts).unwrap();
-        assert_eq!(host.host_header(), "my-bucket.s3.example.com:9000");
+        assert_eq!(host.host_header(0), "my-bucket.s3.example.com:9000");
         assert_eq!(host.base_path(), "/builds/a%20b%2Bc");
-        let Target::Tcp { host: name, tls: Some(tls), .. } = &host.target else {
+        let Target::Tcp { host: name, tls: Some(tls), .. } = &host.replicas[0].target else {
             panic!("not TLS over TCP: {host:?}");
         };
         assert_eq!(
