@@ -164,6 +164,7 @@ impl S3Fields {
 
     /// Reports every S3 key of an upstream that is not one (no `bucket`).
     pub(super) fn refuse(self, ctx: &mut Ctx<'_>) {
+        // Taken apart field by field, so that a key added to the struct cannot be left out here.
         let Self {
             bucket: _,
             region,

@@ -401,10 +401,7 @@ impl Rangeway {
         version: Option<crate::state::ObjectVersion>,
     ) -> Result<()> {
         let status = response.status.as_u16();
-        for name in HOP_BY_HOP {
-            response.remove_header(name);
-        }
-        response.append_header(header::VIA, VIA)?;
+        forwarded(response)?;
         if !matches!(status, 200 | 206) {
             // Errors, 304 (If-Modified-Since holds for both representations), and refusals of
             // the planned range: nothing of the origin's bytes is sent.
@@ -941,10 +938,7 @@ impl ProxyHttp for Rangeway {
         if route_arc.as_ref().is_some_and(|r| r.upstream.is_s3())
             && let Some(client_status) = crate::s3::error::client_status(status)
         {
-            for name in HOP_BY_HOP {
-                response.remove_header(name);
-            }
-            response.append_header(header::VIA, VIA)?;
+            forwarded(response)?;
             ctx.served = format!("S3 error {status}");
             let xml = crate::s3::error::speaks_s3(&session.req_header().headers);
             let error = s3::ErrorBody::start(response, client_status, xml)?;
@@ -964,10 +958,7 @@ impl ProxyHttp for Rangeway {
                 && let Ok(Some(complete_len)) =
                     self.origin_client.length(&route.upstream, &ctx.upstream_target).await
             {
-                for name in HOP_BY_HOP {
-                    response.remove_header(name);
-                }
-                response.append_header(header::VIA, VIA)?;
+                forwarded(response)?;
                 return answer_without_body(response, ctx, &Shape::Unsatisfiable { complete_len });
             }
         }
@@ -985,10 +976,7 @@ impl ProxyHttp for Rangeway {
         }
         // The upstream body's place in the object, for stages that observe it.
         let upstream_stream = upstream_stream(status, &response.headers);
-        for name in HOP_BY_HOP {
-            response.remove_header(name);
-        }
-        response.append_header(header::VIA, VIA)?;
+        forwarded(response)?;
         let req = session.req_header();
         let shape = shape_response(
             &req.method,
@@ -1322,6 +1310,15 @@ fn header_over_limits(req: &RequestHeader, limits: &ClientLimits) -> Option<&'st
         req.headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
     (line + fields > limits.max_header_bytes)
         .then_some("the request header is larger than max_header_bytes allows\n")
+}
+
+/// An upstream answer as it leaves this hop: its connection's fields dropped, `Via` added.
+fn forwarded(response: &mut ResponseHeader) -> Result<()> {
+    for name in HOP_BY_HOP {
+        response.remove_header(name);
+    }
+    response.append_header(header::VIA, VIA)?;
+    Ok(())
 }
 
 /// Removes S3's `x-amz-checksum-*` fields: digests of the origin's whole object.
