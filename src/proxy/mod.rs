@@ -1305,7 +1305,8 @@ fn header_over_limits(req: &RequestHeader, limits: &ClientLimits) -> Option<&'st
     if req.headers.len() > limits.max_header_fields {
         return Some("the request has more header fields than max_header_fields allows\n");
     }
-    let line = req.method.as_str().len() + req.uri.to_string().len() + 11;
+    // As on the wire: `METHOD SP target SP HTTP/1.1 CRLF`, then `name: value CRLF` per field.
+    let line = req.method.as_str().len() + req.raw_path().len() + 11;
     let fields: usize =
         req.headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
     (line + fields > limits.max_header_bytes)
