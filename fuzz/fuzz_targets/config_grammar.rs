@@ -95,8 +95,8 @@ const URLS: &[&str] = &[
     "\"\"",
     "3",
 ];
-/// Only paths that are safe to open and read: nothing that blocks (a FIFO, a terminal) or never
-/// ends (`/dev/zero`).
+/// Every path here is safe to open and read: none blocks (a FIFO, a terminal would).
+/// `/dev/zero`, which never ends, is checked to be refused without being read whole.
 const DIRS: &[&str] =
     &["\"./data\"", "\"/nonexistent/fuzz\"", "\"/etc/hostname\"", "\"/tmp\"", "\"\""];
 const CA_FILES: &[&str] = &[
@@ -104,6 +104,7 @@ const CA_FILES: &[&str] = &[
     "\"/etc/hostname\"",
     "\"/nonexistent.pem\"",
     "\"/etc\"",
+    "\"/dev/zero\"",
     "\"\"",
 ];
 const BOOLS: &[&str] = &["true", "false", "\"true\"", "1"];
@@ -165,6 +166,7 @@ const KEY_FILES: &[&str] = &[
     "\"/nonexistent/keys\"",
     "\"/etc/hostname\"",
     "\"/etc\"",
+    "\"/dev/zero\"",
 ];
 const KEY_IDS: &[&str] = &["\"fz\"", "\"other\"", "\"\""];
 /// Keys no stage or section takes.
