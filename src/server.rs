@@ -97,8 +97,7 @@ pub fn build(
         .build()
         .map_err(StartError::StoreRuntime)?;
     let store = store_runtime.block_on(state::connect(&config.state))?;
-    let range_limits =
-        RangeLimits { max_ranges: config.server.max_ranges, ..RangeLimits::default() };
+    let range_limits = RangeLimits::with_max_ranges(config.server.max_ranges);
     let metrics = Arc::new(Metrics::new());
     metrics.watch_store(Arc::clone(&store));
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, SystemTime};
@@ -103,7 +103,9 @@ struct Shared {
     open: Mutex<HashMap<u64, TcpStream>>,
     stopping: AtomicBool,
     /// Responses a `Faulty` origin has rolled for.
-    rolls: std::sync::atomic::AtomicU64,
+    rolls: AtomicU64,
+    /// Object bytes put into answer bodies, counted as they are handed to the socket.
+    body_bytes: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -217,6 +219,12 @@ impl Origin {
     /// Every request received so far, in order of arrival.
     pub(crate) fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared.requests).clone()
+    }
+
+    /// How many bytes of objects the origin has put into answer bodies: the upstream work the
+    /// requests caused (the short text bodies of errors and 416s are not counted).
+    pub(crate) fn body_bytes(&self) -> u64 {
+        self.shared.body_bytes.load(Ordering::SeqCst)
     }
 
     /// Forgets the recorded requests, e.g. after a test's setup.
@@ -454,9 +462,14 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
     if head_only {
         return Ok(keep_alive);
     }
+    // Counted before writing, so a client that has read the bytes sees them counted.
+    let count = |bytes: &[u8]| {
+        shared.body_bytes.fetch_add(bytes.len() as u64, Ordering::SeqCst);
+    };
     match behaviour {
         Behaviour::CutAfter(sent) => {
             let sent = usize::try_from(sent).unwrap_or(usize::MAX).min(body.len());
+            count(&body[..sent]);
             out.write_all(&body[..sent])?;
             // A FIN after the partial body, as when an origin process dies mid-response.
             let _ = out.shutdown(Shutdown::Write);
@@ -470,6 +483,7 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
                 if shared.stopping.load(Ordering::SeqCst) {
                     return Ok(false);
                 }
+                count(piece);
                 out.write_all(piece)?;
             }
             Ok(keep_alive)
@@ -479,6 +493,7 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
             let (cut, stall) = ((roll >> 8) % 100, (roll >> 16) % 100);
             let at = usize::try_from((roll >> 24) % body.len() as u64).unwrap_or(0);
             if cut < faults.cut_percent || stall < faults.stall_percent {
+                count(&body[..at]);
                 out.write_all(&body[..at])?;
                 if stall < faults.stall_percent {
                     out.flush()?;
@@ -487,12 +502,14 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
                 let _ = out.shutdown(Shutdown::Write);
                 return Ok(false);
             }
+            count(&body);
             out.write_all(&body)?;
             Ok(keep_alive)
         }
         Behaviour::Chunked => {
             for piece in body.chunks(CHUNK_SIZE) {
                 out.write_all(format!("{:x}\r\n", piece.len()).as_bytes())?;
+                count(piece);
                 out.write_all(piece)?;
                 out.write_all(b"\r\n")?;
             }
@@ -500,6 +517,7 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
             Ok(keep_alive)
         }
         _ => {
+            count(&body);
             out.write_all(&body)?;
             Ok(keep_alive)
         }

@@ -2,6 +2,7 @@
 //! new key, and keeping key bytes out of memory once dropped and out of every message.
 
 use std::fmt;
+use std::io::Read as _;
 use std::path::Path;
 
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, URL_SAFE_NO_PAD};
@@ -19,6 +20,10 @@ const BASE64URL: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
+/// A key is a line of about 30 bytes, so this is tens of thousands of keys; a larger file is a
+/// wrong path (a disk image, `/dev/zero`), which would otherwise be read until memory runs out.
+pub(super) const MAX_KEY_FILE_LEN: u64 = 1 << 20;
+
 /// What a key fingerprint is derived over; changing it changes every stage identity.
 const FINGERPRINT_LABEL: &[u8] = b"rangeway key id";
 
@@ -31,6 +36,10 @@ pub enum KeyError {
     Read(#[source] std::io::Error),
     #[error("it is not UTF-8 text — write one base64url key per line")]
     NotUtf8,
+    #[error(
+        "it is larger than {MAX_KEY_FILE_LEN} bytes, too large for a key file — check the path"
+    )]
+    TooLarge,
     #[error("it holds no key — write a base64url key (`rangeway keygen` makes one)")]
     Empty,
     #[error(
@@ -185,10 +194,19 @@ pub fn parse_key_file(text: &str) -> Result<KeySet, KeyError> {
     Ok(KeySet { keys })
 }
 
-/// Reads and parses a key file (see [`parse_key_file`]). Meant for configuration time and CLIs:
-/// the file's text is zeroed once parsed.
+/// Reads and parses a key file (see [`parse_key_file`]) of at most 1 MiB. Meant for
+/// configuration time and CLIs: the file's text is zeroed once parsed.
 pub fn read_key_file(path: &Path) -> Result<KeySet, KeyError> {
-    let bytes = Zeroizing::new(std::fs::read(path).map_err(KeyError::Read)?);
+    let file = std::fs::File::open(path).map_err(KeyError::Read)?;
+    // Room for the whole file up front, as `fs::read` makes: a buffer that grew would leave
+    // copies of the key bytes behind, unzeroed. A pipe has no size to go by and grows anyway.
+    let size = file.metadata().map_or(0, |meta| meta.len().min(MAX_KEY_FILE_LEN));
+    let mut bytes = Zeroizing::new(Vec::with_capacity(usize::try_from(size).unwrap_or(0) + 1));
+    // Through `take`, not trusting the size: a device or a pipe has none.
+    file.take(MAX_KEY_FILE_LEN + 1).read_to_end(&mut bytes).map_err(KeyError::Read)?;
+    if bytes.len() as u64 > MAX_KEY_FILE_LEN {
+        return Err(KeyError::TooLarge);
+    }
     let text = std::str::from_utf8(&bytes).map_err(|_| KeyError::NotUtf8)?;
     parse_key_file(text)
 }

@@ -562,6 +562,24 @@ fn key_files_hold_one_bare_key_or_several_with_ids() {
     }
 }
 
+/// A key file path that names something endless (a device) or huge is refused after
+/// `MAX_KEY_FILE_LEN` bytes, not read until memory runs out; one key padded to just that length
+/// still reads.
+#[test]
+fn key_files_are_read_up_to_a_bound() {
+    let limit = usize::try_from(keys::MAX_KEY_FILE_LEN).unwrap();
+    let at_limit = format!("{KEY16}{}", "\n".repeat(limit - KEY16.len()));
+    let fits = TempFile::new(&at_limit);
+    assert_eq!(read_key_file(fits.0.as_path()).unwrap().ids().count(), 1);
+    let over = TempFile::new(&format!("{at_limit}\n"));
+    let error = read_key_file(over.0.as_path()).unwrap_err();
+    assert!(matches!(error, KeyError::TooLarge), "{error}");
+    if cfg!(unix) {
+        let error = read_key_file(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(error, KeyError::TooLarge), "{error}");
+    }
+}
+
 #[test]
 fn generated_keys_are_random_16_byte_base64url_keys() {
     let one = generate_key().unwrap();

@@ -32,6 +32,21 @@ impl Default for RangeLimits {
     }
 }
 
+/// The longest range-spec written without leading zeros, both positions at `u64::MAX` (20 digits
+/// each), with its dash and the comma after it.
+const LONGEST_SPEC_LEN: usize = 20 + 1 + 20 + 1;
+
+impl RangeLimits {
+    /// Limits honouring up to `max_ranges` specs, with a header long enough to hold that many
+    /// of any size (and never shorter than the default's): a length limit that cut the header
+    /// short of them would ignore every header with that many ranges, whatever `max_ranges` says.
+    pub fn with_max_ranges(max_ranges: usize) -> Self {
+        let needed = max_ranges.saturating_mul(LONGEST_SPEC_LEN).saturating_add("bytes=".len());
+        let max_header_len = needed.max(Self::default().max_header_len);
+        Self { max_ranges, max_header_len }
+    }
+}
+
 /// What to do with a request's `Range` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RangeRequest {
@@ -436,6 +451,27 @@ mod tests {
         assert!(matches!(parse_range(b"bytes=0-1,2-3", &limits), RangeRequest::Bytes(_)));
         let off = RangeLimits { max_ranges: 0, ..RangeLimits::default() };
         assert_eq!(parse_range(b"bytes=0-1", &off), RangeRequest::Ignore(IgnoreReason::TooMany));
+    }
+
+    /// The most ranges a server allows all fit in a header under its length limit, each as long
+    /// as a range-spec can be; one more, however short, is too many.
+    #[test]
+    fn a_max_ranges_limit_comes_with_room_for_that_many() {
+        assert_eq!(RangeLimits::with_max_ranges(16), RangeLimits::default());
+        for max_ranges in [1, 16, 24, 100, 1000] {
+            let limits = RangeLimits::with_max_ranges(max_ranges);
+            let spec = format!("{}-{}", u64::MAX - 1, u64::MAX);
+            let specs = vec![spec.as_str(); max_ranges];
+            let header = format!("bytes={}", specs.join(","));
+            let set = match parse_range(header.as_bytes(), &limits) {
+                RangeRequest::Bytes(set) => set,
+                ignored => panic!("{max_ranges} ranges: {ignored:?}"),
+            };
+            assert_eq!(set.specs().len(), max_ranges);
+            let one_more = format!("bytes={}", vec!["0-0"; max_ranges + 1].join(","));
+            let parsed = parse_range(one_more.as_bytes(), &limits);
+            assert_eq!(parsed, RangeRequest::Ignore(IgnoreReason::TooMany), "{max_ranges}");
+        }
     }
 
     #[test]
