@@ -13,6 +13,7 @@
 //! continuation within the route's attempts and deadline: the client connection is cut, never
 //! padded or spliced.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -22,10 +23,13 @@ use pingora_http::RequestHeader;
 use pingora_proxy::{ProxyHttp, Session};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
+use tokio::sync::mpsc::Sender;
 use tracing::{info, warn};
 
-use super::origin_client::Exchange;
+use super::origin_client::{Exchange, OriginClient};
+use super::routing::Route;
 use super::{Rangeway, RequestCtx, upstream_stream};
+use crate::admin::metrics::Metrics;
 use crate::config::UpstreamResume;
 
 /// What a broken body can be continued with: the stream's end and the version it is of.
@@ -54,7 +58,7 @@ impl Rangeway {
         self.upstream_request_filter(session, &mut request, ctx).await?;
         // The request continuations are made of: the same fields, another Range (and Host).
         let base = request.clone();
-        let mut exchange =
+        let exchange =
             match self.origin_client.exchange(&route.upstream, ctx.replica, request).await {
                 Ok(exchange) => exchange,
                 Err(e) => {
@@ -111,117 +115,32 @@ impl Rangeway {
             self.origin_client.release(exchange).await;
             return Ok(());
         }
-        let mut at = stream.map_or(0, |s| s.start());
-        let started = Instant::now();
-        let mut attempts = 0;
+        // The upstream is read (and continued) by a task of its own while this one writes to the
+        // client, so that both sides move at once, as in pingora's proxying.
+        let (pieces, mut received) = tokio::sync::mpsc::channel(RELAY_QUEUE);
+        let pump = Pump {
+            client: Arc::clone(&self.origin_client),
+            metrics: Arc::clone(&self.metrics),
+            route: Arc::clone(&route),
+            base,
+            continuable,
+            policy,
+            at: stream.map_or(0, |s| s.start()),
+            replica: ctx.replica,
+        };
+        tokio::spawn(pump.run(exchange, pieces));
         loop {
-            match exchange.session.read_response_body().await {
-                Ok(Some(chunk)) => {
-                    at += chunk.len() as u64;
-                    self.forward(session, ctx, Some(chunk), false).await?;
-                }
-                Ok(None) => {
-                    self.forward(session, ctx, None, true).await?;
-                    self.origin_client.release(exchange).await;
-                    return Ok(());
-                }
-                Err(broke) => {
-                    route.upstream.failed(ctx.replica);
-                    let route_name = route.name.as_str();
-                    let Some(continuable) = continuable.as_ref().filter(|c| at < c.end) else {
-                        self.metrics.upstream_resume(route_name, "unresumable");
-                        info!(route = route_name, at, error = %broke, "the origin broke off a body that cannot be continued (no strong ETag or length): cutting the response");
-                        return Err(broke);
-                    };
-                    (exchange, ctx.replica) = self
-                        .continuation(ctx, &base, continuable, at, &policy, started, &mut attempts)
-                        .await
-                        .map_err(|outcome| {
-                            self.metrics.upstream_resume(route_name, outcome);
-                            warn!(route = route_name, at, outcome, error = %broke, "the origin broke off the body and it could not be continued: cutting the response");
-                            broke
-                        })?;
-                    self.metrics.upstream_resume(route_name, "resumed");
-                    info!(
-                        route = route_name,
-                        at,
-                        attempts,
-                        "the origin broke off the body; continued it from where it broke"
-                    );
+            match received.recv().await {
+                Some(Piece::Chunk(chunk)) => self.forward(session, ctx, Some(chunk), false).await?,
+                Some(Piece::End) => return self.forward(session, ctx, None, true).await,
+                Some(Piece::Broken(e)) => return Err(e),
+                None => {
+                    return Err(Error::explain(
+                        ErrorType::InternalError,
+                        "the relay's reader ended",
+                    ));
                 }
             }
-        }
-    }
-
-    /// Asks the origin (perhaps another replica of it) for the rest of the body from `at`,
-    /// within the policy's attempts and deadline: the answer, and which replica gave it. `Err`
-    /// names the outcome: `changed` or `failed`.
-    #[allow(clippy::too_many_arguments)]
-    async fn continuation(
-        &self,
-        ctx: &RequestCtx,
-        base: &RequestHeader,
-        continuable: &Continuable,
-        at: u64,
-        policy: &UpstreamResume,
-        started: Instant,
-        attempts: &mut u32,
-    ) -> std::result::Result<(Exchange, usize), &'static str> {
-        let route = ctx.route.as_ref().ok_or("failed")?;
-        let mut backoff = policy.backoff;
-        loop {
-            if *attempts >= policy.attempts {
-                return Err("failed");
-            }
-            *attempts += 1;
-            let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
-                return Err("failed");
-            };
-            tokio::time::sleep(backoff.min(left)).await;
-            backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
-            // Perhaps another replica, holding the same version (If-Match says so).
-            let replica = route.upstream.choose();
-            let mut request = base.clone();
-            let range = format!("bytes={at}-{}", continuable.end - 1);
-            for (name, value) in [
-                (header::RANGE, range.as_str()),
-                (header::IF_MATCH, &continuable.etag),
-                (header::HOST, route.upstream.host_header(replica)),
-            ] {
-                request.insert_header(name, value).map_err(|_| "failed")?;
-            }
-            for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
-                request.remove_header(&name);
-            }
-            let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
-                return Err("failed");
-            };
-            let sending = self.origin_client.send(&route.upstream, replica, request);
-            let sent = tokio::time::timeout(left, sending);
-            let exchange = match sent.await {
-                Ok(Ok(exchange)) => exchange,
-                Ok(Err(_)) | Err(_) => continue,
-            };
-            let Some(answer) = exchange.session.response_header() else { continue };
-            let status = answer.status.as_u16();
-            if status == 412 {
-                return Err("changed");
-            }
-            let etag = answer.headers.get(header::ETAG).map(|v| v.as_bytes());
-            if status == 206 && etag != Some(continuable.etag.as_bytes()) {
-                return Err("changed");
-            }
-            let expected = ByteRange::new(at, continuable.end);
-            let matches = status == 206
-                && matches!(
-                    answer.headers.get(header::CONTENT_RANGE).and_then(|v| parse_content_range(v.as_bytes())),
-                    Some(ContentRange::Satisfied { range, complete_len })
-                        if Some(range) == expected && complete_len == Some(continuable.complete_len)
-                );
-            if matches {
-                return Ok((exchange, replica));
-            }
-            // A 5xx, a 200, another range: not a continuation; try again.
         }
     }
 
@@ -239,5 +158,160 @@ impl Rangeway {
             session.write_response_body(body, end).await?;
         }
         Ok(())
+    }
+}
+
+/// How many chunks the relay's reader may be ahead of the client.
+const RELAY_QUEUE: usize = 4;
+
+/// What the relay's reader hands over.
+enum Piece {
+    Chunk(Bytes),
+    /// The body is complete.
+    End,
+    /// The body broke and could not be continued: the client's response is cut.
+    Broken(Box<Error>),
+}
+
+/// Reads one upstream body to its end, continuing it where it breaks.
+struct Pump {
+    client: Arc<OriginClient>,
+    metrics: Arc<Metrics>,
+    route: Arc<Route>,
+    /// The request continuations are made of: the same fields, another Range (and Host).
+    base: RequestHeader,
+    continuable: Option<Continuable>,
+    policy: UpstreamResume,
+    /// The next byte of the object the body brings.
+    at: u64,
+    replica: usize,
+}
+
+impl Pump {
+    async fn run(mut self, mut exchange: Exchange, pieces: Sender<Piece>) {
+        let started = Instant::now();
+        let mut attempts = 0;
+        loop {
+            let piece = match exchange.session.read_response_body().await {
+                Ok(Some(chunk)) => {
+                    self.at += chunk.len() as u64;
+                    Piece::Chunk(chunk)
+                }
+                Ok(None) => {
+                    let _ = pieces.send(Piece::End).await;
+                    self.client.release(exchange).await;
+                    return;
+                }
+                Err(broke) => match self.continued(broke, started, &mut attempts).await {
+                    Ok(next) => {
+                        exchange = next;
+                        continue;
+                    }
+                    Err(broke) => Piece::Broken(broke),
+                },
+            };
+            let broken = matches!(piece, Piece::Broken(_));
+            // The client went away (its task dropped the receiver), or the body is over.
+            if pieces.send(piece).await.is_err() || broken {
+                return;
+            }
+        }
+    }
+
+    /// The body broke with `broke` at `self.at`: a continuation of it, or the error to cut the
+    /// client's response with.
+    async fn continued(
+        &mut self,
+        broke: Box<Error>,
+        started: Instant,
+        attempts: &mut u32,
+    ) -> Result<Exchange> {
+        self.route.upstream.failed(self.replica);
+        let at = self.at;
+        let Some(continuable) = self.continuable.as_ref().filter(|c| at < c.end) else {
+            self.metrics.upstream_resume(&self.route.name, "unresumable");
+            info!(route = %self.route.name, at, error = %broke, "the origin broke off a body that cannot be continued (no strong ETag or length): cutting the response");
+            return Err(broke);
+        };
+        match self.continuation(continuable, started, attempts).await {
+            Ok((exchange, replica)) => {
+                self.replica = replica;
+                self.metrics.upstream_resume(&self.route.name, "resumed");
+                info!(route = %self.route.name, at, attempts, "the origin broke off the body; continued it from where it broke");
+                Ok(exchange)
+            }
+            Err(outcome) => {
+                self.metrics.upstream_resume(&self.route.name, outcome);
+                warn!(route = %self.route.name, at, outcome, error = %broke, "the origin broke off the body and it could not be continued: cutting the response");
+                Err(broke)
+            }
+        }
+    }
+
+    /// Asks the origin (perhaps another replica of it) for the rest of the body from `self.at`,
+    /// within the policy's attempts and deadline: the answer, and which replica gave it. `Err`
+    /// names the outcome: `changed` or `failed`.
+    async fn continuation(
+        &self,
+        continuable: &Continuable,
+        started: Instant,
+        attempts: &mut u32,
+    ) -> std::result::Result<(Exchange, usize), &'static str> {
+        let (upstream, at, policy) = (&self.route.upstream, self.at, &self.policy);
+        let mut backoff = policy.backoff;
+        loop {
+            if *attempts >= policy.attempts {
+                return Err("failed");
+            }
+            *attempts += 1;
+            let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
+                return Err("failed");
+            };
+            tokio::time::sleep(backoff.min(left)).await;
+            backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+            // Perhaps another replica, holding the same version (If-Match says so).
+            let replica = upstream.choose();
+            let mut request = self.base.clone();
+            let range = format!("bytes={at}-{}", continuable.end - 1);
+            for (name, value) in [
+                (header::RANGE, range.as_str()),
+                (header::IF_MATCH, &continuable.etag),
+                (header::HOST, upstream.host_header(replica)),
+            ] {
+                request.insert_header(name, value).map_err(|_| "failed")?;
+            }
+            for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+                request.remove_header(&name);
+            }
+            let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
+                return Err("failed");
+            };
+            let sending = self.client.send(upstream, replica, request);
+            let exchange = match tokio::time::timeout(left, sending).await {
+                Ok(Ok(exchange)) => exchange,
+                Ok(Err(_)) | Err(_) => continue,
+            };
+            let Some(answer) = exchange.session.response_header() else { continue };
+            let status = answer.status.as_u16();
+            if status == 412 {
+                return Err("changed");
+            }
+            let etag = answer.headers.get(header::ETAG).map(|v| v.as_bytes());
+            if status == 206 && etag != Some(continuable.etag.as_bytes()) {
+                return Err("changed");
+            }
+            let expected = ByteRange::new(at, continuable.end);
+            let range = answer
+                .headers
+                .get(header::CONTENT_RANGE)
+                .and_then(|v| parse_content_range(v.as_bytes()));
+            let matches = status == 206
+                && matches!(range, Some(ContentRange::Satisfied { range, complete_len })
+                    if Some(range) == expected && complete_len == Some(continuable.complete_len));
+            if matches {
+                return Ok((exchange, replica));
+            }
+            // A 5xx, a 200, another range: not a continuation; try again.
+        }
     }
 }
