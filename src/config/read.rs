@@ -72,6 +72,29 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// The contents of a small file a config value names (a CA bundle, a credentials file), or what
+/// is wrong with it. Only regular files: a FIFO without a writer would block the load forever,
+/// and a device such as `/dev/zero` has no end. Read through `take`, as a file may grow.
+pub(super) fn read_small_file(file: &str, max_len: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    match std::fs::metadata(file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!("{file:?} does not exist"));
+        }
+        Err(e) => return Err(format!("{file:?} cannot be inspected: {e}")),
+        Ok(meta) if !meta.is_file() => return Err(format!("{file:?} is not a regular file")),
+        Ok(_) => {}
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(max_len + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("{file:?} cannot be read: {e}"))?;
+    if bytes.len() as u64 > max_len {
+        return Err(format!("{file:?} is larger than {} KiB", max_len / 1024));
+    }
+    Ok(bytes)
+}
+
 /// `parent.key`, quoting `key` when it is not a bare TOML key, so paths stay unambiguous.
 pub(super) fn key_path(parent: &str, key: &str) -> String {
     let bare =

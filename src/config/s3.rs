@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::read::{Ctx, Field, Read};
+use super::read::{Ctx, Field, Read, read_small_file};
 use super::secret::{self, Secret, SecretKey};
 use super::upstream::HttpUpstream;
 
@@ -78,28 +78,17 @@ impl std::fmt::Debug for S3ClientKeys {
 /// Reads `s3_client_keys_file`: one `ACCESS_KEY_ID SECRET` pair per line, `#` comments. Problems
 /// name the line, never a value.
 pub(super) fn read_client_keys(ctx: &mut Ctx<'_>, field: Field) -> Read<S3ClientKeys> {
-    use std::io::Read as _;
     let (path, origin) = (field.path.clone(), field.origin().clone());
     let file = field.string(ctx, "\"/etc/rangeway/s3-clients\"")?;
     let fix = "write one `ACCESS_KEY_ID SECRET` pair per line (generate them, e.g. with \
                `openssl rand -hex 10` and `openssl rand -base64 30`)";
-    let mut text = String::new();
-    let read = std::fs::File::open(&file)
-        .and_then(|f| f.take(MAX_CREDENTIALS_FILE_LEN + 1).read_to_string(&mut text));
-    match read {
-        Err(e) => {
-            return Err(ctx.report(
-                &path,
-                &origin,
-                format!("{file:?} cannot be read: {e}"),
-                "point s3_client_keys_file at a readable file of client keys",
-            ));
+    let text = match read_text(&file) {
+        Ok(text) => text,
+        Err(problem) => {
+            let fix = "point s3_client_keys_file at a readable file of client keys";
+            return Err(ctx.report(&path, &origin, problem, fix));
         }
-        Ok(n) if n as u64 > MAX_CREDENTIALS_FILE_LEN => {
-            return Err(ctx.report(&path, &origin, format!("{file:?} is larger than 1 MiB"), fix));
-        }
-        Ok(_) => {}
-    }
+    };
     let mut keys = BTreeMap::new();
     for (number, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -130,6 +119,12 @@ pub(super) fn read_client_keys(ctx: &mut Ctx<'_>, field: Field) -> Read<S3Client
         return Err(ctx.report(&path, &origin, format!("{file:?} holds no keys"), fix));
     }
     Ok(S3ClientKeys { keys })
+}
+
+/// A credentials or key file: small, regular, UTF-8.
+fn read_text(file: &str) -> Result<String, String> {
+    let bytes = read_small_file(file, MAX_CREDENTIALS_FILE_LEN)?;
+    String::from_utf8(bytes).map_err(|_| format!("{file:?} is not UTF-8 text"))
 }
 
 /// The keys of an S3 upstream, taken out of its table before they are read.
@@ -534,19 +529,9 @@ fn read_credentials_file(
     file: &std::path::Path,
     profile: &str,
 ) -> Result<S3Credentials, (String, String)> {
-    use std::io::Read as _;
     let shown = file.display();
     let fix = "point credentials_file at a readable AWS credentials file";
-    let mut text = String::new();
-    let read = std::fs::File::open(file)
-        .and_then(|f| f.take(MAX_CREDENTIALS_FILE_LEN + 1).read_to_string(&mut text));
-    match read {
-        Err(e) => return Err((format!("{shown} cannot be read: {e}"), fix.to_owned())),
-        Ok(n) if n as u64 > MAX_CREDENTIALS_FILE_LEN => {
-            return Err((format!("{shown} is larger than 1 MiB"), fix.to_owned()));
-        }
-        Ok(_) => {}
-    }
+    let text = read_text(&file.to_string_lossy()).map_err(|problem| (problem, fix.to_owned()))?;
     let mut in_profile = false;
     let mut found_profile = false;
     let (mut id, mut secret, mut token) = (None, None, None);
@@ -601,6 +586,7 @@ fn read_credentials_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn credentials_files() {
@@ -630,7 +616,11 @@ mod tests {
         assert!(!problem.contains("AKIDHALF"));
         let (problem, _) =
             read_credentials_file(&dir.join("missing"), "default").expect_err("missing");
-        assert!(problem.contains("cannot be read"), "{problem}");
+        assert!(problem.contains("does not exist"), "{problem}");
+        // A device or a FIFO would never end, or never begin: refused before it is opened.
+        let (problem, _) =
+            read_credentials_file(Path::new("/dev/zero"), "default").expect_err("a device");
+        assert!(problem.contains("is not a regular file"), "{problem}");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

@@ -1448,7 +1448,7 @@ fn bad_s3_upstreams() {
         ),
         (
             format!("{url}bucket = \"b12\"\ncredentials_file = \"/nonexistent/creds\"\n"),
-            vec![("upstreams.store.credentials_file", "/nonexistent/creds cannot be read")],
+            vec![("upstreams.store.credentials_file", "\"/nonexistent/creds\" does not exist")],
         ),
     ];
     let env =
@@ -1485,7 +1485,9 @@ fn s3_client_keys_files() {
     }
     let missing = Temp::path("clients-missing");
     let text = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = {}\n", missing.toml());
-    expect_errors(&text, &[("routes[0].s3_client_keys_file", "cannot be read")]);
+    expect_errors(&text, &[("routes[0].s3_client_keys_file", "does not exist")]);
+    let text = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = \"/dev/zero\"\n");
+    expect_errors(&text, &[("routes[0].s3_client_keys_file", "is not a regular file")]);
 }
 
 #[test]
@@ -1600,4 +1602,17 @@ fn replicas_and_health_checks() {
         ),
         &[("upstreams.pool.health_check.path", "is not a request path")],
     );
+}
+
+#[test]
+fn files_that_never_end_or_never_begin_are_refused_unread() {
+    // A FIFO without a writer blocks whoever opens it; /dev/zero never ends.
+    let fifo = Temp::path("ca.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo.0).status().expect("run mkfifo");
+    assert!(made.success());
+    for ca in [fifo.toml(), "\"/dev/zero\"".to_owned()] {
+        let text =
+            format!("[upstreams.origin]\nurl = \"https://h.example\"\nca_file = {ca}\n{ROUTE}");
+        expect_errors(&text, &[("upstreams.origin.ca_file", "is not a regular file")]);
+    }
 }

@@ -1,12 +1,11 @@
 //! `[upstreams.NAME]`: HTTP(S) origins and local folders.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::host::{Host, split_host_port};
-use super::read::{Ctx, Field, Read, Table, key_path};
+use super::read::{Ctx, Field, Read, Table, key_path, read_small_file};
 use super::s3::{self, S3Fields, S3Upstream};
 use super::tree::{Kind, Node};
 
@@ -474,26 +473,12 @@ fn read_ca_file(ctx: &mut Ctx<'_>, field: Field) -> Read<PathBuf> {
     let (path, origin) = (field.path.clone(), field.origin().clone());
     let file = field.string(ctx, "\"/etc/rangeway/ca.pem\"")?;
     let fix = "point ca_file at a readable PEM file of CA certificates";
-    let problem = match std::fs::File::open(&file) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!("{file:?} does not exist"),
-        Err(e) => format!("{file:?} cannot be opened: {e}"),
-        Ok(f) => match f.metadata() {
-            Err(e) => format!("{file:?} cannot be inspected: {e}"),
-            Ok(meta) if !meta.is_file() => format!("{file:?} is not a regular file"),
-            Ok(_) => {
-                let mut pem = Vec::new();
-                match f.take(MAX_CA_FILE_LEN + 1).read_to_end(&mut pem) {
-                    Err(e) => format!("{file:?} cannot be read: {e}"),
-                    Ok(_) if pem.len() as u64 > MAX_CA_FILE_LEN => {
-                        format!("{file:?} is larger than 16 MiB, too large for a CA bundle")
-                    }
-                    Ok(_) if !contains(&pem, b"-----BEGIN CERTIFICATE-----") => format!(
-                        "{file:?} holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)"
-                    ),
-                    Ok(_) => return Ok(PathBuf::from(file)),
-                }
-            }
-        },
+    let problem = match read_small_file(&file, MAX_CA_FILE_LEN) {
+        Err(problem) => problem,
+        Ok(pem) if !contains(&pem, b"-----BEGIN CERTIFICATE-----") => {
+            format!("{file:?} holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)")
+        }
+        Ok(_) => return Ok(PathBuf::from(file)),
     };
     Err(ctx.report(&path, &origin, problem, fix))
 }
