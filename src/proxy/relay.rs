@@ -40,6 +40,25 @@ struct Continuable {
     etag: String,
 }
 
+impl Continuable {
+    /// For an answer whose body is `stream` of the object: `None` without a strong ETag, which
+    /// alone can show that a continuation is of the same version.
+    fn of(stream: ByteRange, headers: &http::HeaderMap) -> Option<Self> {
+        let etag = headers
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .filter(|etag| etag.starts_with('"'))?;
+        let complete_len = match headers
+            .get(header::CONTENT_RANGE)
+            .and_then(|v| parse_content_range(v.as_bytes()))
+        {
+            Some(ContentRange::Satisfied { complete_len: Some(len), .. }) => len,
+            _ => stream.end(),
+        };
+        Some(Self { end: stream.end(), complete_len, etag: etag.to_owned() })
+    }
+}
+
 impl Rangeway {
     /// Answers the request with rangeway's own upstream client, continuing the body when its
     /// origin fails mid-way. Called instead of pingora's proxying.
@@ -58,55 +77,14 @@ impl Rangeway {
         self.upstream_request_filter(session, &mut request, ctx).await?;
         // The request continuations are made of: the same fields, another Range (and Host).
         let base = request.clone();
-        let exchange =
-            match self.origin_client.exchange(&route.upstream, ctx.replica, request).await {
-                Ok(exchange) => exchange,
-                Err(e) => {
-                    // Nothing was sent: another replica, if there is one, can take the request.
-                    let mut last = e;
-                    let mut exchanged = None;
-                    for _ in 1..route.upstream.replica_count() {
-                        ctx.replica = route.upstream.choose();
-                        let mut request = base.clone();
-                        request
-                            .insert_header(header::HOST, route.upstream.host_header(ctx.replica))?;
-                        match self.origin_client.send(&route.upstream, ctx.replica, request).await {
-                            Ok(exchange) => {
-                                exchanged = Some(exchange);
-                                break;
-                            }
-                            Err(e) => last = e,
-                        }
-                    }
-                    exchanged.ok_or(last)?
-                }
-            };
+        let exchange = self.first_exchange(&route, ctx, request, &base).await?;
         ctx.upstream_connected = Some(Instant::now());
         let mut response =
             exchange.session.response_header().cloned().ok_or_else(|| {
                 Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
             })?;
-        let status = response.status.as_u16();
-        let stream = upstream_stream(status, &response.headers);
-        let strong_etag = response
-            .headers
-            .get(header::ETAG)
-            .and_then(|v| v.to_str().ok())
-            .filter(|etag| etag.starts_with('"'))
-            .map(str::to_owned);
-        let continuable = match (stream, strong_etag) {
-            (Some(stream), Some(etag)) => {
-                let complete_len = match response.headers.get(header::CONTENT_RANGE) {
-                    Some(value) => match parse_content_range(value.as_bytes()) {
-                        Some(ContentRange::Satisfied { complete_len: Some(len), .. }) => len,
-                        _ => stream.end(),
-                    },
-                    None => stream.end(),
-                };
-                Some(Continuable { end: stream.end(), complete_len, etag })
-            }
-            _ => None,
-        };
+        let stream = upstream_stream(response.status.as_u16(), &response.headers);
+        let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         self.upstream_response_filter(session, &mut response, ctx).await?;
         self.response_filter(session, &mut response, ctx).await?;
         let head_only = session.req_header().method == Method::HEAD;
@@ -142,6 +120,33 @@ impl Rangeway {
                 }
             }
         }
+    }
+
+    /// Sends the request (`request`, made for `ctx.replica`) and reads the answer's header. When
+    /// the replica cannot be reached, nothing was sent: the others are tried in turn (`base`,
+    /// with their Host).
+    async fn first_exchange(
+        &self,
+        route: &Route,
+        ctx: &mut RequestCtx,
+        request: RequestHeader,
+        base: &RequestHeader,
+    ) -> Result<Exchange> {
+        let mut last =
+            match self.origin_client.exchange(&route.upstream, ctx.replica, request).await {
+                Ok(exchange) => return Ok(exchange),
+                Err(e) => e,
+            };
+        for _ in 1..route.upstream.replica_count() {
+            ctx.replica = route.upstream.choose();
+            let mut request = base.clone();
+            request.insert_header(header::HOST, route.upstream.host_header(ctx.replica))?;
+            match self.origin_client.send(&route.upstream, ctx.replica, request).await {
+                Ok(exchange) => return Ok(exchange),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     /// One chunk (or the end) through the body filter, then to the client.
