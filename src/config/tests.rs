@@ -684,10 +684,10 @@ fn bad_upstreams() {
             vec![
                 (
                     "upstreams.origin.ca_file",
-                    "ca_file applies to https:// upstreams only — remove it, or use an https:// url",
+                    "ca_file applies to https:// urls only — remove it, or use an https:// url",
                 ),
-                ("upstreams.origin.insecure_skip_verify", "https:// upstreams only"),
-                ("upstreams.origin.sni", "https:// upstreams only"),
+                ("upstreams.origin.insecure_skip_verify", "https:// urls only"),
+                ("upstreams.origin.sni", "https:// urls only"),
             ],
         ),
         (

@@ -361,23 +361,8 @@ fn read_replicas(
         }
     }
     let explicit_sni = sni.is_some();
-    let tls = match parsed.iter().find(|u| u.tls) {
-        Some(first) => {
-            let host = first.host.clone();
-            read_tls(ctx, &host, [ca_file, insecure, sni])
-        }
-        None => {
-            for field in [ca_file, insecure, sni].into_iter().flatten() {
-                ctx.report(
-                    &field.path,
-                    field.origin(),
-                    format!("{} applies to https:// urls only", field.key),
-                    "remove it, or use https:// urls",
-                );
-            }
-            Ok(Tls::default())
-        }
-    };
+    let first_https = parsed.iter().find(|u| u.tls).map(|u| u.host.clone());
+    let tls = read_tls_keys(ctx, first_https.as_ref(), [ca_file, insecure, sni]);
     let host_header = host_header.map(|f| read_host_header(ctx, f)).transpose();
     if let Some(reported) = failed {
         return Err(reported);
@@ -417,18 +402,7 @@ fn read_http(ctx: &mut Ctx<'_>, url: &Field, tls_fields: [Option<Field>; 3]) -> 
             .map_err(|(problem, fix)| ctx.report(&url_path, &url_origin, problem, fix))
     });
     let tls = match &parsed {
-        Ok(url) if url.tls => read_tls(ctx, &url.host, tls_fields),
-        Ok(_) => {
-            for field in tls_fields.into_iter().flatten() {
-                ctx.report(
-                    &field.path,
-                    field.origin(),
-                    format!("{} applies to https:// upstreams only", field.key),
-                    "remove it, or use an https:// url",
-                );
-            }
-            Ok(Tls::default())
-        }
+        Ok(url) => read_tls_keys(ctx, url.tls.then_some(&url.host), tls_fields),
         // The scheme is unknown, so whether these apply is too; they are checked once the url
         // is fixed.
         Err(_) => Ok(Tls::default()),
@@ -453,6 +427,27 @@ struct Tls {
     ca_file: Option<PathBuf>,
     insecure_skip_verify: bool,
     sni: Option<String>,
+}
+
+/// The TLS keys of an upstream whose (first) https url has `host`; with no https url at all,
+/// each key present is a mistake.
+fn read_tls_keys(
+    ctx: &mut Ctx<'_>,
+    https_host: Option<&Host>,
+    fields: [Option<Field>; 3],
+) -> Read<Tls> {
+    if let Some(host) = https_host {
+        return read_tls(ctx, host, fields);
+    }
+    for field in fields.into_iter().flatten() {
+        ctx.report(
+            &field.path,
+            field.origin(),
+            format!("{} applies to https:// urls only", field.key),
+            "remove it, or use an https:// url",
+        );
+    }
+    Ok(Tls::default())
 }
 
 fn read_tls(
