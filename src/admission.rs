@@ -26,7 +26,7 @@ use pingora_core::protocols::{
 };
 use pingora_core::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tracing::info;
+use tracing::debug;
 
 use crate::admin::metrics::Metrics;
 use crate::config::ClientLimits;
@@ -80,7 +80,8 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
         let slot = match ip.map(|ip| self.admit(ip)) {
             Some(None) => {
                 self.metrics.connection_refused("per_client_limit");
-                info!(client = ?ip, limit = self.limits.max_connections_per_client, "refused a connection: its address has as many open as max_connections_per_client allows");
+                // Counted, and only at debug: a client over its limit must not flood the log.
+                debug!(client = ?ip, limit = self.limits.max_connections_per_client, "refused a connection: its address has as many open as max_connections_per_client allows");
                 let _ = stream.write_all(TOO_MANY).await;
                 let _ = stream.flush().await;
                 let _ = AsyncWriteExt::shutdown(&mut stream).await;

@@ -45,20 +45,15 @@ fn a_header_dribbled_byte_by_byte_is_cut_off() {
     let began = Instant::now();
     stream.write_all(b"GET /a.bin HTTP/1.1\r\n").expect("write");
     // One header byte every 200 ms: every read gets something, none waits out a read timeout.
-    let mut cut = false;
     for byte in b"X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter().cycle().take(100) {
         std::thread::sleep(Duration::from_millis(200));
-        if stream.write_all(&[*byte]).is_err() {
-            cut = true;
-            break;
-        }
-        if began.elapsed() > Duration::from_secs(4) {
+        if stream.write_all(&[*byte]).is_err() || began.elapsed() > Duration::from_secs(4) {
             break;
         }
     }
     let answer = read_to_close(&mut stream);
     let elapsed = began.elapsed();
-    assert!(cut || answer.is_empty() || elapsed < Duration::from_secs(5), "{elapsed:?}");
+    assert!(!answer.starts_with(b"HTTP/1.1 2"), "{}", String::from_utf8_lossy(&answer));
     assert!(elapsed >= Duration::from_millis(900), "cut before the deadline: {elapsed:?}");
     assert!(elapsed < Duration::from_secs(5), "not cut: {elapsed:?}");
     assert!(origin.requests().is_empty(), "nothing reached the origin");

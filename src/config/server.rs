@@ -54,8 +54,8 @@ pub struct ClientLimits {
     /// `client_header_timeout`: the whole request header must arrive within this time of its
     /// first byte, or the connection is closed (slowloris). Default 10s.
     pub header_timeout: Duration,
-    /// `client_write_timeout`: a client that takes none of the response for this long is cut
-    /// (a slow reader holds one chunk of memory, never more). Default 60s.
+    /// `client_write_timeout`: a client that takes none of the response for this long is cut,
+    /// rather than holding its buffers and upstream connection indefinitely. Default 60s.
     pub write_timeout: Duration,
     /// `max_connections_per_client`: open connections from one address; more are answered 503
     /// and closed. Default 1024; 0 for no limit.

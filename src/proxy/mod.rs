@@ -637,8 +637,8 @@ impl ProxyHttp for Rangeway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        // A client that takes none of the response for this long is cut: a slow reader holds
-        // one chunk, never more.
+        // A client that takes none of the response for this long is cut, rather than holding its
+        // buffers and upstream connection indefinitely.
         session.set_write_timeout(Some(self.client_limits.write_timeout));
         if let Some(problem) = header_over_limits(session.req_header(), &self.client_limits) {
             let status = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;

@@ -46,7 +46,8 @@ impl OriginClient {
     }
 
     /// Sends `request` as it is (already authorized) and reads the answer's header. A replica
-    /// that cannot be reached, or answers 5xx, is passed over for a while.
+    /// that cannot be reached is passed over for a while (one that answers 5xx is, by whoever
+    /// reads the answer).
     pub(super) async fn exchange(
         &self,
         upstream: &Upstream,
@@ -62,9 +63,7 @@ impl OriginClient {
             Ok(Exchange { session, peer })
         };
         let exchanged: Result<Exchange> = exchanged.await;
-        let server_error =
-            |e: &Exchange| e.session.response_header().is_some_and(|r| r.status.is_server_error());
-        if exchanged.as_ref().map_or(true, server_error) {
+        if exchanged.is_err() {
             upstream.failed(replica);
         }
         exchanged

@@ -298,6 +298,9 @@ impl Pump {
             };
             let Some(answer) = exchange.session.response_header() else { continue };
             let status = answer.status.as_u16();
+            if answer.status.is_server_error() {
+                upstream.failed(replica);
+            }
             if status == 412 {
                 return Err("changed");
             }
