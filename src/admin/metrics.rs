@@ -19,6 +19,7 @@ pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     response_bytes: IntCounterVec,
+    spliced_bytes: IntCounterVec,
     upstream_errors: IntCounterVec,
     upstream_ignored_range: IntCounterVec,
     resumes_refused: IntCounterVec,
@@ -78,6 +79,14 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
+        let spliced_bytes = IntCounterVec::new(
+            Opts::new(
+                "rangeway_spliced_bytes_total",
+                "Response body bytes moved from the origin's socket to the client's by splice(2), never entering rangeway's memory (part of rangeway_response_body_bytes_total).",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
         let middleware_errors = IntCounterVec::new(
             Opts::new(
                 "rangeway_middleware_errors_total",
@@ -119,6 +128,7 @@ impl Metrics {
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
+            Box::new(spliced_bytes.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(upstream_ignored_range.clone()),
             Box::new(resumes_refused.clone()),
@@ -142,6 +152,7 @@ impl Metrics {
             registry,
             requests,
             response_bytes,
+            spliced_bytes,
             upstream_errors,
             upstream_ignored_range,
             resumes_refused,
@@ -158,6 +169,11 @@ impl Metrics {
         self.requests.with_label_values(&[route, &status.to_string()]).inc();
         self.response_bytes.with_label_values(&[route]).inc_by(bytes);
         self.duration.with_label_values(&[route]).observe(elapsed.as_secs_f64());
+    }
+
+    /// Body bytes of a response that went out by splice(2).
+    pub fn spliced(&self, route: &str, bytes: u64) {
+        self.spliced_bytes.with_label_values(&[route]).inc_by(bytes);
     }
 
     pub fn upstream_error(&self, route: &str, kind: &str) {

@@ -17,6 +17,7 @@ mod relay;
 pub(crate) mod representation;
 pub mod routing;
 mod s3;
+mod splice;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -152,6 +153,8 @@ pub struct RequestCtx {
     live: Option<LiveGuard>,
     /// Which replica of the route's upstream the request went to.
     replica: usize,
+    /// Body bytes that went to the client by splice(2), past pingora's count.
+    spliced: u64,
 }
 
 /// A full pass of an upstream body checked against the digest its origin published for it.
@@ -266,6 +269,7 @@ impl Default for RequestCtx {
             coding_declined: false,
             live: None,
             replica: 0,
+            spliced: 0,
         }
     }
 }
@@ -764,10 +768,13 @@ impl ProxyHttp for Rangeway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<bool> {
-        let Some(policy) = ctx.route.as_ref().and_then(|route| route.upstream_resume) else {
+        let Some(route) = ctx.route.as_ref() else { return Ok(true) };
+        // rangeway relays it itself, so that a body its origin breaks off can be continued, or
+        // so that a large untouched body can be spliced (see splice.rs); pingora proxies the rest.
+        let policy = route.upstream_resume;
+        if policy.is_none() && !relay::may_splice(session, route) {
             return Ok(true);
-        };
-        // rangeway relays it itself, so that a body its origin breaks off can be continued.
+        }
         self.relay(session, ctx, policy).await?;
         Ok(false)
     }
@@ -1147,7 +1154,7 @@ impl ProxyHttp for Rangeway {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         // What reached the client's connection, not what the body filter handed on.
-        let sent = session.body_bytes_sent() as u64;
+        let sent = session.body_bytes_sent() as u64 + ctx.spliced;
         let mut completed = None;
         if let Some(delivery) = ctx.delivery(sent).filter(|d| !d.range.is_empty()) {
             // A store outage is reported by the store's health, once; the response is done.
@@ -1184,6 +1191,9 @@ impl ProxyHttp for Rangeway {
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
         self.metrics.request(route, status, sent, elapsed);
+        if ctx.spliced > 0 {
+            self.metrics.spliced(route, ctx.spliced);
+        }
         let req = session.req_header();
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
         let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
@@ -1320,6 +1330,34 @@ fn forwarded(response: &mut ResponseHeader) -> Result<()> {
     }
     response.append_header(header::VIA, VIA)?;
     Ok(())
+}
+
+/// Removes from a request rangeway sends itself what concerns only the client's connection: the
+/// fields its `Connection` names (but the ones rangeway sets itself) and the hop-by-hop fields
+/// (RFC 9110 §7.6.1), as pingora does to the requests it proxies. A client's `Connection: close`
+/// would otherwise close the pooled origin connection too.
+fn strip_hop_by_hop(request: &mut RequestHeader) {
+    let nominated: Vec<header::HeaderName> = request
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
+        .filter_map(|token| header::HeaderName::from_bytes(token.trim_ascii()).ok())
+        .filter(|name| {
+            !matches!(
+                name.as_str(),
+                "host" | "x-forwarded-for" | "x-forwarded-host" | "x-forwarded-proto" | "via"
+            )
+        })
+        .collect();
+    for name in &nominated {
+        request.remove_header(name);
+    }
+    for name in
+        HOP_BY_HOP.iter().chain(&["proxy-authenticate", "transfer-encoding", "http2-settings"])
+    {
+        request.remove_header(*name);
+    }
 }
 
 /// Removes S3's `x-amz-checksum-*` fields: digests of the origin's whole object.
@@ -1513,5 +1551,32 @@ fn error_kind(e: &Error) -> &'static str {
         ReadTimedout | WriteTimedout => "timeout",
         ConnectionClosed | ReadError | WriteError => "io",
         _ => "protocol",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relayed_request_loses_what_concerns_the_client_connection_only() {
+        let mut request = RequestHeader::build("GET", b"/obj", None).unwrap();
+        for (name, value) in [
+            ("Host", "origin"),
+            ("Connection", "close, X-Private, host"),
+            ("Connection", "x-forwarded-for"),
+            ("X-Private", "1"),
+            ("X-Forwarded-For", "10.0.0.1"),
+            ("Keep-Alive", "timeout=5"),
+            ("TE", "trailers"),
+            ("Upgrade", "h2c"),
+            ("Range", "bytes=0-9"),
+        ] {
+            request.append_header(name, value).unwrap();
+        }
+        strip_hop_by_hop(&mut request);
+        let mut left: Vec<&str> = request.headers.keys().map(|name| name.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["host", "range", "x-forwarded-for"]);
     }
 }

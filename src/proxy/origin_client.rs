@@ -28,6 +28,13 @@ pub(super) struct Exchange {
     peer: Box<HttpPeer>,
 }
 
+impl Exchange {
+    /// How long the connection may be silent, as configured for its upstream.
+    pub(super) fn read_timeout(&self) -> Option<std::time::Duration> {
+        self.peer.options.read_timeout
+    }
+}
+
 impl OriginClient {
     pub(super) fn new() -> Self {
         Self { connector: Connector::new(None) }

@@ -14,12 +14,14 @@
 //! padded or spliced.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, header};
-use pingora_error::{Error, ErrorType, Result};
-use pingora_http::RequestHeader;
+use pingora_core::protocols::Stream;
+use pingora_core::protocols::http::{HttpTask, ServerSession};
+use pingora_error::{Error, ErrorSource, ErrorType, OrErr, Result};
+use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{ProxyHttp, Session};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
@@ -28,9 +30,11 @@ use tracing::{info, warn};
 
 use super::origin_client::{Exchange, OriginClient};
 use super::routing::Route;
-use super::{Rangeway, RequestCtx, upstream_stream};
+use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
+use super::{BodyPlan, Rangeway, RequestCtx, strip_hop_by_hop, upstream_stream};
 use crate::admin::metrics::Metrics;
 use crate::config::UpstreamResume;
+use crate::range::content_length;
 
 /// What a broken body can be continued with: the stream's end and the version it is of.
 struct Continuable {
@@ -66,7 +70,7 @@ impl Rangeway {
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
-        policy: UpstreamResume,
+        policy: Option<UpstreamResume>,
     ) -> Result<()> {
         let route = ctx
             .route
@@ -74,10 +78,11 @@ impl Rangeway {
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
         ctx.replica = route.upstream.choose();
         let mut request = session.req_header().clone();
+        strip_hop_by_hop(&mut request);
         self.upstream_request_filter(session, &mut request, ctx).await?;
         // The request continuations are made of: the same fields, another Range (and Host).
         let base = request.clone();
-        let exchange = self.first_exchange(&route, ctx, request, &base).await?;
+        let mut exchange = self.first_exchange(&route, ctx, request, &base).await?;
         ctx.upstream_connected = Some(Instant::now());
         let mut response =
             exchange.session.response_header().cloned().ok_or_else(|| {
@@ -85,18 +90,11 @@ impl Rangeway {
             })?;
         let stream = upstream_stream(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
+        let upstream_len = content_length(&response.headers);
         self.upstream_response_filter(session, &mut response, ctx).await?;
         self.response_filter(session, &mut response, ctx).await?;
         let head_only = session.req_header().method == Method::HEAD;
-        session.write_response_header(Box::new(response), head_only).await?;
-        if head_only {
-            self.origin_client.release(exchange).await;
-            return Ok(());
-        }
-        // The upstream is read (and continued) by a task of its own while this one writes to the
-        // client, so that both sides move at once, as in pingora's proxying.
-        let (pieces, mut received) = tokio::sync::mpsc::channel(RELAY_QUEUE);
-        let pump = Pump {
+        let mut pump = Pump {
             client: Arc::clone(&self.origin_client),
             metrics: Arc::clone(&self.metrics),
             route: Arc::clone(&route),
@@ -106,7 +104,77 @@ impl Rangeway {
             at: stream.map_or(0, |s| s.start()),
             replica: ctx.replica,
         };
-        tokio::spawn(pump.run(exchange, pieces));
+        if !head_only
+            && let Some((client, len)) =
+                spliceable(session, ctx, &exchange, &response, upstream_len)
+        {
+            return self.splice(session, ctx, response, (client, len), exchange, pump).await;
+        }
+        if head_only {
+            session.write_response_header(Box::new(response), true).await?;
+            self.origin_client.release(exchange).await;
+            return Ok(());
+        }
+        // The header waits for the first HOLD_BYTES of the body, or all of it, to pass the body
+        // filter: a small body it refuses (one failing its origin's digest) is then answered
+        // with an error status rather than a cut 200 — what pingora does with the header and
+        // body it reads in one go.
+        let mut held = Vec::new();
+        let (mut held_len, mut pending) = (0, None);
+        let done = loop {
+            match exchange.session.read_response_body().await {
+                Ok(Some(chunk)) => {
+                    held_len += chunk.len();
+                    held.push(chunk);
+                    if exchange.session.response_done() {
+                        break true;
+                    }
+                    if held_len >= HOLD_BYTES {
+                        break false;
+                    }
+                }
+                Ok(None) => break true,
+                Err(e) => {
+                    pending = Some(e);
+                    break false;
+                }
+            }
+        };
+        let last = held.len().saturating_sub(1);
+        let mut out = Vec::with_capacity(held.len());
+        for (i, chunk) in held.into_iter().enumerate() {
+            let mut body = Some(chunk);
+            self.response_body_filter(session, &mut body, done && i == last, ctx)?;
+            out.extend(body);
+        }
+        pump.at += held_len as u64;
+        if done {
+            // Pooled before the client hears of the end: its next request may want it.
+            self.origin_client.release(exchange).await;
+            if out.is_empty() {
+                // No body, or nothing of it for this client: the filter still sees the end.
+                let mut body = None;
+                self.response_body_filter(session, &mut body, true, ctx)?;
+                out.extend(body);
+            }
+            session.write_response_header(Box::new(response), false).await?;
+            let count = out.len();
+            if count == 0 {
+                return session.write_response_body(None, true).await;
+            }
+            for (i, body) in out.into_iter().enumerate() {
+                session.write_response_body(Some(body), i + 1 == count).await?;
+            }
+            return Ok(());
+        }
+        session.write_response_header(Box::new(response), false).await?;
+        for body in out {
+            session.write_response_body(Some(body), false).await?;
+        }
+        // The upstream is read (and continued) by a task of its own while this one writes to the
+        // client, so that both sides move at once, as in pingora's proxying.
+        let (pieces, mut received) = tokio::sync::mpsc::channel(RELAY_QUEUE);
+        tokio::spawn(pump.run(exchange, pending, pieces));
         loop {
             match received.recv().await {
                 Some(Piece::Chunk(chunk)) => self.forward(session, ctx, Some(chunk), false).await?,
@@ -118,6 +186,77 @@ impl Rangeway {
                         "the relay's reader ended",
                     ));
                 }
+            }
+        }
+    }
+
+    /// Answers with `response` and splices its body from the origin's socket to the client's
+    /// (see splice.rs), continuing it where the origin breaks it off as the relay does. The
+    /// connection to the client closes after it: pingora's writer has not seen the body go out,
+    /// so it cannot frame another response on it (the header says `Connection: close`).
+    async fn splice(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        response: ResponseHeader,
+        (client, len): (RawSocket, u64),
+        mut exchange: Exchange,
+        mut pump: Pump,
+    ) -> Result<()> {
+        session.set_keepalive(None);
+        write_header_now(session, response).await?;
+        let timeouts = Timeouts {
+            // As pingora: no read timeout configured, none applied.
+            read: exchange.read_timeout().unwrap_or(Duration::MAX),
+            write: self.client_limits.write_timeout,
+        };
+        let pipe = Pipe::new().or_err(ErrorType::InternalError, "creating a pipe")?;
+        let end = pump.at + len;
+        let (started, mut attempts) = (Instant::now(), 0);
+        loop {
+            let result = async {
+                // The bytes that came with the header are in pingora's buffer: they go first.
+                if let Some(first) = exchange.session.read_response_body().await? {
+                    client
+                        .write_all(&first, timeouts.write)
+                        .await
+                        .or_err(ErrorType::WriteError, "writing the body")
+                        .map_err(|e| e.into_down())?;
+                    pump.at += first.len() as u64;
+                    ctx.spliced += first.len() as u64;
+                }
+                let origin = plain_socket(exchange.session.stream()).ok_or_else(|| {
+                    Error::explain(
+                        ErrorType::InternalError,
+                        "the origin connection cannot be spliced",
+                    )
+                })?;
+                let left = end - pump.at;
+                let delivered = |n: usize| {
+                    pump.at += n as u64;
+                    ctx.spliced += n as u64;
+                    if let Some(live) = &ctx.live {
+                        live.sent(n);
+                    }
+                };
+                splice(&origin, &client, &pipe, left, timeouts, delivered).await.map_err(
+                    |e| match e {
+                        SpliceError::Upstream(e) => {
+                            Error::because(ErrorType::ReadError, "reading the body", e).into_up()
+                        }
+                        SpliceError::Downstream(e) => {
+                            Error::because(ErrorType::WriteError, "writing the body", e).into_down()
+                        }
+                    },
+                )
+            }
+            .await;
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) if *e.esource() == ErrorSource::Upstream && pump.at < end => {
+                    exchange = pump.continued(e, started, &mut attempts).await?;
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -166,6 +305,68 @@ impl Rangeway {
     }
 }
 
+/// Whether a request may be answered by splicing: a GET on a route without middleware, from a
+/// plain HTTP/1 client, to an upstream without TLS. The answer decides for good (see
+/// [`spliceable`]); otherwise pingora proxies the request.
+pub(super) fn may_splice(session: &Session, route: &Route) -> bool {
+    session.req_header().method == Method::GET
+        && route.chain.stages().is_empty()
+        && !route.upstream.is_tls()
+        && matches!(session.as_downstream(), ServerSession::H1(h1) if h1.stream().get_ssl_digest().is_none())
+}
+
+/// The smallest body worth splicing: below it, the pipe and the closed connection cost more than
+/// the copies they save.
+const SPLICE_MIN_BYTES: u64 = 256 * 1024;
+
+/// The client's socket and the body's length, when the response can be spliced: a body of
+/// known length (the origin's, unchanged) passed on as it is, between plain sockets, to an
+/// HTTP/1 client.
+fn spliceable(
+    session: &Session,
+    ctx: &RequestCtx,
+    exchange: &Exchange,
+    response: &ResponseHeader,
+    upstream_len: Option<u64>,
+) -> Option<(RawSocket, u64)> {
+    let len = upstream_len.filter(|len| *len >= SPLICE_MIN_BYTES)?;
+    let untouched = ctx.pass.is_none()
+        && ctx.origin_digest.is_none()
+        && matches!(ctx.body, BodyPlan::Forward)
+        && content_length(&response.headers) == Some(len);
+    let ServerSession::H1(h1) = session.as_downstream() else { return None };
+    if !untouched || exchange.session.stream().is_none_or(|s| s.get_ssl_digest().is_some()) {
+        return None;
+    }
+    plain_socket(Some(h1.stream())).map(|client| (client, len))
+}
+
+/// A connection's socket for rangeway's own reads and writes, unless it is TLS.
+fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
+    let stream = stream.filter(|s| s.get_ssl_digest().is_none())?;
+    RawSocket::duplicate(stream.id()).ok()
+}
+
+/// Writes the response header and sends it at once, before the body goes out by another way:
+/// pingora buffers a header with a Content-Length until body bytes follow, and offers no flush
+/// of its own. A failed task after the header is its way to one ("flush what we have and quit").
+async fn write_header_now(session: &mut Session, response: ResponseHeader) -> Result<()> {
+    const FLUSHED: ErrorType = ErrorType::Custom("HeaderFlushed");
+    let ServerSession::H1(h1) = session.as_downstream_mut() else {
+        return Err(Error::explain(ErrorType::InternalError, "splicing to a client not on HTTP/1"));
+    };
+    let tasks =
+        vec![HttpTask::Header(Box::new(response), false), HttpTask::Failed(Error::new(FLUSHED))];
+    match h1.response_duplex_vec(tasks).await {
+        Err(e) if *e.etype() == FLUSHED => Ok(()),
+        Err(e) => Err(e),
+        Ok(_) => Err(Error::explain(ErrorType::InternalError, "the header was not flushed")),
+    }
+}
+
+/// How much of a body the relay reads before it sends the header (see `relay`).
+const HOLD_BYTES: usize = 64 * 1024;
+
 /// How many chunks the relay's reader may be ahead of the client.
 const RELAY_QUEUE: usize = 4;
 
@@ -186,25 +387,38 @@ struct Pump {
     /// The request continuations are made of: the same fields, another Range (and Host).
     base: RequestHeader,
     continuable: Option<Continuable>,
-    policy: UpstreamResume,
+    /// How a broken body is continued; `None` on routes that do not continue bodies.
+    policy: Option<UpstreamResume>,
     /// The next byte of the object the body brings.
     at: u64,
     replica: usize,
 }
 
 impl Pump {
-    async fn run(mut self, mut exchange: Exchange, pieces: Sender<Piece>) {
+    /// Reads the rest of the body of `exchange` (whose last read may have failed with
+    /// `pending`) to its end.
+    async fn run(
+        mut self,
+        mut exchange: Exchange,
+        mut pending: Option<Box<Error>>,
+        pieces: Sender<Piece>,
+    ) {
         let started = Instant::now();
         let mut attempts = 0;
         loop {
-            let piece = match exchange.session.read_response_body().await {
+            let read = match pending.take() {
+                Some(broke) => Err(broke),
+                None => exchange.session.read_response_body().await,
+            };
+            let piece = match read {
                 Ok(Some(chunk)) => {
                     self.at += chunk.len() as u64;
                     Piece::Chunk(chunk)
                 }
                 Ok(None) => {
-                    let _ = pieces.send(Piece::End).await;
+                    // Pooled before the client hears of the end: its next request may want it.
                     self.client.release(exchange).await;
+                    let _ = pieces.send(Piece::End).await;
                     return;
                 }
                 Err(broke) => match self.continued(broke, started, &mut attempts).await {
@@ -232,13 +446,14 @@ impl Pump {
         attempts: &mut u32,
     ) -> Result<Exchange> {
         self.route.upstream.failed(self.replica);
+        let Some(policy) = self.policy else { return Err(broke) };
         let at = self.at;
         let Some(continuable) = self.continuable.as_ref().filter(|c| at < c.end) else {
             self.metrics.upstream_resume(&self.route.name, "unresumable");
             info!(route = %self.route.name, at, error = %broke, "the origin broke off a body that cannot be continued (no strong ETag or length): cutting the response");
             return Err(broke);
         };
-        match self.continuation(continuable, started, attempts).await {
+        match self.continuation(continuable, &policy, started, attempts).await {
             Ok((exchange, replica)) => {
                 self.replica = replica;
                 self.metrics.upstream_resume(&self.route.name, "resumed");
@@ -259,10 +474,11 @@ impl Pump {
     async fn continuation(
         &self,
         continuable: &Continuable,
+        policy: &UpstreamResume,
         started: Instant,
         attempts: &mut u32,
     ) -> std::result::Result<(Exchange, usize), &'static str> {
-        let (upstream, at, policy) = (&self.route.upstream, self.at, &self.policy);
+        let (upstream, at) = (&self.route.upstream, self.at);
         let mut backoff = policy.backoff;
         loop {
             if *attempts >= policy.attempts {

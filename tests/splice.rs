@@ -1,0 +1,151 @@
+//! Large untouched bodies go from the origin's socket to the client's by splice(2): every byte
+//! arrives, ranges are the object's slices, the download is recorded for resume, and a client or
+//! origin that goes away mid-body leaves rangeway serving the next request. Small bodies, HEAD and
+//! routes with middleware keep pingora's path (and the connection).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::data::test_bytes;
+use support::http::{Connection, RawRequest, Response, get, get_until, request};
+use support::origin::{Behaviour, Origin};
+use support::proxy::Proxy;
+
+const BIG: usize = 3 * 1024 * 1024 + 5;
+const SMALL: usize = 100 * 1024;
+
+fn spliced_bytes(proxy: &Proxy) -> u64 {
+    let text = String::from_utf8(get(&proxy.admin_url("/metrics"), &[]).body).expect("text");
+    text.lines()
+        .filter(|l| l.starts_with("rangeway_spliced_bytes_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn send(proxy: &Proxy, raw: RawRequest) -> Response {
+    request(proxy.addr(), &raw).expect("request through rangeway")
+}
+
+fn setup() -> (Origin, Proxy, Vec<u8>, Vec<u8>) {
+    let origin = Origin::start();
+    let big = test_bytes(BIG, 5);
+    let small = test_bytes(SMALL, 6);
+    origin.put("/big.bin", big.clone());
+    origin.put("/small.bin", small.clone());
+    let proxy = Proxy::start(&format!(
+        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"2s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n\n[[routes]]\npath_prefix = \"/sum/\"\nupstream = \"origin\"\nstrip_prefix = true\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
+        origin.base_url()
+    ));
+    (origin, proxy, big, small)
+}
+
+#[test]
+fn large_untouched_bodies_are_spliced_byte_for_byte() {
+    let (_origin, proxy, big, small) = setup();
+
+    let whole = send(&proxy, RawRequest::get("/big.bin"));
+    assert_eq!(whole.status, 200);
+    assert!(whole.complete, "cut after {} bytes", whole.body.len());
+    assert!(whole.body == big, "other bytes than the object's");
+    assert_eq!(whole.header("content-length"), Some(BIG.to_string().as_str()));
+    // pingora's writer did not frame the body, so the connection cannot carry another response.
+    assert_eq!(whole.header("connection"), Some("close"));
+    assert_eq!(spliced_bytes(&proxy), BIG as u64);
+
+    let mut expected = BIG as u64;
+    for (range, slice) in [
+        ("bytes=1000-2000999", 1000..2_001_000),
+        ("bytes=-300000", BIG - 300_000..BIG),
+        ("bytes=2000000-", 2_000_000..BIG),
+    ] {
+        let part = send(&proxy, RawRequest::get("/big.bin").header("Range", range));
+        assert_eq!(part.status, 206, "{range}");
+        assert!(part.complete, "{range}: cut");
+        assert!(part.body == big[slice.clone()], "{range}: other bytes than the slice");
+        assert_eq!(
+            part.header("content-range"),
+            Some(format!("bytes {}-{}/{BIG}", slice.start, slice.end - 1).as_str())
+        );
+        expected += slice.len() as u64;
+        assert_eq!(spliced_bytes(&proxy), expected, "{range}");
+    }
+
+    // Below the threshold, HEAD, a multi-range answer and a route with middleware: not spliced,
+    // and the connection is kept — until a spliced answer, which closes it.
+    let mut connection = Connection::open(proxy.addr()).expect("connect");
+    let mut send_on = |raw: RawRequest| connection.send(&raw).expect("request on the connection");
+    let kept = send_on(RawRequest::get("/small.bin"));
+    assert!(kept.complete && kept.body == small);
+    assert_eq!(kept.header("connection"), Some("keep-alive"));
+    let head = send_on(RawRequest::head("/big.bin"));
+    assert_eq!(head.status, 200);
+    assert!(head.body.is_empty());
+    let multi = send_on(RawRequest::get("/big.bin").header("Range", "bytes=0-9,-400000"));
+    assert_eq!(multi.status, 206);
+    assert!(multi.complete);
+    let summed = send_on(RawRequest::get("/sum/big.bin"));
+    assert!(summed.complete && summed.body == big);
+    assert_eq!(summed.header("connection"), Some("keep-alive"));
+    assert_eq!(spliced_bytes(&proxy), expected, "only the large plain bodies were spliced");
+    let spliced = send_on(RawRequest::get("/big.bin"));
+    assert!(spliced.complete && spliced.body == big);
+    assert_eq!(spliced.header("connection"), Some("close"));
+    assert!(connection.send(&RawRequest::get("/small.bin")).is_err(), "the connection stayed open");
+}
+
+#[test]
+fn a_spliced_download_is_recorded_for_resume() {
+    let (_origin, proxy, big, _small) = setup();
+    let whole = send(&proxy, RawRequest::get("/big.bin").header("X-Download-Id", "spliced"));
+    assert!(whole.complete && whole.body == big);
+    let record = get_until(&proxy.admin_url("/v1/downloads/spliced"), |r| r.status == 200);
+    let record: Value = serde_json::from_slice(&record.body).expect("JSON");
+    assert_eq!(record["complete"], true, "{record}");
+    assert_eq!(record["delivered_bytes"], BIG as u64, "{record}");
+}
+
+#[test]
+fn a_client_that_leaves_mid_body_is_recorded_and_the_next_is_served() {
+    let (_origin, proxy, big, _small) = setup();
+    let mut client = TcpStream::connect(proxy.addr()).expect("connect");
+    client
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\nX-Download-Id: left\r\n\r\n")
+        .expect("send");
+    let mut first = vec![0u8; 256 * 1024];
+    client.read_exact(&mut first).expect("read the start");
+    drop(client);
+
+    let record = get_until(&proxy.admin_url("/v1/downloads/left"), |r| r.status == 200);
+    let record: Value = serde_json::from_slice(&record.body).expect("JSON");
+    assert_eq!(record["complete"], false, "{record}");
+    let delivered = record["delivered_bytes"].as_u64().expect("delivered_bytes");
+    assert!(delivered > 0 && delivered < BIG as u64, "{record}");
+
+    let next = send(&proxy, RawRequest::get("/big.bin"));
+    assert!(next.complete && next.body == big);
+}
+
+#[test]
+fn an_origin_that_breaks_off_mid_body_cuts_the_client_short_with_its_bytes() {
+    let (origin, proxy, big, _small) = setup();
+    origin.set_global_behaviour(Behaviour::CutAfter(1_000_000));
+    let cut = send(&proxy, RawRequest::get("/big.bin"));
+    assert_eq!(cut.status, 200);
+    assert!(!cut.complete, "a cut body was passed off as whole");
+    assert_eq!(cut.body.len(), 1_000_000);
+    assert!(cut.body == big[..1_000_000]);
+
+    // A silent origin: the read timeout (2 s) ends it the same way.
+    origin.set_global_behaviour(Behaviour::Slow { chunk: 600_000, delay: Duration::from_secs(4) });
+    let stalled = send(&proxy, RawRequest::get("/big.bin"));
+    assert!(!stalled.complete);
+    assert!(stalled.body == big[..stalled.body.len()]);
+
+    origin.set_global_behaviour(Behaviour::Normal);
+    let next = send(&proxy, RawRequest::get("/big.bin"));
+    assert!(next.complete && next.body == big);
+}
