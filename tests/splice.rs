@@ -45,7 +45,7 @@ fn setup() -> (Origin, Proxy, Vec<u8>, Vec<u8>) {
 
 #[test]
 fn large_untouched_bodies_are_spliced_byte_for_byte() {
-    let (_origin, proxy, big, small) = setup();
+    let (origin, proxy, big, small) = setup();
 
     let whole = send(&proxy, RawRequest::get("/big.bin"));
     assert_eq!(whole.status, 200);
@@ -73,6 +73,9 @@ fn large_untouched_bodies_are_spliced_byte_for_byte() {
         expected += slice.len() as u64;
         assert_eq!(spliced_bytes(&proxy), expected, "{range}");
     }
+    // The origin connection goes back to the pool after each: one connection served all four.
+    let connections: Vec<u64> = origin.requests().iter().map(|r| r.connection).collect();
+    assert_eq!(connections, [connections[0]; 4], "origin connections per request");
 
     // Below the threshold, HEAD, a multi-range answer and a route with middleware: not spliced,
     // and the connection is kept — until a spliced answer, which closes it.

@@ -3,17 +3,20 @@
 //! body its origin broke off (`relay`).
 
 use http::header;
-use pingora_core::connectors::http::Connector;
+use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::http::client::HttpSession;
-use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::protocols::http::v1::client::HttpSession as Http1Session;
+use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_error::Result;
 use pingora_http::RequestHeader;
 
 use super::upstream::Upstream;
 
-/// A connection pool of rangeway's own, apart from the proxy's.
+/// A connection pool of rangeway's own, apart from the proxy's. HTTP/1 only, as rangeway's
+/// upstreams are; the pool holds connections rather than sessions, so that one whose body was
+/// spliced past pingora's reader can go back to it.
 pub(super) struct OriginClient {
-    connector: Connector,
+    transport: TransportConnector,
 }
 
 impl std::fmt::Debug for OriginClient {
@@ -37,7 +40,7 @@ impl Exchange {
 
 impl OriginClient {
     pub(super) fn new() -> Self {
-        Self { connector: Connector::new(None) }
+        Self { transport: TransportConnector::new(None) }
     }
 
     /// Sends `request` (made by [`Upstream::request`] for `replica`) to that replica of
@@ -63,7 +66,8 @@ impl OriginClient {
     ) -> Result<Exchange> {
         let exchanged = async {
             let peer = upstream.peer(replica).await?;
-            let (mut session, _) = self.connector.get_http_session(peer.as_ref()).await?;
+            let (stream, _) = self.transport.get_stream(peer.as_ref()).await?;
+            let mut session = HttpSession::H1(Http1Session::new_with_options(stream, peer.as_ref()));
             session.write_request_header(Box::new(request)).await?;
             session.finish_request_body().await?;
             session.read_response_header().await?;
@@ -76,10 +80,25 @@ impl OriginClient {
         exchanged
     }
 
-    /// Returns the connection of an exchange whose body was read to its end to the pool.
+    /// Returns the connection of an exchange whose body was read to its end to the pool, when
+    /// the origin keeps it open.
     pub(super) async fn release(&self, exchange: Exchange) {
-        let idle = exchange.peer.options.idle_timeout;
-        self.connector.release_http_session(exchange.session, exchange.peer.as_ref(), idle).await;
+        let Exchange { session: HttpSession::H1(mut session), peer } = exchange else { return };
+        session.respect_keepalive();
+        if let Some(stream) = session.reuse().await {
+            self.transport.release_stream(stream, peer.reuse_hash(), peer.options.idle_timeout);
+        }
+    }
+
+    /// Returns the connection of an exchange whose whole body was spliced (pingora's reader saw
+    /// only its first bytes) to the pool, when the origin keeps it open.
+    pub(super) fn release_spliced(&self, exchange: Exchange) {
+        let Exchange { session: HttpSession::H1(mut session), peer } = exchange else { return };
+        session.respect_keepalive();
+        if session.will_keepalive() {
+            let stream = session.into_inner();
+            self.transport.release_stream(stream, peer.reuse_hash(), peer.options.idle_timeout);
+        }
     }
 
     /// The length of the object at `target` (path and query), by a HEAD: `None` when the origin

@@ -252,7 +252,10 @@ impl Rangeway {
             }
             .await;
             match result {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.origin_client.release_spliced(exchange);
+                    return Ok(());
+                }
                 Err(e) if *e.esource() == ErrorSource::Upstream && pump.at < end => {
                     exchange = pump.continued(e, started, &mut attempts).await?;
                 }
