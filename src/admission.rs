@@ -13,6 +13,7 @@ use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -131,7 +132,7 @@ enum Phase {
 }
 
 /// A client connection whose request headers must each arrive within a deadline.
-struct Watched {
+pub(crate) struct Watched {
     inner: Stream,
     timeout: Duration,
     phase: Phase,
@@ -141,6 +142,10 @@ struct Watched {
     started: Option<(Instant, Pin<Box<tokio::time::Sleep>>)>,
     _slot: Option<Slot>,
     metrics: Arc<Metrics>,
+    /// Body bytes that went to the client past pingora's writer (spliced, see proxy/splice.rs)
+    /// and that it has still to be told of: its next writes are counted against them and go
+    /// nowhere, so that it frames the response as complete and keeps the connection.
+    sent_aside: AtomicU64,
 }
 
 impl std::fmt::Debug for Watched {
@@ -162,7 +167,27 @@ impl Watched {
             started: None,
             _slot: slot,
             metrics: Arc::clone(metrics),
+            sent_aside: AtomicU64::new(0),
         }
+    }
+
+    /// The admission wrapper of a client connection, when it has one.
+    pub(crate) fn of(stream: &Stream) -> Option<&Watched> {
+        stream.as_any().downcast_ref()
+    }
+
+    /// `bytes` of the response body went out by another way: the next `bytes` pingora writes
+    /// are its account of them (see `sent_aside`).
+    pub(crate) fn note_sent_aside(&self, bytes: u64) {
+        self.sent_aside.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// How much of `len` bytes being written were sent aside already: taken off the account.
+    fn take_sent_aside(&mut self, len: usize) -> usize {
+        let aside = self.sent_aside.get_mut();
+        let taken = (*aside).min(len as u64);
+        *aside -= taken;
+        taken as usize
     }
 
     /// Follows the bytes just read: a header's first byte starts its clock, its blank line
@@ -244,7 +269,10 @@ impl AsyncWrite for Watched {
         // Whatever was read, the request has been taken: the answer is going out.
         this.phase = Phase::Response;
         this.started = None;
-        Pin::new(&mut this.inner).poll_write(cx, buf)
+        match this.take_sent_aside(buf.len()) {
+            0 => Pin::new(&mut this.inner).poll_write(cx, buf),
+            taken => Poll::Ready(Ok(taken)),
+        }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -263,7 +291,11 @@ impl AsyncWrite for Watched {
         let this = self.get_mut();
         this.phase = Phase::Response;
         this.started = None;
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        let first = bufs.iter().find(|buf| !buf.is_empty()).map_or(0, |buf| buf.len());
+        match this.take_sent_aside(first) {
+            0 => Pin::new(&mut this.inner).poll_write_vectored(cx, bufs),
+            taken => Poll::Ready(Ok(taken)),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -153,7 +153,7 @@ pub struct RequestCtx {
     live: Option<LiveGuard>,
     /// Which replica of the route's upstream the request went to.
     replica: usize,
-    /// Body bytes that went to the client by splice(2), past pingora's count.
+    /// Body bytes that went to the client by splice(2) (pingora's writer is told of them after).
     spliced: u64,
 }
 
@@ -1154,7 +1154,7 @@ impl ProxyHttp for Rangeway {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         // What reached the client's connection, not what the body filter handed on.
-        let sent = session.body_bytes_sent() as u64 + ctx.spliced;
+        let sent = session.body_bytes_sent() as u64;
         let mut completed = None;
         if let Some(delivery) = ctx.delivery(sent).filter(|d| !d.range.is_empty()) {
             // A store outage is reported by the store's health, once; the response is done.

@@ -67,7 +67,8 @@ impl OriginClient {
         let exchanged = async {
             let peer = upstream.peer(replica).await?;
             let (stream, _) = self.transport.get_stream(peer.as_ref()).await?;
-            let mut session = HttpSession::H1(Http1Session::new_with_options(stream, peer.as_ref()));
+            let mut session =
+                HttpSession::H1(Http1Session::new_with_options(stream, peer.as_ref()));
             session.write_request_header(Box::new(request)).await?;
             session.finish_request_body().await?;
             session.read_response_header().await?;

@@ -33,6 +33,7 @@ use super::routing::Route;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
 use super::{BodyPlan, Rangeway, RequestCtx, strip_hop_by_hop, upstream_stream};
 use crate::admin::metrics::Metrics;
+use crate::admission::Watched;
 use crate::config::UpstreamResume;
 use crate::range::content_length;
 
@@ -191,29 +192,56 @@ impl Rangeway {
     }
 
     /// Answers with `response` and splices its body from the origin's socket to the client's
-    /// (see splice.rs), continuing it where the origin breaks it off as the relay does. The
-    /// connection to the client closes after it: pingora's writer has not seen the body go out,
-    /// so it cannot frame another response on it (the header says `Connection: close`).
+    /// (see splice.rs), continuing it where the origin breaks it off as the relay does.
     async fn splice(
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
         (client, len): (RawSocket, u64),
+        exchange: Exchange,
+        pump: Pump,
+    ) -> Result<()> {
+        write_header_now(session, response).await?;
+        let spliced = self.splice_body(ctx, &client, len, exchange, pump).await;
+        // pingora's writer is told of the bytes that went past it, as writes its connection
+        // swallows: it then counts them, frames the response as complete and keeps the
+        // connection, as for any other response.
+        if !sent_aside(session, ctx.spliced) {
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "a spliced response was not accounted",
+            ));
+        }
+        let mut left = ctx.spliced;
+        while left > 0 {
+            let n = left.min(SENT_ASIDE.len() as u64) as usize;
+            session.write_response_body(Some(Bytes::from_static(&SENT_ASIDE[..n])), false).await?;
+            left -= n as u64;
+        }
+        spliced?;
+        session.write_response_body(None, true).await
+    }
+
+    /// Splices the `len` bytes of body from `exchange` (and its continuations) to `client`.
+    async fn splice_body(
+        &self,
+        ctx: &mut RequestCtx,
+        client: &RawSocket,
+        len: u64,
         mut exchange: Exchange,
         mut pump: Pump,
     ) -> Result<()> {
-        session.set_keepalive(None);
-        write_header_now(session, response).await?;
         let timeouts = Timeouts {
             // As pingora: no read timeout configured, none applied.
             read: exchange.read_timeout().unwrap_or(Duration::MAX),
             write: self.client_limits.write_timeout,
         };
         let pipe = Pipe::new().or_err(ErrorType::InternalError, "creating a pipe")?;
-        let end = pump.at + len;
-        let (started, mut attempts) = (Instant::now(), 0);
-        loop {
+        let (start, started, mut attempts) = (pump.at, Instant::now(), 0);
+        let mut sent = 0;
+        let live = ctx.live.as_ref();
+        let outcome = loop {
             let result = async {
                 // The bytes that came with the header are in pingora's buffer: they go first.
                 if let Some(first) = exchange.session.read_response_body().await? {
@@ -222,8 +250,8 @@ impl Rangeway {
                         .await
                         .or_err(ErrorType::WriteError, "writing the body")
                         .map_err(|e| e.into_down())?;
-                    pump.at += first.len() as u64;
-                    ctx.spliced += first.len() as u64;
+                    sent += first.len() as u64;
+                    live.inspect(|live| live.sent(first.len()));
                 }
                 let origin = plain_socket(exchange.session.stream()).ok_or_else(|| {
                     Error::explain(
@@ -231,37 +259,39 @@ impl Rangeway {
                         "the origin connection cannot be spliced",
                     )
                 })?;
-                let left = end - pump.at;
+                let left = len - sent;
                 let delivered = |n: usize| {
-                    pump.at += n as u64;
-                    ctx.spliced += n as u64;
-                    if let Some(live) = &ctx.live {
-                        live.sent(n);
-                    }
+                    sent += n as u64;
+                    live.inspect(|live| live.sent(n));
                 };
-                splice(&origin, &client, &pipe, left, timeouts, delivered).await.map_err(
-                    |e| match e {
-                        SpliceError::Upstream(e) => {
-                            Error::because(ErrorType::ReadError, "reading the body", e).into_up()
-                        }
-                        SpliceError::Downstream(e) => {
-                            Error::because(ErrorType::WriteError, "writing the body", e).into_down()
-                        }
-                    },
-                )
+                splice(&origin, client, &pipe, left, timeouts, delivered).await.map_err(|e| match e
+                {
+                    SpliceError::Upstream(e) => {
+                        Error::because(ErrorType::ReadError, "reading the body", e).into_up()
+                    }
+                    SpliceError::Downstream(e) => {
+                        Error::because(ErrorType::WriteError, "writing the body", e).into_down()
+                    }
+                })
             }
             .await;
             match result {
                 Ok(()) => {
                     self.origin_client.release_spliced(exchange);
-                    return Ok(());
+                    break Ok(());
                 }
-                Err(e) if *e.esource() == ErrorSource::Upstream && pump.at < end => {
-                    exchange = pump.continued(e, started, &mut attempts).await?;
+                Err(e) if *e.esource() == ErrorSource::Upstream => {
+                    pump.at = start + sent;
+                    match pump.continued(e, started, &mut attempts).await {
+                        Ok(next) => exchange = next,
+                        Err(e) => break Err(e),
+                    }
                 }
-                Err(e) => return Err(e),
+                Err(e) => break Err(e),
             }
-        }
+        };
+        ctx.spliced = sent;
+        outcome
     }
 
     /// Sends the request (`request`, made for `ctx.replica`) and reads the answer's header. When
@@ -338,7 +368,12 @@ fn spliceable(
         && matches!(ctx.body, BodyPlan::Forward)
         && content_length(&response.headers) == Some(len);
     let ServerSession::H1(h1) = session.as_downstream() else { return None };
-    if !untouched || exchange.session.stream().is_none_or(|s| s.get_ssl_digest().is_some()) {
+    // The connection must be able to swallow pingora's account of the body (see `splice`).
+    let accountable = Watched::of(h1.stream()).is_some();
+    if !untouched
+        || !accountable
+        || exchange.session.stream().is_none_or(|s| s.get_ssl_digest().is_some())
+    {
         return None;
     }
     plain_socket(Some(h1.stream())).map(|client| (client, len))
@@ -348,6 +383,19 @@ fn spliceable(
 fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
     let stream = stream.filter(|s| s.get_ssl_digest().is_none())?;
     RawSocket::duplicate(stream.id()).ok()
+}
+
+/// What pingora's writer is handed for the bytes that went past it: never read, never sent (see
+/// `Watched::note_sent_aside`); zeroed, so it costs no memory until something reads it.
+static SENT_ASIDE: [u8; 1 << 20] = [0; 1 << 20];
+
+/// Tells the client connection that `bytes` of body went out past pingora's writer. `false` when
+/// it cannot be told (no admission wrapper): pingora's writes would then reach the client.
+fn sent_aside(session: &Session, bytes: u64) -> bool {
+    let ServerSession::H1(h1) = session.as_downstream() else { return false };
+    let Some(watched) = Watched::of(h1.stream()) else { return false };
+    watched.note_sent_aside(bytes);
+    true
 }
 
 /// Writes the response header and sends it at once, before the body goes out by another way:
