@@ -362,3 +362,27 @@ impl Peek for Watched {
         self.inner.try_peek(buf).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn bytes_sent_aside_are_swallowed_and_the_rest_goes_out() {
+        let (ours, mut peer) = tokio::net::UnixStream::pair().unwrap();
+        let inner: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
+        let metrics = Arc::new(Metrics::new());
+        // As the relay finds it: behind pingora's stream type.
+        let mut stream: Stream =
+            Box::new(Watched::new(inner, Duration::from_secs(5), None, &metrics));
+        Watched::of(&stream).expect("the wrapper behind the stream").note_sent_aside(10);
+        stream.write_all(b"0123456").await.unwrap();
+        stream.write_all(b"789abc").await.unwrap();
+        stream.flush().await.unwrap();
+        drop(stream);
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"abc", "only what was not sent aside reaches the peer");
+    }
+}

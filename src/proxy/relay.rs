@@ -1,17 +1,19 @@
-//! Relaying a response with rangeway's own upstream client, on routes that continue a body its
-//! origin broke off (`[routes.upstream_resume]`).
+//! Relaying a response with rangeway's own upstream client: on routes that continue a body its
+//! origin broke off (`[routes.upstream_resume]`), and for GETs whose body may be spliced from
+//! socket to socket (see splice.rs).
 //!
 //! pingora proxies a response once: when the origin connection fails after the first byte went to
-//! the client, the client's download is cut, and only the client can resume it. On these routes
-//! rangeway sends the upstream request itself and takes the answer through the very phases
-//! pingora would (the upstream and client response filters, then every chunk through the body
-//! filter with its window, multipart cut and stages), so the answer is the same. When the body
-//! breaks at byte N of its stream, rangeway asks for the rest — `Range: bytes=N-END` with
-//! `If-Match` on the strong ETag, signed again for S3 — and feeds it to the same body filter: the
+//! the client, the client's download is cut, and only the client can resume it. Here rangeway
+//! sends the upstream request itself and takes the answer through the very phases pingora would
+//! (the upstream and client response filters, then every chunk through the body filter with its
+//! window, multipart cut and stages), so the answer is the same — or, for a large body passed on
+//! untouched, splices it without reading it. When the body breaks at byte N of its stream on an
+//! `upstream_resume` route, rangeway asks for the rest — `Range: bytes=N-END` with `If-Match` on
+//! the strong ETag, signed again for S3 — and feeds it to the same body filter (or splice): the
 //! stages go on at that input offset and the client sees one uninterrupted response. A changed
 //! object (412, another ETag), an answer without a strong validator or a length, or no
 //! continuation within the route's attempts and deadline: the client connection is cut, never
-//! padded or spliced.
+//! padded or joined to another version.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -339,8 +341,8 @@ impl Rangeway {
 }
 
 /// Whether a request may be answered by splicing: a GET on a route without middleware, from a
-/// plain HTTP/1 client, to an upstream without TLS. The answer decides for good (see
-/// [`spliceable`]); otherwise pingora proxies the request.
+/// plain HTTP/1 client, to an upstream without TLS. Whether it is, the answer's header decides
+/// ([`spliceable`]); a request that may not be is left to pingora.
 pub(super) fn may_splice(session: &Session, route: &Route) -> bool {
     session.req_header().method == Method::GET
         && route.chain.stages().is_empty()
@@ -348,8 +350,8 @@ pub(super) fn may_splice(session: &Session, route: &Route) -> bool {
         && matches!(session.as_downstream(), ServerSession::H1(h1) if h1.stream().get_ssl_digest().is_none())
 }
 
-/// The smallest body worth splicing: below it, the pipe and the closed connection cost more than
-/// the copies they save.
+/// The smallest body worth splicing: below it, the pipe, the duplicated descriptors and their
+/// registrations (a dozen system calls) cost about what the copies they save do.
 const SPLICE_MIN_BYTES: u64 = 256 * 1024;
 
 /// The client's socket and the body's length, when the response can be spliced: a body of

@@ -46,7 +46,7 @@ impl RawSocket {
     /// Writes all of `bytes`, each wait for the socket bounded by `timeout`.
     pub(super) async fn write_all(&self, mut bytes: &[u8], timeout: Duration) -> io::Result<()> {
         while !bytes.is_empty() {
-            let written = self
+            let (written, _) = self
                 .wait_for(Interest::WRITABLE, timeout, |fd| Ok(rustix::io::write(fd, bytes)?))
                 .await?;
             if written == 0 {
@@ -57,18 +57,29 @@ impl RawSocket {
         Ok(())
     }
 
-    /// Runs `op` until it does not block, waiting for `interest` at most `timeout` each time.
+    /// Runs `op` until it does not block, waiting for `interest` at most `timeout` each time:
+    /// its result, and whether this task had to wait (and so let the thread's others run).
     async fn wait_for<T>(
         &self,
         interest: Interest,
         timeout: Duration,
         mut op: impl FnMut(BorrowedFd<'_>) -> io::Result<T>,
-    ) -> io::Result<T> {
+    ) -> io::Result<(T, bool)> {
+        let mut waited = false;
         loop {
-            let ready = tokio::time::timeout(timeout, self.fd.ready(interest)).await;
+            let ready = std::future::poll_fn(|cx| {
+                let poll = if interest.is_readable() {
+                    self.fd.poll_read_ready(cx)
+                } else {
+                    self.fd.poll_write_ready(cx)
+                };
+                waited |= poll.is_pending();
+                poll
+            });
+            let ready = tokio::time::timeout(timeout, ready).await;
             let mut guard = ready.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
             match guard.try_io(|fd| op(fd.get_ref().as_fd())) {
-                Ok(result) => return result,
+                Ok(result) => return result.map(|value| (value, waited)),
                 Err(_would_block) => {}
             }
         }
@@ -126,7 +137,15 @@ pub(super) async fn splice(
     let mut left = len;
     let mut in_pipe = 0usize;
     let mut upstream_error = None;
+    // Bytes moved since this task last let the thread's other tasks run.
+    let mut since_yield = 0;
     while left > 0 || in_pipe > 0 {
+        // While both sockets keep up, nothing here waits: the other connections of this thread
+        // get their turn after each pipe-full, as they would between pingora's reads.
+        if since_yield >= pipe.capacity {
+            since_yield = 0;
+            tokio::task::yield_now().await;
+        }
         if upstream_error.is_none() && left > 0 {
             let want = (pipe.capacity - in_pipe).min(usize::try_from(left).unwrap_or(usize::MAX));
             let more = SpliceFlags::NONBLOCK | SpliceFlags::MOVE;
@@ -138,11 +157,14 @@ pub(super) async fn splice(
             let filled = if in_pipe == 0 {
                 from.wait_for(Interest::READABLE, timeouts.read, fill).await
             } else {
-                fill(from.fd.get_ref().as_fd())
+                fill(from.fd.get_ref().as_fd()).map(|moved| (moved, false))
             };
             match filled {
-                Ok(0) => upstream_error = Some(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                Ok(moved) => {
+                Ok((0, _)) => upstream_error = Some(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                Ok((moved, waited)) => {
+                    if waited {
+                        since_yield = 0;
+                    }
                     in_pipe += moved;
                     left -= moved as u64;
                 }
@@ -159,11 +181,12 @@ pub(super) async fn splice(
             let drain = |fd: BorrowedFd<'_>| {
                 Ok(rustix::pipe::splice(&pipe.read, None, fd, None, in_pipe, flags)?)
             };
-            let moved = to
+            let (moved, waited) = to
                 .wait_for(Interest::WRITABLE, timeouts.write, drain)
                 .await
                 .map_err(SpliceError::Downstream)?;
             in_pipe -= moved;
+            since_yield = if waited { moved } else { since_yield + moved };
             delivered(moved);
         } else if let Some(e) = upstream_error {
             return Err(SpliceError::Upstream(e));
