@@ -182,6 +182,11 @@ impl Watched {
         self.sent_aside.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Bytes sent aside that pingora has not accounted for yet.
+    pub(crate) fn unaccounted(&self) -> u64 {
+        self.sent_aside.load(Ordering::Relaxed)
+    }
+
     /// How much of `len` bytes being written were sent aside already: taken off the account.
     fn take_sent_aside(&mut self, len: usize) -> usize {
         let aside = self.sent_aside.get_mut();

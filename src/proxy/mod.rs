@@ -772,7 +772,8 @@ impl ProxyHttp for Rangeway {
         // rangeway relays it itself, so that a body its origin breaks off can be continued, or
         // so that a large untouched body can be spliced (see splice.rs); pingora proxies the rest.
         let policy = route.upstream_resume;
-        if policy.is_none() && !relay::may_splice(session, route) {
+        // The relay sends no request body: a request with one is pingora's to proxy.
+        if (policy.is_none() && !relay::may_splice(session, route)) || !session.is_body_empty() {
             return Ok(true);
         }
         self.relay(session, ctx, policy).await?;

@@ -222,6 +222,14 @@ impl Rangeway {
             left -= n as u64;
         }
         spliced?;
+        if unaccounted(session) != 0 {
+            // What is left would swallow the next response's bytes: the connection must end.
+            session.set_keepalive(None);
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "a spliced body was not accounted",
+            ));
+        }
         session.write_response_body(None, true).await
     }
 
@@ -398,6 +406,14 @@ fn sent_aside(session: &Session, bytes: u64) -> bool {
     let Some(watched) = Watched::of(h1.stream()) else { return false };
     watched.note_sent_aside(bytes);
     true
+}
+
+/// Bytes the client connection was told went past pingora's writer and it has not written since.
+fn unaccounted(session: &Session) -> u64 {
+    match session.as_downstream() {
+        ServerSession::H1(h1) => Watched::of(h1.stream()).map_or(0, Watched::unaccounted),
+        _ => 0,
+    }
 }
 
 /// Writes the response header and sends it at once, before the body goes out by another way:

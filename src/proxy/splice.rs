@@ -11,6 +11,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use rustix::net::RecvFlags;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -55,6 +56,21 @@ impl RawSocket {
             bytes = &bytes[written..];
         }
         Ok(())
+    }
+
+    /// Waits until the peer hangs up (`true`) or sends bytes, which are left for their reader
+    /// (`false`).
+    async fn hung_up(&self) -> bool {
+        loop {
+            let Ok(mut guard) = self.fd.readable().await else { return true };
+            let mut byte = [0u8; 1];
+            let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
+            match guard.try_io(|fd| Ok(rustix::net::recv(fd.get_ref(), &mut byte, peek)?)) {
+                Ok(Ok((_, 0)) | Err(_)) => return true,
+                Ok(Ok(_)) => return false,
+                Err(_would_block) => {}
+            }
+        }
     }
 
     /// Runs `op` until it does not block, waiting for `interest` at most `timeout` each time:
@@ -139,6 +155,7 @@ pub(super) async fn splice(
     let mut upstream_error = None;
     // Bytes moved since this task last let the thread's other tasks run.
     let mut since_yield = 0;
+    let mut watch_client = true;
     while left > 0 || in_pipe > 0 {
         // While both sockets keep up, nothing here waits: the other connections of this thread
         // get their turn after each pipe-full, as they would between pingora's reads.
@@ -155,7 +172,19 @@ pub(super) async fn splice(
             // With bytes in the pipe, a would-block may be the pipe's (its slots are pages, not
             // bytes): those go out first. Only an empty pipe waits for the origin.
             let filled = if in_pipe == 0 {
-                from.wait_for(Interest::READABLE, timeouts.read, fill).await
+                // Waiting for the origin, the client is watched too: one that hangs up ends the
+                // body at once (and its download is recorded), not at the next bytes to send.
+                tokio::select! {
+                    filled = from.wait_for(Interest::READABLE, timeouts.read, fill) => filled,
+                    hung_up = to.hung_up(), if watch_client => {
+                        if hung_up {
+                            return Err(SpliceError::Downstream(io::ErrorKind::ConnectionReset.into()));
+                        }
+                        // It sent bytes (a pipelined request): they are not ours to read.
+                        watch_client = false;
+                        continue;
+                    }
+                }
             } else {
                 fill(from.fd.get_ref().as_fd()).map(|moved| (moved, false))
             };
@@ -290,6 +319,51 @@ mod tests {
         let timeouts = Timeouts { read: Duration::from_secs(5), write: Duration::from_millis(100) };
         let result = splice(&from, &to, &Pipe::new().unwrap(), 8 << 20, timeouts, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_hangs_up_while_the_origin_is_silent_ends_it_at_once() {
+        let (_origin, upstream) = UnixStream::pair().unwrap();
+        let (downstream, client) = UnixStream::pair().unwrap();
+        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
+        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(client);
+        });
+        let started = std::time::Instant::now();
+        let result = splice(&from, &to, &Pipe::new().unwrap(), 10, TIMEOUTS, |_| {}).await;
+        assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "noticed only after {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_bytes_meanwhile_is_not_taken_for_gone() {
+        let body = pattern(100_000);
+        let (mut origin, upstream) = UnixStream::pair().unwrap();
+        let (downstream, mut client) = UnixStream::pair().unwrap();
+        let expected = body.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            origin.write_all(&body).await.unwrap();
+        });
+        client.write_all(b"GET /next HTTP/1.1\r\n\r\n").await.unwrap();
+        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
+        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
+        let result = splice(&from, &to, &Pipe::new().unwrap(), 100_000, TIMEOUTS, |_| {}).await;
+        assert!(result.is_ok(), "{result:?}");
+        let mut got = vec![0; 100_000];
+        client.read_exact(&mut got).await.unwrap();
+        assert!(got == expected);
+        // The pipelined request is still there for its reader.
+        let mut next = [0u8; 3];
+        let mut downstream = downstream;
+        downstream.read_exact(&mut next).await.unwrap();
+        assert_eq!(&next, b"GET");
     }
 
     #[tokio::test]
