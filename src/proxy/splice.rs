@@ -238,14 +238,32 @@ mod tests {
         (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
     }
 
+    /// The origin's end and the client's end of two socket pairs, and rangeway's sockets between
+    /// them (`upstream` and `downstream` own what `from` and `to` duplicate).
+    struct Ends {
+        origin: UnixStream,
+        client: UnixStream,
+        upstream: UnixStream,
+        downstream: UnixStream,
+        from: RawSocket,
+        to: RawSocket,
+    }
+
+    fn ends() -> Ends {
+        let (origin, upstream) = UnixStream::pair().unwrap();
+        let (downstream, client) = UnixStream::pair().unwrap();
+        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
+        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
+        Ends { origin, client, upstream, downstream, from, to }
+    }
+
     /// An origin socket pair, a client socket pair, and the bytes the client end received.
     async fn run(
         body: Vec<u8>,
         len: u64,
         close_after: usize,
     ) -> (Result<(), SpliceError>, Vec<u8>, usize) {
-        let (mut origin, upstream) = UnixStream::pair().unwrap();
-        let (downstream, mut client) = UnixStream::pair().unwrap();
+        let Ends { mut origin, mut client, upstream, downstream, from, to } = ends();
         let sender = tokio::spawn(async move {
             origin.write_all(&body[..close_after]).await.unwrap();
             drop(origin);
@@ -255,8 +273,6 @@ mod tests {
             client.read_to_end(&mut got).await.unwrap();
             got
         });
-        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
-        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
         let pipe = Pipe::new().unwrap();
         let mut counted = 0;
         let result = splice(&from, &to, &pipe, len, TIMEOUTS, |n| counted += n).await;
@@ -294,12 +310,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_silent_origin_fails_at_the_read_timeout() {
-        let (_origin, upstream) = UnixStream::pair().unwrap();
-        let (downstream, _client) = UnixStream::pair().unwrap();
-        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
-        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
+        let ends = ends();
         let timeouts = Timeouts { read: Duration::from_millis(100), write: Duration::from_secs(5) };
-        let result = splice(&from, &to, &Pipe::new().unwrap(), 10, timeouts, |_| {}).await;
+        let result =
+            splice(&ends.from, &ends.to, &Pipe::new().unwrap(), 10, timeouts, |_| {}).await;
         assert!(
             matches!(&result, Err(SpliceError::Upstream(e)) if e.kind() == io::ErrorKind::TimedOut),
             "{result:?}"
@@ -309,13 +323,10 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_stops_reading_fails_at_the_write_timeout() {
         let body = pattern(8 * 1024 * 1024);
-        let (mut origin, upstream) = UnixStream::pair().unwrap();
-        let (downstream, _client) = UnixStream::pair().unwrap();
+        let Ends { mut origin, client: _client, upstream: _u, downstream: _d, from, to } = ends();
         tokio::spawn(async move {
             let _ = origin.write_all(&body).await;
         });
-        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
-        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
         let timeouts = Timeouts { read: Duration::from_secs(5), write: Duration::from_millis(100) };
         let result = splice(&from, &to, &Pipe::new().unwrap(), 8 << 20, timeouts, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
@@ -323,10 +334,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_hangs_up_while_the_origin_is_silent_ends_it_at_once() {
-        let (_origin, upstream) = UnixStream::pair().unwrap();
-        let (downstream, client) = UnixStream::pair().unwrap();
-        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
-        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
+        let Ends { origin: _origin, client, upstream: _u, downstream: _d, from, to } = ends();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             drop(client);
@@ -344,16 +352,13 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_sends_bytes_meanwhile_is_not_taken_for_gone() {
         let body = pattern(100_000);
-        let (mut origin, upstream) = UnixStream::pair().unwrap();
-        let (downstream, mut client) = UnixStream::pair().unwrap();
+        let Ends { mut origin, mut client, upstream: _u, mut downstream, from, to } = ends();
         let expected = body.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             origin.write_all(&body).await.unwrap();
         });
         client.write_all(b"GET /next HTTP/1.1\r\n\r\n").await.unwrap();
-        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
-        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
         let result = splice(&from, &to, &Pipe::new().unwrap(), 100_000, TIMEOUTS, |_| {}).await;
         assert!(result.is_ok(), "{result:?}");
         let mut got = vec![0; 100_000];
@@ -361,7 +366,6 @@ mod tests {
         assert!(got == expected);
         // The pipelined request is still there for its reader.
         let mut next = [0u8; 3];
-        let mut downstream = downstream;
         downstream.read_exact(&mut next).await.unwrap();
         assert_eq!(&next, b"GET");
     }
