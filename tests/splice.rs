@@ -162,6 +162,33 @@ fn a_client_that_leaves_mid_body_is_recorded_and_the_next_is_served() {
     assert!(next.complete && next.body == big);
 }
 
+/// Responses rangeway has finished (their access records written), from its metrics.
+fn answered(proxy: &Proxy) -> u64 {
+    let text = String::from_utf8(get(&proxy.admin_url("/metrics"), &[]).body).expect("text");
+    text.lines()
+        .filter(|l| l.starts_with("rangeway_requests_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_client_that_hangs_up_during_a_slow_copied_body_is_let_go_at_once() {
+    let (origin, proxy, _big, _small) = setup();
+    // 100 KiB, below the splicing threshold: relayed by copy, the rest 5 s after the first part.
+    origin.set_global_behaviour(Behaviour::Slow { chunk: 70_000, delay: Duration::from_secs(5) });
+    let mut client = TcpStream::connect(proxy.addr()).expect("connect");
+    client.write_all(b"GET /small.bin HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    let mut start = [0u8; 1000];
+    client.read_exact(&mut start).expect("the start of the answer");
+    drop(client);
+    let hung_up = std::time::Instant::now();
+    // The response ends, and is recorded, when rangeway notices: not when the origin sends more.
+    while answered(&proxy) == 0 {
+        assert!(hung_up.elapsed() < Duration::from_secs(3), "the hang-up went unnoticed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn an_origin_that_breaks_off_mid_body_cuts_the_client_short_with_its_bytes() {
     let (origin, proxy, big, _small) = setup();

@@ -178,8 +178,33 @@ impl Rangeway {
         // client, so that both sides move at once, as in pingora's proxying.
         let (pieces, mut received) = tokio::sync::mpsc::channel(RELAY_QUEUE);
         tokio::spawn(pump.run(exchange, pending, pieces));
+        // While the origin is slow the client is watched, as pingora's proxying watches it: one
+        // that hangs up ends the response at once, so that its download is recorded before the
+        // client can come back to resume it.
+        let client = match session.as_downstream() {
+            ServerSession::H1(h1) => RawSocket::duplicate(h1.stream().id()).ok(),
+            _ => None,
+        };
+        let mut watching = client.is_some();
         loop {
-            match received.recv().await {
+            let piece = tokio::select! {
+                piece = received.recv() => piece,
+                hung_up = async {
+                    match &client {
+                        Some(client) => client.hung_up().await,
+                        None => false,
+                    }
+                }, if watching => {
+                    if hung_up {
+                        let gone = Error::explain(ErrorType::ConnectionClosed, "the client hung up");
+                        return Err(gone.into_down());
+                    }
+                    // It sent bytes (a pipelined request): they are not ours to read.
+                    watching = false;
+                    continue;
+                }
+            };
+            match piece {
                 Some(Piece::Chunk(chunk)) => self.forward(session, ctx, Some(chunk), false).await?,
                 Some(Piece::End) => return self.forward(session, ctx, None, true).await,
                 Some(Piece::Broken(e)) => return Err(e),

@@ -60,7 +60,7 @@ impl RawSocket {
 
     /// Waits until the peer hangs up (`true`) or sends bytes, which are left for their reader
     /// (`false`).
-    async fn hung_up(&self) -> bool {
+    pub(super) async fn hung_up(&self) -> bool {
         loop {
             let Ok(mut guard) = self.fd.readable().await else { return true };
             let mut byte = [0u8; 1];
