@@ -19,12 +19,17 @@ use support::proxy::Proxy;
 const BIG: usize = 3 * 1024 * 1024 + 5;
 const SMALL: usize = 100 * 1024;
 
-fn spliced_bytes(proxy: &Proxy) -> u64 {
+/// The sum of a metric's series in rangeway's `/metrics`.
+fn metric(proxy: &Proxy, name: &str) -> u64 {
     let text = String::from_utf8(get(&proxy.admin_url("/metrics"), &[]).body).expect("text");
     text.lines()
-        .filter(|l| l.starts_with("rangeway_spliced_bytes_total"))
+        .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+fn spliced_bytes(proxy: &Proxy) -> u64 {
+    metric(proxy, "rangeway_spliced_bytes_total")
 }
 
 fn send(proxy: &Proxy, raw: RawRequest) -> Response {
@@ -100,12 +105,7 @@ fn large_untouched_bodies_are_spliced_byte_for_byte() {
     assert_eq!(spliced.header("connection"), Some("keep-alive"));
     assert_eq!(spliced_bytes(&proxy), expected, "only the large plain bodies were spliced");
     // The access record counts spliced bytes as any others.
-    let metrics = String::from_utf8(get(&proxy.admin_url("/metrics"), &[]).body).expect("text");
-    let body_bytes: u64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("rangeway_response_body_bytes_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
+    let body_bytes = metric(&proxy, "rangeway_response_body_bytes_total");
     assert!(body_bytes >= expected, "{body_bytes} body bytes counted, {expected} spliced");
 }
 
@@ -162,15 +162,6 @@ fn a_client_that_leaves_mid_body_is_recorded_and_the_next_is_served() {
     assert!(next.complete && next.body == big);
 }
 
-/// Responses rangeway has finished (their access records written), from its metrics.
-fn answered(proxy: &Proxy) -> u64 {
-    let text = String::from_utf8(get(&proxy.admin_url("/metrics"), &[]).body).expect("text");
-    text.lines()
-        .filter(|l| l.starts_with("rangeway_requests_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 #[test]
 fn a_client_that_hangs_up_during_a_slow_copied_body_is_let_go_at_once() {
     let (origin, proxy, _big, _small) = setup();
@@ -183,7 +174,8 @@ fn a_client_that_hangs_up_during_a_slow_copied_body_is_let_go_at_once() {
     drop(client);
     let hung_up = std::time::Instant::now();
     // The response ends, and is recorded, when rangeway notices: not when the origin sends more.
-    while answered(&proxy) == 0 {
+    // rangeway_requests_total counts responses once finished, their access records written.
+    while metric(&proxy, "rangeway_requests_total") == 0 {
         assert!(hung_up.elapsed() < Duration::from_secs(3), "the hang-up went unnoticed");
         std::thread::sleep(Duration::from_millis(50));
     }
