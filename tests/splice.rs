@@ -12,24 +12,15 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::data::test_bytes;
-use support::http::{Connection, RawRequest, Response, get, get_until, request};
+use support::http::{Connection, RawRequest, Response, get_until, request};
 use support::origin::{Behaviour, Origin};
 use support::proxy::Proxy;
 
 const BIG: usize = 3 * 1024 * 1024 + 5;
 const SMALL: usize = 100 * 1024;
 
-/// The sum of a metric's series in rangeway's `/metrics`.
-fn metric(proxy: &Proxy, name: &str) -> u64 {
-    let text = String::from_utf8(get(&proxy.admin_url("/metrics"), &[]).body).expect("text");
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 fn spliced_bytes(proxy: &Proxy) -> u64 {
-    metric(proxy, "rangeway_spliced_bytes_total")
+    proxy.metric("rangeway_spliced_bytes_total", "")
 }
 
 fn send(proxy: &Proxy, raw: RawRequest) -> Response {
@@ -105,7 +96,7 @@ fn large_untouched_bodies_are_spliced_byte_for_byte() {
     assert_eq!(spliced.header("connection"), Some("keep-alive"));
     assert_eq!(spliced_bytes(&proxy), expected, "only the large plain bodies were spliced");
     // The access record counts spliced bytes as any others.
-    let body_bytes = metric(&proxy, "rangeway_response_body_bytes_total");
+    let body_bytes = proxy.metric("rangeway_response_body_bytes_total", "");
     assert!(body_bytes >= expected, "{body_bytes} body bytes counted, {expected} spliced");
 }
 
@@ -175,7 +166,7 @@ fn a_client_that_hangs_up_during_a_slow_copied_body_is_let_go_at_once() {
     let hung_up = std::time::Instant::now();
     // The response ends, and is recorded, when rangeway notices: not when the origin sends more.
     // rangeway_requests_total counts responses once finished, their access records written.
-    while metric(&proxy, "rangeway_requests_total") == 0 {
+    while proxy.metric("rangeway_requests_total", "") == 0 {
         assert!(hung_up.elapsed() < Duration::from_secs(3), "the hang-up went unnoticed");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -83,9 +83,11 @@ impl Rangeway {
         let mut request = session.req_header().clone();
         strip_hop_by_hop(&mut request);
         self.upstream_request_filter(session, &mut request, ctx).await?;
-        // The request continuations are made of: the same fields, another Range (and Host).
-        let base = request.clone();
-        let mut exchange = self.first_exchange(&route, ctx, request, &base).await?;
+        // What other replicas and continuations are asked with: the same fields, another Host
+        // (and Range). Kept only where there are others to ask.
+        let base =
+            (policy.is_some() || route.upstream.replica_count() > 1).then(|| request.clone());
+        let mut exchange = self.first_exchange(&route, ctx, request, base.as_ref()).await?;
         ctx.upstream_connected = Some(Instant::now());
         let mut response =
             exchange.session.response_header().cloned().ok_or_else(|| {
@@ -101,9 +103,8 @@ impl Rangeway {
             client: Arc::clone(&self.origin_client),
             metrics: Arc::clone(&self.metrics),
             route: Arc::clone(&route),
-            base,
             continuable,
-            policy,
+            resume: policy.zip(base).map(|(policy, base)| Resume { policy, base }),
             at: stream.map_or(0, |s| s.start()),
             replica: ctx.replica,
         };
@@ -143,35 +144,39 @@ impl Rangeway {
                 }
             }
         };
-        let last = held.len().saturating_sub(1);
-        let mut out = Vec::with_capacity(held.len());
-        for (i, chunk) in held.into_iter().enumerate() {
-            let mut body = Some(chunk);
-            self.response_body_filter(session, &mut body, done && i == last, ctx)?;
-            out.extend(body);
+        // Filtered in place: what the filter passes on takes the place of what it was given.
+        let (count, mut kept) = (held.len(), 0);
+        for i in 0..count {
+            let mut body = Some(std::mem::take(&mut held[i]));
+            self.response_body_filter(session, &mut body, done && i + 1 == count, ctx)?;
+            if let Some(body) = body {
+                held[kept] = body;
+                kept += 1;
+            }
         }
+        held.truncate(kept);
         pump.at += held_len as u64;
         if done {
             // Pooled before the client hears of the end: its next request may want it.
             self.origin_client.release(exchange).await;
-            if out.is_empty() {
-                // No body, or nothing of it for this client: the filter still sees the end.
+            if count == 0 {
+                // No body: the filter still sees the end (once).
                 let mut body = None;
                 self.response_body_filter(session, &mut body, true, ctx)?;
-                out.extend(body);
+                held.extend(body);
             }
             session.write_response_header(Box::new(response), false).await?;
-            let count = out.len();
-            if count == 0 {
+            let out = held.len();
+            if out == 0 {
                 return session.write_response_body(None, true).await;
             }
-            for (i, body) in out.into_iter().enumerate() {
-                session.write_response_body(Some(body), i + 1 == count).await?;
+            for (i, body) in held.into_iter().enumerate() {
+                session.write_response_body(Some(body), i + 1 == out).await?;
             }
             return Ok(());
         }
         session.write_response_header(Box::new(response), false).await?;
-        for body in out {
+        for body in held {
             session.write_response_body(Some(body), false).await?;
         }
         // The upstream is read (and continued) by a task of its own while this one writes to the
@@ -331,19 +336,20 @@ impl Rangeway {
 
     /// Sends the request (`request`, made for `ctx.replica`) and reads the answer's header. When
     /// the replica cannot be reached, nothing was sent: the others are tried in turn (`base`,
-    /// with their Host).
+    /// with their Host; given when there are others).
     async fn first_exchange(
         &self,
         route: &Route,
         ctx: &mut RequestCtx,
         request: RequestHeader,
-        base: &RequestHeader,
+        base: Option<&RequestHeader>,
     ) -> Result<Exchange> {
         let mut last =
             match self.origin_client.exchange(&route.upstream, ctx.replica, request).await {
                 Ok(exchange) => return Ok(exchange),
                 Err(e) => e,
             };
+        let Some(base) = base else { return Err(last) };
         for _ in 1..route.upstream.replica_count() {
             ctx.replica = route.upstream.choose();
             let mut request = base.clone();
@@ -383,8 +389,9 @@ pub(super) fn may_splice(session: &Session, route: &Route) -> bool {
         && matches!(session.as_downstream(), ServerSession::H1(h1) if h1.stream().get_ssl_digest().is_none())
 }
 
-/// The smallest body worth splicing: below it, the pipe, the duplicated descriptors and their
-/// registrations (a dozen system calls) cost about what the copies they save do.
+/// The smallest body spliced. Chosen, not measured: setting a splice up takes about a dozen
+/// system calls (two duplicated descriptors and their registrations, the pipe and its size, the
+/// closes), and a body below it is read in a few chunks anyway.
 const SPLICE_MIN_BYTES: u64 = 256 * 1024;
 
 /// The client's socket and the body's length, when the response can be spliced: a body of
@@ -473,16 +480,20 @@ enum Piece {
     Broken(Box<Error>),
 }
 
+/// How a route continues broken bodies, and the request continuations are made from.
+struct Resume {
+    policy: UpstreamResume,
+    base: RequestHeader,
+}
+
 /// Reads one upstream body to its end, continuing it where it breaks.
 struct Pump {
     client: Arc<OriginClient>,
     metrics: Arc<Metrics>,
     route: Arc<Route>,
-    /// The request continuations are made of: the same fields, another Range (and Host).
-    base: RequestHeader,
     continuable: Option<Continuable>,
     /// How a broken body is continued; `None` on routes that do not continue bodies.
-    policy: Option<UpstreamResume>,
+    resume: Option<Resume>,
     /// The next byte of the object the body brings.
     at: u64,
     replica: usize,
@@ -540,14 +551,14 @@ impl Pump {
         attempts: &mut u32,
     ) -> Result<Exchange> {
         self.route.upstream.failed(self.replica);
-        let Some(policy) = self.policy else { return Err(broke) };
+        let Some(resume) = &self.resume else { return Err(broke) };
         let at = self.at;
         let Some(continuable) = self.continuable.as_ref().filter(|c| at < c.end) else {
             self.metrics.upstream_resume(&self.route.name, "unresumable");
             info!(route = %self.route.name, at, error = %broke, "the origin broke off a body that cannot be continued (no strong ETag or length): cutting the response");
             return Err(broke);
         };
-        match self.continuation(continuable, &policy, started, attempts).await {
+        match self.continuation(continuable, resume, started, attempts).await {
             Ok((exchange, replica)) => {
                 self.replica = replica;
                 self.metrics.upstream_resume(&self.route.name, "resumed");
@@ -568,7 +579,7 @@ impl Pump {
     async fn continuation(
         &self,
         continuable: &Continuable,
-        policy: &UpstreamResume,
+        Resume { policy, base }: &Resume,
         started: Instant,
         attempts: &mut u32,
     ) -> std::result::Result<(Exchange, usize), &'static str> {
@@ -586,7 +597,7 @@ impl Pump {
             backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
             // Perhaps another replica, holding the same version (If-Match says so).
             let replica = upstream.choose();
-            let mut request = self.base.clone();
+            let mut request = base.clone();
             let range = format!("bytes={at}-{}", continuable.end - 1);
             for (name, value) in [
                 (header::RANGE, range.as_str()),

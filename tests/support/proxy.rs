@@ -66,6 +66,18 @@ impl Proxy {
     pub(crate) fn admin_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.running.endpoints.admin)
     }
+
+    /// The sum of the series of metric `name` whose labels include `label` ("" for all), as
+    /// `/metrics` shows them now.
+    pub(crate) fn metric(&self, name: &str, label: &str) -> u64 {
+        let text = super::http::get(&self.admin_url("/metrics"), &[]).body;
+        String::from_utf8(text)
+            .expect("metrics are text")
+            .lines()
+            .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
 }
 
 /// A config on free ports for tests: `[server]` with `server_keys` added, then `body`; with the
