@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use rangeway_middleware::chain::{
     Chain, ChainError, ChainPlan, ChainRun, Digest, Learned, ObjectVersion, RangeDigest,
-    StageReport,
+    StageFactory, StageReport,
 };
 use rangeway_middleware::checksum::{Crc32Piece, repr_digest};
 use rangeway_middleware::{ByteRange, Window};
@@ -107,11 +107,7 @@ impl Known {
             .stages()
             .iter()
             .zip(self.facts())
-            .filter(|(stage, facts)| {
-                let have =
-                    facts.map_or(0, |f| f.digests.iter().filter(|d| d.range == whole).count());
-                have < stage.whole_digests()
-            })
+            .filter(|(stage, facts)| !knows_whole_digests(stage.as_ref(), *facts, whole))
             .map(|(_, facts)| {
                 facts
                     .into_iter()
@@ -122,6 +118,16 @@ impl Known {
             })
             .min()
     }
+}
+
+/// Whether `facts` hold every digest of the `whole` input that `stage` reports after a full pass.
+fn knows_whole_digests(
+    stage: &dyn StageFactory,
+    facts: Option<&StageFacts>,
+    whole: ByteRange,
+) -> bool {
+    let have = facts.map_or(0, |f| f.digests.iter().filter(|d| d.range == whole).count());
+    have >= stage.whole_digests()
 }
 
 /// A strong ETag of a transformed representation: the origin's strong ETag and the chain's
@@ -161,7 +167,17 @@ impl ChainPass {
         known: Known,
         stream_start: u64,
     ) -> Result<Self, ChainError> {
-        let learned = known.learned();
+        let mut learned = known.learned();
+        let mut lens = chain.lengths(object, &learned);
+        // A stage with every digest known is not run (see `Learned::set_digested`).
+        for (index, (stage, facts)) in chain.stages().iter().zip(known.facts()).enumerate() {
+            if let Some(Some(len)) = lens.get(index)
+                && stage.whole_digests() > 0
+                && knows_whole_digests(stage.as_ref(), facts, ByteRange::whole(*len))
+            {
+                learned.set_digested(index);
+            }
+        }
         // A stage resumes from the state it stored at exactly where its input starts.
         let states: Vec<_> = plan
             .stages()
@@ -174,7 +190,6 @@ impl ChainPass {
         let run = chain.start(plan, object, &learned, &states)?;
         let origin = plan.origin();
         let input = (stream_start != origin.start()).then(|| Window::new(stream_start, origin));
-        let mut lens = chain.lengths(object, &learned);
         lens.pop();
         let facts = known.facts().map(|facts| facts.cloned()).collect();
         Ok(Self {

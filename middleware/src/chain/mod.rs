@@ -98,16 +98,33 @@ pub enum ChainError {
 }
 
 /// What earlier passes over one object version taught a chain's stages, as the proxy keeps it:
-/// for each stage, the segments it reported (see [`Segment`]), from segment 0 on without a gap.
+/// for each stage, the segments it reported (see [`Segment`]), from segment 0 on without a gap,
+/// and whether it has learned all a pass could teach it.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct Learned {
     segments: Vec<Vec<Segment>>,
+    /// Indices of stages that only observe and already know every digest of their whole input.
+    digested: Vec<usize>,
 }
 
 impl Learned {
     /// Nothing learned yet.
     pub const fn new() -> Self {
-        Self { segments: Vec::new() }
+        Self { segments: Vec::new(), digested: Vec::new() }
+    }
+
+    /// Records that stage `stage` knows every digest of its whole input
+    /// ([`StageFactory::whole_digests`]). A stage that only observes then has nothing left to
+    /// learn, so [`Chain::start`] does not run it: its bytes pass by unread.
+    pub fn set_digested(&mut self, stage: usize) {
+        if !self.digested.contains(&stage) {
+            self.digested.push(stage);
+        }
+    }
+
+    /// Whether stage `stage` knows every digest of its whole input.
+    pub fn is_digested(&self, stage: usize) -> bool {
+        self.digested.contains(&stage)
     }
 
     /// Records stage `stage`'s known segments, replacing what was there.
@@ -463,11 +480,16 @@ impl Chain {
         for (index, (factory, stage_plan)) in self.stages.iter().zip(&plan.stages).enumerate() {
             let state = resume.get(index).copied().flatten();
             let input_len = plan.input_lens.get(index).copied().flatten();
-            let context = self.context(index, input_len, object, learned);
-            let stage =
+            let stage: Box<dyn Stage> = if factory.observes_only() && learned.is_digested(index) {
+                // Hashing the bytes again would only find what is known: the costliest part of
+                // a checksum route, saved on every download of an object after the first.
+                Box::new(Unobserved)
+            } else {
+                let context = self.context(index, input_len, object, learned);
                 factory.start(stage_plan.input.start(), state, &context).map_err(|error| {
                     ChainError::Stage { index, kind: factory.kind().to_owned(), error }
-                })?;
+                })?
+            };
             let wanted = plan.stages.get(index + 1).map_or(plan.output, |next| next.input);
             // `plan` checked `skip <= wanted.start()`; should a plan of another chain of the same
             // length break it, the window just starts at 0.
@@ -521,6 +543,20 @@ struct Running {
     factory: Arc<dyn StageFactory>,
     stage: Box<dyn Stage>,
     output: Window,
+}
+
+/// A stage that only observes, in a run where it has nothing left to learn: bytes pass by.
+#[derive(Debug)]
+struct Unobserved;
+
+impl Stage for Unobserved {
+    fn push(&mut self, chunk: Bytes) -> Result<Option<Bytes>, StageError> {
+        Ok(Some(chunk))
+    }
+
+    fn finish(&mut self) -> Result<Option<Bytes>, StageError> {
+        Ok(None)
+    }
 }
 
 /// One request's run of a chain: origin chunks in, the planned output range out.

@@ -216,12 +216,23 @@ fn reference(specs: &[Spec], origin: &[u8]) -> Vec<Vec<u8>> {
 
 /// Runs `plan` over `origin` (the whole origin), fed in pieces cut at `cuts`.
 fn run(chain: &Chain, plan: &ChainPlan, origin: &[u8], cuts: &[usize]) -> (Vec<u8>, ChainRun) {
+    run_learned(chain, plan, &Learned::new(), origin, cuts)
+}
+
+/// [`run`], with what earlier passes taught the stages.
+fn run_learned(
+    chain: &Chain,
+    plan: &ChainPlan,
+    learned: &Learned,
+    origin: &[u8],
+    cuts: &[usize],
+) -> (Vec<u8>, ChainRun) {
     let range = plan.origin();
     let input = Bytes::copy_from_slice(&origin[range.start() as usize..range.end() as usize]);
     let mut bounds: Vec<usize> = cuts.iter().map(|&cut| cut % (input.len() + 1)).collect();
     bounds.extend([0, input.len()]);
     bounds.sort_unstable();
-    let mut run = chain.start(plan, &object(origin.len() as u64), &Learned::new(), &[]).unwrap();
+    let mut run = chain.start(plan, &object(origin.len() as u64), learned, &[]).unwrap();
     let mut out = Vec::new();
     for pair in bounds.windows(2) {
         if let Some(piece) = run.push(input.slice(pair[0]..pair[1])).unwrap() {
@@ -341,6 +352,33 @@ fn an_empty_or_observing_chain_forwards_the_same_bytes() {
         }
         assert_eq!(run.finish().unwrap(), None);
     }
+}
+
+#[test]
+fn an_observer_that_knows_its_digests_is_not_run_and_the_others_are() {
+    let origin: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let stages = [Spec::Checksum, Spec::Test(Test::Xor), Spec::Checksum];
+    let chain = Chain::new(stages.iter().map(|&spec| factory(spec)).collect()).unwrap();
+    let whole = chain.plan_whole(&object(5000), &Learned::new());
+    let expected = reference(&stages, &origin).pop().unwrap();
+    let (output, fresh) = run(&chain, &whole, &origin, &[1000, 2500]);
+    assert_eq!(output, expected);
+    assert!(fresh.reports().iter().step_by(2).all(Option::is_some), "both checksums report");
+
+    // The first checksum knows its digests: its bytes pass by unread, and nothing else changes.
+    let mut learned = Learned::new();
+    learned.set_digested(0);
+    assert!(learned.is_digested(0) && !learned.is_digested(2));
+    let (output, known) = run_learned(&chain, &whole, &learned, &origin, &[1000, 2500]);
+    assert_eq!(output, expected);
+    let reports = known.reports();
+    assert!(reports[0].is_none(), "a stage with nothing to learn ran: {:?}", reports[0]);
+    assert!(reports[2].is_some(), "a stage with digests to learn did not run");
+
+    // A transforming stage runs whatever is recorded of it.
+    learned.set_digested(1);
+    let (output, _) = run_learned(&chain, &whole, &learned, &origin, &[7]);
+    assert_eq!(output, expected);
 }
 
 #[test]
