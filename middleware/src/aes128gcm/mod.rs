@@ -475,6 +475,7 @@ impl StageFactory for Aes128GcmFactory {
             data: layout.data as usize,
             sequence: at_input / layout.data,
             pending: Vec::new(),
+            pending_len: 0,
             offset: at_input,
             input_len: context.input_len,
             done: false,
@@ -492,9 +493,12 @@ struct EncryptStage {
     data: usize,
     /// The number of the next record to seal.
     sequence: u64,
-    /// Input of the next record that arrived in earlier chunks: less than a record, or a whole
-    /// one held back until what follows shows it is not the last.
-    pending: Vec<u8>,
+    /// Input of the next record that arrived in earlier chunks, as slices of them (copied once,
+    /// when the record is sealed): less than a record, or a whole one held back until what
+    /// follows shows it is not the last.
+    pending: Vec<Bytes>,
+    /// The bytes in `pending`.
+    pending_len: usize,
     /// Input offset past the last byte taken.
     offset: u64,
     /// The whole input's length, when known: then the last record is known when it arrives.
@@ -508,7 +512,7 @@ impl std::fmt::Debug for EncryptStage {
         f.debug_struct("EncryptStage")
             .field("sequence", &self.sequence)
             .field("offset", &self.offset)
-            .field("pending", &self.pending.len())
+            .field("pending", &self.pending_len)
             .field("input_len", &self.input_len)
             .field("done", &self.done)
             .finish_non_exhaustive()
@@ -534,14 +538,9 @@ impl EncryptStage {
         }
     }
 
-    /// Seals `head ++ tail` (one record's data) into `output`, the header first if it is due.
-    fn seal(
-        &mut self,
-        output: &mut Output,
-        head: &[u8],
-        tail: &[u8],
-        last: bool,
-    ) -> Result<(), EncryptError> {
+    /// Seals the pending input then `data` (together one record's data) into `output`, the
+    /// header first if it is due; nothing is pending afterwards.
+    fn seal(&mut self, output: &mut Output, data: &[u8], last: bool) -> Result<(), EncryptError> {
         let header = self.header.take();
         let buffer = output.buffer.get_or_insert_with(|| {
             let mut buffer = BytesMut::with_capacity(output.capacity);
@@ -549,8 +548,11 @@ impl EncryptStage {
             buffer
         });
         let at = buffer.len();
-        buffer.extend_from_slice(head);
-        buffer.extend_from_slice(tail);
+        for piece in self.pending.drain(..) {
+            buffer.extend_from_slice(&piece);
+        }
+        self.pending_len = 0;
+        buffer.extend_from_slice(data);
         buffer.put_u8(if last { LAST_DELIMITER } else { DELIMITER });
         let record = self.sequence;
         let tag = self
@@ -563,18 +565,14 @@ impl EncryptStage {
         Ok(())
     }
 
-    /// Seals the pending data as one record.
-    fn seal_pending(&mut self, output: &mut Output, last: bool) -> Result<(), EncryptError> {
-        let pending = std::mem::take(&mut self.pending);
-        let sealed = self.seal(output, &pending, &[], last);
-        // Keep the allocation for the next record.
-        self.pending = pending;
-        self.pending.clear();
-        sealed
+    /// Keeps `piece` of an input chunk for the record it begins or continues.
+    fn hold(&mut self, piece: Bytes) {
+        self.pending_len += piece.len();
+        self.pending.push(piece);
     }
 
     fn output(&self, incoming: usize) -> Output {
-        let data = self.pending.len() + incoming;
+        let data = self.pending_len + incoming;
         let records = data / self.data + 1;
         let header = self.header.as_ref().map_or(0, Vec::len);
         Output { buffer: None, capacity: header + data + records * RECORD_OVERHEAD }
@@ -593,38 +591,36 @@ impl Stage for EncryptStage {
             return Err(EncryptError::InputPastEnd { len }.into());
         }
         let mut output = self.output(chunk.len());
-        let mut rest: &[u8] = &chunk;
+        let mut at = 0;
         // Complete the record earlier chunks began.
-        if !self.pending.is_empty() {
-            let take = (self.data - self.pending.len()).min(rest.len());
-            self.pending.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
+        if self.pending_len > 0 {
+            let take = (self.data - self.pending_len).min(chunk.len());
             self.offset += take as u64;
-            if self.pending.len() == self.data
-                && let Some(last) = self.full_record(self.offset, !rest.is_empty())
-            {
-                self.seal_pending(&mut output, last)?;
+            at = take;
+            let more = take < chunk.len();
+            match self.full_record(self.offset, more) {
+                Some(last) if self.pending_len + take == self.data => {
+                    self.seal(&mut output, &chunk[..take], last)?;
+                }
+                _ => self.hold(chunk.slice(..take)),
             }
         }
         // Whole records straight from the chunk, encrypted in the output buffer.
-        while self.pending.is_empty() && rest.len() >= self.data {
+        while self.pending_len == 0 && chunk.len() - at >= self.data {
             let record_end = self.offset + self.data as u64;
-            let Some(last) = self.full_record(record_end, rest.len() > self.data) else { break };
-            let (record, after) = rest.split_at(self.data);
-            self.seal(&mut output, record, &[], last)?;
-            rest = after;
+            let more = chunk.len() - at > self.data;
+            let Some(last) = self.full_record(record_end, more) else { break };
+            self.seal(&mut output, &chunk[at..at + self.data], last)?;
+            at += self.data;
             self.offset = record_end;
         }
-        if !rest.is_empty() {
-            if self.pending.capacity() == 0 {
-                self.pending.reserve_exact(self.data);
-            }
-            self.pending.extend_from_slice(rest);
-            self.offset += rest.len() as u64;
+        if at < chunk.len() {
+            self.offset += (chunk.len() - at) as u64;
+            self.hold(chunk.slice(at..));
         }
         // A short record is sealed only as the last one, once its end is known to be.
-        if !self.done && !self.pending.is_empty() && self.input_len == Some(self.offset) {
-            self.seal_pending(&mut output, true)?;
+        if !self.done && self.pending_len > 0 && self.input_len == Some(self.offset) {
+            self.seal(&mut output, &[], true)?;
         }
         Ok(output.buffer.map(BytesMut::freeze))
     }
@@ -634,7 +630,7 @@ impl Stage for EncryptStage {
             return Ok(None);
         }
         match self.input_len {
-            Some(len) if self.offset != len && self.pending.is_empty() => {
+            Some(len) if self.offset != len && self.pending_len == 0 => {
                 // The planned input ended at a record boundary short of the whole input: every
                 // record it touched is out.
                 Ok(None)
@@ -648,7 +644,7 @@ impl Stage for EncryptStage {
             // The input is all here: what is pending (perhaps nothing) is the last record.
             _ => {
                 let mut output = self.output(0);
-                self.seal_pending(&mut output, true)?;
+                self.seal(&mut output, &[], true)?;
                 Ok(output.buffer.map(BytesMut::freeze))
             }
         }
