@@ -2,7 +2,8 @@
 //! arrives, ranges are the object's slices, the download is recorded for resume, and a client or
 //! origin that goes away mid-body leaves rangeway serving the next request, and the client's
 //! connection and the origin's are kept for the next. Small bodies, HEAD, multi-range answers and
-//! routes with middleware are not spliced.
+//! routes with middleware are not spliced; the bodies of the last are read from the origin's
+//! socket by rangeway, with the same guarantees.
 
 mod support;
 
@@ -175,20 +176,47 @@ fn a_client_that_hangs_up_during_a_slow_copied_body_is_let_go_at_once() {
 #[test]
 fn an_origin_that_breaks_off_mid_body_cuts_the_client_short_with_its_bytes() {
     let (origin, proxy, big, _small) = setup();
-    origin.set_global_behaviour(Behaviour::CutAfter(1_000_000));
-    let cut = send(&proxy, RawRequest::get("/big.bin"));
-    assert_eq!(cut.status, 200);
-    assert!(!cut.complete, "a cut body was passed off as whole");
-    assert_eq!(cut.body.len(), 1_000_000);
-    assert!(cut.body == big[..1_000_000]);
+    // Spliced, and read from the origin's socket into the checksum route's chunks.
+    for path in ["/big.bin", "/sum/big.bin"] {
+        origin.set_global_behaviour(Behaviour::CutAfter(1_000_000));
+        let cut = send(&proxy, RawRequest::get(path));
+        assert_eq!(cut.status, 200, "{path}");
+        assert!(!cut.complete, "{path}: a cut body was passed off as whole");
+        assert_eq!(cut.body.len(), 1_000_000, "{path}");
+        assert!(cut.body == big[..1_000_000], "{path}");
 
-    // A silent origin: the read timeout (2 s) ends it the same way.
-    origin.set_global_behaviour(Behaviour::Slow { chunk: 600_000, delay: Duration::from_secs(4) });
-    let stalled = send(&proxy, RawRequest::get("/big.bin"));
-    assert!(!stalled.complete);
-    assert!(stalled.body == big[..stalled.body.len()]);
+        // A silent origin: the read timeout (2 s) ends it the same way.
+        origin.set_global_behaviour(Behaviour::Slow {
+            chunk: 600_000,
+            delay: Duration::from_secs(4),
+        });
+        let stalled = send(&proxy, RawRequest::get(path));
+        assert!(!stalled.complete, "{path}");
+        assert!(stalled.body == big[..stalled.body.len()], "{path}");
 
-    origin.set_global_behaviour(Behaviour::Normal);
-    let next = send(&proxy, RawRequest::get("/big.bin"));
-    assert!(next.complete && next.body == big);
+        origin.set_global_behaviour(Behaviour::Normal);
+        let next = send(&proxy, RawRequest::get(path));
+        assert!(next.complete && next.body == big, "{path}");
+    }
+}
+
+#[test]
+fn a_body_read_past_pingora_keeps_its_origin_connection() {
+    let (origin, proxy, big, _small) = setup();
+    // A route with middleware: its bodies are read from the origin's socket by rangeway once
+    // pingora has handed over the first chunk, and the connection goes back to the pool.
+    for _ in 0..3 {
+        let summed = send(&proxy, RawRequest::get("/sum/big.bin"));
+        assert!(summed.complete && summed.body == big, "{} bytes", summed.body.len());
+    }
+    let part = send(&proxy, RawRequest::get("/sum/big.bin").header("Range", "bytes=1000-2000999"));
+    assert_eq!(part.status, 206);
+    assert!(part.complete && part.body == big[1000..2_001_000]);
+    let connections: Vec<u64> = origin.requests().iter().map(|r| r.connection).collect();
+    assert_eq!(connections, [connections[0]; 4], "origin connections per request");
+    // A chunked body has no length to read to: pingora reads it, all of it.
+    origin.set_global_behaviour(Behaviour::Chunked);
+    let chunked = send(&proxy, RawRequest::get("/sum/big.bin"));
+    assert!(chunked.complete && chunked.body == big);
+    assert_eq!(spliced_bytes(&proxy), 0, "a route with middleware is not spliced");
 }

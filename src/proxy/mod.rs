@@ -770,10 +770,10 @@ impl ProxyHttp for Rangeway {
     ) -> Result<bool> {
         let Some(route) = ctx.route.as_ref() else { return Ok(true) };
         // rangeway relays it itself, so that a body its origin breaks off can be continued, or
-        // so that a large untouched body can be spliced (see splice.rs); pingora proxies the rest.
+        // so that its body costs fewer copies (see relay.rs); pingora proxies the rest.
         let policy = route.upstream_resume;
         // The relay sends no request body: a request with one is pingora's to proxy.
-        if (policy.is_none() && !relay::may_splice(session, route)) || !session.is_body_empty() {
+        if (policy.is_none() && !relay::relays(session, route)) || !session.is_body_empty() {
             return Ok(true);
         }
         self.relay(session, ctx, policy).await?;

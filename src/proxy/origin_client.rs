@@ -91,9 +91,10 @@ impl OriginClient {
         }
     }
 
-    /// Returns the connection of an exchange whose whole body was spliced (pingora's reader saw
-    /// only its first bytes) to the pool, when the origin keeps it open.
-    pub(super) fn release_spliced(&self, exchange: Exchange) {
+    /// Returns the connection of an exchange whose body was read to its end past pingora's
+    /// reader (spliced, or read from the socket by rangeway: pingora saw only its first bytes)
+    /// to the pool, when the origin keeps it open.
+    pub(super) fn release_read_past(&self, exchange: Exchange) {
         let Exchange { session: HttpSession::H1(mut session), peer } = exchange else { return };
         session.respect_keepalive();
         if session.will_keepalive() {

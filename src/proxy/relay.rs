@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, header};
 use pingora_core::protocols::Stream;
+use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::protocols::http::{HttpTask, ServerSession};
 use pingora_error::{Error, ErrorSource, ErrorType, OrErr, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -317,7 +318,7 @@ impl Rangeway {
             .await;
             match result {
                 Ok(()) => {
-                    self.origin_client.release_spliced(exchange);
+                    self.origin_client.release_read_past(exchange);
                     break Ok(());
                 }
                 Err(e) if *e.esource() == ErrorSource::Upstream => {
@@ -379,12 +380,13 @@ impl Rangeway {
     }
 }
 
-/// Whether a request may be answered by splicing: a GET on a route without middleware, from a
-/// plain HTTP/1 client, to an upstream without TLS. Whether it is, the answer's header decides
-/// ([`spliceable`]); a request that may not be is left to pingora.
-pub(super) fn may_splice(session: &Session, route: &Route) -> bool {
+/// Whether the relay answers a request on a route that does not continue bodies: a GET from a
+/// plain HTTP/1 client to an upstream without TLS, whose body then costs fewer copies — an
+/// untouched one may be spliced (the answer's header decides: [`spliceable`]), any other is read
+/// from the origin's socket straight into the chunks the route's middleware takes
+/// ([`next_chunk`]). Other requests are pingora's to proxy.
+pub(super) fn relays(session: &Session, route: &Route) -> bool {
     session.req_header().method == Method::GET
-        && route.chain.stages().is_empty()
         && !route.upstream.is_tls()
         && matches!(session.as_downstream(), ServerSession::H1(h1) if h1.stream().get_ssl_digest().is_none())
 }
@@ -480,6 +482,61 @@ enum Piece {
     Broken(Box<Error>),
 }
 
+/// The most read from an origin's socket at once: pingora's own read size.
+const READ_BYTES: usize = 64 * 1024;
+
+/// The rest of a body of known length, read from the origin's socket by rangeway.
+struct DirectBody {
+    socket: RawSocket,
+    left: u64,
+    timeout: Duration,
+}
+
+/// The next chunk of `exchange`'s body; `None` at its end. Once pingora has handed over a chunk
+/// (what came with the header, or one read of its own) nothing of the body is left in its
+/// buffer: the rest of a body of known length on a plain socket is then read straight into the
+/// `Bytes` passed on (`direct`), where pingora would read into its buffer and copy each chunk
+/// out again.
+async fn next_chunk(
+    exchange: &mut Exchange,
+    direct: &mut Option<DirectBody>,
+) -> Result<Option<Bytes>> {
+    if let Some(body) = direct {
+        if body.left == 0 {
+            return Ok(None);
+        }
+        let max = usize::try_from(body.left).unwrap_or(usize::MAX).min(READ_BYTES);
+        let chunk = body
+            .socket
+            .read(max, body.timeout)
+            .await
+            .or_err(ErrorType::ReadError, "reading the body")
+            .map_err(|e| e.into_up())?;
+        if chunk.is_empty() {
+            let early = "the origin closed the connection before the end of the body";
+            return Err(Error::explain(ErrorType::ConnectionClosed, early).into_up());
+        }
+        body.left -= chunk.len() as u64;
+        return Ok(Some(chunk));
+    }
+    let chunk = exchange.session.read_response_body().await?;
+    if chunk.is_some() {
+        *direct = direct_body(exchange);
+    }
+    Ok(chunk)
+}
+
+/// The rest of `exchange`'s body to read from its socket, when it has a length, more of it is
+/// to come and the socket is plain.
+fn direct_body(exchange: &Exchange) -> Option<DirectBody> {
+    let HttpSession::H1(h1) = &exchange.session else { return None };
+    let len = content_length(&h1.resp_header()?.headers)?;
+    let left = len.checked_sub(h1.body_bytes_received() as u64).filter(|left| *left > 0)?;
+    let socket = plain_socket(exchange.session.stream())?;
+    // As pingora: no read timeout configured, none applied.
+    Some(DirectBody { socket, left, timeout: exchange.read_timeout().unwrap_or(Duration::MAX) })
+}
+
 /// How a route continues broken bodies, and the request continuations are made from.
 struct Resume {
     policy: UpstreamResume,
@@ -510,10 +567,11 @@ impl Pump {
     ) {
         let started = Instant::now();
         let mut attempts = 0;
+        let mut direct = None;
         loop {
             let read = match pending.take() {
                 Some(broke) => Err(broke),
-                None => exchange.session.read_response_body().await,
+                None => next_chunk(&mut exchange, &mut direct).await,
             };
             let piece = match read {
                 Ok(Some(chunk)) => {
@@ -522,13 +580,17 @@ impl Pump {
                 }
                 Ok(None) => {
                     // Pooled before the client hears of the end: its next request may want it.
-                    self.client.release(exchange).await;
+                    match direct {
+                        Some(_) => self.client.release_read_past(exchange),
+                        None => self.client.release(exchange).await,
+                    }
                     let _ = pieces.send(Piece::End).await;
                     return;
                 }
                 Err(broke) => match self.continued(broke, started, &mut attempts).await {
                     Ok(next) => {
                         exchange = next;
+                        direct = None;
                         continue;
                     }
                     Err(broke) => Piece::Broken(broke),

@@ -11,6 +11,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use bytes::Bytes;
 use rustix::net::RecvFlags;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
@@ -56,6 +57,21 @@ impl RawSocket {
             bytes = &bytes[written..];
         }
         Ok(())
+    }
+
+    /// Reads what has arrived, up to `max` bytes, into a buffer of its own, waiting at most
+    /// `timeout` for the first; empty when the peer closed. The bytes are read straight into
+    /// the `Bytes` handed on: no copy after the kernel's.
+    pub(super) async fn read(&self, max: usize, timeout: Duration) -> io::Result<Bytes> {
+        let mut buffer = Vec::with_capacity(max.max(1));
+        self.wait_for(Interest::READABLE, timeout, |fd| {
+            Ok(rustix::io::read(fd, rustix::buffer::spare_capacity(&mut buffer))?)
+        })
+        .await?;
+        // A short read gives the rest of the buffer back (the allocator shrinks it in place),
+        // so a trickling origin does not hold a whole buffer per few bytes.
+        buffer.shrink_to_fit();
+        Ok(Bytes::from(buffer))
     }
 
     /// Waits until the peer hangs up (`true`) or sends bytes, which are left for their reader
@@ -368,6 +384,23 @@ mod tests {
         let mut next = [0u8; 3];
         downstream.read_exact(&mut next).await.unwrap();
         assert_eq!(&next, b"GET");
+    }
+
+    #[tokio::test]
+    async fn read_takes_what_arrived_up_to_its_limit_then_sees_the_close() {
+        let (mut origin, upstream) = UnixStream::pair().unwrap();
+        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
+        let body = pattern(100_000);
+        origin.write_all(&body).await.unwrap();
+        let first = from.read(64 * 1024, TIMEOUTS.read).await.unwrap();
+        assert_eq!(first.len(), 64 * 1024, "no more than asked for");
+        let second = from.read(64 * 1024, TIMEOUTS.read).await.unwrap();
+        assert!([first, second].concat() == body, "other bytes than were sent");
+        // A silent peer: the timeout; a closed one: nothing.
+        let silent = from.read(10, Duration::from_millis(50)).await.unwrap_err();
+        assert_eq!(silent.kind(), io::ErrorKind::TimedOut);
+        drop(origin);
+        assert!(from.read(10, TIMEOUTS.read).await.unwrap().is_empty());
     }
 
     #[tokio::test]
