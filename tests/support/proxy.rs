@@ -78,6 +78,19 @@ impl Proxy {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     }
+
+    /// [`metric`](Self::metric) once it is at least `least`, or after 5 s: counts made when a
+    /// response is logged, which is after its last byte went to the client.
+    pub(crate) fn metric_at_least(&self, name: &str, label: &str, least: u64) -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let value = self.metric(name, label);
+            if value >= least || std::time::Instant::now() > deadline {
+                return value;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
 
 /// A config on free ports for tests: `[server]` with `server_keys` added, then `body`; with the
