@@ -1,6 +1,7 @@
 //! Relaying a response with rangeway's own upstream client: on routes that continue a body its
-//! origin broke off (`[routes.upstream_resume]`), and for GETs whose body may be spliced from
-//! socket to socket (see splice.rs).
+//! origin broke off (`[routes.upstream_resume]`), and for GETs whose body can cost fewer copies
+//! than pingora's proxying makes — spliced from socket to socket when untouched (see splice.rs),
+//! read from the origin's socket straight into the chunks a route's middleware takes otherwise.
 //!
 //! pingora proxies a response once: when the origin connection fails after the first byte went to
 //! the client, the client's download is cut, and only the client can resume it. Here rangeway
