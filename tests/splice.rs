@@ -15,7 +15,8 @@ use serde_json::Value;
 use support::data::test_bytes;
 use support::http::{Connection, RawRequest, Response, get_until, request};
 use support::origin::{Behaviour, Origin};
-use support::proxy::Proxy;
+use support::proxy::{Proxy, ProxyProcess};
+use support::tmp::TempDir;
 
 const BIG: usize = 3 * 1024 * 1024 + 5;
 const SMALL: usize = 100 * 1024;
@@ -227,4 +228,33 @@ fn a_body_read_past_pingora_keeps_its_origin_connection() {
     assert!(chunked.complete && chunked.body == big);
     proxy.metric_at_least("rangeway_requests_total", "", 5);
     assert_eq!(spliced_bytes(&proxy, 0), 0, "a route with middleware is not spliced");
+}
+
+#[test]
+fn a_middleware_route_reads_the_body_past_pingora() {
+    let origin = Origin::start();
+    let big = test_bytes(BIG, 7);
+    origin.put("/big.bin", big.clone());
+    origin.set_global_behaviour(Behaviour::CutAfter(2_000_000));
+    let logs = TempDir::new("splice-log");
+    let log = logs.join("rangeway.log");
+    let process = ProxyProcess::start_logged(
+        &format!(
+            "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
+            origin.base_url()
+        ),
+        &[],
+        &log,
+    );
+    let cut = request(process.addr(), &RawRequest::get("/big.bin")).expect("request");
+    assert!(!cut.complete && cut.body == big[..2_000_000], "{} bytes", cut.body.len());
+    // The end of the body was seen by rangeway's own reader, past the first 64 KiB that pingora
+    // reads: pingora's reader words an early close otherwise.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut text = String::new();
+    while !text.contains("rangeway::access") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        text = std::fs::read_to_string(&log).expect("the log");
+    }
+    assert!(text.contains("the origin closed the connection before the end of the body"), "{text}");
 }

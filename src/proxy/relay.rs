@@ -493,49 +493,68 @@ struct DirectBody {
     timeout: Duration,
 }
 
-/// The next chunk of `exchange`'s body; `None` at its end. Once pingora has handed over a chunk
-/// (what came with the header, or one read of its own) nothing of the body is left in its
-/// buffer: the rest of a body of known length on a plain socket is then read straight into the
-/// `Bytes` passed on (`direct`), where pingora would read into its buffer and copy each chunk
-/// out again.
-async fn next_chunk(
-    exchange: &mut Exchange,
-    direct: &mut Option<DirectBody>,
-) -> Result<Option<Bytes>> {
-    if let Some(body) = direct {
-        if body.left == 0 {
-            return Ok(None);
-        }
-        let max = usize::try_from(body.left).unwrap_or(usize::MAX).min(READ_BYTES);
-        let chunk = body
-            .socket
-            .read(max, body.timeout)
-            .await
-            .or_err(ErrorType::ReadError, "reading the body")
-            .map_err(|e| e.into_up())?;
-        if chunk.is_empty() {
-            let early = "the origin closed the connection before the end of the body";
-            return Err(Error::explain(ErrorType::ConnectionClosed, early).into_up());
-        }
-        body.left -= chunk.len() as u64;
-        return Ok(Some(chunk));
-    }
-    let chunk = exchange.session.read_response_body().await?;
-    if chunk.is_some() {
-        *direct = direct_body(exchange);
-    }
-    Ok(chunk)
+/// Who reads the rest of an exchange's body.
+enum BodySource {
+    /// pingora, until it has handed over a chunk: its buffer may hold the body's first bytes.
+    Unread,
+    /// pingora, to the end: a body without a length, or on a TLS connection.
+    Pingora,
+    /// rangeway, from the socket, straight into the `Bytes` passed on — where pingora would
+    /// read into its buffer and copy each chunk out again.
+    Direct(DirectBody),
 }
 
-/// The rest of `exchange`'s body to read from its socket, when it has a length, more of it is
-/// to come and the socket is plain.
-fn direct_body(exchange: &Exchange) -> Option<DirectBody> {
-    let HttpSession::H1(h1) = &exchange.session else { return None };
-    let len = content_length(&h1.resp_header()?.headers)?;
-    let left = len.checked_sub(h1.body_bytes_received() as u64).filter(|left| *left > 0)?;
-    let socket = plain_socket(exchange.session.stream())?;
-    // As pingora: no read timeout configured, none applied.
-    Some(DirectBody { socket, left, timeout: exchange.read_timeout().unwrap_or(Duration::MAX) })
+impl BodySource {
+    /// For `exchange`, as far as its body has been read: once pingora has handed over a chunk
+    /// (what came with the header, or a read of its own) nothing of the body is left in its
+    /// buffer, and the rest of a body of known length on a plain socket can be read directly.
+    fn of(exchange: &Exchange) -> Self {
+        let HttpSession::H1(h1) = &exchange.session else { return Self::Pingora };
+        let received = h1.body_bytes_received() as u64;
+        if received == 0 {
+            return Self::Unread;
+        }
+        let direct = h1
+            .resp_header()
+            .and_then(|header| content_length(&header.headers))
+            .and_then(|len| len.checked_sub(received))
+            .filter(|left| *left > 0)
+            .zip(plain_socket(exchange.session.stream()))
+            .map(|(left, socket)| DirectBody {
+                socket,
+                left,
+                // As pingora: no read timeout configured, none applied.
+                timeout: exchange.read_timeout().unwrap_or(Duration::MAX),
+            });
+        direct.map_or(Self::Pingora, Self::Direct)
+    }
+}
+
+/// The next chunk of `exchange`'s body, read as `source` says; `None` at its end.
+async fn next_chunk(exchange: &mut Exchange, source: &mut BodySource) -> Result<Option<Bytes>> {
+    let BodySource::Direct(body) = source else {
+        let chunk = exchange.session.read_response_body().await?;
+        if chunk.is_some() && matches!(source, BodySource::Unread) {
+            *source = BodySource::of(exchange);
+        }
+        return Ok(chunk);
+    };
+    if body.left == 0 {
+        return Ok(None);
+    }
+    let max = usize::try_from(body.left).unwrap_or(usize::MAX).min(READ_BYTES);
+    let chunk = body
+        .socket
+        .read(max, body.timeout)
+        .await
+        .or_err(ErrorType::ReadError, "reading the body")
+        .map_err(|e| e.into_up())?;
+    if chunk.is_empty() {
+        let early = "the origin closed the connection before the end of the body";
+        return Err(Error::explain(ErrorType::ConnectionClosed, early).into_up());
+    }
+    body.left -= chunk.len() as u64;
+    Ok(Some(chunk))
 }
 
 /// How a route continues broken bodies, and the request continuations are made from.
@@ -568,11 +587,12 @@ impl Pump {
     ) {
         let started = Instant::now();
         let mut attempts = 0;
-        let mut direct = None;
+        // The relay has read the body's first chunks through pingora: the rest may not need it.
+        let mut source = BodySource::of(&exchange);
         loop {
             let read = match pending.take() {
                 Some(broke) => Err(broke),
-                None => next_chunk(&mut exchange, &mut direct).await,
+                None => next_chunk(&mut exchange, &mut source).await,
             };
             let piece = match read {
                 Ok(Some(chunk)) => {
@@ -581,9 +601,9 @@ impl Pump {
                 }
                 Ok(None) => {
                     // Pooled before the client hears of the end: its next request may want it.
-                    match direct {
-                        Some(_) => self.client.release_read_past(exchange),
-                        None => self.client.release(exchange).await,
+                    match source {
+                        BodySource::Direct(_) => self.client.release_read_past(exchange),
+                        _ => self.client.release(exchange).await,
                     }
                     let _ = pieces.send(Piece::End).await;
                     return;
@@ -591,7 +611,7 @@ impl Pump {
                 Err(broke) => match self.continued(broke, started, &mut attempts).await {
                     Ok(next) => {
                         exchange = next;
-                        direct = None;
+                        source = BodySource::Unread;
                         continue;
                     }
                     Err(broke) => Piece::Broken(broke),

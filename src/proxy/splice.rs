@@ -68,7 +68,7 @@ impl RawSocket {
             Ok(rustix::io::read(fd, rustix::buffer::spare_capacity(&mut buffer))?)
         })
         .await?;
-        // A short read gives the rest of the buffer back (the allocator shrinks it in place),
+        // A short read gives the rest of the buffer back (glibc shrinks a block this size in place),
         // so a trickling origin does not hold a whole buffer per few bytes.
         buffer.shrink_to_fit();
         Ok(Bytes::from(buffer))
