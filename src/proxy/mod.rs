@@ -25,7 +25,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, Method, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, StatusCode, header};
+use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -61,8 +62,22 @@ const ORIGIN_DIGEST_MISMATCH: &str = "OriginDigestMismatch";
 const VIA: &str = "1.1 rangeway";
 
 /// Response fields that describe one connection, not the message (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 6] =
-    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"];
+/// Names, not strings: a map finds a `HeaderName` without parsing it again (every response and
+/// relayed request looks for all of them).
+static HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+/// Hop-by-hop in a request rangeway sends itself, besides [`HOP_BY_HOP`].
+static REQUEST_HOP_BY_HOP: [HeaderName; 3] = [
+    header::PROXY_AUTHENTICATE,
+    header::TRANSFER_ENCODING,
+    HeaderName::from_static("http2-settings"),
+];
 
 /// The proxy, built once from config and shared by every request.
 #[derive(Debug)]
@@ -636,6 +651,12 @@ impl Rangeway {
 impl ProxyHttp for Rangeway {
     type CTX = RequestCtx;
 
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {
+        // None: pingora's default is a compression module switched off, which rangeway (whose
+        // codings are stages of a route's chain) never switches on; it cost every request a
+        // box and a look at its Accept-Encoding.
+    }
+
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx::default()
     }
@@ -844,7 +865,8 @@ impl ProxyHttp for Rangeway {
         let transforms = ctx.transforms();
         if ctx.chain().is_some() {
             // The stages work on the object's own bytes, not on an encoding of them.
-            upstream_request.insert_header(header::ACCEPT_ENCODING, "identity")?;
+            upstream_request
+                .insert_header(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"))?;
         }
         if transforms {
             // The client's validators are of the transformed representation, checked here
@@ -878,11 +900,11 @@ impl ProxyHttp for Rangeway {
                 };
             upstream_request.insert_header("x-forwarded-for", forwarded)?;
         }
-        upstream_request.insert_header("x-forwarded-proto", "http")?;
+        upstream_request.insert_header("x-forwarded-proto", HeaderValue::from_static("http"))?;
         if let Some(host) = original_host {
             upstream_request.insert_header("x-forwarded-host", host)?;
         }
-        upstream_request.append_header(header::VIA, VIA)?;
+        upstream_request.append_header(header::VIA, HeaderValue::from_static(VIA))?;
         route.upstream.authorize(upstream_request)
     }
 
@@ -962,9 +984,11 @@ impl ProxyHttp for Rangeway {
         {
             // An origin that refuses a range without saying the length (S3 does): the client
             // still gets `Content-Range: bytes */LEN` (RFC 9110 §15.5.17), from a HEAD.
+            // Boxed: inline, this rare exchange's state would make every call's future (which
+            // async_trait boxes, per response) kilobytes larger, all of it copied.
             if let Some(route) = route_arc.as_ref()
                 && let Ok(Some(complete_len)) =
-                    self.origin_client.length(&route.upstream, &ctx.upstream_target).await
+                    Box::pin(self.origin_client.length(&route.upstream, &ctx.upstream_target)).await
             {
                 forwarded(response)?;
                 return answer_without_body(response, ctx, &Shape::Unsatisfiable { complete_len });
@@ -1198,20 +1222,21 @@ impl ProxyHttp for Rangeway {
         let req = session.req_header();
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
         let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
-        let client = session.client_addr().map(|a| a.to_string()).unwrap_or_default();
+        // Formatted only when the line is written (tracing evaluates fields of enabled events).
+        let client = session.client_addr().map(tracing::field::display);
         match e {
             None => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %req.uri, status,
                 range_asked = asked, range_served = %ctx.served, bytes = sent,
                 upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
-                client = %client, refused = ctx.refusal,
+                client, refused = ctx.refusal,
             ),
             Some(e) if is_client_abort(e) => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %req.uri, status,
                 range_asked = asked, range_served = %ctx.served, bytes = sent,
-                total_ms = elapsed.as_secs_f64() * 1000.0, client = %client,
+                total_ms = elapsed.as_secs_f64() * 1000.0, client,
                 "client went away before the end of the response"
             ),
             Some(e) => {
@@ -1223,7 +1248,7 @@ impl ProxyHttp for Rangeway {
                     route, method = %req.method, path = %req.uri, status,
                     range_asked = asked, range_served = %ctx.served, bytes = sent,
                     upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
-                    client = %client, error = %e,
+                    client, error = %e,
                 )
             }
         }
@@ -1326,10 +1351,10 @@ fn header_over_limits(req: &RequestHeader, limits: &ClientLimits) -> Option<&'st
 
 /// An upstream answer as it leaves this hop: its connection's fields dropped, `Via` added.
 fn forwarded(response: &mut ResponseHeader) -> Result<()> {
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         response.remove_header(name);
     }
-    response.append_header(header::VIA, VIA)?;
+    response.append_header(header::VIA, HeaderValue::from_static(VIA))?;
     Ok(())
 }
 
@@ -1354,10 +1379,8 @@ fn strip_hop_by_hop(request: &mut RequestHeader) {
     for name in &nominated {
         request.remove_header(name);
     }
-    for name in
-        HOP_BY_HOP.iter().chain(&["proxy-authenticate", "transfer-encoding", "http2-settings"])
-    {
-        request.remove_header(*name);
+    for name in HOP_BY_HOP.iter().chain(&REQUEST_HOP_BY_HOP) {
+        request.remove_header(name);
     }
 }
 

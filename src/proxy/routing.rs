@@ -144,12 +144,13 @@ impl RouteSwitch {
 /// The host a request is for: the Host header (or the authority of an absolute-form target),
 /// lower-cased, without port.
 pub fn request_host(req: &pingora_http::RequestHeader) -> Option<String> {
-    let raw = req.uri.authority().map(|a| a.host().to_owned()).or_else(|| {
+    let mut host = req.uri.authority().map(|a| a.host().to_owned()).or_else(|| {
         let value = req.headers.get(http::header::HOST)?.to_str().ok()?;
         let authority: http::uri::Authority = value.parse().ok()?;
         Some(authority.host().to_owned())
     })?;
-    Some(raw.to_ascii_lowercase())
+    host.make_ascii_lowercase();
+    Some(host)
 }
 
 #[cfg(test)]
