@@ -24,6 +24,7 @@ TARGET_NAMES = {
     "rangeway": "rangeway",
     "rangeway-aes": "rangeway checksum+aes128gcm",
     "rangeway-gzip1": "rangeway gzip level 1",
+    "pingora": "pingora alone (floor, not a peer)",
     "nginx-stream": "nginx, proxy_buffering off",
     "nginx-buffered": "nginx, buffered in memory",
     "haproxy": "HAProxy",
@@ -33,6 +34,7 @@ COLOURS = {
     "rangeway": "#d95f02",
     "rangeway-aes": "#e6ab02",
     "rangeway-gzip1": "#a6761d",
+    "pingora": "#e7298a",
     "nginx-stream": "#1b9e77",
     "nginx-buffered": "#66a61e",
     "haproxy": "#7570b3",
@@ -130,7 +132,8 @@ def markdown(meta, summary, raw_name, svg_name):
         ]
     lines += [
         f"- machine: {meta['nproc']} CPUs, {meta['cpu']}, {meta['kernel']}",
-        f"- versions: rangeway {meta['rangeway']}, nginx {meta['nginx']}, HAProxy {meta['haproxy']}, "
+        f"- versions: rangeway {meta['rangeway']}, pingora {meta.get('pingora', '?')}, nginx {meta['nginx']}, "
+        f"HAProxy {meta['haproxy']}, "
         f"wrk {meta['wrk']}",
         f"- command: `{meta['command']}`",
         f"- {meta['objects']}; {meta['runs']}; {meta['pinning']}",

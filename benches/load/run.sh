@@ -12,7 +12,8 @@
 # rangeway (release), writes the objects, starts one origin (nginx, static files, sendfile), then
 # in front of it rangeway (threads = 1), nginx as a streaming proxy (proxy_buffering off, 64 KiB
 # buffer), nginx as a buffering proxy (in memory: proxy_max_temp_file_size 0) and HAProxy
-# (nbthread 1). The proxy under test runs on core PROXY_CPU; origin and wrk on CLIENT_CPU. Each
+# (nbthread 1), and pingora's proxy alone (no hooks: the floor of any proxy on pingora, not a peer).
+# The proxy under test runs on core PROXY_CPU; origin and wrk on CLIENT_CPU. Each
 # workload runs every target once per repetition, the order rotated each repetition. Results:
 # benches/results/load-<date>.{md,svg,tsv}, the table also printed.
 #
@@ -39,7 +40,7 @@ RESUME_MIB=${RESUME_MIB:-$d_resume_mib}    # resume: object size, MiB (random ra
 RESUME_RANGE_KIB=${RESUME_RANGE_KIB:-1024} #   bytes per range, KiB
 RESUME_CONC=${RESUME_CONC:-64}             #   connections
 WORKLOADS=${WORKLOADS:-large small resume chain}
-PROXIES=${PROXIES:-rangeway nginx-stream nginx-buffered haproxy}   # peers besides direct
+PROXIES=${PROXIES:-rangeway pingora nginx-stream nginx-buffered haproxy}   # besides direct
 NGINX_BUFFERS=${NGINX_BUFFERS:-16 64k}     # nginx-buffered: proxy_buffers (per connection)
 HAPROXY_SPLICE=${HAPROXY_SPLICE:-0}        # 1: haproxy with option splice-auto (kernel splicing)
 PROXY_CPU=${PROXY_CPU:-0}                  # core of the proxy under test
@@ -64,10 +65,11 @@ command_line+=" bash benches/load/run.sh"
 
 # ---- tools, build -----------------------------------------------------------------------------
 bash scripts/deps.sh --bench
-echo "building rangeway (release)..."
-cargo build --release --bin rangeway >/dev/null
-bin="$root_dir/${CARGO_TARGET_DIR:-target}/release/rangeway"
-[[ ${CARGO_TARGET_DIR:-} == /* ]] && bin="$CARGO_TARGET_DIR/release/rangeway"
+echo "building rangeway and the pingora floor (release)..."
+cargo build --release --bin rangeway --example pingora-floor >/dev/null
+release="$root_dir/${CARGO_TARGET_DIR:-target}/release"
+[[ ${CARGO_TARGET_DIR:-} == /* ]] && release="$CARGO_TARGET_DIR/release"
+bin="$release/rangeway"
 
 source benches/lib.sh
 bench_init rangeway-load
@@ -152,6 +154,14 @@ RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "${rangeway_wrapper[@]}" "$bin" serv
     --config "$work/rangeway.toml" >"$work/rangeway.log" 2>&1
 rangeway_pid=$last_pid
 
+# ---- pingora without rangeway -----------------------------------------------------------------
+# Not a peer: the floor under any proxy built on pingora 0.9 (benches/load/pingora_floor.rs), so
+# that the report shows what of rangeway's cost is its own.
+pingora_port=$(free_port)
+start_bg "${on_proxy_cpu[@]}" "$release/examples/pingora-floor" "127.0.0.1:$pingora_port" \
+    "127.0.0.1:$origin_port" >"$work/pingora.log" 2>&1
+pingora_pid=$last_pid
+
 # ---- nginx as a proxy, two ways ---------------------------------------------------------------
 # As its users tune it for downloads: one worker, HTTP/1.1 keep-alive to the origin with a pool
 # as large as the client concurrency, clients' keep-alive never recycled. Then either streaming
@@ -226,7 +236,7 @@ haproxy -c -q -f "$work/haproxy.cfg"
 start_bg "${on_proxy_cpu[@]}" haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1
 haproxy_pid=$last_pid
 
-for port in "$origin_port" "$nginx_stream_port" "$nginx_buffered_port" "$haproxy_port"; do
+for port in "$origin_port" "$pingora_port" "$nginx_stream_port" "$nginx_buffered_port" "$haproxy_port"; do
     wait_port "$port"
 done
 wait_port "$rangeway_port" "$( [[ $PROFILE == callgrind ]] && echo 180 || echo 10 )"
@@ -242,11 +252,12 @@ nginx_stream_worker=$(worker_of "$master_nginx_stream")
 nginx_buffered_worker=$(worker_of "$master_nginx_buffered")
 declare -A port_of=(
     [direct]=$origin_port [rangeway]=$rangeway_port [rangeway-aes]=$rangeway_port
-    [rangeway-gzip1]=$rangeway_port [nginx-stream]=$nginx_stream_port
+    [rangeway-gzip1]=$rangeway_port [pingora]=$pingora_port [nginx-stream]=$nginx_stream_port
     [nginx-buffered]=$nginx_buffered_port [haproxy]=$haproxy_port
 )
 declare -A pid_of=(
     [direct]="" [rangeway]=$rangeway_pid [rangeway-aes]=$rangeway_pid [rangeway-gzip1]=$rangeway_pid
+    [pingora]=$pingora_pid
     [nginx-stream]=$nginx_stream_worker [nginx-buffered]=$nginx_buffered_worker [haproxy]=$haproxy_pid
 )
 # What each target puts before the object's path.
@@ -373,6 +384,7 @@ cp "$raw" "$OUT/load-$stamp.tsv"
     printf 'cpu\t%s\n' "$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
     printf 'kernel\t%s\n' "$(uname -sr)"
     printf 'rangeway\t%s%s\n' "$(git rev-parse --short HEAD)" "$(git diff --quiet HEAD -- src middleware Cargo.toml Cargo.lock || echo ' (modified)')"
+    printf 'pingora\t%s\n' "$(awk '/^name = "pingora-proxy"/ { getline; gsub(/"/, "", $3); print $3 }' Cargo.lock)"
     printf 'nginx\t%s\n' "$(nginx -v 2>&1 | sed 's/^nginx version: //')"
     printf 'haproxy\t%s\n' "$(haproxy -v | head -1 | awk '{ print $3 }')"
     printf 'wrk\t%s\n' "$(wrk -v 2>&1 | head -1 | awk '{ print $2 }')"
