@@ -57,6 +57,7 @@ need chromium chromium
 if [[ "${1:-}" == "--bench" ]]; then
     need haproxy haproxy
     need wrk wrk
+    need valgrind valgrind
 fi
 if [[ ! -s /etc/ssl/certs/ca-certificates.crt ]]; then
     missing+=(ca-certificates)

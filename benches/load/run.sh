@@ -326,8 +326,24 @@ printf 'workload\ttarget\trep\tload1\tproxy_cpu_s\tproxy_peak_rss_kb\torigin_cpu
     "requests bytes duration_us p50_us p99_us max_us status_errors connect_errors read_errors write_errors timeouts" |
     sed 's/ /\t/g' > "$raw"
 
+# Busy ticks of the proxies' core (the first, if PROXY_CPU names several).
+proxy_core_ticks() {
+    awk -v cpu="cpu${PROXY_CPU%%[,-]*}" '$1 == cpu { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
+}
+# Waits (up to 10 s) until the proxies' core is idle: what a run leaves in flight — a gzip
+# route's last blocks, 100 responses' worth — is not counted against the next target.
+settle() {
+    local _ a b idle=$((ticks / 40)) # 5 % of a core over half a second
+    for _ in $(seq 20); do
+        a=$(proxy_core_ticks); sleep 0.5; b=$(proxy_core_ticks)
+        ((b - a <= idle)) && return 0
+    done
+    echo "  (the proxies' core was still busy after 10 s)"
+}
+
 measure() { # WORKLOAD TARGET REP
     local pid=${pid_of[$2]} load1 p0 o0 w0 m0 t0 line p1 o1 w1 m1 t1
+    settle
     reset_peak_rss "$pid"
     load1=$(cut -d' ' -f1 /proc/loadavg)
     p0=$(cpu_ticks "$pid"); o0=$(cpu_ticks "$origin_pid"); w0=$(children_ticks); m0=$(machine_ticks)
