@@ -91,6 +91,25 @@ $(nginx_http_common "$1")
 CONF
 }
 
+# rangeway_conf PORT ORIGIN_PORT: a rangeway as the benches run it — one worker thread, the memory
+# state store — with the passthrough route "/" to the origin; a bench appends its other routes.
+rangeway_conf() {
+    cat <<CONF
+[server]
+listen = "127.0.0.1:$1"
+admin_listen = "127.0.0.1:$(free_port)"
+threads = 1
+grace_period = "1s"
+[state]
+backend = "memory"
+[upstreams.origin]
+url = "http://127.0.0.1:$2"
+[[routes]]
+path_prefix = "/"
+upstream = "origin"
+CONF
+}
+
 # start_bg CMD...: CMD in the background as a direct child of this shell (so the pid recorded is
 # the server's own, not a subshell's that would leave the server running when killed); sets
 # $last_pid and adds it to $pids. Redirections on the call apply to CMD.

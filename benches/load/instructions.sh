@@ -34,19 +34,7 @@ start_nginx "$work/origin"
 wait_port "$origin_port"
 
 rangeway_port=$(free_port)
-cat > "$work/rangeway.toml" <<CONF
-[server]
-listen = "127.0.0.1:$rangeway_port"
-admin_listen = "127.0.0.1:$(free_port)"
-threads = 1
-[state]
-backend = "memory"
-[upstreams.origin]
-url = "http://127.0.0.1:$origin_port"
-[[routes]]
-path_prefix = "/"
-upstream = "origin"
-CONF
+rangeway_conf "$rangeway_port" "$origin_port" > "$work/rangeway.toml"
 pingora_port=$(free_port)
 
 # count NAME PORT CMD...: prints "requests instructions" for CMD under callgrind.

@@ -114,19 +114,9 @@ origin_pid=$last_pid
 # One worker thread; "/" passthrough (large, small, resume), and the chain workload's two routes.
 "$bin" keygen > "$work/key"
 rangeway_port=$(free_port)
-cat > "$work/rangeway.toml" <<CONF
-[server]
-listen = "127.0.0.1:$rangeway_port"
-admin_listen = "127.0.0.1:$(free_port)"
-threads = 1
-grace_period = "1s"
-[state]
-backend = "memory"
-[upstreams.origin]
-url = "http://127.0.0.1:$origin_port"
-[[routes]]
-path_prefix = "/"
-upstream = "origin"
+{
+    rangeway_conf "$rangeway_port" "$origin_port"
+    cat <<CONF
 [[routes]]
 path_prefix = "/aes/"
 upstream = "origin"
@@ -145,6 +135,7 @@ strip_prefix = true
   kind = "gzip"
   level = 1
 CONF
+} > "$work/rangeway.toml"
 "$bin" check --config "$work/rangeway.toml" >/dev/null
 # Under callgrind, valgrind runs rangeway in its own process (same pid): it writes the profile
 # when rangeway exits, which the report step arranges.
