@@ -17,7 +17,7 @@ pub fn fingerprint<'a>(parts: impl IntoIterator<Item = &'a [u8]>, bytes: usize) 
     }
     let digest = hash.finalize();
     // By table, not `write!`: a download id is derived on every GET, and formatting the 16
-    // bytes one by one cost as many instructions as hashing them.
+    // bytes one by one cost about as many instructions as hashing them (callgrind: 3.7k, 4k).
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut hex = String::with_capacity(2 * bytes);
     for byte in digest.iter().take(bytes) {

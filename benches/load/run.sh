@@ -281,8 +281,9 @@ echo "all targets serve the origin's bytes"
 # ---- measuring --------------------------------------------------------------------------------
 ticks=$(getconf CLK_TCK)
 cpu_ticks() { [[ -n $1 ]] && awk '{ print $14 + $15 }' "/proc/$1/stat" || echo 0; }
-# Busy time of the whole machine (all cores), to tell how much CPU others took during a run.
-machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+# busy_ticks [CPU]: busy time of one core (cpu0, cpu1...) or by default of the whole machine
+# ("cpu"), to tell how much CPU others took during a run and when the proxies' core is idle.
+busy_ticks() { awk -v cpu="${1:-cpu}" '$1 == cpu { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 # CPU of this shell's reaped children (wrk, once it has exited and been waited for).
 children_ticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
 peak_rss_kb() { [[ -n $1 ]] && awk '/^VmHWM/ { print $2 }' "/proc/$1/status" || echo 0; }
@@ -317,16 +318,13 @@ printf 'workload\ttarget\trep\tload1\tproxy_cpu_s\tproxy_peak_rss_kb\torigin_cpu
     "requests bytes duration_us p50_us p99_us max_us status_errors connect_errors read_errors write_errors timeouts" |
     sed 's/ /\t/g' > "$raw"
 
-# Busy ticks of the proxies' core (the first, if PROXY_CPU names several).
-proxy_core_ticks() {
-    awk -v cpu="cpu${PROXY_CPU%%[,-]*}" '$1 == cpu { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
-}
 # Waits (up to 10 s) until the proxies' core is idle: what a run leaves in flight — a gzip
 # route's last blocks, 100 responses' worth — is not counted against the next target.
+proxy_core="cpu${PROXY_CPU%%[,-]*}" # the first, if PROXY_CPU names several
 settle() {
     local _ a b idle=$((ticks / 40)) # 5 % of a core over half a second
     for _ in $(seq 20); do
-        a=$(proxy_core_ticks); sleep 0.5; b=$(proxy_core_ticks)
+        a=$(busy_ticks "$proxy_core"); sleep 0.5; b=$(busy_ticks "$proxy_core")
         ((b - a <= idle)) && return 0
     done
     echo "  (the proxies' core was still busy after 10 s)"
@@ -337,7 +335,7 @@ measure() { # WORKLOAD TARGET REP
     settle
     reset_peak_rss "$pid"
     load1=$(cut -d' ' -f1 /proc/loadavg)
-    p0=$(cpu_ticks "$pid"); o0=$(cpu_ticks "$origin_pid"); w0=$(children_ticks); m0=$(machine_ticks)
+    p0=$(cpu_ticks "$pid"); o0=$(cpu_ticks "$origin_pid"); w0=$(children_ticks); m0=$(busy_ticks)
     t0=$(date +%s.%N)
     # perf samples rangeway (all threads) for the whole first run of each of its targets.
     local perf_pid=""
@@ -349,7 +347,7 @@ measure() { # WORKLOAD TARGET REP
     line=$(wrk_run "$1" "$2" "$DURATION")
     [[ -z $perf_pid ]] || wait "$perf_pid" || true
     t1=$(date +%s.%N)
-    p1=$(cpu_ticks "$pid"); o1=$(cpu_ticks "$origin_pid"); w1=$(children_ticks); m1=$(machine_ticks)
+    p1=$(cpu_ticks "$pid"); o1=$(cpu_ticks "$origin_pid"); w1=$(children_ticks); m1=$(busy_ticks)
     # wrk ran in a subshell of $(...), reaped there, then added to ours when the subshell was.
     awk -v w="$1" -v t="$2" -v r="$3" -v l="$load1" -v hz="$ticks" -v p=$((p1 - p0)) -v o=$((o1 - o0)) \
         -v k=$((w1 - w0)) -v m=$((m1 - m0)) -v t0="$t0" -v t1="$t1" -v rss="$(peak_rss_kb "$pid")" -v line="$line" '
