@@ -63,14 +63,17 @@ impl RawSocket {
     /// `timeout` for the first; empty when the peer closed. The bytes are read straight into
     /// the `Bytes` handed on: no copy after the kernel's.
     pub(super) async fn read(&self, max: usize, timeout: Duration) -> io::Result<Bytes> {
-        let mut buffer = Vec::with_capacity(max.max(1));
-        self.wait_for(Interest::READABLE, timeout, |fd| {
-            Ok(rustix::io::read(fd, rustix::buffer::spare_capacity(&mut buffer))?)
-        })
-        .await?;
-        // A short read gives the rest of the buffer back (glibc shrinks a block this size in place),
-        // so a trickling origin does not hold a whole buffer per few bytes.
-        buffer.shrink_to_fit();
+        let (buffer, _) = self
+            .wait_for(Interest::READABLE, timeout, |fd| {
+                // A buffer the size of what has arrived (up to `max`): a reader ahead of its origin
+                // allocates no more than it reads, and nothing is shrunk or copied after. At the
+                // end of the stream nothing has arrived, and the one-byte read sees the end.
+                let arrived = usize::try_from(rustix::io::ioctl_fionread(fd)?).unwrap_or(max);
+                let mut buffer = Vec::with_capacity(arrived.clamp(1, max.max(1)));
+                rustix::io::read(fd, rustix::buffer::spare_capacity(&mut buffer))?;
+                Ok(buffer)
+            })
+            .await?;
         Ok(Bytes::from(buffer))
     }
 
