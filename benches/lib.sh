@@ -91,6 +91,14 @@ $(nginx_http_common "$1")
 CONF
 }
 
+# release_dir: where cargo puts release builds, as an absolute path (CARGO_TARGET_DIR may be
+# either; the benches run from the repository's root).
+release_dir() {
+    local dir=${CARGO_TARGET_DIR:-target}
+    [[ $dir == /* ]] || dir="$PWD/$dir"
+    echo "$dir/release"
+}
+
 # rangeway_conf PORT ORIGIN_PORT: a rangeway as the benches run it — one worker thread, the memory
 # state store — with the passthrough route "/" to the origin; a bench appends its other routes.
 rangeway_conf() {

@@ -16,9 +16,8 @@ size_mib=${1:-1024}
 runs=${2:-5}
 bash scripts/deps.sh
 cargo build --release --bin rangeway >/dev/null
-bin="${CARGO_TARGET_DIR:-target}/release/rangeway"
-
 source benches/lib.sh
+bin="$(release_dir)/rangeway"
 bench_init rangeway-bench
 
 mkdir -p "$work/root" "$work/nginx"

@@ -20,10 +20,8 @@ TOP=${TOP:-25}
 bash scripts/deps.sh --bench
 echo "building rangeway and the pingora floor (release)..."
 cargo build --release --bin rangeway --example pingora-floor >/dev/null
-release="${CARGO_TARGET_DIR:-target}/release"
-[[ $release == /* ]] || release="$PWD/$release"
-
 source benches/lib.sh
+release=$(release_dir)
 bench_init rangeway-instructions
 ulimit -n "$(ulimit -Hn)"
 mkdir -p "$work/root"

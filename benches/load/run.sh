@@ -20,7 +20,6 @@
 # Everything listens on 127.0.0.1 ports chosen at run time and is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-root_dir=$PWD
 
 # ---- parameters -------------------------------------------------------------------------------
 PRESET=${PRESET:-quick}
@@ -67,11 +66,9 @@ command_line+=" bash benches/load/run.sh"
 bash scripts/deps.sh --bench
 echo "building rangeway and the pingora floor (release)..."
 cargo build --release --bin rangeway --example pingora-floor >/dev/null
-release="$root_dir/${CARGO_TARGET_DIR:-target}/release"
-[[ ${CARGO_TARGET_DIR:-} == /* ]] && release="$CARGO_TARGET_DIR/release"
-bin="$release/rangeway"
-
 source benches/lib.sh
+release=$(release_dir)
+bin="$release/rangeway"
 bench_init rangeway-load
 case $PROFILE in
     '') ;;

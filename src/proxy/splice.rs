@@ -66,10 +66,16 @@ impl RawSocket {
         let (buffer, _) = self
             .wait_for(Interest::READABLE, timeout, |fd| {
                 // A buffer the size of what has arrived (up to `max`): a reader ahead of its origin
-                // allocates no more than it reads, and nothing is shrunk or copied after. At the
-                // end of the stream nothing has arrived, and the one-byte read sees the end.
+                // allocates no more than it reads, and nothing is shrunk or copied after.
                 let arrived = usize::try_from(rustix::io::ioctl_fionread(fd)?).unwrap_or(max);
-                let mut buffer = Vec::with_capacity(arrived.clamp(1, max.max(1)));
+                if arrived == 0 {
+                    // Nothing yet (the read would block) or the end: a byte on the stack tells
+                    // which without a buffer; one that arrived in between is a chunk of one.
+                    let mut byte = [0u8; 1];
+                    let read = rustix::io::read(fd, &mut byte)?;
+                    return Ok(byte[..read].to_vec());
+                }
+                let mut buffer = Vec::with_capacity(arrived.min(max.max(1)));
                 rustix::io::read(fd, rustix::buffer::spare_capacity(&mut buffer))?;
                 Ok(buffer)
             })
