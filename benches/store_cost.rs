@@ -66,10 +66,7 @@ fn main() {
         )
     };
     let memory = Proxy::start(&body("[state]\nbackend = \"memory\""));
-    let shared = Proxy::start(&body(&format!(
-        "[state]\nbackend = \"redis\"\nredis_url = \"{}\"",
-        redis.url()
-    )));
+    let shared = Proxy::start(&body(&redis.state_section()));
     // Warm both (connections to origin and Redis, first session write).
     measure(&memory, 50);
     measure(&shared, 50);

@@ -23,7 +23,8 @@ use crate::admin::Admin;
 use crate::admin::live::LiveResponses;
 use crate::admin::metrics::Metrics;
 use crate::admission::Admission;
-use crate::config::{Config, HttpUpstream, UpstreamKind};
+use crate::config::{Config, HttpUpstream, IdKeySource, UpstreamKind};
+use crate::fingerprint::FingerprintKey;
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Rangeway;
 use crate::proxy::health::HealthChecks;
@@ -51,6 +52,8 @@ pub enum StartError {
     Middleware(crate::config::ConfigErrors),
     #[error("routes[{index}].path_prefix: {source}")]
     Route { index: usize, source: crate::proxy::path::PathError },
+    #[error("cannot make a key for download ids: {0}")]
+    IdKey(getrandom::Error),
 }
 
 /// What a started server listens on.
@@ -153,6 +156,10 @@ pub fn build(
     let routes_in_force = Arc::clone(&routes);
     server.add_service(background_service("health checks", HealthChecks::new(Arc::clone(&routes))));
     let live = Arc::new(LiveResponses::new());
+    let id_key = match &config.state.id_key {
+        IdKeySource::Configured(key) => FingerprintKey::new(key.expose().as_bytes()),
+        IdKeySource::Generated => FingerprintKey::generate().map_err(StartError::IdKey)?,
+    };
     let proxy = Rangeway::new(
         Arc::clone(&routes),
         range_limits,
@@ -160,6 +167,7 @@ pub fn build(
         Arc::clone(&store),
         Arc::clone(&live),
         config.server.client_limits,
+        id_key,
     );
     let proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
     let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics));
@@ -264,6 +272,7 @@ fn build_routes(
         .map_err(|source| StartError::Route { index, source })?;
         built.s3_client_keys = route.s3_client_keys.clone();
         built.upstream_resume = route.upstream_resume;
+        built.s3_response_overrides = route.s3_response_overrides;
         if !built.chain.stages().is_empty() {
             metrics.middleware_route(&built.name);
         }

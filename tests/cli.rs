@@ -24,9 +24,28 @@ fn repo_file(path: &str) -> PathBuf {
 #[test]
 fn check_accepts_the_shipped_configs() {
     for config in ["config/default.toml", "config/examples/cdn.toml"] {
-        let out = rangeway().args(["check", "--config"]).arg(repo_file(config)).output().unwrap();
+        let out = rangeway()
+            .args(["check", "--config"])
+            .arg(repo_file(config))
+            // cdn.toml's Redis needs the download-id key its instances share.
+            .env("RANGEWAY_ID_KEY", "an-example-key-of-more-than-32-characters")
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{config}: {}", String::from_utf8_lossy(&out.stderr));
     }
+    // Without the key, cdn.toml is refused, naming the key and the fix.
+    let out = rangeway()
+        .args(["check", "--config"])
+        .arg(repo_file("config/examples/cdn.toml"))
+        .env_remove("RANGEWAY_ID_KEY")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("state.id_key_env") && stderr.contains("RANGEWAY_ID_KEY is not set"),
+        "{stderr}"
+    );
 }
 
 /// `secure.toml` runs every stage; its key comes from the environment, and a missing or bad key

@@ -51,7 +51,7 @@ fn the_first_pass_indexes_then_every_range_and_resume_works() {
     let object = object(31);
     origin.put("/obj.txt", object.clone());
     let redis = RedisServer::start();
-    let state = format!("[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n", redis.url());
+    let state = redis.state_section();
     let one = Proxy::start(&route(&origin, &state, ""));
     let url = one.url("/obj.txt");
 

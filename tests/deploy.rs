@@ -234,6 +234,7 @@ fn the_configmap_config_passes_rangeway_check() {
         .args(["check", "--config"])
         .arg(&file)
         .env("RANGEWAY_ADMIN_TOKEN", "example-token")
+        .env("RANGEWAY_ID_KEY", "an-example-key-of-more-than-32-characters")
         .output()
         .expect("rangeway check runs");
     assert!(

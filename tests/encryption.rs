@@ -54,7 +54,7 @@ fn encrypted_downloads_decrypt_resume_and_agree_across_instances() {
     let key_file = work.join("keys");
     std::fs::write(&key_file, KEY_FILE).expect("write keys");
     let redis = RedisServer::start();
-    let state = format!("[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n", redis.url());
+    let state = redis.state_section();
     let one = Proxy::start(&route(&origin, &key_file, &state));
     let two = Proxy::start(&route(&origin, &key_file, &state));
     let url = one.url("/secret.bin");

@@ -188,7 +188,7 @@ fn instances_sharing_redis_share_the_digest() {
     let origin = Origin::start();
     let object = test_bytes(LEN, 16);
     origin.put("/obj.bin", object.clone());
-    let state = format!("[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n", redis.url());
+    let state = redis.state_section();
     let one = Proxy::start(&checksum_route(&origin, &state));
     let two = Proxy::start(&checksum_route(&origin, &state));
     // Half on one instance, the rest (a resume) on the other.

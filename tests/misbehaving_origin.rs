@@ -220,3 +220,31 @@ fn bodies_are_checked_against_the_digest_their_origin_published() {
     });
     assert!(String::from_utf8_lossy(&metrics.body).contains(counted));
 }
+
+/// Interim answers before the final one (RFC 9110 §15.2): 100 Continue, 102 Processing and 103
+/// Early Hints (which CDNs send) are not the answer. Each path a GET can take — spliced, read by
+/// rangeway for a route's stages, cut to a range — and pingora's own (HEAD) serves the final
+/// response.
+#[test]
+fn interim_answers_before_the_final_one_are_not_the_answer() {
+    for status in [100, 102, 103] {
+        let (origin, proxy, object) = setup(Behaviour::Interim(status));
+        let whole = get(&proxy, &[]);
+        assert_eq!((whole.status, whole.complete), (200, true), "{status}");
+        assert!(whole.body == object, "{status}: the whole body");
+        let ranged = get(&proxy, &[("Range", "bytes=1000-2999")]);
+        assert_eq!(ranged.status, 206, "{status}");
+        assert_eq!(ranged.body, object[1000..3000], "{status}");
+        let head = request(proxy.addr(), &RawRequest::head("/obj.bin")).expect("HEAD");
+        assert_eq!(head.status, 200, "{status}");
+        assert_eq!(head.header("content-length"), Some(LEN.to_string().as_str()), "{status}");
+
+        let checksum = Proxy::start(&format!(
+            "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n[[routes.middleware]]\nkind = \"checksum\"\nalgorithms = [\"sha256\"]\n",
+            origin.base_url()
+        ));
+        let response = get(&checksum, &[]);
+        assert_eq!((response.status, response.complete), (200, true), "{status}");
+        assert!(response.body == object, "{status}: through the stages");
+    }
+}

@@ -518,3 +518,31 @@ fn a_route_with_client_keys_serves_only_requests_signed_with_one() {
     assert_eq!(stale.status, 403);
     assert!(String::from_utf8_lossy(&stale.body).contains("RequestTimeTooSkewed"));
 }
+
+/// S3's `response-*` query parameters set the answer's headers; through rangeway, which signs
+/// with its own keys, they would let any client make an object be served as, say, HTML inline
+/// from rangeway's host. They reach S3 only on a route that allows them.
+#[test]
+fn response_overrides_reach_s3_only_where_the_route_allows_them() {
+    let server = S3Server::start();
+    server.bucket(BUCKET);
+    let object = b"<script>alert(1)</script>".to_vec();
+    server.put(BUCKET, "upload.txt", &object);
+    let work = TempDir::new("s3-overrides");
+    let credentials = credentials_file(&work, ACCESS_KEY, SECRET_KEY);
+    let hostile = "/s3/upload.txt?response-content-type=text%2Fhtml\
+                   &response-content-disposition=inline";
+
+    let locked = started(&s3_config(&server, &credentials, ""));
+    let served = get(&locked.url(hostile), &[]);
+    assert_eq!(served.status, 200, "{}", String::from_utf8_lossy(&served.body));
+    assert_eq!(served.body, object);
+    assert_ne!(served.header("content-type"), Some("text/html"));
+    assert_eq!(served.header("content-disposition"), None);
+
+    let allowing = started(&s3_config(&server, &credentials, "s3_response_overrides = true\n"));
+    let served = get(&allowing.url(hostile), &[]);
+    assert_eq!(served.status, 200, "{}", String::from_utf8_lossy(&served.body));
+    assert_eq!(served.header("content-type"), Some("text/html"), "s3s-fs honours the override");
+    assert_eq!(served.header("content-disposition"), Some("inline"));
+}

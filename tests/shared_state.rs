@@ -11,7 +11,7 @@ use support::clients::{curl_resume, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
 use support::http::get;
 use support::origin::{Behaviour, Origin};
-use support::proxy::{Proxy, ProxyProcess};
+use support::proxy::{Instance, Proxy, ProxyProcess};
 use support::redis::RedisServer;
 use support::tmp::TempDir;
 
@@ -19,8 +19,8 @@ const LEN: usize = 8 * 1024 * 1024;
 
 fn config_with_redis(origin: &Origin, redis: &RedisServer) -> String {
     format!(
-        "[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n\n[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
-        redis.url(),
+        "{}\n[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+        redis.state_section(),
         origin.base_url()
     )
 }
@@ -30,20 +30,6 @@ fn proxy_with_redis(origin: &Origin, redis: &RedisServer) -> Proxy {
 }
 
 /// What the tests need of a rangeway instance.
-trait Instance {
-    fn url(&self, path: &str) -> String;
-    fn admin_url(&self, path: &str) -> String;
-}
-
-impl Instance for ProxyProcess {
-    fn url(&self, path: &str) -> String {
-        ProxyProcess::url(self, path)
-    }
-    fn admin_url(&self, path: &str) -> String {
-        ProxyProcess::admin_url(self, path)
-    }
-}
-
 /// About 1 MB/s, so that a client stopped after 1.5 s holds part of the object.
 const SLOW: Behaviour = Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) };
 
@@ -101,12 +87,12 @@ fn a_download_begun_on_one_instance_resumes_on_another() {
     assert!(partial > 0 && partial < LEN as u64);
     let seen = download(&b, "job-1");
     assert_eq!(seen["complete"], false);
-    // Every response names its download and says where it stands.
+    // Every response names its download and says how much of its version was sent: at least
+    // what the client holds (more, by what was written and not read).
     let hint = get(&b.url("/obj.bin"), &[("X-Download-Id", "job-1"), ("Range", "bytes=0-0")]);
     assert_eq!(hint.header("x-download-id"), Some("job-1"));
-    let offset: u64 =
-        hint.header("x-resume-offset").expect("X-Resume-Offset").parse().expect("number");
-    assert!(offset >= partial && offset < LEN as u64, "{offset} vs {partial}");
+    let sent: u64 = hint.header("x-sent-prefix").expect("X-Sent-Prefix").parse().expect("number");
+    assert!(sent >= partial && sent < LEN as u64, "{sent} vs {partial}");
 
     curl_with_id("job-1", &b.url("/obj.bin"), &file, None).assert_success();
     assert_eq!(sha256_file(&file), sha256_hex(&object));
@@ -114,7 +100,7 @@ fn a_download_begun_on_one_instance_resumes_on_another() {
         let seen = download(proxy, "job-1");
         assert_eq!(seen["complete"], true, "{seen}");
         assert_eq!(seen["delivered_bytes"], LEN as u64, "{seen}");
-        assert_eq!(seen["resume_offset"], LEN as u64, "{seen}");
+        assert_eq!(seen["sent_prefix"], LEN as u64, "{seen}");
     }
     let page = get(&a.admin_url("/v1/downloads?active=false&limit=10"), &[]);
     assert!(String::from_utf8_lossy(&page.body).contains("job-1"));

@@ -69,7 +69,7 @@ fn two_hundred_downloads_through_a_faulty_origin_all_arrive_whole() {
     let key_file = work.join("keys");
     std::fs::write(&key_file, KEYS).expect("write keys");
     let mut redis = RedisServer::start();
-    let state = format!("[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n", redis.url());
+    let state = redis.state_section();
     let resume = "{ attempts = 40, deadline = \"30s\", backoff = \"1ms\" }";
     let proxy = Proxy::start(&config(&origin, &key_file, resume, &state));
 

@@ -59,17 +59,21 @@ impl LiveResponses {
         self.lock().values().cloned().collect()
     }
 
-    /// `stored` (the store's session of download `id`, if any) with what this instance's
-    /// responses for it have sent so far, merged by the store's own rule; `None` when neither
-    /// knows the download.
+    /// `stored` (the store's session of download `id` for `object`, if any) with what this
+    /// instance's responses for it have sent so far, merged by the store's own rule; `None` when
+    /// neither knows the download.
     pub fn merged(
         &self,
         id: &str,
+        object: &str,
         stored: Option<DownloadSession>,
         now: u64,
     ) -> Option<DownloadSession> {
-        let lives: Vec<Arc<LiveResponse>> =
-            self.snapshot().into_iter().filter(|live| live.delivery.id == id).collect();
+        let lives: Vec<Arc<LiveResponse>> = self
+            .snapshot()
+            .into_iter()
+            .filter(|live| live.delivery.id == id && live.delivery.object == object)
+            .collect();
         let recorded = stored.is_some();
         let mut session = lives
             .iter()
@@ -83,17 +87,46 @@ impl LiveResponses {
         Some(session)
     }
 
+    /// The sessions of download `id`, those stored (`stored`) and those of responses in flight
+    /// alone, with what the responses in flight sent so far; the most recently updated first.
+    pub fn merged_all(
+        &self,
+        id: &str,
+        stored: Vec<DownloadSession>,
+        now: u64,
+    ) -> Vec<DownloadSession> {
+        let mut objects: Vec<String> = stored.iter().map(|s| s.object.clone()).collect();
+        for live in self.snapshot() {
+            if live.delivery.id == id && !objects.contains(&live.delivery.object) {
+                objects.push(live.delivery.object.clone());
+            }
+        }
+        let mut stored = stored;
+        let mut sessions: Vec<DownloadSession> = objects
+            .iter()
+            .filter_map(|object| {
+                let found =
+                    stored.iter().position(|s| &s.object == object).map(|i| stored.remove(i));
+                self.merged(id, object, found, now)
+            })
+            .collect();
+        sessions.sort_by_key(|s| std::cmp::Reverse(s.updated_at));
+        sessions
+    }
+
     /// The downloads with a response in flight that are not in `listed`, newest first, as
     /// sessions of what those responses sent so far.
     pub fn unlisted(&self, listed: &[DownloadSession], now: u64) -> Vec<DownloadSession> {
-        let mut ids: Vec<String> = Vec::new();
+        let mut keys: Vec<(String, String)> = Vec::new();
         for live in self.snapshot().iter().rev() {
-            let id = &live.delivery.id;
-            if !listed.iter().any(|s| &s.id == id) && !ids.contains(id) {
-                ids.push(id.clone());
+            let (id, object) = (&live.delivery.id, &live.delivery.object);
+            let known = |(i, o): &(String, String)| i == id && o == object;
+            if !listed.iter().any(|s| &s.id == id && &s.object == object) && !keys.iter().any(known)
+            {
+                keys.push((id.clone(), object.clone()));
             }
         }
-        ids.iter().filter_map(|id| self.merged(id, None, now)).collect()
+        keys.iter().filter_map(|(id, object)| self.merged(id, object, None, now)).collect()
     }
 }
 
@@ -123,7 +156,7 @@ impl Drop for LiveGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::ObjectVersion;
+    use crate::state::{Ending, ObjectVersion};
 
     fn delivery(id: &str, start: u64) -> Delivery {
         let version = version(100);
@@ -135,6 +168,7 @@ mod tests {
             origin_version: version.clone(),
             version,
             range: ByteRange::new(start, start).expect("empty"),
+            ending: Ending::Cut,
             bytes: 0,
             now: 0,
         }
@@ -154,21 +188,23 @@ mod tests {
     fn responses_in_flight_add_to_the_stored_session_until_they_end() {
         let live = Arc::new(LiveResponses::new());
         let guard = live.register(delivery("d", 40));
-        assert_eq!(live.merged("d", None, 1), None, "nothing sent yet");
+        assert_eq!(live.merged("d", "r|/o", None, 1), None, "nothing sent yet");
         guard.sent(10);
-        let session = live.merged("d", None, 7).expect("in flight");
-        assert_eq!(session.delivered.total(), 10);
+        let session = live.merged("d", "r|/o", None, 7).expect("in flight");
+        assert_eq!(session.latest().map(|s| s.sent.total()), Some(10));
         assert_eq!((session.started_at, session.updated_at), (0, 7));
-        assert!(!session.complete);
+        assert!(!session.is_complete());
+        assert_eq!(live.merged_all("d", Vec::new(), 7), [session]);
+        assert_eq!(live.merged("d", "r|/other", None, 7), None);
         let listed = live.unlisted(&[], 1);
         assert_eq!(listed.len(), 1);
         assert!(live.unlisted(&listed, 1).is_empty());
 
         let other = live.register(delivery("e", 0));
         other.sent(100);
-        assert!(live.merged("e", None, 1).expect("in flight").complete);
+        assert!(live.merged("e", "r|/o", None, 1).expect("in flight").is_complete());
         drop(guard);
-        assert_eq!(live.merged("d", None, 1), None, "gone when the response ends");
+        assert_eq!(live.merged("d", "r|/o", None, 1), None, "gone when the response ends");
         assert_eq!(live.unlisted(&[], 1).len(), 1);
     }
 }

@@ -75,9 +75,24 @@ impl Admin {
         let query = session.req_header().uri.query().unwrap_or("");
         let result = if let Some(id) = path.strip_prefix("/v1/downloads/") {
             let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+            let object = param(query, "object");
             self.store.download(&id).await.map(|found| {
-                match self.live.merged(&id, found, unix_now()) {
-                    Some(download) => (StatusCode::OK, download_json(&download)),
+                // One session per object downloaded under the id: `?object=` picks one, else the
+                // most recently updated, with the others named.
+                let sessions = self.live.merged_all(&id, found, unix_now());
+                let objects: Vec<&str> = sessions.iter().map(|s| s.object.as_str()).collect();
+                let chosen = match &object {
+                    Some(object) => sessions.iter().find(|s| &s.object == object),
+                    None => sessions.first(),
+                };
+                match chosen {
+                    Some(download) => {
+                        let mut body = download_json(download);
+                        if let Value::Object(fields) = &mut body {
+                            fields.insert("objects".into(), json!(objects));
+                        }
+                        (StatusCode::OK, body)
+                    }
                     None => (StatusCode::NOT_FOUND, json!({"error": "no such download"})),
                 }
             })
@@ -93,11 +108,11 @@ impl Admin {
                 let fresh = if offset == 0 { self.live.unlisted(&page, now) } else { Vec::new() };
                 let items: Vec<Value> = fresh
                     .into_iter()
-                    .chain(
-                        page.into_iter()
-                            .filter_map(|s| self.live.merged(&s.id.clone(), Some(s), now)),
-                    )
-                    .filter(|s| !(active && s.complete))
+                    .chain(page.into_iter().filter_map(|s| {
+                        let (id, object) = (s.id.clone(), s.object.clone());
+                        self.live.merged(&id, &object, Some(s), now)
+                    }))
+                    .filter(|s| !(active && s.is_complete()))
                     .take(limit)
                     .map(|s| download_json(&s))
                     .collect();
@@ -227,19 +242,25 @@ fn text(status: StatusCode, body: &str) -> Response<Vec<u8>> {
     response
 }
 
-/// A download as the API shows it: the stored session plus what follows from it.
+/// A download as the API shows it: the stored session (every version it was sent), and what
+/// follows from it for the version sent to most recently: its `version`, the bytes `delivered`
+/// (written to the download's connections), `complete`, `size`, `percent`, `sent_prefix`.
 fn download_json(download: &DownloadSession) -> Value {
-    let size = download.version.size;
-    let delivered = download.delivered.total();
+    let mut value = serde_json::to_value(download).unwrap_or(Value::Null);
+    let (Value::Object(fields), Some(latest)) = (&mut value, download.latest()) else {
+        return value;
+    };
+    let size = latest.version.size;
+    let delivered = latest.sent.total();
     let percent =
         if size == 0 { 100.0 } else { (delivered as f64 * 100.0 / size as f64).min(100.0) };
-    let mut value = serde_json::to_value(download).unwrap_or(Value::Null);
-    if let Value::Object(fields) = &mut value {
-        fields.insert("size".into(), json!(size));
-        fields.insert("delivered_bytes".into(), json!(delivered));
-        fields.insert("percent".into(), json!((percent * 10.0).round() / 10.0));
-        fields.insert("resume_offset".into(), json!(download.delivered.contiguous_prefix_end()));
-    }
+    fields.insert("version".into(), json!(latest.version));
+    fields.insert("delivered".into(), json!(latest.sent));
+    fields.insert("complete".into(), json!(latest.is_complete()));
+    fields.insert("size".into(), json!(size));
+    fields.insert("delivered_bytes".into(), json!(delivered));
+    fields.insert("percent".into(), json!((percent * 10.0).round() / 10.0));
+    fields.insert("sent_prefix".into(), json!(latest.sent.contiguous_prefix_end()));
     value
 }
 

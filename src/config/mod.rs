@@ -61,7 +61,7 @@ pub use route::{MiddlewareSpec, RouteConfig, UpstreamResume};
 pub use s3::{Addressing, S3ClientKeys, S3Credentials, S3Upstream};
 pub use secret::Secret;
 pub use server::{AdminToken, ClientLimits, ServerConfig};
-pub use state::{RedisTarget, RedisUrl, StateBackend, StateConfig};
+pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
 pub use units::{UnitError, parse_duration, parse_size};
 pub use upstream::{HealthCheck, HttpUpstream, UpstreamConfig, UpstreamKind};
 

@@ -32,6 +32,11 @@ pub struct RouteConfig {
     pub s3_client_keys: Option<S3ClientKeys>,
     /// `[routes.upstream_resume]`: continue a response whose origin fails mid-body.
     pub upstream_resume: Option<UpstreamResume>,
+    /// `s3_response_overrides`: let clients' `response-content-type`, `response-content-
+    /// disposition` and the other `response-*` query parameters reach an S3 upstream, which
+    /// then answers with the headers they name. Default false: any client could otherwise make
+    /// an object be served as, say, `text/html` inline from rangeway's host.
+    pub s3_response_overrides: bool,
 }
 
 /// How rangeway continues a response whose origin connection fails mid-body: it asks for the
@@ -200,6 +205,8 @@ fn read_one(
         table.take("s3_client_keys_file").map(|f| s3::read_client_keys(ctx, f)).transpose();
     let upstream_resume =
         table.take("upstream_resume").map_or(Ok(None), |f| read_upstream_resume(ctx, f));
+    let s3_response_overrides =
+        table.take("s3_response_overrides").map_or(Ok(false), |f| f.boolean(ctx));
     table.finish(ctx);
     let claim = match (&host, &path_prefix) {
         (Ok(host), Ok(prefix)) => Some(Claim { host: host.clone(), prefix: prefix.clone() }),
@@ -214,6 +221,7 @@ fn read_one(
             middleware: middleware?,
             s3_client_keys: s3_client_keys?,
             upstream_resume: upstream_resume?,
+            s3_response_overrides: s3_response_overrides?,
         })
     });
     (claim, route)

@@ -4,7 +4,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::host::{Host, split_host_port};
-use super::read::{Ctx, Field, Read, Table, suggest};
+use super::read::{Ctx, Field, Read, Table, read_small_file, suggest};
+use super::secret::{self, Secret, SecretKey};
 use super::tree::{self, Kind, Node, Origin};
 
 const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -15,6 +16,11 @@ const MAX_KEY_PREFIX_LEN: usize = 256;
 const DEFAULT_REDIS_PORT: u16 = 6379;
 const BACKENDS: [&str; 2] = ["memory", "redis"];
 const REDIS_EXAMPLE: &str = "redis_url = \"redis://127.0.0.1:6379/0\"";
+/// A key shorter than this could be guessed from the ids it derives.
+const MIN_ID_KEY_LEN: usize = 32;
+const ID_KEY_EXAMPLE: &str = "id_key_env = \"RANGEWAY_ID_KEY\"";
+/// A key file larger than this is a wrong path.
+const MAX_ID_KEY_FILE_LEN: u64 = 4096;
 
 /// `[state]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +31,21 @@ pub struct StateConfig {
     pub ttl: Duration,
     /// Prefix of every key. Default `rangeway:`.
     pub key_prefix: String,
+    /// The key download ids are derived with.
+    pub id_key: IdKeySource,
+}
+
+/// Where the secret key that derived download ids are made with comes from (see
+/// `proxy::download`): without it, anyone who knows a client's address and User-Agent could
+/// compute that client's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdKeySource {
+    /// `id_key_env` or `id_key_file`: read from that environment variable or file at load time,
+    /// so that every instance of a deployment derives the same ids. Required with Redis.
+    Configured(Secret),
+    /// None configured, with the memory store: a random key of the process's own, which lives as
+    /// long as the sessions it names.
+    Generated,
 }
 
 /// The store behind the state.
@@ -107,6 +128,8 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
         .map_or(Ok(DEFAULT_TTL), |f| f.duration(ctx, MIN_TTL..=MAX_TTL, "from \"1s\" to \"365d\""));
     let key_prefix =
         table.take("key_prefix").map_or(Ok(DEFAULT_KEY_PREFIX.to_owned()), |f| key_prefix(ctx, f));
+    let id_key_env = table.take("id_key_env").map(|f| id_key_env(ctx, f));
+    let id_key_file = table.take("id_key_file").map(|f| id_key_file(ctx, f));
     table.finish(ctx);
 
     let backend = match (backend.transpose()?, redis_url) {
@@ -133,7 +156,76 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
             ));
         }
     };
-    Ok(StateConfig { backend, ttl: ttl?, key_prefix: key_prefix? })
+    let id_key = match (id_key_env.transpose()?, id_key_file.transpose()?, &backend) {
+        (Some(_), Some(_), _) => {
+            return Err(ctx.report_at(
+                "state.id_key_file",
+                "is given with id_key_env: the key would come from two places",
+                "keep one of id_key_env and id_key_file",
+            ));
+        }
+        (Some(key), None, _) | (None, Some(key), _) => IdKeySource::Configured(key),
+        (None, None, StateBackend::Memory) => IdKeySource::Generated,
+        (None, None, StateBackend::Redis(_)) => {
+            return Err(ctx.report_at(
+                "state.id_key_env",
+                "is required with backend = \"redis\": every instance sharing the store must \
+                 derive the same download ids, from a secret key",
+                format!(
+                    "add {ID_KEY_EXAMPLE} and export RANGEWAY_ID_KEY with {MIN_ID_KEY_LEN} or \
+                     more random characters (e.g. from `openssl rand -hex 32`), the same for \
+                     every instance; or id_key_file = \"/path/to/key\" naming a file that \
+                     holds them"
+                ),
+            ));
+        }
+    };
+    Ok(StateConfig { backend, ttl: ttl?, key_prefix: key_prefix?, id_key })
+}
+
+fn id_key_env(ctx: &mut Ctx<'_>, field: Field) -> Read<Secret> {
+    let (path, origin) = (field.path.clone(), field.origin().clone());
+    let key = SecretKey {
+        example: ID_KEY_EXAMPLE,
+        holds: "the key",
+        source_hint: " (e.g. from `openssl rand -hex 32`), the same for every instance",
+        otherwise: "or remove id_key_env (with the memory store only)",
+    };
+    let (var, secret) = secret::read_env(ctx, field, &key)?;
+    if secret.expose().len() < MIN_ID_KEY_LEN {
+        return Err(ctx.report(
+            &path,
+            &origin,
+            format!("the key in {var} is shorter than {MIN_ID_KEY_LEN} characters"),
+            "use a longer random key, e.g. from `openssl rand -hex 32`",
+        ));
+    }
+    Ok(secret)
+}
+
+/// `id_key_file`: a file holding the key (a line of printable ASCII; one trailing newline is
+/// allowed). Its content is never shown.
+fn id_key_file(ctx: &mut Ctx<'_>, field: Field) -> Read<Secret> {
+    let (path, origin) = (field.path.clone(), field.origin().clone());
+    let file = field.string(ctx, "\"/etc/rangeway/id_key\"")?;
+    let fix = "write a key of 32 or more printable characters into it, e.g. \
+               `openssl rand -hex 32 > FILE`, the same file for every instance";
+    let bytes = read_small_file(&file, MAX_ID_KEY_FILE_LEN)
+        .map_err(|problem| ctx.report(&path, &origin, problem, fix))?;
+    let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+    let text = text.strip_suffix(b"\r").unwrap_or(text);
+    if text.len() < MIN_ID_KEY_LEN || !text.iter().all(u8::is_ascii_graphic) {
+        return Err(ctx.report(
+            &path,
+            &origin,
+            format!(
+                "{file:?} does not hold a key of {MIN_ID_KEY_LEN} or more printable characters \
+                 without spaces"
+            ),
+            fix,
+        ));
+    }
+    Ok(Secret::new(String::from_utf8_lossy(text).into_owned()))
 }
 
 enum Backend {

@@ -71,9 +71,15 @@ fn load_with(text: &str, env: &Env, kinds: &[&str]) -> Result<Config, ConfigErro
     Config::from_sources(text, "test.toml", env, kinds)
 }
 
+/// `[state]`'s key for download ids, as a config with Redis needs one; [`load_ok`] sets the
+/// variable.
+const ID_KEY: &str = "id_key_env = \"RANGEWAY_ID_KEY\"\n";
+const ID_KEY_VALUE: &str = "a-test-key-of-more-than-32-characters";
+
 #[track_caller]
 fn load_ok(text: &str) -> Config {
-    load_with(text, &Env::default(), KINDS).unwrap_or_else(|e| panic!("rejected:\n{e}"))
+    let env = Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE)]);
+    load_with(text, &env, KINDS).unwrap_or_else(|e| panic!("rejected:\n{e}"))
 }
 
 #[track_caller]
@@ -269,6 +275,7 @@ fn dir_only_config_gets_the_defaults() {
 #[test]
 fn every_field_set() {
     let ca = Temp::file("ca.pem", PEM);
+    let id_key = Temp::file("id_key", b"0123456789abcdef0123456789abcdef\n");
     let text = format!(
         r#"
         [server]
@@ -283,6 +290,7 @@ fn every_field_set() {
         redis_url = "rediss://:pw@Redis.internal:6380/2?protocol=resp3"
         ttl = "7d"
         key_prefix = "rw:{{prod}}:"
+        id_key_file = {id_key}
 
         [upstreams.s3]
         url = "https://S3.example.com:8443/bucket/"
@@ -309,7 +317,8 @@ fn every_field_set() {
         path_prefix = "/files/"
         upstream = "ip"
         "#,
-        ca = ca.toml()
+        ca = ca.toml(),
+        id_key = id_key.toml(),
     );
     let config = load_ok(&text);
     let server = &config.server;
@@ -327,6 +336,12 @@ fn every_field_set() {
     assert_eq!(redis.to_string(), "rediss://***@redis.internal:6380/2");
     assert_eq!(config.state.ttl, Duration::from_secs(7 * 86_400));
     assert_eq!(config.state.key_prefix, "rw:{prod}:");
+    // The key without its newline; never shown.
+    let IdKeySource::Configured(key) = &config.state.id_key else {
+        panic!("{:?}", config.state.id_key);
+    };
+    assert_eq!(key.expose(), "0123456789abcdef0123456789abcdef");
+    assert!(!format!("{config:?}").contains("0123456789abcdef"));
 
     assert_eq!(
         config.upstreams["s3"],
@@ -415,7 +430,7 @@ fn dir_upstreams_take_timeouts() {
 #[test]
 fn redis_topologies() {
     let backend = |url: &str| {
-        load_ok(&format!("[state]\nredis_url = {url}\n{UPSTREAMS}{ROUTE}")).state.backend
+        load_ok(&format!("[state]\n{ID_KEY}redis_url = {url}\n{UPSTREAMS}{ROUTE}")).state.backend
     };
     // Without `backend`, a redis_url means Redis.
     let StateBackend::Redis(RedisTarget::Single(one)) = backend("\"redis://127.0.0.1\"") else {
@@ -631,6 +646,51 @@ fn bad_state_values() {
     for &(state, expected) in cases {
         expect_errors(&format!("[state]\n{state}\n{UPSTREAMS}{ROUTE}"), expected);
     }
+}
+
+#[test]
+fn download_id_keys() {
+    let short = Temp::file("short-key", b"tooshort\n");
+    let spaced = Temp::file("spaced-key", b"0123456789abcdef 0123456789abcdef\n");
+    let good = Temp::file("good-key", b"0123456789abcdef0123456789abcdef");
+    let redis = "redis_url = \"redis://a\"";
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (redis.to_owned(), vec![("state.id_key_env", "is required with backend = \"redis\"")]),
+        (
+            format!("{redis}\nid_key_env = \"RANGEWAY_UNSET_KEY\""),
+            vec![("state.id_key_env", "RANGEWAY_UNSET_KEY is not set")],
+        ),
+        (
+            "id_key_file = \"/nonexistent/rangeway-key\"".to_owned(),
+            vec![("state.id_key_file", "does not exist")],
+        ),
+        (
+            format!("id_key_file = {}", short.toml()),
+            vec![("state.id_key_file", "does not hold a key of 32 or more printable characters")],
+        ),
+        (
+            format!("id_key_file = {}", spaced.toml()),
+            vec![("state.id_key_file", "does not hold a key")],
+        ),
+        (
+            format!("id_key_file = {}\nid_key_env = \"RANGEWAY_ID_KEY\"", good.toml()),
+            vec![("state.id_key_file", "keep one of id_key_env and id_key_file")],
+        ),
+    ];
+    let env = Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE), ("SHORT_KEY", "tooshort")]);
+    for (state, expected) in &cases {
+        expect_errors_with(&format!("[state]\n{state}\n{UPSTREAMS}{ROUTE}"), &env, KINDS, expected);
+    }
+    expect_errors_with(
+        &format!("[state]\nid_key_env = \"SHORT_KEY\"\n{UPSTREAMS}{ROUTE}"),
+        &env,
+        KINDS,
+        &[("state.id_key_env", "shorter than 32 characters")],
+    );
+    // With the memory store, no key is needed: one is made for the process.
+    assert_eq!(load_ok(&format!("{UPSTREAMS}{ROUTE}")).state.id_key, IdKeySource::Generated);
+    let shown = format!("{:?}", load_ok(&format!("[state]\n{ID_KEY}{UPSTREAMS}{ROUTE}")));
+    assert!(!shown.contains(ID_KEY_VALUE), "{shown}");
 }
 
 #[test]
@@ -1015,7 +1075,7 @@ fn redis_passwords_never_appear() {
     assert!(!errors.to_string().contains(SECRET), "{errors}");
     // Nor in a loaded config's Debug output, while the client still gets the full URL.
     let config = load_ok(&format!(
-        "[state]\nredis_url = [\"redis://:{SECRET}@a:7000\", \"redis://u:{SECRET}@b:7001\"]\n{UPSTREAMS}{ROUTE}"
+        "[state]\n{ID_KEY}redis_url = [\"redis://:{SECRET}@a:7000\", \"redis://u:{SECRET}@b:7001\"]\n{UPSTREAMS}{ROUTE}"
     ));
     assert!(!format!("{config:?}").contains(SECRET));
     let StateBackend::Redis(RedisTarget::Cluster(nodes)) = &config.state.backend else {
@@ -1040,6 +1100,8 @@ fn env_overrides_win_over_the_file() {
         ("RANGEWAY__ROUTES__0__UPSTREAM", "extra"),
         ("RANGEWAY__ROUTES__0__STRIP_PREFIX", "false"),
         ("RANGEWAY__STATE__REDIS_URL", "[\"redis://a:7000\", \"redis://b:7001\"]"),
+        ("RANGEWAY__STATE__ID_KEY_ENV", "RANGEWAY_ID_KEY"),
+        ("RANGEWAY_ID_KEY", ID_KEY_VALUE),
         // Not overrides: one underscore, or another prefix.
         ("RANGEWAY_ADMIN_TOKEN", "x"),
         ("RANGEWAYX__SERVER__LISTEN", "nonsense"),
@@ -1242,7 +1304,9 @@ fn shipped_configs_load() {
     let from_file = Config::load(&shipped("default.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(from_file.routes, default.routes);
 
-    let cdn = Config::load(&shipped("examples/cdn.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let cdn_text = std::fs::read_to_string(shipped("examples/cdn.toml")).expect("cdn.toml");
+    let cdn = load_with(&cdn_text, &Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE)]), &[])
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(cdn.state.backend, StateBackend::Redis(RedisTarget::Single(_))));
     assert_eq!(cdn.routes[0].host.as_deref(), Some("dl.example.com"));
 

@@ -58,26 +58,34 @@ impl Completions {
     /// Starts a pass for `unfinished` in the background, unless one runs for its object.
     pub(super) fn start(self: &Arc<Self>, store: Arc<dyn StateStore>, unfinished: Unfinished) {
         let key = unfinished.object.clone();
-        if !self.running.lock().unwrap_or_else(PoisonError::into_inner).insert(key.clone()) {
+        if !self.lock().insert(key.clone()) {
             return;
         }
-        let completions = Arc::clone(self);
+        // Removes the key however the pass ends, a panic included: a key left behind would keep
+        // its object from ever having another pass on this instance.
+        let running = Running { completions: Arc::clone(self), key };
         tokio::spawn(async move {
             let route = unfinished.route.name.clone();
-            match completions.run(store.as_ref(), unfinished).await {
-                Ok(()) => {
-                    info!(route, object = %key, "finished the digests a download's pieces left unfinished")
+            let object = &running.key;
+            match running.completions.run(store.as_ref(), unfinished).await {
+                Ok(true) => {
+                    info!(route, %object, "finished the digests a download's pieces left unfinished")
                 }
-                Err(error) => debug!(route, object = %key, %error, "could not finish the digests"),
+                Ok(false) => debug!(route, %object, "the digests were complete already"),
+                Err(error) => debug!(route, %object, %error, "could not finish the digests"),
             }
-            completions.running.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
         });
     }
 
-    async fn run(&self, store: &dyn StateStore, unfinished: Unfinished) -> Result<()> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs the pass: `true` when it learned what was missing, `false` when nothing was.
+    async fn run(&self, store: &dyn StateStore, unfinished: Unfinished) -> Result<bool> {
         let Unfinished { route, object, path, target, version } = unfinished;
         let Some(etag) = version.etag.as_deref().filter(|_| version.strong) else {
-            return Ok(());
+            return Ok(false);
         };
         // What the store knows now, from every instance: perhaps all of it already.
         let found = store
@@ -86,7 +94,7 @@ impl Completions {
             .map_err(|e| Error::because(ErrorType::InternalError, "the store", e))?;
         let known = Known::of(version_key(&version), found.facts);
         let Some(from) = known.completion_start(&route.chain, version.size) else {
-            return Ok(());
+            return Ok(false);
         };
         let replica = route.upstream.choose();
         let mut request = route.upstream.request("GET", &target, replica)?;
@@ -138,6 +146,19 @@ impl Completions {
         pass.finish().map_err(|e| Error::because(ErrorType::InternalError, "a stage", e))?;
         pass.record(store, &route.stage_keys, &object)
             .await
-            .map_err(|e| Error::because(ErrorType::InternalError, "the store", e))
+            .map_err(|e| Error::because(ErrorType::InternalError, "the store", e))?;
+        Ok(true)
+    }
+}
+
+/// A pass running for an object: while it lives, no other pass starts for that object.
+struct Running {
+    completions: Arc<Completions>,
+    key: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.completions.lock().remove(&self.key);
     }
 }

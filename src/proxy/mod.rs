@@ -43,11 +43,13 @@ use tracing::{info, warn};
 use crate::admin::live::{LiveGuard, LiveResponses};
 use crate::admin::metrics::{ActiveDownload, Metrics};
 use crate::config::ClientLimits;
-use crate::fingerprint::fingerprint;
+use crate::fingerprint::{FingerprintKey, fingerprint};
 use crate::range::{ClientRange, Shape, shape_response};
-use crate::state::{Delivery, DownloadSession, ObjectVersion, StateStore, unix_now};
+use crate::state::{
+    Delivery, DownloadSession, Ending, ObjectVersion, Resumable, StateStore, unix_now,
+};
 use completion::{Completions, Unfinished};
-use download::{DOWNLOAD_ID, RESUME_OFFSET, download_id, object_version};
+use download::{DOWNLOAD_ID, DownloadId, SENT_PREFIX, download_id, holding, object_version};
 use origin_client::OriginClient;
 use path::NormalizedPath;
 use representation::{
@@ -57,6 +59,10 @@ use routing::{Route, RouteSwitch, request_host};
 
 /// The error of a body that fails the digest its origin published.
 const ORIGIN_DIGEST_MISMATCH: &str = "OriginDigestMismatch";
+
+/// `X-Rangeway-Error` of a refused resume whose client may hold any of several versions.
+const AMBIGUOUS_RESUME: &str = "several versions of the object were sent under this download id; download it again from \
+     the start, under an id of your own (X-Download-Id)";
 
 /// Written in `Via` on both sides (RFC 9110 §7.6.3).
 const VIA: &str = "1.1 rangeway";
@@ -90,6 +96,8 @@ pub struct Rangeway {
     origin_client: Arc<OriginClient>,
     live: Arc<LiveResponses>,
     client_limits: ClientLimits,
+    /// Derived download ids are keyed with it.
+    id_key: FingerprintKey,
 }
 
 impl Rangeway {
@@ -100,6 +108,7 @@ impl Rangeway {
         store: Arc<dyn StateStore>,
         live: Arc<LiveResponses>,
         client_limits: ClientLimits,
+        id_key: FingerprintKey,
     ) -> Self {
         let origin_client = Arc::new(OriginClient::new());
         let completions = Arc::new(Completions::new(Arc::clone(&origin_client)));
@@ -112,6 +121,7 @@ impl Rangeway {
             origin_client,
             live,
             client_limits,
+            id_key,
         }
     }
 }
@@ -248,15 +258,25 @@ struct DownloadCtx {
     client: String,
     /// The session as the store had it before this request; `None` when new or unknown.
     session: Option<DownloadSession>,
-    /// The strong ETag of the version this download began on, sent upstream as `If-Match` on a
-    /// resume so the object cannot change under it.
-    guard: Option<String>,
-    /// The object changed since the download began: the resume is refused (412).
+    /// For a bare resume, the one version it may be answered with (see
+    /// `DownloadSession::resumable`); its strong ETag goes upstream as `If-Match`.
+    guard: Option<ObjectVersion>,
+    /// The upstream's answer is not the version the resume may have: it is refused (412).
     changed: bool,
-    /// The version this response delivers, and where in it the body starts.
-    delivering: Option<(ObjectVersion, u64)>,
+    /// What this response delivers.
+    delivering: Option<Delivering>,
     /// The origin's version behind it (the same on a route that does not transform).
     origin_version: Option<ObjectVersion>,
+}
+
+/// What a response delivers to its download.
+#[derive(Debug)]
+struct Delivering {
+    version: ObjectVersion,
+    /// The bytes of the version the response sends: one stretch, or the span of a multipart
+    /// answer's parts.
+    range: ByteRange,
+    parts: bool,
 }
 
 impl Default for RequestCtx {
@@ -303,18 +323,32 @@ impl RequestCtx {
             .filter(|chain| !chain.stages().is_empty() && !self.coding_declined)
     }
 
+    /// The bytes a multipart answer is made of, when the response is one.
+    fn multipart_span(&self) -> Option<ByteRange> {
+        match &self.body {
+            BodyPlan::Multipart(multipart) => Some(multipart.span()),
+            _ => None,
+        }
+    }
+
     /// Whether the route's middleware changes the bytes for this request.
     fn transforms(&self) -> bool {
         self.chain().is_some_and(|chain| !chain.is_observing_only())
     }
 
     /// What this response delivered to its download, once `sent` body bytes went out (none is
-    /// an empty range).
-    fn delivery(&self, sent: u64) -> Option<Delivery> {
+    /// an empty range), `finished` when the response ended without an error.
+    fn delivery(&self, sent: u64, finished: bool) -> Option<Delivery> {
         let download = self.download.as_ref()?;
-        let (version, start) = download.delivering.as_ref()?;
+        let Delivering { version, range: promised, parts } = download.delivering.as_ref()?;
         let origin_version = download.origin_version.as_ref().unwrap_or(version);
-        let range = ByteRange::from_len(*start, sent)?;
+        let (range, ending) = if *parts {
+            (*promised, Ending::Parts)
+        } else {
+            let range = ByteRange::from_len(promised.start(), sent.min(promised.len()))?;
+            let whole = finished && range == *promised;
+            (range, if whole { Ending::Whole } else { Ending::Cut })
+        };
         Some(Delivery {
             id: download.id.clone(),
             object: download.object.clone(),
@@ -323,6 +357,7 @@ impl RequestCtx {
             version: version.clone(),
             origin_version: origin_version.clone(),
             range,
+            ending,
             bytes: sent,
             now: unix_now(),
         })
@@ -330,33 +365,36 @@ impl RequestCtx {
 }
 
 impl DownloadCtx {
-    /// Labels the client's response with its download, and notes what it delivers.
+    /// Labels the client's response with its download, and notes what it delivers: the version,
+    /// and which of its bytes (`parts`: the span of a multipart answer's parts).
     fn note_response(
         &mut self,
         response: &mut ResponseHeader,
         version: Option<ObjectVersion>,
+        parts: Option<ByteRange>,
     ) -> Result<()> {
         response.insert_header(DOWNLOAD_ID, self.id.as_str())?;
         // The hint speaks of the version being delivered only.
-        let same_version =
-            |s: &&DownloadSession| version.as_ref().is_some_and(|v| v.same_as(&s.version));
-        if let Some(session) = self.session.as_ref().filter(same_version) {
-            response.insert_header(RESUME_OFFSET, session.delivered.contiguous_prefix_end())?;
+        let sent = self.session.as_ref().zip(version.as_ref()).and_then(|(s, v)| s.of_version(v));
+        if let Some(sent) = sent {
+            response.insert_header(SENT_PREFIX, sent.sent.contiguous_prefix_end())?;
         }
-        // Only a single stretch of bytes is recorded: a 200, or a 206 of one range.
-        let start = match response.status.as_u16() {
-            200 => Some(0),
-            206 => response
-                .headers
-                .get(header::CONTENT_RANGE)
-                .and_then(|v| parse_content_range(v.as_bytes()))
-                .and_then(|cr| match cr {
-                    ContentRange::Satisfied { range, .. } => Some(range.start()),
+        let range = match (response.status.as_u16(), &version) {
+            (200, Some(version)) => Some(ByteRange::whole(version.size)),
+            (206, _) => parts.or_else(|| {
+                match parse_content_range(response.headers.get(header::CONTENT_RANGE)?.as_bytes())?
+                {
+                    ContentRange::Satisfied { range, .. } => Some(range),
                     ContentRange::Unsatisfied { .. } => None,
-                }),
+                }
+            }),
             _ => None,
         };
-        self.delivering = version.zip(start);
+        self.delivering = version.zip(range).map(|(version, range)| Delivering {
+            version,
+            range,
+            parts: parts.is_some(),
+        });
         Ok(())
     }
 }
@@ -446,11 +484,19 @@ impl Rangeway {
         let lens = route.chain.lengths(&object, &learned);
         let output_len = lens.last().copied().flatten();
         let etag = strong_etag.map(|etag| representation_etag(etag, &route.chain));
-        // Resume safety, as for the origin's own bytes: a bare resume of a download begun on
-        // another version is refused.
+        // The representation's own version: what a download of it is of.
+        let delivered = output_len.map(|size| ObjectVersion {
+            etag: etag.clone(),
+            strong: etag.is_some(),
+            size,
+            last_modified: version.last_modified,
+            content_type: version.content_type.clone(),
+        });
+        // Resume safety, as for the origin's own bytes: a bare resume the representation may
+        // not follow is refused.
         if let Some(download) = ctx.download.as_mut()
             && let Some(guard) = download.guard.take()
-            && etag.as_deref() != Some(guard.as_str())
+            && !delivered.as_ref().is_some_and(|delivered| delivered.same_as(&guard))
         {
             download.changed = true;
             self.metrics.resume_refused(&route.name);
@@ -545,15 +591,9 @@ impl Rangeway {
         for (name, value) in digest_headers(&route.chain, &known, &lens, want) {
             response.insert_header(name, value)?;
         }
+        let parts = ctx.multipart_span();
         if let Some(download) = ctx.download.as_mut() {
-            let delivered = output_len.map(|size| crate::state::ObjectVersion {
-                etag: etag.clone(),
-                strong: etag.is_some(),
-                size,
-                last_modified: version.last_modified,
-                content_type: version.content_type.clone(),
-            });
-            download.note_response(response, delivered)?;
+            download.note_response(response, delivered, parts)?;
             download.origin_version = Some(version.clone());
         }
         if !is_get || matches!(ctx.body, BodyPlan::Discard) {
@@ -590,13 +630,48 @@ impl Rangeway {
         Ok(())
     }
 
+    /// Refuses, before asking the origin, a bare resume whose client may hold any of several
+    /// versions sent under its download id (see `DownloadSession::resumable`): 412, with a body
+    /// that says how to download it so that it can be resumed.
+    async fn refuse_ambiguous(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        download: &DownloadId,
+    ) -> Result<()> {
+        let route = ctx.route_name().to_owned();
+        self.metrics.resume_refused(&route);
+        info!(route, download = %download.id, "several versions of the object were sent under this download id: refusing the resume");
+        ctx.refusal = Some("the client may hold any of several versions");
+        ctx.download = None;
+        let message = if download.derived {
+            "rangeway: this resume is refused: more than one version of the object was sent \
+             under this download's id, which every client at your address with the same \
+             User-Agent shares, and the bytes you hold could be of either. Download it again \
+             from the start. To make that download resumable whatever other clients at your \
+             address do, give it an id of your own on every request of it: the header \
+             `X-Download-Id: NAME` (curl -H, wget --header, aria2c --header) or the query \
+             parameter `download_id=NAME`.\n"
+        } else {
+            "rangeway: this resume is refused: more than one version of the object was sent \
+             under this download id, and the bytes you hold could be of either. Download it \
+             again from the start, under a new download id.\n"
+        };
+        let extra = [
+            (HeaderName::from_static("x-rangeway-error"), AMBIGUOUS_RESUME),
+            (HeaderName::from_static(DOWNLOAD_ID), download.id.as_str()),
+        ];
+        respond(session, StatusCode::PRECONDITION_FAILED, message, &extra).await
+    }
+
     /// Shows the response in the admin API while it is in flight, when it delivers to a download.
     fn go_live(&self, ctx: &mut RequestCtx) {
         if matches!(ctx.body, BodyPlan::Discard) {
             return;
         }
-        // What the response will record at its end, before any byte went out.
-        if let Some(delivery) = ctx.delivery(0) {
+        // What the response will record at its end, before any byte went out; the parts of a
+        // multipart answer are not shown as they go.
+        if let Some(delivery) = ctx.delivery(0, false).filter(|d| d.ending != Ending::Parts) {
             ctx.live = Some(self.live.register(delivery));
         }
     }
@@ -713,7 +788,7 @@ impl ProxyHttp for Rangeway {
         }
         let mut target = route.upstream_path(&path);
         let query = req.uri.query().map(|query| match route.upstream.is_s3() {
-            true => s3::upstream_query(query),
+            true => s3::upstream_query(query, route.s3_response_overrides),
             false => download::without_download_id(query),
         });
         if let Some(query) = query.filter(|q| !q.is_empty()) {
@@ -730,6 +805,8 @@ impl ProxyHttp for Rangeway {
             .content_coding()
             .is_some_and(|coding| !negotiation::accepts_coding(&req.headers, coding));
         let has_chain = !route.chain.stages().is_empty() && !ctx.coding_declined;
+        // A bare resume the client may hold any of several versions for: refused below.
+        let mut ambiguous = None;
         if req.method == Method::GET || (has_chain && req.method == Method::HEAD) {
             // A content coding is another representation, with downloads of its own.
             let object = match route.chain.content_coding().filter(|_| has_chain) {
@@ -737,7 +814,7 @@ impl ProxyHttp for Rangeway {
                 None => format!("{}|{path}", route.name),
             };
             let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
-            let id = download_id(req, client_ip, &object);
+            let DownloadId { id, derived } = download_id(req, client_ip, &object, &self.id_key);
             let ranged = matches!(ctx.client_range, ClientRange::Bytes(_));
             // Resume safety only for a bare resume: explicit validators keep their RFC meaning.
             let bare_resume = ranged
@@ -751,16 +828,24 @@ impl ProxyHttp for Rangeway {
             } else {
                 None
             };
-            let (session, record, facts) =
+            let (stored, record, facts) =
                 lookup.map_or((None, None, Vec::new()), |l| (l.session, l.object, l.facts));
-            // A client may give one id to downloads of several objects: only this object's
-            // session counts.
-            let session = session.filter(|s| ranged && s.object == object);
-            let guard = session
-                .as_ref()
-                .filter(|_| bare_resume)
-                .filter(|s| s.version.strong)
-                .and_then(|s| s.version.etag.clone());
+            let stored = stored.filter(|_| ranged);
+            // Which version a bare resume may be answered with, by what its client may hold.
+            let resumable = match (&ctx.client_range, &stored) {
+                (ClientRange::Bytes(set), Some(stored)) if bare_resume => {
+                    stored.resumable(holding(req, set))
+                }
+                _ => Resumable::Any,
+            };
+            let guard = match resumable {
+                Resumable::Any => None,
+                Resumable::Only(version) => Some(version.clone()),
+                Resumable::Neither => {
+                    ambiguous = Some(DownloadId { id: id.clone(), derived });
+                    None
+                }
+            };
             if has_chain {
                 let current = record.map(|r| r.current);
                 let known = Known::of(current.as_ref().and_then(version_key), facts);
@@ -773,13 +858,17 @@ impl ProxyHttp for Rangeway {
                     id,
                     object,
                     client: client_ip.map(|ip| ip.to_string()).unwrap_or_default(),
-                    session,
+                    session: stored,
                     guard,
                     changed: false,
                     delivering: None,
                     origin_version: None,
                 });
             }
+        }
+        if let Some(download) = ambiguous {
+            self.refuse_ambiguous(session, ctx, &download).await?;
+            return Ok(true);
         }
         Ok(false)
     }
@@ -880,10 +969,16 @@ impl ProxyHttp for Rangeway {
             if let Some(planned_for) = &ctx.planned_for {
                 // Planned for this version: another one must come whole, to be planned again.
                 upstream_request.insert_header(header::IF_RANGE, planned_for.as_str())?;
-            } else if let Some(guard) = ctx.download.as_ref().and_then(|d| d.guard.as_ref())
+            } else if let Some(etag) = ctx
+                .download
+                .as_ref()
+                .and_then(|d| d.guard.as_ref())
+                .filter(|guard| guard.strong)
+                .and_then(|guard| guard.etag.as_deref())
                 && !transforms
             {
-                upstream_request.insert_header(header::IF_MATCH, guard.as_str())?;
+                // The one version this resume may be answered with: anything else comes as 412.
+                upstream_request.insert_header(header::IF_MATCH, etag)?;
             }
         } else {
             // If-Range only means something beside a Range.
@@ -930,17 +1025,17 @@ impl ProxyHttp for Rangeway {
             return Ok(());
         };
         let status = response.status.as_u16();
-        let current = response.headers.get(header::ETAG).map(|v| v.as_bytes());
-        let changed =
-            status == 412 || (matches!(status, 200 | 206) && current != Some(guard.as_bytes()));
+        let answered = object_version(status, &response.headers);
+        let changed = status == 412
+            || (matches!(status, 200 | 206) && !answered.is_some_and(|v| v.same_as(&guard)));
         if !changed {
             return Ok(());
         }
-        // The object is no longer the one this download began on: whatever the client holds is
-        // of the old version, and no answer with bytes of the new one is safe. A range of it would
-        // be spliced by every client; so would the whole object (wget -c skips a 200's first
-        // bytes up to its file length and appends the rest). The resume is refused: curl -C -
-        // leaves its file as it is, wget and aria2c stop with an error.
+        // The object is not the one version the client may hold: no answer with bytes of another
+        // is safe. A range of it would be spliced by every client; so would the whole object
+        // (wget -c skips a 200's first bytes up to its file length and appends the rest). The
+        // resume is refused: curl -C - leaves its file as it is, wget and aria2c stop with an
+        // error.
         download.changed = true;
         let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
         self.metrics.resume_refused(route);
@@ -1061,8 +1156,9 @@ impl ProxyHttp for Rangeway {
         {
             self.observe(session, response, ctx, route, version.as_ref(), upstream_stream)?;
         }
+        let parts = ctx.multipart_span();
         if let Some(download) = ctx.download.as_mut() {
-            download.note_response(response, version)?;
+            download.note_response(response, version, parts)?;
         }
         // A whole upstream body whose bytes reach the client (whole or cut) is checked against
         // the origin's own digest when it gave one.
@@ -1181,10 +1277,18 @@ impl ProxyHttp for Rangeway {
         // What reached the client's connection, not what the body filter handed on.
         let sent = session.body_bytes_sent() as u64;
         let mut completed = None;
-        if let Some(delivery) = ctx.delivery(sent).filter(|d| !d.range.is_empty()) {
+        if let Some(delivery) = ctx.delivery(sent, e.is_none()).filter(|_| sent > 0) {
             // A store outage is reported by the store's health, once; the response is done.
+            let complete = |s: &DownloadSession| {
+                s.of_version(&delivery.version).is_some_and(|sent| sent.is_complete())
+            };
+            let was_complete =
+                ctx.download.as_ref().and_then(|d| d.session.as_ref()).is_some_and(complete);
+            // Completed by pieces: one response of the whole version showed the stages all of it.
             if let Ok(session) = self.store.record(&delivery).await
-                && session.complete
+                && complete(&session)
+                && !was_complete
+                && delivery.range != ByteRange::whole(delivery.version.size)
             {
                 completed = Some(delivery.origin_version);
             }

@@ -71,7 +71,16 @@ impl OriginClient {
                 HttpSession::H1(Http1Session::new_with_options(stream, peer.as_ref()));
             session.write_request_header(Box::new(request)).await?;
             session.finish_request_body().await?;
-            session.read_response_header().await?;
+            // Interim answers (100, 102, 103 Early Hints) come before the final one: they are
+            // not the answer (RFC 9110 §15.2), and rangeway, which sent no Expect and answers
+            // with the final response only, drops them.
+            loop {
+                session.read_response_header().await?;
+                let status = session.response_header().map(|r| r.status.as_u16());
+                if !matches!(status, Some(100..=199)) || status == Some(101) {
+                    break;
+                }
+            }
             Ok(Exchange { session, peer })
         };
         let exchanged: Result<Exchange> = exchanged.await;

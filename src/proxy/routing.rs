@@ -26,6 +26,8 @@ pub struct Route {
     pub s3_client_keys: Option<S3ClientKeys>,
     /// When set, a body its origin breaks off is continued (see `relay`).
     pub upstream_resume: Option<UpstreamResume>,
+    /// Whether clients' `response-*` query parameters reach an S3 upstream.
+    pub s3_response_overrides: bool,
 }
 
 impl Route {
@@ -52,6 +54,7 @@ impl Route {
             chain,
             s3_client_keys: None,
             upstream_resume: None,
+            s3_response_overrides: false,
         })
     }
 

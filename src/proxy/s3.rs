@@ -9,21 +9,22 @@ use tracing::warn;
 
 use crate::s3::error::{self, MAX_ERROR_BODY};
 
-/// The query parameters of a GetObject/HeadObject that choose what is read. Everything else —
-/// a client's presigned-URL signature, SDK markers such as `x-id`, `partNumber` (which would
-/// change what a Range means) — stays with rangeway.
-fn forwarded_parameter(name: &str) -> bool {
-    name == "versionId" || name.starts_with("response-")
+/// The query parameters of a GetObject/HeadObject that choose what is read, and — where the
+/// route allows them (`overrides`) — the `response-*` ones that set the answer's headers.
+/// Everything else — a client's presigned-URL signature, SDK markers such as `x-id`,
+/// `partNumber` (which would change what a Range means) — stays with rangeway.
+fn forwarded_parameter(name: &str, overrides: bool) -> bool {
+    name == "versionId" || (overrides && name.starts_with("response-"))
 }
 
 /// The part of a client's query sent to S3 (still encoded as the client wrote it; the signer
 /// canonicalises it).
-pub(super) fn upstream_query(query: &str) -> String {
+pub(super) fn upstream_query(query: &str, overrides: bool) -> String {
     query
         .split('&')
         .filter(|pair| {
             let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
-            forwarded_parameter(name)
+            forwarded_parameter(name, overrides)
         })
         .collect::<Vec<_>>()
         .join("&")
@@ -103,15 +104,14 @@ mod tests {
 
     #[test]
     fn only_read_parameters_reach_s3() {
-        assert_eq!(upstream_query("versionId=3&x-id=GetObject"), "versionId=3");
-        assert_eq!(
-            upstream_query(
-                "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=ab&response-content-type=a%2Fb"
-            ),
-            "response-content-type=a%2Fb"
-        );
-        assert_eq!(upstream_query("partNumber=2&uploadId=x"), "");
-        assert_eq!(upstream_query("versionId"), "versionId");
+        assert_eq!(upstream_query("versionId=3&x-id=GetObject", false), "versionId=3");
+        let presigned =
+            "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=ab&response-content-type=a%2Fb";
+        // The headers of the answer are the operator's to let clients choose, not anyone's.
+        assert_eq!(upstream_query(presigned, false), "");
+        assert_eq!(upstream_query(presigned, true), "response-content-type=a%2Fb");
+        assert_eq!(upstream_query("partNumber=2&uploadId=x", true), "");
+        assert_eq!(upstream_query("versionId", false), "versionId");
     }
 
     #[test]

@@ -68,7 +68,7 @@ mod tests {
     use rangeway_middleware::ByteRange;
 
     use super::*;
-    use crate::state::model::{Delivery, DownloadSession, ObjectRecord, ObjectVersion};
+    use crate::state::model::{Delivery, DownloadSession, Ending, ObjectRecord, ObjectVersion};
 
     fn session() -> DownloadSession {
         let version = ObjectVersion {
@@ -86,6 +86,7 @@ mod tests {
             origin_version: version.clone(),
             version,
             range: ByteRange::new(0, 100).expect("valid"),
+            ending: Ending::Cut,
             bytes: 100,
             now: 1_700_000_000,
         };
@@ -103,13 +104,14 @@ mod tests {
         let s = session();
         let text = encode(&s).expect("encode");
         assert!(text.starts_with("{\"v\":1,"), "{text}");
-        assert!(text.contains("\"delivered\":[[0,100],[549755813888,1099511627776]]"), "{text}");
+        assert!(text.contains("\"sent\":[[0,100],[549755813888,1099511627776]]"), "{text}");
         match decoded::<DownloadSession>(&text) {
             Decoded::Value(back) => assert_eq!(back, s),
             other => panic!("{other:?}"),
         }
-        let mut record = ObjectRecord::new("files|/a", &s.version, 5);
-        record.observe(&ObjectVersion { etag: None, ..s.version.clone() }, 6);
+        let version = s.versions[0].version.clone();
+        let mut record = ObjectRecord::new("files|/a", &version, 5);
+        record.observe(&ObjectVersion { etag: None, ..version.clone() }, 6);
         match decoded::<ObjectRecord>(&encode(&record).expect("encode")) {
             Decoded::Value(back) => assert_eq!(back, record),
             other => panic!("{other:?}"),
@@ -131,6 +133,7 @@ mod tests {
         let truncated = &valid[..valid.len() / 2];
         let without_format = valid.replacen("\"v\":1,", "", 1);
         let bad_intervals = valid.replacen("[[0,100],", "[[100,0],", 1);
+        assert_ne!(bad_intervals, valid);
         let negative_size = valid.replacen("\"size\":1099511627776", "\"size\":-1", 1);
         for garbage in [
             "",

@@ -73,6 +73,12 @@ impl IntervalSet {
         }
     }
 
+    /// Whether `offset` is in the set.
+    pub fn contains(&self, offset: u64) -> bool {
+        let after = self.ranges.partition_point(|r| r.start() <= offset);
+        after > 0 && self.ranges.get(after - 1).is_some_and(|r| offset < r.end())
+    }
+
     /// Whether every byte of `0..len` is in the set (always, for `len == 0`).
     pub fn covers(&self, len: u64) -> bool {
         len == 0 || self.contiguous_prefix_end() >= len
@@ -268,6 +274,9 @@ mod tests {
             let prefix = model.iter().take_while(|&&b| b).count() as u64;
             prop_assert_eq!(s.contiguous_prefix_end(), prefix);
             prop_assert_eq!(s.covers(len), model[..len as usize].iter().all(|&b| b));
+            for offset in 0..SPACE {
+                prop_assert_eq!(s.contains(offset), model[offset as usize]);
+            }
             prop_assert_eq!(s.total(), model.iter().filter(|&&b| b).count() as u64);
 
             let json = serde_json::to_string(&s).expect("serialise");

@@ -37,7 +37,8 @@ struct Inner {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Key {
-    Download(String),
+    /// A download id and the object it downloads.
+    Download(String, String),
     Object(String),
     /// An object and a stage key.
     Facts(String, String),
@@ -130,7 +131,8 @@ impl StateStore for MemoryStore {
     ) -> Result<Lookup, StoreError> {
         let now = Instant::now();
         let inner = self.lock();
-        let session = match inner.get(&Key::Download(download_id.to_owned()), now) {
+        let key = Key::Download(download_id.to_owned(), object.to_owned());
+        let session = match inner.get(&key, now) {
             Some(Value::Download(session)) => Some(session.clone()),
             _ => None,
         };
@@ -174,7 +176,7 @@ impl StateStore for MemoryStore {
         let now = Instant::now();
         let expires = now + self.ttl;
         let mut inner = self.lock();
-        let session_key = Key::Download(delivery.id.clone());
+        let session_key = Key::Download(delivery.id.clone(), delivery.object.clone());
         let stored = match inner.take(&session_key, now) {
             Some(Value::Download(session)) => Some(session),
             _ => None,
@@ -194,11 +196,21 @@ impl StateStore for MemoryStore {
         Ok(session)
     }
 
-    async fn download(&self, id: &str) -> Result<Option<DownloadSession>, StoreError> {
-        Ok(match self.lock().get(&Key::Download(id.to_owned()), Instant::now()) {
-            Some(Value::Download(session)) => Some(session.clone()),
-            _ => None,
-        })
+    async fn download(&self, id: &str) -> Result<Vec<DownloadSession>, StoreError> {
+        let now = Instant::now();
+        let inner = self.lock();
+        // An admin call: the walk is bounded by the capacity, as in `downloads`.
+        Ok(inner
+            .order
+            .values()
+            .rev()
+            .filter(|key| matches!(key, Key::Download(of, _) if of == id))
+            .filter_map(|key| match inner.get(key, now) {
+                Some(Value::Download(session)) => Some(session.clone()),
+                _ => None,
+            })
+            .take(MAX_PAGE)
+            .collect())
     }
 
     async fn downloads(
@@ -215,7 +227,7 @@ impl StateStore for MemoryStore {
             .values()
             .rev()
             .filter_map(|key| match inner.get(key, now) {
-                Some(Value::Download(s)) if !(active_only && s.complete) => Some(s.clone()),
+                Some(Value::Download(s)) if !(active_only && s.is_complete()) => Some(s.clone()),
                 _ => None,
             })
             .skip(offset)
@@ -242,7 +254,7 @@ mod tests {
     use rangeway_middleware::ByteRange;
 
     use super::*;
-    use crate::state::ObjectVersion;
+    use crate::state::{Ending, ObjectVersion};
 
     fn delivery(id: &str, object: &str, now: u64) -> Delivery {
         let version = ObjectVersion {
@@ -260,6 +272,7 @@ mod tests {
             origin_version: version.clone(),
             version,
             range: ByteRange::new(0, 5).expect("valid"),
+            ending: Ending::Cut,
             bytes: 5,
             now,
         }
@@ -272,9 +285,9 @@ mod tests {
         store.record(&delivery("a", "o", 1)).await.expect("record");
         store.record(&delivery("b", "o", 2)).await.expect("record");
         store.record(&delivery("c", "p", 3)).await.expect("record");
-        assert!(store.download("a").await.expect("read").is_none(), "a should be evicted");
-        assert!(store.download("b").await.expect("read").is_some());
-        assert!(store.download("c").await.expect("read").is_some());
+        assert!(store.download("a").await.expect("read").is_empty(), "a should be evicted");
+        assert_eq!(store.download("b").await.expect("read").len(), 1);
+        assert_eq!(store.download("c").await.expect("read").len(), 1);
         assert!(store.object("o").await.expect("read").is_some());
         assert!(store.object("p").await.expect("read").is_some());
         let inner = store.lock();

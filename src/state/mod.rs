@@ -28,7 +28,8 @@ pub use self::health::StoreHealth;
 pub use self::interval::{IntervalSet, IntervalSetFull};
 pub use self::memory::MemoryStore;
 pub use self::model::{
-    Delivery, DownloadSession, MAX_EXACT, MAX_VERSIONS, ObjectRecord, ObjectVersion, SeenVersion,
+    Delivery, DownloadSession, Ending, Holding, MAX_EXACT, MAX_SESSION_VERSIONS, MAX_VERSIONS,
+    ObjectRecord, ObjectVersion, Resumable, SeenVersion, UNREAD_SLACK, VersionSent,
 };
 pub use self::redis::{RedisOptions, RedisStore};
 use crate::config::{StateBackend, StateConfig};
@@ -44,8 +45,8 @@ pub const MAX_PAGE: usize = 1000;
 /// Where resume state lives. Every method is bounded in time; none panics on any stored data.
 #[async_trait]
 pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
-    /// The download `download_id`, the object `object` and what the stages keyed `stages` learned
-    /// about it, in one round trip: the hot path of every request. Absent is `None`, as is a
+    /// The download `download_id` of the object `object`, the object's record and what the stages
+    /// keyed `stages` learned about it, in one round trip: the hot path of every request. Absent is `None`, as is a
     /// record written in a format this version does not read.
     async fn lookup(
         &self,
@@ -62,13 +63,15 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
     /// segment that does not match its index), and the next full pass learns it again.
     async fn forget(&self, object: &str, stage: &str) -> Result<(), StoreError>;
 
-    /// Adds a delivery to its download and to its object's record, atomically per download (the
-    /// connections of one multi-connection download record at the same time), and returns the
-    /// session as updated. One round trip. See [`DownloadSession::record`] and
-    /// [`ObjectRecord::observe`] for the rules.
+    /// Adds a delivery to its download (the id's session for its object) and to its object's
+    /// record, atomically per download (the connections of one multi-connection download record
+    /// at the same time), and returns the session as updated. One round trip. See
+    /// [`DownloadSession::record`] and [`ObjectRecord::observe`] for the rules.
     async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError>;
 
-    async fn download(&self, id: &str) -> Result<Option<DownloadSession>, StoreError>;
+    /// The sessions of download id `id`, one per object downloaded under it, the most recently
+    /// updated first (at most [`MAX_PAGE`]).
+    async fn download(&self, id: &str) -> Result<Vec<DownloadSession>, StoreError>;
 
     /// Sessions, the most recently updated first, `offset` of them skipped and at most
     /// `limit.min(MAX_PAGE)` returned. With `active_only`, only those not complete (the offset

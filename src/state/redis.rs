@@ -6,12 +6,15 @@
 //! key is at most the prefix plus 36 bytes whatever a client sends, and no client input can name
 //! another key or steer a key to a cluster slot:
 //!
-//! - `{prefix}dl:{h(id)}`: a [`DownloadSession`], as versioned JSON (see `codec.rs`).
+//! - `{prefix}ses:{h(id, object)}`: a [`DownloadSession`] (one download id, one object), as
+//!   versioned JSON (see `codec.rs`). Sessions were keyed by id alone (`dl:`) before a session
+//!   kept every version it was sent; those keys are never read and expire.
 //! - `{prefix}obj:{h(object)}`: an [`ObjectRecord`], likewise.
 //! - `{prefix}fct:{h(object)}:{h(stage)}`: what a route's stage learned about the object (see
 //!   `facts.rs`), a hash of one field per fact, merged by `redis/facts.lua`.
-//! - `{prefix}downloads`: a sorted set of `h(id)` scored by the session's `updated_at`, for
-//!   listing; entries older than the TTL are dropped as sessions are recorded.
+//! - `{prefix}downloads`: a sorted set of `h(id, object)` scored by the session's `updated_at`,
+//!   for listing; entries older than the TTL are dropped as sessions are recorded.
+//! - `{prefix}id:{h(id)}`: the same, for the sessions of one download id.
 //!
 //! `h` is the first 16 bytes of SHA-256, in hex. Every key has the TTL, refreshed on each write.
 //! The values keep the id and object key in full, and a read whose value names another id or object
@@ -19,7 +22,7 @@
 //!
 //! # Round trips
 //!
-//! A lookup is two GETs and a record is two scripts plus the index update, sent together: as one
+//! A lookup is two GETs and a record is two scripts plus the index updates, sent together: as one
 //! pipeline to a single server; on a cluster, where a pipeline cannot span hash slots, as
 //! concurrent commands on the cluster's multiplexed connections. Either way one round trip.
 //!
@@ -49,7 +52,10 @@ use tracing::debug;
 use super::codec::{self, Decoded};
 use super::facts::{MAX_FIELDS, StageFacts};
 use super::interval::IntervalSet;
-use super::model::{Delivery, DownloadSession, MAX_VERSIONS, ObjectRecord};
+use super::model::{
+    Delivery, DownloadSession, Ending, MAX_SESSION_VERSIONS, MAX_VERSIONS, ObjectRecord,
+    UNREAD_SLACK,
+};
 use super::{Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth};
 use crate::config::{RedisTarget, RedisUrl};
 
@@ -225,46 +231,101 @@ impl RedisStore {
         }
     }
 
-    fn read_session(&self, reply: Value, id: &str) -> Result<Option<DownloadSession>, StoreError> {
-        self.read(reply, |s: &DownloadSession| s.id == id)
+    fn read_session(
+        &self,
+        reply: Value,
+        id: &str,
+        object: &str,
+    ) -> Result<Option<DownloadSession>, StoreError> {
+        self.read(reply, |s: &DownloadSession| s.id == id && s.object == object)
     }
 
     fn read_object(&self, reply: Value, object: &str) -> Result<Option<ObjectRecord>, StoreError> {
         self.read(reply, |r: &ObjectRecord| r.key == object)
     }
 
-    fn record_commands(&self, delivery: &Delivery) -> Result<[Cmd; 5], StoreError> {
+    fn record_commands(&self, delivery: &Delivery) -> Result<[Cmd; 8], StoreError> {
         let fresh_session = codec::encode(&DownloadSession::begin(delivery))?;
         let fresh_object = codec::encode(&ObjectRecord::new(
             &delivery.object,
             &delivery.origin_version,
             delivery.now,
         ))?;
-        let mut session = evalsha(&self.session_script, &self.keys.session(&delivery.id));
+        let member = session_member(&delivery.id, &delivery.object);
+        let mut session = evalsha(&self.session_script, &self.keys.session_of(&member));
         session
             .arg(fresh_session)
             .arg(self.ttl_ms)
-            .arg(if delivery.is_whole() { "1" } else { "0" })
+            .arg(match delivery.ending {
+                Ending::Whole => "whole",
+                Ending::Cut => "cut",
+                Ending::Parts => "parts",
+            })
             .arg(delivery.range.start())
             .arg(delivery.range.end())
             .arg(delivery.bytes)
             .arg(delivery.now)
-            .arg(IntervalSet::MAX_INTERVALS);
+            .arg(IntervalSet::MAX_INTERVALS)
+            .arg(MAX_SESSION_VERSIONS)
+            .arg(UNREAD_SLACK);
         let mut object = evalsha(&self.object_script, &self.keys.object(&delivery.object));
         object.arg(fresh_object).arg(self.ttl_ms).arg(MAX_VERSIONS);
 
-        let index = self.keys.index();
+        let [add, prune, expire] = self.index_commands(&self.keys.index(), &member, delivery.now);
+        let [add_id, prune_id, expire_id] =
+            self.index_commands(&self.keys.id_index(&delivery.id), &member, delivery.now);
+        Ok([session, object, add, prune, expire, add_id, prune_id, expire_id])
+    }
+
+    /// Adds `member` to the listing `index` as updated `now`, and drops what expired from it.
+    fn index_commands(&self, index: &str, member: &str, now: u64) -> [Cmd; 3] {
         let mut add = redis::cmd("ZADD");
-        add.arg(&index).arg(delivery.now).arg(hashed(&delivery.id));
+        add.arg(index).arg(now).arg(member);
         // Sessions last `ttl` from their last update: index entries older than that are gone.
         let mut prune = redis::cmd("ZREMRANGEBYSCORE");
-        prune
-            .arg(&index)
-            .arg("-inf")
-            .arg(format!("({}", delivery.now.saturating_sub(self.ttl_secs)));
+        prune.arg(index).arg("-inf").arg(format!("({}", now.saturating_sub(self.ttl_secs)));
         let mut expire = redis::cmd("PEXPIRE");
-        expire.arg(&index).arg(self.ttl_ms);
-        Ok([session, object, add, prune, expire])
+        expire.arg(index).arg(self.ttl_ms);
+        [add, prune, expire]
+    }
+
+    /// The sessions listed in `index` from position `from` to `to` (newest first), in one round
+    /// trip after the listing's, and how many entries the listing held there.
+    async fn sessions_listed(
+        &self,
+        index: &str,
+        from: usize,
+        to: usize,
+    ) -> Result<(Vec<DownloadSession>, usize), StoreError> {
+        let mut range = redis::cmd("ZREVRANGE");
+        range.arg(index).arg(redis_index(from)).arg(redis_index(to));
+        let members: Vec<String> = match self.conn.query(&range).await.map_err(map_error)? {
+            Value::Array(items) => items
+                .into_iter()
+                .filter_map(|item| match item {
+                    Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+                    _ => None,
+                })
+                .collect(),
+            other => return Err(unexpected(&other)),
+        };
+        if members.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        let gets: Vec<Cmd> = members
+            .iter()
+            .map(|member| {
+                let mut get = redis::cmd("GET");
+                get.arg(self.keys.session_of(member));
+                get
+            })
+            .collect();
+        let replies = self.conn.query_all(&gets).await.map_err(map_error)?;
+        let mut sessions = Vec::with_capacity(members.len());
+        for reply in replies {
+            sessions.extend(self.read(reply.map_err(map_error)?, |_: &DownloadSession| true)?);
+        }
+        Ok((sessions, members.len()))
     }
 
     async fn record_once(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
@@ -323,46 +384,20 @@ impl RedisStore {
         let (mut cursor, mut to_skip) = if active_only { (0, offset) } else { (offset, 0) };
         while page.len() < limit {
             let batch = if active_only { LIST_BATCH } else { limit - page.len() };
-            let mut range = redis::cmd("ZREVRANGE");
-            range
-                .arg(self.keys.index())
-                .arg(redis_index(cursor))
-                .arg(redis_index(cursor.saturating_add(batch - 1)));
-            let members: Vec<String> = match self.conn.query(&range).await.map_err(map_error)? {
-                Value::Array(items) => items
-                    .into_iter()
-                    .filter_map(|item| match item {
-                        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
-                        _ => None,
-                    })
-                    .collect(),
-                other => return Err(unexpected(&other)),
-            };
-            if members.is_empty() {
+            let to = cursor.saturating_add(batch - 1);
+            let (sessions, listed) = self.sessions_listed(&self.keys.index(), cursor, to).await?;
+            if listed == 0 {
                 break;
             }
-            cursor = cursor.saturating_add(members.len());
-            let gets: Vec<Cmd> = members
-                .iter()
-                .map(|member| {
-                    let mut get = redis::cmd("GET");
-                    get.arg(self.keys.session_of(member));
-                    get
-                })
-                .collect();
-            let replies = self.conn.query_all(&gets).await.map_err(map_error)?;
-            for reply in replies {
-                let session = self.read(reply.map_err(map_error)?, |_: &DownloadSession| true)?;
-                let Some(session) = session.filter(|s| !(active_only && s.complete)) else {
-                    continue;
-                };
+            cursor = cursor.saturating_add(listed);
+            for session in sessions.into_iter().filter(|s| !(active_only && s.is_complete())) {
                 if to_skip > 0 {
                     to_skip -= 1;
                 } else if page.len() < limit {
                     page.push(session);
                 }
             }
-            if members.len() < batch {
+            if listed < batch {
                 break;
             }
         }
@@ -380,7 +415,7 @@ impl StateStore for RedisStore {
     ) -> Result<Lookup, StoreError> {
         let mut commands = Vec::with_capacity(2 + stages.len());
         let mut session = redis::cmd("GET");
-        session.arg(self.keys.session(download_id));
+        session.arg(self.keys.session(download_id, object));
         commands.push(session);
         let mut record = redis::cmd("GET");
         record.arg(self.keys.object(object));
@@ -401,7 +436,7 @@ impl StateStore for RedisStore {
                 facts.push(read_facts(reply.map_err(map_error)?)?);
             }
             Ok(Lookup {
-                session: self.read_session(session, download_id)?,
+                session: self.read_session(session, download_id, object)?,
                 object: self.read_object(record, object)?,
                 facts,
             })
@@ -445,12 +480,11 @@ impl StateStore for RedisStore {
         self.guarded(self.options.timeout, self.record_once(delivery)).await
     }
 
-    async fn download(&self, id: &str) -> Result<Option<DownloadSession>, StoreError> {
-        let mut get = redis::cmd("GET");
-        get.arg(self.keys.session(id));
+    async fn download(&self, id: &str) -> Result<Vec<DownloadSession>, StoreError> {
         self.guarded(self.options.timeout, async {
-            let reply = self.conn.query(&get).await.map_err(map_error)?;
-            self.read_session(reply, id)
+            let index = self.keys.id_index(id);
+            let (sessions, _) = self.sessions_listed(&index, 0, MAX_PAGE - 1).await?;
+            Ok(sessions.into_iter().filter(|s| s.id == id).collect())
         })
         .await
     }
@@ -625,13 +659,18 @@ struct Keys {
 }
 
 impl Keys {
-    fn session(&self, id: &str) -> String {
-        self.session_of(&hashed(id))
+    fn session(&self, id: &str, object: &str) -> String {
+        self.session_of(&session_member(id, object))
     }
 
     /// The session key of an index member.
     fn session_of(&self, member: &str) -> String {
-        format!("{}dl:{member}", self.prefix)
+        format!("{}ses:{member}", self.prefix)
+    }
+
+    /// The index of the sessions of download id `id`.
+    fn id_index(&self, id: &str) -> String {
+        format!("{}id:{}", self.prefix, hashed(id))
     }
 
     fn object(&self, object: &str) -> String {
@@ -650,6 +689,11 @@ impl Keys {
 /// The first 128 bits of SHA-256, as 32 hex digits: collisions are out of reach, keys stay short.
 fn hashed(part: &str) -> String {
     fingerprint([part.as_bytes()], 16)
+}
+
+/// What names the session of download `id` for `object` in keys and indexes.
+fn session_member(id: &str, object: &str) -> String {
+    fingerprint([id.as_bytes(), object.as_bytes()], 16)
 }
 
 /// A facts hash as HGETALL returns it (a map in RESP3, pairs in RESP2).
@@ -726,13 +770,18 @@ mod tests {
     fn keys_are_bounded_and_hide_client_input() {
         let keys = Keys { prefix: "rw:".to_owned() };
         let hostile = format!("*{{}}\n\r {}", "x".repeat(10_000));
-        for key in
-            [keys.session(&hostile), keys.object(&hostile), keys.session(""), keys.object("")]
-        {
+        for key in [
+            keys.session(&hostile, &hostile),
+            keys.object(&hostile),
+            keys.session("", ""),
+            keys.object(""),
+            keys.id_index(&hostile),
+        ] {
             assert!(key.len() <= "rw:".len() + 36, "{key}");
             assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b':'), "{key}");
         }
-        assert_ne!(keys.session("a"), keys.session("b"));
+        assert_ne!(keys.session("a", "o"), keys.session("b", "o"));
+        assert_ne!(keys.session("a", "o"), keys.session("a", "p"));
         assert_eq!(hashed("abc"), "ba7816bf8f01cfea414140de5dae2223");
     }
 

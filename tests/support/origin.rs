@@ -44,6 +44,9 @@ pub(crate) enum Behaviour {
     NoEtag,
     /// The correct answer framed with `Transfer-Encoding: chunked` and no Content-Length.
     Chunked,
+    /// The correct answer, after an interim response with this status (100, 102, or 103 Early
+    /// Hints with a `Link` field, as CDNs send).
+    Interim(u16),
     /// The correct answer, or by the roll of a seeded die per response: a 503 (only to ranged
     /// requests: continuations), a body cut at a random byte, or a body that stalls at a random
     /// byte and is then cut.
@@ -368,6 +371,10 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
         (content.objects.get(path).cloned(), behaviour)
     };
     let head_only = request.method == "HEAD";
+    if let Behaviour::Interim(status) = behaviour {
+        let link = if status == 103 { "Link: </hint.css>; rel=preload\r\n" } else { "" };
+        out.write_all(format!("HTTP/1.1 {status} Interim\r\n{link}\r\n").as_bytes())?;
+    }
     let keep_alive = !request
         .header("connection")
         .is_some_and(|value| value.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));

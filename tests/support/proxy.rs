@@ -67,16 +67,9 @@ impl Proxy {
         format!("http://{}{path}", self.running.endpoints.admin)
     }
 
-    /// The sum of the series of metric `name` whose labels include `label` ("" for all), as
-    /// `/metrics` shows them now.
+    /// See [`Instance::metric`].
     pub(crate) fn metric(&self, name: &str, label: &str) -> u64 {
-        let text = super::http::get(&self.admin_url("/metrics"), &[]).body;
-        String::from_utf8(text)
-            .expect("metrics are text")
-            .lines()
-            .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
+        Instance::metric(self, name, label)
     }
 
     /// [`metric`](Self::metric) once it is at least `least`, or after 5 s: counts made when a
@@ -90,6 +83,42 @@ impl Proxy {
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+    }
+}
+
+/// A rangeway a test talks to, in-process or a process of its own.
+pub(crate) trait Instance {
+    fn url(&self, path: &str) -> String;
+    fn admin_url(&self, path: &str) -> String;
+
+    /// The sum of the series of metric `name` whose labels include `label` ("" for all), as
+    /// `/metrics` shows them now.
+    fn metric(&self, name: &str, label: &str) -> u64 {
+        let text = super::http::get(&self.admin_url("/metrics"), &[]).body;
+        String::from_utf8(text)
+            .expect("metrics are text")
+            .lines()
+            .filter(|l| l.split(['{', ' ']).next() == Some(name) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+impl Instance for Proxy {
+    fn url(&self, path: &str) -> String {
+        Proxy::url(self, path)
+    }
+    fn admin_url(&self, path: &str) -> String {
+        Proxy::admin_url(self, path)
+    }
+}
+
+impl Instance for ProxyProcess {
+    fn url(&self, path: &str) -> String {
+        ProxyProcess::url(self, path)
+    }
+    fn admin_url(&self, path: &str) -> String {
+        ProxyProcess::admin_url(self, path)
     }
 }
 

@@ -16,6 +16,21 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Tries with fresh ports when another process took the chosen one before Redis bound it.
 const BIND_ATTEMPTS: usize = 5;
 
+/// The `[state]` key that gives rangeway, with Redis, its download-id key: a file written once per
+/// test process, so that every instance a test starts derives the same ids, as one deployment's
+/// do.
+pub(crate) fn id_key_line() -> String {
+    static FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let file =
+            std::env::temp_dir().join(format!("rangeway-test-id-key-{}", std::process::id()));
+        std::fs::write(&file, "a-test-download-id-key-of-more-than-32-characters\n")
+            .expect("write the id key file");
+        file
+    });
+    format!("id_key_file = {:?}\n", file.display().to_string())
+}
+
 /// A running redis-server on 127.0.0.1, without persistence, killed (and waited for) on drop.
 #[derive(Debug)]
 pub(crate) struct RedisServer {
@@ -59,6 +74,11 @@ impl RedisServer {
     /// `redis://127.0.0.1:PORT/0`.
     pub(crate) fn url(&self) -> String {
         format!("redis://{}/0", self.addr())
+    }
+
+    /// A `[state]` section that puts rangeway's state in this server.
+    pub(crate) fn state_section(&self) -> String {
+        format!("[state]\nbackend = \"redis\"\nredis_url = \"{}\"\n{}", self.url(), id_key_line())
     }
 
     /// Kills the server (SIGKILL: no goodbye to its clients) and waits for it to exit.

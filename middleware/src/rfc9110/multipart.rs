@@ -207,6 +207,11 @@ impl MultipartBody {
         Some(self.plan.closing.clone())
     }
 
+    /// The bytes of the representation the body is made of (see [`MultipartPlan::span`]).
+    pub fn span(&self) -> ByteRange {
+        self.plan.span()
+    }
+
     /// Whether every part's data has gone by: further input yields nothing and
     /// [`finish`](Self::finish) closes the body.
     pub fn is_done(&self) -> bool {
