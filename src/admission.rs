@@ -37,6 +37,12 @@ const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text
 charset=utf-8\r\ncontent-length: 39\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
 connections from your address\n";
 
+/// What a connection cut for its slow header is told, and logged with. pingora logs such a
+/// connection at ERROR, which would put the log's volume in the hands of whoever opens slow
+/// connections: the binary's log drops pingora's line for them (they are counted, in
+/// `rangeway_client_connections_refused_total{reason="header_timeout"}`).
+pub const HEADER_TIMED_OUT: &str = "the request header took longer than client_header_timeout";
+
 /// The proxy's application behind connection admission.
 pub struct Admission<A> {
     inner: Arc<A>,
@@ -136,8 +142,8 @@ pub(crate) struct Watched {
     inner: Stream,
     timeout: Duration,
     phase: Phase,
-    /// How far into `\r\n\r\n` the last bytes read reached.
-    matched: usize,
+    /// Whether the last byte read (ignoring `\r`) ended a line: a line end there ends the header.
+    line_ended: bool,
     /// When the current header's first byte arrived, and the timer that fires at its deadline.
     started: Option<(Instant, Pin<Box<tokio::time::Sleep>>)>,
     _slot: Option<Slot>,
@@ -163,7 +169,7 @@ impl Watched {
             inner,
             timeout,
             phase: Phase::Header,
-            matched: 0,
+            line_ended: false,
             started: None,
             _slot: slot,
             metrics: Arc::clone(metrics),
@@ -203,7 +209,7 @@ impl Watched {
         }
         if self.phase == Phase::Response {
             self.phase = Phase::Header;
-            self.matched = 0;
+            self.line_ended = false;
         }
         if self.phase != Phase::Header {
             return;
@@ -212,30 +218,26 @@ impl Watched {
             let sleep = Box::pin(tokio::time::sleep(self.timeout));
             self.started = Some((Instant::now(), sleep));
         }
-        const END: &[u8; 4] = b"\r\n\r\n";
+        // The header ends with an empty line. Lines end with CRLF, or a bare LF, which the
+        // parser accepts too (RFC 9112 §2.2): a header ended so must stop the clock as well.
         for &byte in bytes {
-            self.matched = if byte == END[self.matched] {
-                self.matched + 1
-            } else {
-                usize::from(byte == b'\r')
-            };
-            if self.matched == END.len() {
-                self.phase = Phase::Request;
-                self.started = None;
-                return;
+            match byte {
+                b'\n' if self.line_ended => {
+                    self.phase = Phase::Request;
+                    self.started = None;
+                    return;
+                }
+                b'\n' => self.line_ended = true,
+                b'\r' => {}
+                _ => self.line_ended = false,
             }
         }
     }
 
     fn late(&self) -> io::Error {
         self.metrics.connection_refused("header_timeout");
-        io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!(
-                "the request header took longer than client_header_timeout ({:?})",
-                self.timeout
-            ),
-        )
+        debug!(timeout = ?self.timeout, "{HEADER_TIMED_OUT}: closing the connection");
+        io::Error::new(io::ErrorKind::TimedOut, format!("{HEADER_TIMED_OUT} ({:?})", self.timeout))
     }
 }
 
@@ -389,5 +391,32 @@ mod tests {
         let mut got = Vec::new();
         peer.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, b"abc", "only what was not sent aside reaches the peer");
+    }
+
+    /// The clock stops at the header's empty line, however its lines end, and only there.
+    #[tokio::test]
+    async fn a_header_ends_at_its_empty_line_with_crlf_or_bare_lf() {
+        let (ours, _peer) = tokio::net::UnixStream::pair().unwrap();
+        let inner: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
+        let mut watched =
+            Watched::new(inner, Duration::from_secs(5), None, &Arc::new(Metrics::new()));
+        for (header, ends) in [
+            (&b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"[..], true),
+            (b"GET / HTTP/1.1\nHost: a\n\n", true),
+            (b"GET / HTTP/1.1\r\nHost: a\n\r\n", true),
+            (b"GET / HTTP/1.1\r\nHost: a\r\n", false),
+            (b"GET / HTTP/1.1\nHost: a\r\nX: \r\r\n", false),
+        ] {
+            watched.phase = Phase::Response;
+            // In two reads, split everywhere: where a read ends must not matter.
+            for cut in 0..header.len() {
+                watched.phase = Phase::Response;
+                watched.saw(&header[..cut]);
+                watched.saw(&header[cut..]);
+                let ended = watched.phase == Phase::Request;
+                assert_eq!(ended, ends, "{:?} cut at {cut}", String::from_utf8_lossy(header));
+                assert_eq!(watched.started.is_none(), ends);
+            }
+        }
     }
 }

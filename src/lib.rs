@@ -7,6 +7,7 @@ pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod fingerprint;
+pub mod logging;
 pub mod origin;
 pub mod proxy;
 pub mod range;

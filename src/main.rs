@@ -1,6 +1,5 @@
 //! The `rangeway` command.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -9,7 +8,6 @@ use rangeway::config::{Config, ConfigErrors};
 use rangeway::server;
 use rangeway_middleware::aes128gcm::{self, Decryptor};
 use rangeway_middleware::chain::StageRegistry;
-use tracing_subscriber::EnvFilter;
 
 /// rangeway — a reverse proxy that makes every download resumable at any byte.
 ///
@@ -60,13 +58,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    rangeway::logging::init();
     let registry = StageRegistry::new();
     match cli.command {
         Command::Keygen => match aes128gcm::generate_key() {
@@ -111,10 +103,9 @@ fn main() -> ExitCode {
 /// The config at `path` (or the embedded default), with every route's chain built: a stage's bad
 /// option is a config problem like any other.
 fn load(path: Option<&Path>, registry: &StageRegistry) -> Result<Config, ConfigErrors> {
-    let kinds: Vec<&str> = registry.kinds().collect();
     let config = match path {
-        Some(path) => Config::load(path, &kinds),
-        None => Config::load_default(&kinds),
+        Some(path) => Config::load(path, registry),
+        None => Config::load_default(registry),
     }?;
     config.build_chains(registry)?;
     Ok(config)

@@ -375,10 +375,9 @@ impl Reloader {
             .source
             .as_deref()
             .map_or("the embedded default".into(), |p| p.display().to_string());
-        let kinds: Vec<&str> = self.registry.kinds().collect();
         let loaded = match &self.source {
-            Some(path) => Config::load(path, &kinds),
-            None => Config::load_default(&kinds),
+            Some(path) => Config::load(path, &self.registry),
+            None => Config::load_default(&self.registry),
         };
         let checked = loaded.and_then(|config| {
             let chains = config.build_chains(&self.registry)?;
@@ -602,7 +601,7 @@ mod tests {
 
     #[test]
     fn a_reload_names_what_only_a_restart_changes() {
-        let kinds = ["checksum", "gzip", "aes128gcm"];
+        let kinds = StageRegistry::new();
         let text = "[upstreams.o]\nurl = \"http://127.0.0.1:1\"\n[[routes]]\npath_prefix = \"/\"\nupstream = \"o\"\n";
         let running = Config::from_toml_str(text, &kinds).expect("valid");
         let same = Config::from_toml_str(&text.replace("/\"", "/x/\""), &kinds).expect("valid");

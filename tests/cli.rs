@@ -104,6 +104,9 @@ url = "ftp://example.com"
 [[routes]]
 path_prefix = "/files/"
 upstream = "orign"
+  [[routes.middleware]]
+  kind = "gzip"
+  level = 42
 "#,
     )
     .unwrap();
@@ -117,6 +120,8 @@ upstream = "orign"
         "upstreams.origin.url",
         "routes[0].upstream",
         "orign",
+        // A stage's bad option, beside the route's unknown upstream.
+        "routes[0].middleware[0].level",
     ] {
         assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
     }
@@ -163,6 +168,12 @@ fn serve_runs_the_embedded_default_in_an_empty_folder() {
     let downloads = format!("http://127.0.0.1:{admin}/v1/downloads");
     assert_eq!(get(&downloads, &[]).status, 401);
     assert_eq!(get(&downloads, &[("Authorization", "Bearer wrong")]).status, 401);
+    // The scheme's name is case-insensitive (RFC 9110 §11.1).
+    for scheme in ["bearer", "BEARER", "Bearer  "] {
+        let value = format!("{scheme} s3cret-token");
+        assert_eq!(get(&downloads, &[("Authorization", &value)]).status, 200, "{value}");
+    }
+    assert_eq!(get(&downloads, &[("Authorization", "Basic s3cret-token")]).status, 401);
     let listed = get(&downloads, &[("Authorization", "Bearer s3cret-token")]);
     assert_eq!(listed.status, 200);
     assert!(

@@ -9,9 +9,9 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use support::data::test_bytes;
-use support::http::get;
+use support::http::{Connection, RawRequest, get};
 use support::origin::Origin;
-use support::proxy::Proxy;
+use support::proxy::{Instance, Proxy, ProxyProcess};
 
 fn proxy(origin: &Origin, server_keys: &str) -> Proxy {
     Proxy::start_with_server(
@@ -114,6 +114,20 @@ fn oversized_headers_are_answered_431() {
     assert_eq!(get(&proxy.url("/a.bin"), &[("x-long", &long)]).status, 431);
     assert_eq!(get(&proxy.url("/a.bin"), &many[..10]).status, 200);
     assert!(origin.requests().len() == 1, "only the request within limits reached the origin");
+
+    // The answer ends the connection, and says so.
+    let mut connection = Connection::open(proxy.addr()).expect("connect");
+    let mut oversized = RawRequest::get("/a.bin");
+    for (name, value) in &many {
+        oversized = oversized.header(name, value);
+    }
+    let refused = connection.send(&oversized).expect("the 431");
+    assert_eq!(refused.status, 431);
+    assert_eq!(refused.header("connection"), Some("close"));
+    assert!(
+        connection.send(&RawRequest::get("/a.bin")).is_err(),
+        "the connection served another request"
+    );
 }
 
 #[test]
@@ -135,4 +149,61 @@ fn a_client_that_stops_reading_is_cut() {
         "a client that stopped reading got {} of {len} bytes: it was never cut",
         rest.len()
     );
+}
+
+/// A connection cut for its slow header is counted, not logged at ERROR: one line per
+/// connection would put the log's volume in the hands of whoever opens slow connections.
+#[test]
+fn slow_headers_do_not_fill_the_log() {
+    let origin = Origin::start();
+    origin.put("/a.bin", test_bytes(100, 5));
+    let work = support::tmp::TempDir::new("slow-log");
+    let log = work.join("rangeway.log");
+    let process = ProxyProcess::start_logged(
+        &format!(
+            "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+            origin.base_url()
+        ),
+        &[("RANGEWAY__SERVER__CLIENT_HEADER_TIMEOUT", "1s")],
+        &log,
+    );
+    let slow: Vec<TcpStream> = (0..5)
+        .map(|_| {
+            let mut stream = TcpStream::connect(process.addr()).expect("connect");
+            stream.write_all(b"GET /a.bin HTTP/1.1\r\nX-Slow: a").expect("write");
+            stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            stream
+        })
+        .collect();
+    for mut stream in slow {
+        // Cut by the deadline, while the client still sends now and then.
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = stream.write_all(b"a");
+        read_to_close(&mut stream);
+    }
+    let counted = "rangeway_client_connections_refused_total";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process.metric(counted, "header_timeout") < 5 {
+        assert!(Instant::now() < deadline, "the slow connections were not counted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A request that does get through is logged as ever: the log is working.
+    assert_eq!(get(&process.url("/a.bin"), &[]).status, 200);
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let text = wait_for_line(&log, "rangeway::access").unwrap_or(text);
+    assert!(!text.contains("ERROR"), "{text}");
+    assert!(text.contains("rangeway::access"), "{text}");
+}
+
+/// The log at `file` once it has a line containing `needle` (within 5 s).
+fn wait_for_line(file: &std::path::Path, needle: &str) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let text = std::fs::read_to_string(file).ok()?;
+        if text.contains(needle) {
+            return Some(text);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }

@@ -158,10 +158,17 @@ fn absurd_numbers_are_ignored_or_clamped() {
     s.assert_whole_once("bytes=0-99999999999999999999999");
     s.assert_whole_once("bytes=99999999999999999999999-");
     s.assert_whole_once("bytes=-99999999999999999999999");
-    // Within u64, past the object: a last-pos is clamped to the end, a suffix to the whole.
-    s.assert_single("bytes=0-18446744073709551615", 0, LEN);
-    s.assert_single("bytes=299990-18446744073709551614", LEN - 10, LEN);
-    s.assert_single("bytes=-18446744073709551615", 0, LEN);
+    // Within u64, past the object: a last-pos is clamped to the end, a suffix to the whole, and
+    // the origin is asked for what they mean (origins that keep offsets signed refuse the
+    // numbers as written; see ranges_vs_nginx.rs).
+    for (range, first, asked) in [
+        ("bytes=0-18446744073709551615", 0, "bytes=0-"),
+        ("bytes=299990-18446744073709551614", LEN - 10, "bytes=299990-"),
+        ("bytes=-18446744073709551615", 0, "bytes=0-"),
+    ] {
+        s.assert_single(range, first, LEN);
+        assert_eq!(s.send("GET", range).1.ranges, [Some(asked.to_owned())], "{range}");
+    }
     // A first-pos past the end selects nothing.
     s.assert_unsatisfiable("bytes=18446744073709551615-");
     s.assert_unsatisfiable("bytes=300000-300000");

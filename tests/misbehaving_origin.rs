@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use support::data::test_bytes;
-use support::http::{RawRequest, request};
+use support::http::{Connection, RawRequest, request};
 use support::origin::{Behaviour, Origin};
 use support::proxy::Proxy;
 
@@ -247,4 +247,42 @@ fn interim_answers_before_the_final_one_are_not_the_answer() {
         assert_eq!((response.status, response.complete), (200, true), "{status}");
         assert!(response.body == object, "{status}: through the stages");
     }
+}
+
+/// The request line and Host as RFC 9112 has them: an HTTP/1.1 request without Host is 400
+/// (§3.2); a target in absolute form is served, routed by its authority (§3.2.2; pingora refuses
+/// one whose Host says otherwise, stricter than the RFC's "ignore Host"); requests pipelined on
+/// one connection are all answered, in order (§9.3.2), on every path a GET can take.
+#[test]
+fn request_lines_and_hosts_as_rfc_9112_has_them() {
+    let (origin, proxy, object) = setup(Behaviour::Normal);
+    let send = |head: &str| {
+        let mut connection = Connection::open(proxy.addr()).expect("connect");
+        connection.send_raw("GET", head).expect("an answer")
+    };
+    assert_eq!(send("GET /obj.bin HTTP/1.1\r\nRange: bytes=0-9\r\n\r\n").status, 400);
+    assert_eq!(send("GET /obj.bin HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n").status, 400);
+    assert!(origin.requests().is_empty(), "nothing bad reaches the origin");
+    let old = send("GET /obj.bin HTTP/1.0\r\nRange: bytes=0-9\r\n\r\n");
+    assert_eq!((old.status, &old.body[..]), (206, &object[..10]), "HTTP/1.0 needs no Host");
+    let absolute = send("GET http://files.example/obj.bin HTTP/1.1\r\nHost: files.example\r\n\r\n");
+    assert_eq!(absolute.status, 200);
+    assert!(absolute.body == object);
+    let conflicting = send("GET http://files.example/obj.bin HTTP/1.1\r\nHost: other\r\n\r\n");
+    assert_eq!(conflicting.status, 400, "pingora refuses a Host that contradicts the target");
+
+    // Pipelined: a range, the whole object (spliced), a HEAD (pingora's own path), a range.
+    let mut connection = Connection::open(proxy.addr()).expect("connect");
+    let requests = [
+        RawRequest::get("/obj.bin").header("Range", "bytes=0-9"),
+        RawRequest::get("/obj.bin"),
+        RawRequest::head("/obj.bin"),
+        RawRequest::get("/obj.bin").header("Range", "bytes=10-19"),
+    ];
+    let answers = connection.pipeline(&requests).expect("every pipelined request answered");
+    let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+    assert_eq!(statuses, [206, 200, 200, 206]);
+    assert_eq!(answers[0].body, object[..10]);
+    assert!(answers[1].body == object);
+    assert_eq!(answers[3].body, object[10..20]);
 }

@@ -160,6 +160,18 @@ fn departs_from_nginx_where_the_rfc_says_otherwise() {
     assert_eq!(proxied.status, 416);
     assert_eq!(proxied.header("content-range"), Some("bytes */50"));
 
+    // A last position or a suffix past any object's length means the end, or the whole object
+    // (§14.1.2): nginx, which keeps offsets signed, refuses the numbers as written (416 here);
+    // rangeway asks it for what they mean.
+    for range in ["bytes=0-18446744073709551615", "bytes=-18446744073709551615"] {
+        let direct = send(s.nginx.addr(), "GET", "/odd.bin", &[("Range", range)]);
+        let proxied = send(s.proxy.addr(), "GET", "/odd.bin", &[("Range", range)]);
+        assert_ne!(direct.status, 206, "{range}: nginx");
+        assert_eq!(proxied.status, 206, "{range}");
+        assert_eq!(proxied.header("content-range"), Some("bytes 0-1000002/1000003"), "{range}");
+        assert!(proxied.body == s.odd, "{range}");
+    }
+
     // Overlapping ranges are coalesced into one (§14.2), where nginx sends both.
     let proxied = send(s.proxy.addr(), "GET", "/odd.bin", &[("Range", "bytes=0-99,50-149")]);
     assert_eq!(proxied.status, 206);

@@ -79,7 +79,7 @@ fn state_config(keys: &str) -> StateConfig {
     let text = format!(
         "[state]\n{keys}\n\n[upstreams.local]\ndir = \"./data\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"local\"\n"
     );
-    Config::from_toml_str(&text, &[])
+    Config::from_toml_str(&text, &rangeway_middleware::chain::StageRegistry::empty())
         .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"))
         .state
 }

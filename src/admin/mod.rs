@@ -56,11 +56,8 @@ impl Admin {
     /// `/v1/...`: the downloads and objects the state store knows.
     async fn api(&self, session: &ServerSession, path: &str) -> Response<Vec<u8>> {
         if let Some(token) = &self.token {
-            let presented = session
-                .req_header()
-                .headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+            let presented =
+                session.req_header().headers.get(header::AUTHORIZATION).and_then(bearer_token);
             if !presented.is_some_and(|p| token.verify(p)) {
                 let mut response = json_response(
                     StatusCode::UNAUTHORIZED,
@@ -274,6 +271,15 @@ fn json_response(status: StatusCode, body: &Value) -> Response<Vec<u8>> {
     headers.insert(header::CONTENT_LENGTH, http::HeaderValue::from(len));
     headers.insert(header::CACHE_CONTROL, http::HeaderValue::from_static("no-store"));
     response
+}
+
+/// The token of an `Authorization: Bearer TOKEN` field; the scheme's name is case-insensitive
+/// (RFC 9110 §11.1), and may be followed by more than one space.
+fn bearer_token(value: &http::HeaderValue) -> Option<&[u8]> {
+    let value = value.as_bytes();
+    let space = value.iter().position(|byte| *byte == b' ')?;
+    let (scheme, token) = value.split_at(space);
+    scheme.eq_ignore_ascii_case(b"bearer").then(|| token.trim_ascii_start())
 }
 
 /// The decoded value of query parameter `name`.

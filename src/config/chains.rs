@@ -7,37 +7,61 @@ use rangeway_middleware::chain::{
     Chain, ConfigError as StageConfigError, OptionValue, StageOptions, StageRegistry,
 };
 
+use super::read::Ctx;
 use super::{Config, ConfigError, ConfigErrors, MiddlewareSpec};
 
 impl Config {
     /// The chain of every route, in route order, built by `registry`.
     ///
     /// # Errors
-    /// Every bad option of every stage, and every order of stages that cannot work, at once.
+    /// Every bad option of every stage, and every order of stages that cannot work, at once
+    /// (which a config loaded with the same registry has none of).
     pub fn build_chains(&self, registry: &StageRegistry) -> Result<Vec<Chain>, ConfigErrors> {
         let mut chains = Vec::with_capacity(self.routes.len());
         let mut errors = Vec::new();
         for (index, route) in self.routes.iter().enumerate() {
-            let options: Vec<StageOptions> =
-                route.middleware.iter().map(|spec| stage_options(spec, &mut errors)).collect();
-            let stages = route.middleware.iter().zip(&options).map(|(s, o)| (s.kind.as_str(), o));
-            match registry.build_chain(stages) {
+            match chain(registry, &format!("routes[{index}]"), &route.middleware) {
                 Ok(chain) => chains.push(chain),
-                Err(found) => errors.extend(found.into_iter().map(|error| match error {
-                    StageConfigError::Option { index: stage, error } => split_fix(
-                        format!("routes[{index}].middleware[{stage}].{}", error.key()),
-                        error.message(),
-                    ),
-                    other => ConfigError::new(
-                        format!("routes[{index}].middleware"),
-                        other.to_string(),
-                        "reorder the stages: checksums before encryption, encryption last",
-                    ),
-                })),
+                Err(found) => errors.extend(found),
             }
         }
         if errors.is_empty() { Ok(chains) } else { Err(ConfigErrors::new(errors)) }
     }
+}
+
+/// Reports what is wrong with the middleware of the route at `route` (`routes[i]`).
+pub(super) fn check(ctx: &mut Ctx<'_>, route: &str, specs: &[MiddlewareSpec]) {
+    if let Err(errors) = chain(ctx.stages, route, specs) {
+        for error in errors {
+            ctx.push(error);
+        }
+    }
+}
+
+/// The chain `registry` builds from a route's middleware, or every problem with it.
+fn chain(
+    registry: &StageRegistry,
+    route: &str,
+    specs: &[MiddlewareSpec],
+) -> Result<Chain, Vec<ConfigError>> {
+    let mut errors = Vec::new();
+    let options: Vec<StageOptions> = specs.iter().map(|s| stage_options(s, &mut errors)).collect();
+    let stages = specs.iter().zip(&options).map(|(spec, options)| (spec.kind.as_str(), options));
+    match registry.build_chain(stages) {
+        Ok(chain) if errors.is_empty() => return Ok(chain),
+        Ok(_) => {}
+        Err(found) => errors.extend(found.into_iter().map(|error| match error {
+            StageConfigError::Option { index: stage, error } => {
+                split_fix(format!("{route}.middleware[{stage}].{}", error.key()), error.message())
+            }
+            other => ConfigError::new(
+                format!("{route}.middleware"),
+                other.to_string(),
+                "reorder the stages: checksums before encryption, encryption last",
+            ),
+        })),
+    }
+    Err(errors)
 }
 
 /// A stage's message is `problem — fix` when it has a fix.

@@ -23,8 +23,8 @@
 //! explicit `backend = "memory"` wins over a `redis_url`, which is then still checked.
 //!
 //! # Middleware
-//! Entries are kept as [`MiddlewareSpec`]s for the stage registry to parse; the loader only checks
-//! that each has a `kind` the registry knows (`known_kinds`).
+//! Entries are kept as [`MiddlewareSpec`]s; the loader checks each route's list with the stage
+//! registry it is given (kinds, options, order), with the rest of the config.
 //!
 //! # Units
 //! Durations are humantime strings (`"30s"`, `"500ms"`, `"1h30m"`); a bare number is refused, since
@@ -65,6 +65,7 @@ pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
 pub use units::{UnitError, parse_duration, parse_size};
 pub use upstream::{HealthCheck, HttpUpstream, UpstreamConfig, UpstreamKind};
 
+use rangeway_middleware::chain::StageRegistry;
 use read::{Ctx, Read, Table};
 use tree::Env;
 
@@ -89,28 +90,23 @@ pub struct Config {
 
 impl Config {
     /// Loads the file at `path`, applies the `RANGEWAY__…` environment overrides and validates
-    /// the result. `known_kinds` are the middleware kinds the stage registry provides.
+    /// the result, each route's middleware against what the stages of `stages` accept.
     ///
     /// # Errors
     /// Every problem found: one naming the file when it cannot be read or is not TOML, else one
     /// per bad key, value or reference.
-    pub fn load(path: &Path, known_kinds: &[&str]) -> Result<Self, ConfigErrors> {
+    pub fn load(path: &Path, stages: &StageRegistry) -> Result<Self, ConfigErrors> {
         let name = path.display().to_string();
         let text = read_file(path, &name).map_err(ConfigErrors::one)?;
-        Self::from_sources(&text, &name, &Env::process(), known_kinds)
+        Self::from_sources(&text, &name, &Env::process(), stages)
     }
 
     /// Loads [`DEFAULT_TOML`] with the environment overrides: what runs when no file is given.
     ///
     /// # Errors
     /// As [`Config::load`]; the default itself is valid, so only overrides can be at fault.
-    pub fn load_default(known_kinds: &[&str]) -> Result<Self, ConfigErrors> {
-        Self::from_sources(
-            DEFAULT_TOML,
-            "the embedded default config",
-            &Env::process(),
-            known_kinds,
-        )
+    pub fn load_default(stages: &StageRegistry) -> Result<Self, ConfigErrors> {
+        Self::from_sources(DEFAULT_TOML, "the embedded default config", &Env::process(), stages)
     }
 
     /// Validates TOML text, without environment overrides. `admin_token_env` is still looked up in
@@ -118,25 +114,20 @@ impl Config {
     ///
     /// # Errors
     /// As [`Config::load`].
-    pub fn from_toml_str(text: &str, known_kinds: &[&str]) -> Result<Self, ConfigErrors> {
-        Self::from_sources(
-            text,
-            "the config text",
-            &Env::process().without_overrides(),
-            known_kinds,
-        )
+    pub fn from_toml_str(text: &str, stages: &StageRegistry) -> Result<Self, ConfigErrors> {
+        Self::from_sources(text, "the config text", &Env::process().without_overrides(), stages)
     }
 
     fn from_sources(
         text: &str,
         name: &str,
         env: &Env,
-        known_kinds: &[&str],
+        stages: &StageRegistry,
     ) -> Result<Self, ConfigErrors> {
         let mut root = tree::parse_toml(text, name).map_err(ConfigErrors::one)?;
         let mut override_errors = Vec::new();
         env.apply_overrides(&mut root, &mut override_errors);
-        let mut ctx = Ctx::new(env, known_kinds, name);
+        let mut ctx = Ctx::new(env, stages, name);
         for error in override_errors {
             ctx.push(error);
         }

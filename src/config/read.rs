@@ -5,6 +5,7 @@
 //! so an `Err` always has its explanation in [`Ctx::errors`], and a section whose fields all read
 //! `Ok` is complete: a config cannot be half-built.
 
+use rangeway_middleware::chain::StageRegistry;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -25,15 +26,18 @@ pub(super) type Read<T> = Result<T, Reported>;
 pub(super) struct Ctx<'a> {
     errors: Vec<ConfigError>,
     pub(super) env: &'a Env,
-    pub(super) known_kinds: &'a [&'a str],
+    /// The middleware kinds there are, and what each accepts.
+    pub(super) stages: &'a StageRegistry,
+    /// The registry's kinds, for messages.
+    pub(super) known_kinds: Vec<&'a str>,
     /// How the config file is named in the `config::Value` origins handed on to the middleware
     /// registry.
     pub(super) file: &'a str,
 }
 
 impl<'a> Ctx<'a> {
-    pub(super) fn new(env: &'a Env, known_kinds: &'a [&'a str], file: &'a str) -> Self {
-        Self { errors: Vec::new(), env, known_kinds, file }
+    pub(super) fn new(env: &'a Env, stages: &'a StageRegistry, file: &'a str) -> Self {
+        Self { errors: Vec::new(), env, stages, known_kinds: stages.kinds().collect(), file }
     }
 
     /// Records a problem with the value at `path`. When the value came from the environment, the

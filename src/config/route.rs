@@ -201,6 +201,11 @@ fn read_one(
     };
     let strip_prefix = table.take("strip_prefix").map_or(Ok(false), |f| f.boolean(ctx));
     let middleware = table.take("middleware").map_or(Ok(Vec::new()), |f| read_middleware(ctx, f));
+    if let Ok(specs) = &middleware {
+        // What each stage accepts is checked here, with everything else, so that `rangeway
+        // check` reports a bad option beside, say, an unknown upstream.
+        super::chains::check(ctx, &path, specs);
+    }
     let s3_client_keys =
         table.take("s3_client_keys_file").map(|f| s3::read_client_keys(ctx, f)).transpose();
     let upstream_resume =
@@ -348,7 +353,7 @@ fn read_spec(ctx: &mut Ctx<'_>, path: String, node: Node) -> Read<MiddlewareSpec
             return Err(ctx.report_at(
                 &format!("{path}.kind"),
                 "is missing",
-                kind_fix(ctx.known_kinds, "set kind to"),
+                kind_fix(&ctx.known_kinds, "set kind to"),
             ));
         }
     };
@@ -363,9 +368,9 @@ fn read_kind(ctx: &mut Ctx<'_>, field: Field) -> Read<String> {
     }
     let fix = match suggest(&kind, ctx.known_kinds.iter().copied()) {
         Some(near) => {
-            format!("did you mean \"{near}\"? {}", kind_fix(ctx.known_kinds, "Otherwise use"))
+            format!("did you mean \"{near}\"? {}", kind_fix(&ctx.known_kinds, "Otherwise use"))
         }
-        None => kind_fix(ctx.known_kinds, "use"),
+        None => kind_fix(&ctx.known_kinds, "use"),
     };
     Err(ctx.report(&path, &origin, format!("unknown middleware kind {kind:?}"), fix))
 }

@@ -7,10 +7,34 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use rangeway_middleware::chain::StageRegistry;
+
 use super::tree::Env;
 use super::*;
 
-const KINDS: &[&str] = &["checksum", "gzip", "aes128gcm"];
+/// The stages the tests load configs with: the built-in ones.
+fn kinds() -> StageRegistry {
+    StageRegistry::new()
+}
+
+/// The built-in kinds, each accepting any options (a checksum stage in fact): for configs whose
+/// stages need what a test process cannot give them, a key in its environment, where the test is
+/// about the loader's own reading. What the real stages check is tested with them (here and in
+/// `tests/cli.rs`, which runs `rangeway check` with a key).
+fn kinds_only() -> StageRegistry {
+    use rangeway_middleware::chain::{StageFactory, StageOptions};
+    use rangeway_middleware::checksum::ChecksumFactory;
+    let mut registry = StageRegistry::empty();
+    for kind in StageRegistry::new().kinds() {
+        registry
+            .register(kind, |_| {
+                let factory = ChecksumFactory::from_options(&StageOptions::new())?;
+                Ok(std::sync::Arc::new(factory) as std::sync::Arc<dyn StageFactory>)
+            })
+            .expect("a built-in kind");
+    }
+    registry
+}
 
 const UPSTREAMS: &str = r#"
 [upstreams.origin]
@@ -67,7 +91,7 @@ strip_prefix = true
   record_size = 65553                 # 64 KiB of data per record
 "#;
 
-fn load_with(text: &str, env: &Env, kinds: &[&str]) -> Result<Config, ConfigErrors> {
+fn load_with(text: &str, env: &Env, kinds: &StageRegistry) -> Result<Config, ConfigErrors> {
     Config::from_sources(text, "test.toml", env, kinds)
 }
 
@@ -79,11 +103,11 @@ const ID_KEY_VALUE: &str = "a-test-key-of-more-than-32-characters";
 #[track_caller]
 fn load_ok(text: &str) -> Config {
     let env = Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE)]);
-    load_with(text, &env, KINDS).unwrap_or_else(|e| panic!("rejected:\n{e}"))
+    load_with(text, &env, &kinds()).unwrap_or_else(|e| panic!("rejected:\n{e}"))
 }
 
 #[track_caller]
-fn load_err(text: &str, env: &Env, kinds: &[&str]) -> ConfigErrors {
+fn load_err(text: &str, env: &Env, kinds: &StageRegistry) -> ConfigErrors {
     match load_with(text, env, kinds) {
         Ok(config) => panic!("accepted: {config:#?}"),
         Err(errors) => errors,
@@ -94,7 +118,7 @@ fn load_err(text: &str, env: &Env, kinds: &[&str]) -> ConfigErrors {
 /// path and the fragment somewhere in its `path: problem — fix` line. Exactness catches cascades
 /// (one mistake reported several times) as well as misses.
 #[track_caller]
-fn expect_errors_with(text: &str, env: &Env, kinds: &[&str], expected: &[(&str, &str)]) {
+fn expect_errors_with(text: &str, env: &Env, kinds: &StageRegistry, expected: &[(&str, &str)]) {
     let errors = load_err(text, env, kinds);
     for &(path, fragment) in expected {
         assert!(
@@ -107,7 +131,7 @@ fn expect_errors_with(text: &str, env: &Env, kinds: &[&str], expected: &[(&str, 
 
 #[track_caller]
 fn expect_errors(text: &str, expected: &[(&str, &str)]) {
-    expect_errors_with(text, &Env::default(), KINDS, expected);
+    expect_errors_with(text, &Env::default(), &kinds(), expected);
 }
 
 /// A file or folder under the temp dir, removed on drop.
@@ -163,7 +187,8 @@ fn http(config: &Config, name: &str) -> HttpUpstream {
 
 #[test]
 fn design_example_parses_to_typed_values() {
-    let config = load_ok(DESIGN_EXAMPLE);
+    let env = Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE)]);
+    let config = load_with(DESIGN_EXAMPLE, &env, &kinds_only()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.server.listen, addr("127.0.0.1:8080"));
     assert_eq!(config.server.admin_listen, addr("127.0.0.1:9090"));
     assert!(config.server.admin_token.is_none());
@@ -483,7 +508,7 @@ fn port_zero_listeners_may_coincide() {
 fn admin_token_is_read_from_the_named_variable() {
     let env = Env::from_pairs([("RANGEWAY_ADMIN_TOKEN", "0123abcd-token")]);
     let text = format!("[server]\nadmin_token_env = \"RANGEWAY_ADMIN_TOKEN\"\n{UPSTREAMS}{ROUTE}");
-    let config = load_with(&text, &env, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let config = load_with(&text, &env, &kinds()).unwrap_or_else(|e| panic!("{e}"));
     let token = config.server.admin_token.as_ref().expect("token");
     assert_eq!(token.env_var(), "RANGEWAY_ADMIN_TOKEN");
     assert!(token.verify(b"0123abcd-token"));
@@ -679,12 +704,17 @@ fn download_id_keys() {
     ];
     let env = Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE), ("SHORT_KEY", "tooshort")]);
     for (state, expected) in &cases {
-        expect_errors_with(&format!("[state]\n{state}\n{UPSTREAMS}{ROUTE}"), &env, KINDS, expected);
+        expect_errors_with(
+            &format!("[state]\n{state}\n{UPSTREAMS}{ROUTE}"),
+            &env,
+            &kinds(),
+            expected,
+        );
     }
     expect_errors_with(
         &format!("[state]\nid_key_env = \"SHORT_KEY\"\n{UPSTREAMS}{ROUTE}"),
         &env,
-        KINDS,
+        &kinds(),
         &[("state.id_key_env", "shorter than 32 characters")],
     );
     // With the memory store, no key is needed: one is made for the process.
@@ -991,14 +1021,18 @@ fn middleware_kinds_with_an_empty_registry() {
     expect_errors_with(
         &format!("{UPSTREAMS}{ROUTE}[[routes.middleware]]\nkind = \"gzip\"\n"),
         &Env::default(),
-        &[],
+        &StageRegistry::empty(),
         &[(
             "routes[0].middleware[0].kind",
             "unknown middleware kind \"gzip\" — no middleware kinds are built in yet: remove this \
              entry (middleware = [])",
         )],
     );
-    let config = load_with(&format!("{UPSTREAMS}{ROUTE}middleware = []\n"), &Env::default(), &[]);
+    let config = load_with(
+        &format!("{UPSTREAMS}{ROUTE}middleware = []\n"),
+        &Env::default(),
+        &StageRegistry::empty(),
+    );
     assert!(config.is_ok());
 }
 
@@ -1021,14 +1055,15 @@ fn admin_token_env_problems_never_show_a_token() {
         ("s3cretPastedToken", "the environment variable it names is not set"),
     ];
     for &(name, fragment) in cases {
-        let errors = load_err(&text(name), &env, KINDS);
+        let errors = load_err(&text(name), &env, &kinds());
         let shown = errors.to_string();
         assert_eq!(errors.len(), 1, "{shown}");
         assert_eq!(errors.errors()[0].path, "server.admin_token_env");
         assert!(shown.contains(fragment), "{name}: {shown}");
         assert!(!shown.contains("s3cret"), "{name}: {shown}");
     }
-    let config = load_with(&text("lower_token"), &env, KINDS).expect("lower-case names are valid");
+    let config =
+        load_with(&text("lower_token"), &env, &kinds()).expect("lower-case names are valid");
     assert!(config.server.admin_token.is_some_and(|t| t.verify(b"s3cret-lower")));
 }
 
@@ -1052,7 +1087,7 @@ fn redis_passwords_never_appear() {
             let errors = load_err(
                 &format!("[state]\n{backend}\nredis_url = {url}\n{UPSTREAMS}{ROUTE}"),
                 &Env::default(),
-                KINDS,
+                &kinds(),
             );
             let shown = format!("{errors}\n{errors:?}");
             assert!(!shown.contains(SECRET), "{url}: {shown}");
@@ -1062,7 +1097,7 @@ fn redis_passwords_never_appear() {
     for url in &bad_urls {
         let value = url.trim_matches('"').to_owned();
         let env = Env::from_pairs([("RANGEWAY__STATE__REDIS_URL", value.as_str())]);
-        let errors = load_err(&format!("{UPSTREAMS}{ROUTE}"), &env, KINDS);
+        let errors = load_err(&format!("{UPSTREAMS}{ROUTE}"), &env, &kinds());
         let shown = format!("{errors}\n{errors:?}");
         assert!(!shown.contains(SECRET), "{url}: {shown}");
     }
@@ -1070,7 +1105,7 @@ fn redis_passwords_never_appear() {
     let errors = load_err(
         &format!("[state]\nredis_url = \"redis://:{SECRET}@h\n{UPSTREAMS}{ROUTE}"),
         &Env::default(),
-        KINDS,
+        &kinds(),
     );
     assert!(!errors.to_string().contains(SECRET), "{errors}");
     // Nor in a loaded config's Debug output, while the client still gets the full URL.
@@ -1109,7 +1144,7 @@ fn env_overrides_win_over_the_file() {
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:8080\"\nthreads = 2\n{UPSTREAMS}{ROUTE}strip_prefix = true\n"
     );
-    let config = load_with(&text, &env, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let config = load_with(&text, &env, &kinds()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.server.listen, addr("127.0.0.1:9999"));
     assert_eq!(config.server.threads.get(), 4);
     assert_eq!(config.server.grace_period, Duration::from_secs(5));
@@ -1134,7 +1169,7 @@ fn env_overrides_win_over_the_file() {
 fn env_overrides_match_names_ignoring_case() {
     let env = Env::from_pairs([("RANGEWAY__UPSTREAMS__S3EAST__URL", "http://10.0.0.9:9000")]);
     let text = "[upstreams.S3East]\nurl = \"http://127.0.0.1:9000\"\n[[routes]]\npath_prefix = \"/\"\nupstream = \"S3East\"\n";
-    let config = load_with(text, &env, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let config = load_with(text, &env, &kinds()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.upstreams.len(), 1);
     assert_eq!(http(&config, "S3East").host, "10.0.0.9");
 }
@@ -1143,7 +1178,7 @@ fn env_overrides_match_names_ignoring_case() {
 fn env_values_reach_middleware_options_with_their_origin() {
     let env = Env::from_pairs([("RANGEWAY__ROUTES__0__MIDDLEWARE__0__LEVEL", "9")]);
     let text = format!("{UPSTREAMS}{ROUTE}[[routes.middleware]]\nkind = \"gzip\"\nlevel = 6\n");
-    let config = load_with(&text, &env, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let config = load_with(&text, &env, &kinds()).unwrap_or_else(|e| panic!("{e}"));
     let level = &config.routes[0].middleware[0].options["level"];
     assert_eq!(level.clone().into_int().ok(), Some(9));
     assert_eq!(
@@ -1229,7 +1264,7 @@ fn bad_env_overrides_name_the_variable() {
     let cases =
         [cases, &[(deep.as_str(), "x", deep.as_str(), "more than 16 key segments")]].concat();
     for &(var, value, path, fragment) in &cases {
-        expect_errors_with(&file, &Env::from_pairs([(var, value)]), KINDS, &[(path, fragment)]);
+        expect_errors_with(&file, &Env::from_pairs([(var, value)]), &kinds(), &[(path, fragment)]);
     }
 }
 
@@ -1241,7 +1276,7 @@ fn env_overrides_set_twice_or_ambiguously_are_refused() {
             ("RANGEWAY__SERVER__LISTEN", "127.0.0.1:1"),
             ("rangeway__server__listen", "127.0.0.1:2"),
         ]),
-        KINDS,
+        &kinds(),
         &[("rangeway__server__listen", "sets the same key as RANGEWAY__SERVER__LISTEN")],
     );
     // Two file names equal but for case: refused in the file already, and the override cannot
@@ -1251,7 +1286,7 @@ fn env_overrides_set_twice_or_ambiguously_are_refused() {
             "[upstreams.Aa]\ndir = \"./a\"\n[upstreams.AA]\ndir = \"./b\"\n{UPSTREAMS}{ROUTE}"
         ),
         &Env::from_pairs([("RANGEWAY__UPSTREAMS__AA__DIR", "./c")]),
-        KINDS,
+        &kinds(),
         &[
             ("RANGEWAY__UPSTREAMS__AA__DIR", "matches both \"AA\" and \"Aa\""),
             ("upstreams.Aa", "differs from upstreams.AA only in case"),
@@ -1263,7 +1298,7 @@ fn env_overrides_set_twice_or_ambiguously_are_refused() {
 fn string_configs_take_no_overrides() {
     // `from_toml_str` reads the process environment only for `admin_token_env`; it must not
     // apply overrides even if the process has some.
-    let config = Config::from_toml_str(&format!("{UPSTREAMS}{ROUTE}"), KINDS)
+    let config = Config::from_toml_str(&format!("{UPSTREAMS}{ROUTE}"), &kinds())
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.server.listen, addr("127.0.0.1:8080"));
     let env = Env::from_pairs([("RANGEWAY__SERVER__LISTEN", "127.0.0.1:1"), ("TOKEN", "t")]);
@@ -1288,7 +1323,8 @@ fn shipped(relative: &str) -> PathBuf {
 
 #[test]
 fn shipped_configs_load() {
-    let default = Config::from_toml_str(DEFAULT_TOML, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let default = Config::from_toml_str(DEFAULT_TOML, &StageRegistry::empty())
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(default.server.listen, addr("127.0.0.1:8080"));
     assert_eq!(default.server.admin_listen, addr("127.0.0.1:9090"));
     assert_eq!(default.state.backend, StateBackend::Memory);
@@ -1301,12 +1337,17 @@ fn shipped_configs_load() {
     assert!(default.routes[0].strip_prefix);
     assert!(default.routes[0].middleware.is_empty());
 
-    let from_file = Config::load(&shipped("default.toml"), &[]).unwrap_or_else(|e| panic!("{e}"));
+    let from_file = Config::load(&shipped("default.toml"), &StageRegistry::empty())
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(from_file.routes, default.routes);
 
     let cdn_text = std::fs::read_to_string(shipped("examples/cdn.toml")).expect("cdn.toml");
-    let cdn = load_with(&cdn_text, &Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE)]), &[])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let cdn = load_with(
+        &cdn_text,
+        &Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE)]),
+        &StageRegistry::empty(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(cdn.state.backend, StateBackend::Redis(RedisTarget::Single(_))));
     assert_eq!(cdn.routes[0].host.as_deref(), Some("dl.example.com"));
 
@@ -1315,7 +1356,7 @@ fn shipped_configs_load() {
         ("RANGEWAY_S3_ACCESS_KEY_ID", "AKIDEXAMPLE"),
         ("RANGEWAY_S3_SECRET_ACCESS_KEY", "example/secret"),
     ]);
-    let s3 = load_with(&s3_text, &keys, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let s3 = load_with(&s3_text, &keys, &StageRegistry::empty()).unwrap_or_else(|e| panic!("{e}"));
     let UpstreamKind::S3(store) = &s3.upstreams["s3"].kind else {
         panic!("not an S3 upstream: {:?}", s3.upstreams["s3"]);
     };
@@ -1323,33 +1364,34 @@ fn shipped_configs_load() {
     assert_eq!((store.bucket.as_str(), store.region.as_str()), ("my-bucket", "eu-central-1"));
     assert_eq!(store.addressing, Addressing::VirtualHost);
     // Without its keys the example is refused, naming the variables.
-    let errors = load_err(&s3_text, &Env::default(), &[]);
+    let errors = load_err(&s3_text, &Env::default(), &StageRegistry::empty());
     assert_eq!(errors.len(), 2, "{errors}");
     assert!(errors.to_string().contains("RANGEWAY_S3_SECRET_ACCESS_KEY is not set"), "{errors}");
 
-    let secure =
-        Config::load(&shipped("examples/secure.toml"), KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let secure = Config::load(&shipped("examples/secure.toml"), &kinds_only())
+        .unwrap_or_else(|e| panic!("{e}"));
     let kinds: Vec<&str> = secure.routes[2].middleware.iter().map(|m| m.kind.as_str()).collect();
     assert_eq!(kinds, ["checksum", "gzip", "aes128gcm"]);
     // Without the stages registered, the secure example is refused entry by entry.
-    let errors = Config::load(&shipped("examples/secure.toml"), &[]).expect_err("no kinds");
+    let errors = Config::load(&shipped("examples/secure.toml"), &StageRegistry::empty())
+        .expect_err("no kinds");
     assert_eq!(errors.len(), 4, "{errors}");
 }
 
 #[test]
 fn unreadable_files_are_one_error_naming_the_file() {
     let missing = Temp::path("missing.toml");
-    let errors = Config::load(&missing.0, KINDS).expect_err("missing");
+    let errors = Config::load(&missing.0, &kinds()).expect_err("missing");
     assert_eq!(errors.len(), 1);
     assert_eq!(errors.errors()[0].path, missing.0.display().to_string());
     assert!(errors.to_string().contains("the config file does not exist"), "{errors}");
 
     let dir = Temp::dir("config-dir");
-    let errors = Config::load(&dir.0, KINDS).expect_err("a directory");
+    let errors = Config::load(&dir.0, &kinds()).expect_err("a directory");
     assert!(errors.to_string().contains("is a directory"), "{errors}");
 
     let binary = Temp::file("binary.toml", b"listen = \"\xff\"");
-    let errors = Config::load(&binary.0, KINDS).expect_err("not UTF-8");
+    let errors = Config::load(&binary.0, &kinds()).expect_err("not UTF-8");
     assert!(
         errors.to_string().contains("is not UTF-8 text (invalid byte at offset 10)"),
         "{errors}"
@@ -1359,20 +1401,20 @@ fn unreadable_files_are_one_error_naming_the_file() {
 #[test]
 fn syntax_errors_name_file_line_and_column() {
     let file = Temp::file("syntax.toml", b"[server]\nlisten = \"127.0.0.1:8080\"\nthreads = = 4\n");
-    let errors = Config::load(&file.0, KINDS).expect_err("syntax");
+    let errors = Config::load(&file.0, &kinds()).expect_err("syntax");
     assert_eq!(errors.len(), 1, "{errors}");
     let error = &errors.errors()[0];
     assert_eq!(error.path, format!("{}:3:11", file.0.display()));
     assert!(error.problem.starts_with("invalid TOML: "), "{error}");
     assert!(!error.problem.contains('|'), "{error}");
 
-    let errors = load_err("[server]\n[server]\n", &Env::default(), KINDS);
+    let errors = load_err("[server]\n[server]\n", &Env::default(), &kinds());
     assert!(errors.errors()[0].path.starts_with("test.toml:2:"), "{errors}");
 }
 
 #[test]
 fn errors_display_one_per_line() {
-    let errors = load_err("[server]\nlisten = 1\nadmin_listen = 2\n", &Env::default(), KINDS);
+    let errors = load_err("[server]\nlisten = 1\nadmin_listen = 2\n", &Env::default(), &kinds());
     let shown = errors.to_string();
     assert_eq!(shown.lines().count(), errors.len());
     assert_eq!(errors.len(), 3, "{shown}");
@@ -1413,7 +1455,7 @@ fn s3_upstreams_parse_to_typed_values() {
          key_prefix = \"/builds/2026/\"\naccess_key_env = \"AK\"\nsecret_key_env = \"SK\"\n\
          session_token_env = \"TOK\"\n{S3_ROUTE}"
     );
-    let config = load_with(&text, &s3_env(), KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let config = load_with(&text, &s3_env(), &kinds()).unwrap_or_else(|e| panic!("{e}"));
     let s3 = s3_upstream(&config);
     assert_eq!(s3.bucket, "Old_Bucket");
     assert_eq!(s3.region, "us-east-1");
@@ -1433,7 +1475,7 @@ fn s3_upstreams_parse_to_typed_values() {
          addressing = \"virtual-host\"\nregion = \"eu-west-1\"\n{S3_ROUTE}"
     );
     let aws = Env::from_pairs([("AWS_ACCESS_KEY_ID", "AKIDAWS"), ("AWS_SECRET_ACCESS_KEY", "s")]);
-    let config = load_with(&text, &aws, KINDS).unwrap_or_else(|e| panic!("{e}"));
+    let config = load_with(&text, &aws, &kinds()).unwrap_or_else(|e| panic!("{e}"));
     let s3 = s3_upstream(&config);
     assert_eq!(s3.addressing, Addressing::VirtualHost);
     assert_eq!(s3.credentials.as_ref().map(|c| c.access_key_id.expose()), Some("AKIDAWS"));
@@ -1519,8 +1561,8 @@ fn bad_s3_upstreams() {
         Env::from_pairs([("AK", "AKIDEXAMPLE"), ("SK", "the-secret"), ("HOME", "/nonexistent")]);
     for (upstream, expected) in cases {
         let text = format!("[upstreams.store]\n{upstream}{S3_ROUTE}");
-        expect_errors_with(&text, &env, KINDS, &expected);
-        let shown = load_err(&text, &env, KINDS).to_string();
+        expect_errors_with(&text, &env, &kinds(), &expected);
+        let shown = load_err(&text, &env, &kinds()).to_string();
         assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("the-secret"), "{shown}");
     }
 }
@@ -1545,7 +1587,7 @@ fn s3_client_keys_files() {
         let file = Temp::file("clients-bad", contents);
         let text = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = {}\n", file.toml());
         expect_errors(&text, &[("routes[0].s3_client_keys_file", fragment)]);
-        assert!(!load_err(&text, &Env::default(), KINDS).to_string().contains("hidden"));
+        assert!(!load_err(&text, &Env::default(), &kinds()).to_string().contains("hidden"));
     }
     let missing = Temp::path("clients-missing");
     let text = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = {}\n", missing.toml());

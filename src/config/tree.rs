@@ -82,6 +82,32 @@ impl Node {
             Origin::File => file.to_owned(),
             Origin::Env(var) => format!("environment variable {var}"),
         };
+        // A variable's text is read as the file's value would be: `9` a number, `true` a
+        // boolean, `["a"]` a list, `"9"` a string; text that is not a TOML value (`sha256`) is
+        // the string it says.
+        if let (Kind::Str(text), Origin::Env(var)) = (&self.kind, &self.origin)
+            && let Ok(Node { kind: Kind::Table(mut parsed), .. }) =
+                parse_toml(&format!("v = {text}"), var)
+            && let Some(value) = parsed.remove("v")
+        {
+            return value.from(&self.origin).value_kind(file, origin);
+        }
+        self.value_kind(file, origin)
+    }
+
+    /// This node and every node in it, as set by `origin`.
+    fn from(self, origin: &Origin) -> Node {
+        let kind = match self.kind {
+            Kind::Array(items) => Kind::Array(items.into_iter().map(|n| n.from(origin)).collect()),
+            Kind::Table(map) => {
+                Kind::Table(map.into_iter().map(|(k, n)| (k, n.from(origin))).collect())
+            }
+            kind => kind,
+        };
+        Node { kind, origin: origin.clone() }
+    }
+
+    fn value_kind(&self, file: &str, origin: String) -> ::config::Value {
         let kind = match &self.kind {
             Kind::Nil => ValueKind::Nil,
             Kind::Bool(b) => ValueKind::Boolean(*b),

@@ -27,6 +27,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use pingora_core::modules::http::HttpModules;
+use pingora_core::protocols::http::ServerSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -741,11 +742,26 @@ impl ProxyHttp for Rangeway {
         // buffers and upstream connection indefinitely.
         session.set_write_timeout(Some(self.client_limits.write_timeout));
         if let Some(problem) = header_over_limits(session.req_header(), &self.client_limits) {
+            // The connection ends with this answer: a client that sends such headers once will
+            // again, and what follows them on the connection is not worth reading.
+            session.set_keepalive(None);
             let status = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
             respond(session, status, problem, &[(header::CONNECTION, "close")]).await?;
             return Ok(true);
         }
+        // Requests a client pipelines on its connection are answered in turn (RFC 9112 §9.3.2),
+        // where pingora would close the connection after the first and drop the others.
+        if let ServerSession::H1(h1) = session.as_downstream_mut() {
+            h1.set_pipelining_enabled(true);
+        }
         let req = session.req_header();
+        if req.version == http::Version::HTTP_11 && !req.headers.contains_key(header::HOST) {
+            // RFC 9112 §3.2. (pingora refuses two Host lines, and a Host that contradicts an
+            // absolute-form target, itself.)
+            let problem = "an HTTP/1.1 request must have a Host header\n";
+            respond(session, StatusCode::BAD_REQUEST, problem, &[]).await?;
+            return Ok(true);
+        }
         if req.method != Method::GET && req.method != Method::HEAD {
             respond(
                 session,

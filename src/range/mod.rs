@@ -41,13 +41,27 @@ impl ClientRange {
 
     /// The single range to ask the upstream for: one that covers every byte this request can
     /// resolve to, whatever the object's length. `None`: ask for the whole representation.
+    ///
+    /// Numbers past any object's length are written as what they mean (RFC 9110 §14.1.2): a last
+    /// position there is the end (`bytes=N-`), a suffix that long the whole object (`bytes=0-`).
+    /// As written, origins that keep offsets in a signed 64-bit number (nginx) refuse them.
     pub fn upstream_spec(&self) -> Option<RangeSpec> {
-        match self {
-            Self::Bytes(set) => set.covering_spec(),
-            Self::Absent | Self::Ignored(_) => None,
-        }
+        let spec = match self {
+            Self::Bytes(set) => set.covering_spec()?,
+            Self::Absent | Self::Ignored(_) => return None,
+        };
+        Some(match spec {
+            RangeSpec::Closed { first, last } if last >= PAST_ANY_OBJECT => {
+                RangeSpec::From { first }
+            }
+            RangeSpec::Suffix { len } if len >= PAST_ANY_OBJECT => RangeSpec::From { first: 0 },
+            spec => spec,
+        })
     }
 }
+
+/// An offset no object reaches: 8 PiB, past what the state store keeps exactly (2^53).
+const PAST_ANY_OBJECT: u64 = 1 << 53;
 
 /// What the proxy does with an upstream response.
 #[derive(Debug, Clone, PartialEq, Eq)]

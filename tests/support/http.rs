@@ -181,6 +181,27 @@ impl Connection {
 
     /// Sends `request` as given (plus `Host` when absent) and reads its response.
     pub(crate) fn send(&mut self, request: &RawRequest) -> io::Result<Response> {
+        let head = self.head(request);
+        self.reader.get_mut().write_all(head.as_bytes())?;
+        read_response(&mut self.reader, &request.method)
+    }
+
+    /// Sends every request at once, before reading any answer (HTTP/1.1 pipelining), then reads
+    /// their responses in order.
+    pub(crate) fn pipeline(&mut self, requests: &[RawRequest]) -> io::Result<Vec<Response>> {
+        let heads: String = requests.iter().map(|request| self.head(request)).collect();
+        self.reader.get_mut().write_all(heads.as_bytes())?;
+        requests.iter().map(|request| read_response(&mut self.reader, &request.method)).collect()
+    }
+
+    /// Sends `head` (a request line and header fields, as they go on the wire, with the blank
+    /// line) exactly, and reads the response to a request of `method`.
+    pub(crate) fn send_raw(&mut self, method: &str, head: &str) -> io::Result<Response> {
+        self.reader.get_mut().write_all(head.as_bytes())?;
+        read_response(&mut self.reader, method)
+    }
+
+    fn head(&self, request: &RawRequest) -> String {
         let mut head = format!("{} {} HTTP/1.1\r\n", request.method, request.target);
         if !request.has_header("host") {
             head.push_str(&format!("Host: {}\r\n", self.addr));
@@ -189,8 +210,7 @@ impl Connection {
             head.push_str(&format!("{name}: {value}\r\n"));
         }
         head.push_str("\r\n");
-        self.reader.get_mut().write_all(head.as_bytes())?;
-        read_response(&mut self.reader, &request.method)
+        head
     }
 }
 

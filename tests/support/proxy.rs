@@ -40,8 +40,7 @@ impl Proxy {
                 .try_init();
         }
         let (text, _, _) = config_text(server_keys, body);
-        let kinds: Vec<&str> = registry.kinds().collect();
-        let config = Config::from_toml_str(&text, &kinds)
+        let config = Config::from_toml_str(&text, registry)
             .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"));
         let running = Running::start(&config, registry)
             .unwrap_or_else(|e| panic!("rangeway did not start: {e}"));
