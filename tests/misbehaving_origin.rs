@@ -286,3 +286,53 @@ fn request_lines_and_hosts_as_rfc_9112_has_them() {
     assert!(answers[1].body == object);
     assert_eq!(answers[3].body, object[10..20]);
 }
+
+/// An If-Range date (RFC 9110 §13.1.5) is judged once, by rangeway's rule (stricter than an
+/// origin's exact match: a date is not trusted beside an entity tag, nor within a minute of the
+/// change), and only what it decided goes upstream; the answer is never refused for the origin
+/// having applied its own rule (this was a 502).
+#[test]
+fn if_range_dates_are_decided_once() {
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 12);
+    let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    origin.put_modified("/tagged.bin", object.clone(), &[], an_hour_ago);
+    origin.put_modified("/dated.bin", object.clone(), &[], an_hour_ago);
+    origin.set_behaviour("/dated.bin", Behaviour::NoEtag);
+    let proxy = Proxy::in_front_of(&origin.base_url());
+    let date = httpdate::fmt_http_date(an_hour_ago);
+    let ask = |path: &str, date: &str| {
+        origin.clear_requests();
+        let raw = RawRequest::get(path).header("Range", "bytes=0-9").header("If-Range", date);
+        let response = request(proxy.addr(), &raw).expect("an answer");
+        let upstream: Vec<(Option<String>, Option<String>)> = origin
+            .requests()
+            .iter()
+            .map(|r| {
+                (r.header("range").map(str::to_owned), r.header("if-range").map(str::to_owned))
+            })
+            .collect();
+        (response, upstream)
+    };
+
+    // Beside an entity tag a date is not trusted: the whole object, asked for whole, each time.
+    for _ in 0..2 {
+        let (response, upstream) = ask("/tagged.bin", &date);
+        assert_eq!(response.status, 200, "{:?}", response.header("x-rangeway-error"));
+        assert!(response.body == object);
+        assert_eq!(upstream, [(None, None)]);
+    }
+    // Without one, the date holds: first cut from the whole object (nothing was known of it),
+    // then asked for with the date, which the origin confirms.
+    let (response, upstream) = ask("/dated.bin", &date);
+    assert_eq!((response.status, &response.body[..]), (206, &object[..10]));
+    assert_eq!(upstream, [(None, None)]);
+    let (response, upstream) = ask("/dated.bin", &date);
+    assert_eq!((response.status, &response.body[..]), (206, &object[..10]));
+    assert_eq!(upstream, [(Some("bytes=0-9".to_owned()), Some(date.clone()))]);
+    // Another date: the whole object.
+    let other = httpdate::fmt_http_date(an_hour_ago - Duration::from_secs(60));
+    let (response, _) = ask("/dated.bin", &other);
+    assert_eq!(response.status, 200);
+    assert!(response.body == object);
+}

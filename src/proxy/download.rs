@@ -103,6 +103,16 @@ fn is_usable(id: &[u8]) -> bool {
         && !id.starts_with(DERIVED.as_bytes())
 }
 
+/// The validators of a version as rangeway recorded it.
+pub fn validators_of(version: &ObjectVersion) -> Validators {
+    Validators {
+        etag: version.etag.as_deref().and_then(|etag| EntityTag::parse(etag.as_bytes())),
+        last_modified: version
+            .last_modified
+            .map(|secs| std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs)),
+    }
+}
+
 /// The object version an upstream 200 or 206 describes: its validators and complete length.
 pub fn object_version(status: u16, headers: &HeaderMap) -> Option<ObjectVersion> {
     let size = match status {

@@ -45,7 +45,7 @@ use crate::admin::live::{LiveGuard, LiveResponses};
 use crate::admin::metrics::{ActiveDownload, Metrics};
 use crate::config::ClientLimits;
 use crate::fingerprint::{FingerprintKey, fingerprint};
-use crate::range::{ClientRange, Shape, shape_response};
+use crate::range::{Asked, ClientRange, IfRangeDate, Shape, shape_response};
 use crate::state::{
     Delivery, DownloadSession, Ending, ObjectVersion, Resumable, StateStore, unix_now,
 };
@@ -181,6 +181,8 @@ pub struct RequestCtx {
     replica: usize,
     /// Body bytes that went to the client by splice(2) (pingora's writer is told of them after).
     spliced: u64,
+    /// How the client's If-Range, when it is a date, goes upstream.
+    if_range_date: IfRangeDate,
 }
 
 /// A full pass of an upstream body checked against the digest its origin published for it.
@@ -306,6 +308,7 @@ impl Default for RequestCtx {
             live: None,
             replica: 0,
             spliced: 0,
+            if_range_date: IfRangeDate::NotADate,
         }
     }
 }
@@ -521,15 +524,14 @@ impl Rangeway {
         }
         let client_range = if rangeable { ctx.client_range.clone() } else { ClientRange::Absent };
         let req = session.req_header();
-        let shape = shape_response(
-            &req.method,
-            &req.headers,
-            &client_range,
-            None,
-            200,
-            &own,
-            SystemTime::now(),
-        );
+        let asked = Asked {
+            method: &req.method,
+            headers: &req.headers,
+            range: &client_range,
+            sent: None,
+            if_range_date_sent: false,
+        };
+        let shape = shape_response(&asked, 200, &own, SystemTime::now());
         let want = want_repr_digest_sha256(
             req.headers.get_all("want-repr-digest").iter().map(HeaderValue::as_bytes),
         );
@@ -847,6 +849,15 @@ impl ProxyHttp for Rangeway {
             let (stored, record, facts) =
                 lookup.map_or((None, None, Vec::new()), |l| (l.session, l.object, l.facts));
             let stored = stored.filter(|_| ranged);
+            if ranged && !ctx.transforms() {
+                // Decided here, by the store's record of the object: see `IfRangeDate`.
+                let known = record.as_ref().map(|r| download::validators_of(&r.current));
+                ctx.if_range_date =
+                    IfRangeDate::decide(&req.headers, known.as_ref(), SystemTime::now());
+                if ctx.if_range_date == IfRangeDate::AskWhole {
+                    ctx.sent_range = None;
+                }
+            }
             // Which version a bare resume may be answered with, by what its client may hold.
             let resumable = match (&ctx.client_range, &stored) {
                 (ClientRange::Bytes(set), Some(stored)) if bare_resume => {
@@ -1121,15 +1132,14 @@ impl ProxyHttp for Rangeway {
         let upstream_stream = upstream_stream(status, &response.headers);
         forwarded(response)?;
         let req = session.req_header();
-        let shape = shape_response(
-            &req.method,
-            &req.headers,
-            &ctx.client_range,
-            ctx.sent_range.as_ref(),
-            status,
-            &response.headers,
-            SystemTime::now(),
-        );
+        let asked = Asked {
+            method: &req.method,
+            headers: &req.headers,
+            range: &ctx.client_range,
+            sent: ctx.sent_range.as_ref(),
+            if_range_date_sent: ctx.if_range_date == IfRangeDate::Forward,
+        };
+        let shape = shape_response(&asked, status, &response.headers, SystemTime::now());
         let route = route_arc.as_ref().map_or("-", |r| r.name.as_str());
         match shape {
             Shape::Forward => {

@@ -93,18 +93,60 @@ pub fn validators(headers: &HeaderMap) -> Validators {
     }
 }
 
+/// The request, as [`shape_response`] judges an upstream's answer to it.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub method: &'a Method,
+    /// The client's request header fields.
+    pub headers: &'a HeaderMap,
+    pub range: &'a ClientRange,
+    /// The Range sent upstream (from [`ClientRange::upstream_spec`]), if any.
+    pub sent: Option<&'a RangeSpec>,
+    /// The client's If-Range date went upstream beside it, rangeway having found that it holds
+    /// ([`IfRangeDate::Forward`]): a 206 is the origin confirming the version.
+    pub if_range_date_sent: bool,
+}
+
+/// How a client's If-Range with an HTTP-date is sent on (RFC 9110 §13.1.5). rangeway's rule for
+/// dates is stricter than an origin's exact match ([`if_range_holds`]), so rangeway decides, by
+/// the validators it knows of the object, and sends upstream only what it decided: judging the
+/// origin's answer by another rule than the origin's would refuse answers the origin was right to
+/// give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfRangeDate {
+    /// None, or an entity tag, which origins compare as rangeway does: sent on as it is.
+    NotADate,
+    /// It holds by what rangeway knows: the date goes upstream with the Range, and the origin
+    /// confirms (206) or refuses (200) the version.
+    Forward,
+    /// It does not hold by what rangeway knows, or nothing is known: the whole object is asked
+    /// for, and the range is cut from it when the answer shows that the date holds.
+    AskWhole,
+}
+
+impl IfRangeDate {
+    /// For a range request with `headers`, and the validators rangeway knows of the object.
+    pub fn decide(headers: &HeaderMap, known: Option<&Validators>, now: SystemTime) -> Self {
+        let Some(value) = headers.get(header::IF_RANGE) else { return Self::NotADate };
+        let value = value.as_bytes().trim_ascii_start();
+        if value.starts_with(b"\"") || value.starts_with(b"W/") {
+            return Self::NotADate;
+        }
+        match known {
+            Some(known) if if_range_holds(headers, known, now) => Self::Forward,
+            _ => Self::AskWhole,
+        }
+    }
+}
+
 /// Decides the client's answer from the upstream's status and headers.
-///
-/// `sent` is the Range this request sent upstream (from [`ClientRange::upstream_spec`]).
 pub fn shape_response(
-    method: &Method,
-    request: &HeaderMap,
-    client: &ClientRange,
-    sent: Option<&RangeSpec>,
+    asked: &Asked<'_>,
     status: u16,
     response: &HeaderMap,
     now: SystemTime,
 ) -> Shape {
+    let Asked { method, headers: request, range: client, sent, if_range_date_sent } = *asked;
     if !matches!(status, 200 | 206) {
         // 304, 412, 416, errors: the upstream has already answered the question asked.
         return Shape::Forward;
@@ -124,7 +166,8 @@ pub fn shape_response(
             Shape::Forward
         };
     };
-    let range_applies = if_range_holds(request, &validators, now);
+    let range_applies =
+        if_range_holds(request, &validators, now) || (status == 206 && if_range_date_sent);
 
     if status == 200 {
         if !range_applies {

@@ -25,7 +25,14 @@ fn shape(
     let sent = client.upstream_spec();
     let mut request = headers(request);
     request.insert("range", HeaderValue::from_str(range).unwrap());
-    shape_response(&Method::GET, &request, &client, sent.as_ref(), status, &headers(response), NOW)
+    let asked = Asked {
+        method: &Method::GET,
+        headers: &request,
+        range: &client,
+        sent: sent.as_ref(),
+        if_range_date_sent: false,
+    };
+    shape_response(&asked, status, &headers(response), NOW)
 }
 
 fn r(start: u64, end: u64) -> ByteRange {
@@ -81,15 +88,14 @@ fn a_wrong_206_is_refused() {
 
 #[test]
 fn an_unsolicited_206_is_refused() {
-    let got = shape_response(
-        &Method::GET,
-        &HeaderMap::new(),
-        &ClientRange::Absent,
-        None,
-        206,
-        &headers(&[("content-range", "bytes 0-9/10")]),
-        NOW,
-    );
+    let asked = Asked {
+        method: &Method::GET,
+        headers: &HeaderMap::new(),
+        range: &ClientRange::Absent,
+        sent: None,
+        if_range_date_sent: false,
+    };
+    let got = shape_response(&asked, 206, &headers(&[("content-range", "bytes 0-9/10")]), NOW);
     assert!(matches!(got, Shape::BadGateway(_)), "{got:?}");
 }
 

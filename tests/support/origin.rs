@@ -176,6 +176,17 @@ impl Origin {
         body: impl Into<Bytes>,
         headers: &[(&str, &str)],
     ) -> String {
+        self.put_modified(path, body, headers, SystemTime::now())
+    }
+
+    /// Like [`Origin::put_with_headers`], last modified at `last_modified`.
+    pub(crate) fn put_modified(
+        &self,
+        path: &str,
+        body: impl Into<Bytes>,
+        headers: &[(&str, &str)],
+        last_modified: SystemTime,
+    ) -> String {
         assert!(path.starts_with('/'), "object paths start with '/': {path:?}");
         let body = body.into();
         let digest = Sha256::digest(&body);
@@ -186,8 +197,7 @@ impl Origin {
         etag.push('"');
         let extra_headers =
             headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
-        let object =
-            Object { body, etag: etag.clone(), last_modified: SystemTime::now(), extra_headers };
+        let object = Object { body, etag: etag.clone(), last_modified, extra_headers };
         lock(&self.shared.content).objects.insert(path.to_owned(), object);
         etag
     }
