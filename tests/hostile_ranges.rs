@@ -210,3 +210,85 @@ fn range_on_other_methods_never_reaches_the_origin() {
     assert!(upstream.ranges.len() <= 1, "{:?}", upstream.ranges);
     assert_eq!(upstream.body_bytes, 0);
 }
+
+/// Ranges far apart are fetched apart: what the origin sends stays within the bytes asked for
+/// (plus a small gap per stretch), where one covering range pulled everything between them.
+/// Until rangeway knows the object's version to pin the stretches to, and on routes whose stages
+/// would have to produce everything between them, the Range is ignored instead: a 200 costs what
+/// the client takes of it.
+#[test]
+fn ranges_far_apart_cost_the_origin_what_they_ask_for() {
+    let s = setup();
+    let far = format!("bytes=0-0,{}-{}", LEN - 1, LEN - 1);
+    // Not known yet: answered whole.
+    s.assert_whole_once(&far);
+    let known = s.proxy.admin_url("/v1/objects?path=/obj.bin");
+    support::http::get_until(&known, |r| r.status == 200);
+
+    let etag = s.origin.etag("/obj.bin").expect("an ETag");
+    for (range, expected) in [
+        (far.clone(), vec![(0, 1), (LEN - 1, LEN)]),
+        ("bytes=0-0,-1".to_owned(), vec![(0, 1), (LEN - 1, LEN)]),
+        (
+            ranges((0..4).map(|i| format!("{}-{}", i * 70_000, i * 70_000 + 10))),
+            (0..4).map(|i| (i * 70_000, i * 70_000 + 11)).collect(),
+        ),
+    ] {
+        let label = short(&range);
+        let (response, upstream) = s.send("GET", &range);
+        assert_eq!(response.status, 206, "{label}");
+        let parts = support::multipart::parts(&response);
+        assert_eq!(parts.len(), expected.len(), "{label}");
+        for (part, (start, end)) in parts.iter().zip(&expected) {
+            assert!(part.body == s.object[*start..*end], "{label}: part {start}-{end}");
+        }
+        let asked: u64 = expected.iter().map(|(start, end)| (end - start) as u64).sum();
+        assert_eq!(upstream.body_bytes, asked, "{label}: the origin sent only what was asked");
+        assert_eq!(upstream.ranges.len(), expected.len(), "{label}: one request per stretch");
+        // The first pinned with If-Range, the others with If-Match, to the version known.
+        let requests = s.origin.requests();
+        assert_eq!(requests[0].header("if-range"), Some(etag.as_str()), "{label}");
+        assert!(requests[1..].iter().all(|r| r.header("if-match") == Some(etag.as_str())));
+    }
+
+    // The object changed since: the first request comes whole (If-Range), the ranges are cut
+    // from it, of the new version only. (Under a download id of its own: the pieces sent above,
+    // of the old version, would make a bare multi-range request under the same id a resume that
+    // could mix versions, refused.)
+    let changed = test_bytes(LEN, 12);
+    s.origin.put("/obj.bin", changed.clone());
+    s.origin.clear_requests();
+    let raw = RawRequest::get("/obj.bin").header("Range", &far).header("X-Download-Id", "fresh");
+    let response = request(s.proxy.addr(), &raw).expect("a request through the proxy");
+    assert_eq!(response.status, 206);
+    let parts = support::multipart::parts(&response);
+    assert!(parts[0].body == changed[..1] && parts[1].body == changed[LEN - 1..]);
+    assert_eq!(s.origin.requests().len(), 1);
+}
+
+/// On a route whose stages transform the body, ranges far apart would make them produce all
+/// between: answered whole.
+#[test]
+fn ranges_far_apart_of_a_transformed_representation_are_answered_whole() {
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 13);
+    origin.put("/obj.bin", object.clone());
+    let proxy = Proxy::start(&format!(
+        "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n[[routes.middleware]]\nkind = \"gzip\"\nlevel = 1\nblock_size = 65536\n",
+        origin.base_url()
+    ));
+    let whole = request(proxy.addr(), &RawRequest::get("/obj.bin")).expect("GET");
+    assert_eq!(whole.status, 200);
+    let len = whole.body.len();
+    let far = format!("bytes=0-0,{}-{}", len - 1, len - 1);
+    let response =
+        request(proxy.addr(), &RawRequest::get("/obj.bin").header("Range", &far)).expect("GET");
+    assert_eq!(response.status, 200, "{:?}", response.header("content-type"));
+    assert!(response.body == whole.body);
+    // Ranges that lie together are still served as ranges.
+    let near =
+        request(proxy.addr(), &RawRequest::get("/obj.bin").header("Range", "bytes=0-0,100-100"))
+            .expect("GET");
+    assert_eq!(near.status, 206);
+    assert_eq!(support::multipart::parts(&near).len(), 2);
+}

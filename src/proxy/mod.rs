@@ -35,8 +35,8 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use rangeway_middleware::chain::{Chain, ChainError, ObjectVersion as StageObject, StageError};
 use rangeway_middleware::checksum::{parse_repr_digest_sha256, want_repr_digest_sha256};
 use rangeway_middleware::rfc9110::{
-    ContentRange, MultipartBody, MultipartPlan, RangeLimits, RangeSpec, Resolution, content_range,
-    parse_content_range, unsatisfied_content_range,
+    ContentRange, IgnoreReason, MultipartBody, MultipartPlan, RangeLimits, RangeSpec, Resolution,
+    content_range, parse_content_range, unsatisfied_content_range,
 };
 use rangeway_middleware::{ByteRange, Window};
 use tracing::{info, warn};
@@ -53,6 +53,7 @@ use completion::{Completions, Unfinished};
 use download::{DOWNLOAD_ID, DownloadId, SENT_PREFIX, download_id, holding, object_version};
 use origin_client::OriginClient;
 use path::NormalizedPath;
+use relay::Continuable;
 use representation::{
     ChainPass, Known, ORIGIN_DIGEST_HEADERS, digest_headers, representation_etag, version_key,
 };
@@ -60,6 +61,12 @@ use routing::{Route, RouteSwitch, request_host};
 
 /// The error of a body that fails the digest its origin published.
 const ORIGIN_DIGEST_MISMATCH: &str = "OriginDigestMismatch";
+
+/// Ranges less than this apart are read through as one; farther apart, each stretch is fetched
+/// on its own, so that what a multipart answer costs the origin stays within the bytes asked for
+/// and a gap per stretch (a client asking for the first and the last byte of a large object
+/// pulled all of it). About what a request of its own costs on a fast link.
+const PART_GAP: u64 = 64 << 10;
 
 /// `X-Rangeway-Error` of a refused resume whose client may hold any of several versions.
 const AMBIGUOUS_RESUME: &str = "several versions of the object were sent under this download id; download it again from \
@@ -183,6 +190,10 @@ pub struct RequestCtx {
     spliced: u64,
     /// How the client's If-Range, when it is a date, goes upstream.
     if_range_date: IfRangeDate,
+    /// The ranges of a multipart answer are fetched apart, in stretches this far apart at least.
+    part_gap: Option<u64>,
+    /// The stretches of a multipart answer still to fetch after the upstream's first answer.
+    rest_parts: Vec<ByteRange>,
 }
 
 /// A full pass of an upstream body checked against the digest its origin published for it.
@@ -309,6 +320,8 @@ impl Default for RequestCtx {
             replica: 0,
             spliced: 0,
             if_range_date: IfRangeDate::NotADate,
+            part_gap: None,
+            rest_parts: Vec::new(),
         }
     }
 }
@@ -332,6 +345,17 @@ impl RequestCtx {
         match &self.body {
             BodyPlan::Multipart(multipart) => Some(multipart.span()),
             _ => None,
+        }
+    }
+
+    /// The next body chunk is byte `to` of the object: a stretch of a multipart answer fetched
+    /// after a gap (see `plan_parts`).
+    fn skip_to(&mut self, to: u64) -> Result<()> {
+        match &mut self.body {
+            BodyPlan::Multipart(multipart) => multipart
+                .skip_to(to)
+                .map_err(|e| Error::because(ErrorType::InternalError, "multipart body", e)),
+            _ => Err(Error::explain(ErrorType::InternalError, "a gap in a body not multipart")),
         }
     }
 
@@ -522,7 +546,18 @@ impl Rangeway {
         if let Some(len) = output_len {
             own.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
         }
-        let client_range = if rangeable { ctx.client_range.clone() } else { ClientRange::Absent };
+        // Ranges far apart would make the stages produce everything between them: answered whole
+        // instead, which costs what the client takes (see `plan_parts`).
+        let together = |set: &rangeway_middleware::rfc9110::RangeSet| {
+            output_len.is_some_and(|len| set.fetches(len, PART_GAP).len() <= 1)
+        };
+        let client_range = match &ctx.client_range {
+            ClientRange::Bytes(set) if rangeable && !together(set) => {
+                ClientRange::Ignored(IgnoreReason::Sparse)
+            }
+            range if rangeable => range.clone(),
+            _ => ClientRange::Absent,
+        };
         let req = session.req_header();
         let asked = Asked {
             method: &req.method,
@@ -530,6 +565,7 @@ impl Rangeway {
             range: &client_range,
             sent: None,
             if_range_date_sent: false,
+            part_gap: None,
         };
         let shape = shape_response(&asked, 200, &own, SystemTime::now());
         let want = want_repr_digest_sha256(
@@ -873,6 +909,10 @@ impl ProxyHttp for Rangeway {
                     None
                 }
             };
+            if ranged && !ctx.transforms() {
+                let relayed = relay::relayed(session, route);
+                plan_parts(ctx, record.as_ref().map(|r| &r.current), relayed, &req.headers);
+            }
             if has_chain {
                 let current = record.map(|r| r.current);
                 let known = Known::of(current.as_ref().and_then(version_key), facts);
@@ -908,11 +948,10 @@ impl ProxyHttp for Rangeway {
         let Some(route) = ctx.route.as_ref() else { return Ok(true) };
         // rangeway relays it itself, so that a body its origin breaks off can be continued, or
         // so that its body costs fewer copies (see relay.rs); pingora proxies the rest.
-        let policy = route.upstream_resume;
-        // The relay sends no request body: a request with one is pingora's to proxy.
-        if (policy.is_none() && !relay::relays(session, route)) || !session.is_body_empty() {
+        if !relay::relayed(session, route) {
             return Ok(true);
         }
+        let policy = route.upstream_resume;
         self.relay(session, ctx, policy).await?;
         Ok(false)
     }
@@ -1138,6 +1177,7 @@ impl ProxyHttp for Rangeway {
             range: &ctx.client_range,
             sent: ctx.sent_range.as_ref(),
             if_range_date_sent: ctx.if_range_date == IfRangeDate::Forward,
+            part_gap: ctx.part_gap,
         };
         let shape = shape_response(&asked, status, &response.headers, SystemTime::now());
         let route = route_arc.as_ref().map_or("-", |r| r.name.as_str());
@@ -1162,8 +1202,16 @@ impl ProxyHttp for Rangeway {
                 ctx.served = value;
                 ctx.body = BodyPlan::Window(Window::new(stream_start, range));
             }
-            Shape::Multiple { ranges, complete_len, stream_start } => {
-                self.multipart(response, ctx, &ranges, complete_len, stream_start)?;
+            Shape::Multiple { ranges, complete_len, stream_start, rest } => {
+                if !rest.is_empty() && Continuable::etag(&response.headers).is_none() {
+                    // The stretches after the first are pinned to its version by its ETag.
+                    let reason = "the upstream's answer has no strong ETag to fetch the other \
+                                  ranges of the same version with";
+                    self.refuse(response, ctx, route, reason)?;
+                } else {
+                    self.multipart(response, ctx, &ranges, complete_len, stream_start)?;
+                    ctx.rest_parts = rest;
+                }
             }
             Shape::BadGateway(reason) => self.refuse(response, ctx, route, reason)?,
             shape @ (Shape::Unsatisfiable { .. }
@@ -1177,8 +1225,10 @@ impl ProxyHttp for Rangeway {
             // a range out of), and clients check them against the part (boto3 fails).
             remove_whole_object_checksums(response);
         }
+        // The stages see a body whole from where it starts: not one fetched in stretches.
         if let Some(route) = route_arc.as_ref().filter(|_| ctx.chain().is_some())
             && matches!(response.status.as_u16(), 200 | 206)
+            && ctx.rest_parts.is_empty()
         {
             self.observe(session, response, ctx, route, version.as_ref(), upstream_stream)?;
         }
@@ -1594,6 +1644,39 @@ fn plan_upstream(
     if let Some(last) = plan.origin().last() {
         ctx.sent_range = Some(RangeSpec::Closed { first: plan.origin().start(), last });
         ctx.planned_for = current.etag.clone();
+    }
+}
+
+/// Ranges far apart are not read through: fetched apart where rangeway relays the body and knows
+/// the object's version to pin them to (the first stretch asked for with `If-Range` on it, the
+/// rest after it, see `relay`), else the Range is ignored — a 200 costs what the client takes.
+fn plan_parts(
+    ctx: &mut RequestCtx,
+    current: Option<&ObjectVersion>,
+    relayed: bool,
+    request: &http::HeaderMap,
+) {
+    let ClientRange::Bytes(set) = &ctx.client_range else { return };
+    let fetches = current.map(|version| set.fetches(version.size, PART_GAP));
+    let apart = match &fetches {
+        Some(fetches) => fetches.len() > 1,
+        None => !set.lies_together(PART_GAP),
+    };
+    if !apart {
+        return;
+    }
+    let pinned = current.filter(|v| v.strong).and_then(|v| v.etag.clone());
+    let first = fetches.and_then(|fetches| fetches.first().copied());
+    match (first.zip(first.and_then(|f| f.last())), pinned) {
+        (Some((first, last)), Some(etag)) if relayed && !request.contains_key(header::IF_RANGE) => {
+            ctx.sent_range = Some(RangeSpec::Closed { first: first.start(), last });
+            ctx.planned_for = Some(etag);
+            ctx.part_gap = Some(PART_GAP);
+        }
+        _ => {
+            ctx.client_range = ClientRange::Ignored(IgnoreReason::Sparse);
+            ctx.sent_range = None;
+        }
     }
 }
 

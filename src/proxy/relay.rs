@@ -42,7 +42,7 @@ use crate::config::UpstreamResume;
 use crate::range::content_length;
 
 /// What a broken body can be continued with: the stream's end and the version it is of.
-struct Continuable {
+pub(super) struct Continuable {
     /// One past the last byte of the object the upstream body runs to.
     end: u64,
     complete_len: u64,
@@ -53,10 +53,7 @@ impl Continuable {
     /// For an answer whose body is `stream` of the object: `None` without a strong ETag, which
     /// alone can show that a continuation is of the same version.
     fn of(stream: ByteRange, headers: &http::HeaderMap) -> Option<Self> {
-        let etag = headers
-            .get(header::ETAG)
-            .and_then(|v| v.to_str().ok())
-            .filter(|etag| etag.starts_with('"'))?;
+        let etag = Self::etag(headers)?;
         let complete_len = match headers
             .get(header::CONTENT_RANGE)
             .and_then(|v| parse_content_range(v.as_bytes()))
@@ -65,6 +62,11 @@ impl Continuable {
             _ => stream.end(),
         };
         Some(Self { end: stream.end(), complete_len, etag: etag.to_owned() })
+    }
+
+    /// The answer's strong ETag, which alone can show that another answer is of the same version.
+    pub(super) fn etag(headers: &http::HeaderMap) -> Option<&str> {
+        headers.get(header::ETAG).and_then(|v| v.to_str().ok()).filter(|etag| etag.starts_with('"'))
     }
 }
 
@@ -85,10 +87,12 @@ impl Rangeway {
         let mut request = session.req_header().clone();
         strip_hop_by_hop(&mut request);
         self.upstream_request_filter(session, &mut request, ctx).await?;
-        // What other replicas and continuations are asked with: the same fields, another Host
-        // (and Range). Kept only where there are others to ask.
-        let base =
-            (policy.is_some() || route.upstream.replica_count() > 1).then(|| request.clone());
+        // What other replicas, continuations and the stretches of a multipart answer fetched
+        // apart are asked with: the same fields, another Host (and Range). Kept only where there
+        // are such to ask.
+        let asks_again =
+            policy.is_some() || route.upstream.replica_count() > 1 || ctx.part_gap.is_some();
+        let base = asks_again.then(|| request.clone());
         let mut exchange = self.first_exchange(&route, ctx, request, base.as_ref()).await?;
         ctx.upstream_connected = Some(Instant::now());
         let mut response =
@@ -106,7 +110,9 @@ impl Rangeway {
             metrics: Arc::clone(&self.metrics),
             route: Arc::clone(&route),
             continuable,
-            resume: policy.zip(base).map(|(policy, base)| Resume { policy, base }),
+            policy,
+            base,
+            parts: std::mem::take(&mut ctx.rest_parts).into(),
             at: stream.map_or(0, |s| s.start()),
             replica: ctx.replica,
         };
@@ -146,6 +152,8 @@ impl Rangeway {
                 }
             }
         };
+        // This exchange's body is all there is to the answer, unless more stretches follow.
+        let done = done && pump.parts.is_empty();
         // Filtered in place: what the filter passes on takes the place of what it was given.
         let (count, mut kept) = (held.len(), 0);
         for i in 0..count {
@@ -213,6 +221,7 @@ impl Rangeway {
             };
             match piece {
                 Some(Piece::Chunk(chunk)) => self.forward(session, ctx, Some(chunk), false).await?,
+                Some(Piece::Skip(to)) => ctx.skip_to(to)?,
                 Some(Piece::End) => return self.forward(session, ctx, None, true).await,
                 Some(Piece::Broken(e)) => return Err(e),
                 None => {
@@ -381,6 +390,16 @@ impl Rangeway {
     }
 }
 
+/// Whether rangeway answers the request with its own upstream client (this module) rather than
+/// pingora's proxying: a request without a body (the relay sends none), on a route that continues
+/// bodies its origin breaks off, or one [`relays`] takes.
+pub(super) fn relayed(session: &Session, route: &Route) -> bool {
+    let req = session.req_header();
+    let without_body = !req.headers.contains_key(header::TRANSFER_ENCODING)
+        && req.headers.get(header::CONTENT_LENGTH).is_none_or(|len| len.as_bytes() == b"0");
+    without_body && (route.upstream_resume.is_some() || relays(session, route))
+}
+
 /// Whether the relay answers a request on a route that does not continue bodies: a GET from a
 /// plain HTTP/1 client to an upstream without TLS, whose body then costs fewer copies — an
 /// untouched one may be spliced (the answer's header decides: [`spliceable`]), any other is read
@@ -477,6 +496,9 @@ const RELAY_QUEUE: usize = 2;
 /// What the relay's reader hands over.
 enum Piece {
     Chunk(Bytes),
+    /// The next chunk is byte `to` of the object: the stretch of a multipart answer fetched
+    /// after a gap.
+    Skip(u64),
     /// The body is complete.
     End,
     /// The body broke and could not be continued: the client's response is cut.
@@ -561,20 +583,20 @@ async fn next_chunk(exchange: &mut Exchange, source: &mut BodySource) -> Result<
     Ok(Some(chunk))
 }
 
-/// How a route continues broken bodies, and the request continuations are made from.
-struct Resume {
-    policy: UpstreamResume,
-    base: RequestHeader,
-}
-
-/// Reads one upstream body to its end, continuing it where it breaks.
+/// Reads one upstream body to its end, continuing it where it breaks, and fetching the
+/// stretches of a multipart answer that follow it.
 struct Pump {
     client: Arc<OriginClient>,
     metrics: Arc<Metrics>,
     route: Arc<Route>,
     continuable: Option<Continuable>,
     /// How a broken body is continued; `None` on routes that do not continue bodies.
-    resume: Option<Resume>,
+    policy: Option<UpstreamResume>,
+    /// The request continuations and stretches are made from (their Host and Range set);
+    /// `None` when there are none to make.
+    base: Option<RequestHeader>,
+    /// The stretches of a multipart answer to fetch after this body, in order.
+    parts: std::collections::VecDeque<ByteRange>,
     /// The next byte of the object the body brings.
     at: u64,
     replica: usize,
@@ -609,8 +631,24 @@ impl Pump {
                         BodySource::Direct(_) => self.client.release_read_past(exchange),
                         _ => self.client.release(exchange).await,
                     }
-                    let _ = pieces.send(Piece::End).await;
-                    return;
+                    let Some(part) = self.parts.pop_front() else {
+                        let _ = pieces.send(Piece::End).await;
+                        return;
+                    };
+                    match self.next_part(part).await {
+                        Ok(next) => {
+                            exchange = next;
+                            source = BodySource::Unread;
+                            if pieces.send(Piece::Skip(part.start())).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        Err(broke) => {
+                            let _ = pieces.send(Piece::Broken(broke)).await;
+                            return;
+                        }
+                    }
                 }
                 Err(broke) => match self.continued(broke, started, &mut attempts).await {
                     Ok(next) => {
@@ -638,16 +676,21 @@ impl Pump {
         attempts: &mut u32,
     ) -> Result<Exchange> {
         self.route.upstream.failed(self.replica);
-        let Some(resume) = &self.resume else { return Err(broke) };
+        let Some(policy) = self.policy else { return Err(broke) };
         let at = self.at;
-        let Some(continuable) = self.continuable.as_ref().filter(|c| at < c.end) else {
+        let Some(range) = self
+            .continuable
+            .as_ref()
+            .filter(|c| at < c.end)
+            .and_then(|c| ByteRange::new(at, c.end))
+        else {
             self.metrics.upstream_resume(&self.route.name, "unresumable");
             info!(route = %self.route.name, at, error = %broke, "the origin broke off a body that cannot be continued (no strong ETag or length): cutting the response");
             return Err(broke);
         };
-        match self.continuation(continuable, resume, started, attempts).await {
-            Ok((exchange, replica)) => {
-                self.replica = replica;
+        // After a failure: a pause before the first try too.
+        match self.fetch(range, &policy, true, started, attempts).await {
+            Ok(exchange) => {
                 self.metrics.upstream_resume(&self.route.name, "resumed");
                 info!(route = %self.route.name, at, attempts, "the origin broke off the body; continued it from where it broke");
                 Ok(exchange)
@@ -660,18 +703,45 @@ impl Pump {
         }
     }
 
-    /// Asks the origin (perhaps another replica of it) for the rest of the body from `self.at`,
-    /// within the policy's attempts and deadline: the answer, and which replica gave it. `Err`
-    /// names the outcome: `changed` or `failed`.
-    async fn continuation(
-        &self,
-        continuable: &Continuable,
-        Resume { policy, base }: &Resume,
+    /// The next stretch of a multipart answer, `part`, of the version the first was: its
+    /// exchange, or the error to cut the client's response with. Tried as often as the route
+    /// continues a broken body, once on a route that does not.
+    async fn next_part(&mut self, part: ByteRange) -> Result<Exchange> {
+        let once = UpstreamResume { attempts: 1, ..UpstreamResume::default() };
+        let policy = self.policy.unwrap_or(once);
+        let (started, mut attempts) = (Instant::now(), 0);
+        self.at = part.start();
+        if let Some(continuable) = self.continuable.as_mut() {
+            // A break within the stretch is continued up to its end.
+            continuable.end = part.end();
+        }
+        self.fetch(part, &policy, false, started, &mut attempts).await.map_err(|outcome| {
+            warn!(route = %self.route.name, at = part.start(), outcome, "a stretch of a multipart answer could not be fetched: cutting the response");
+            Error::explain(ErrorType::ReadError, "fetching a stretch of the ranges asked for")
+                .into_up()
+        })
+    }
+
+    /// Asks the origin (perhaps another replica, holding the same version: `If-Match` says so)
+    /// for `range` of the version the body is of, within the policy's attempts and deadline,
+    /// pausing before each try after the first (and before the first `after_failure`): the
+    /// exchange, whose answer is the 206 of exactly that range of that version. `Err` names the
+    /// outcome: `changed` or `failed`. What continuations and the stretches of a multipart
+    /// answer are fetched with.
+    async fn fetch(
+        &mut self,
+        range: ByteRange,
+        policy: &UpstreamResume,
+        after_failure: bool,
         started: Instant,
         attempts: &mut u32,
-    ) -> std::result::Result<(Exchange, usize), &'static str> {
-        let (upstream, at) = (&self.route.upstream, self.at);
+    ) -> std::result::Result<Exchange, &'static str> {
+        let (Some(base), Some(continuable)) = (&self.base, &self.continuable) else {
+            return Err("failed");
+        };
+        let upstream = &self.route.upstream;
         let mut backoff = policy.backoff;
+        let mut pause = after_failure;
         loop {
             if *attempts >= policy.attempts {
                 return Err("failed");
@@ -680,14 +750,16 @@ impl Pump {
             let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
                 return Err("failed");
             };
-            tokio::time::sleep(backoff.min(left)).await;
-            backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
-            // Perhaps another replica, holding the same version (If-Match says so).
+            if pause {
+                tokio::time::sleep(backoff.min(left)).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+            }
+            pause = true;
             let replica = upstream.choose();
             let mut request = base.clone();
-            let range = format!("bytes={at}-{}", continuable.end - 1);
+            let asked = format!("bytes={}-{}", range.start(), range.end() - 1);
             for (name, value) in [
-                (header::RANGE, range.as_str()),
+                (header::RANGE, asked.as_str()),
                 (header::IF_MATCH, &continuable.etag),
                 (header::HOST, upstream.host_header(replica)),
             ] {
@@ -716,18 +788,18 @@ impl Pump {
             if status == 206 && etag != Some(continuable.etag.as_bytes()) {
                 return Err("changed");
             }
-            let expected = ByteRange::new(at, continuable.end);
-            let range = answer
+            let got = answer
                 .headers
                 .get(header::CONTENT_RANGE)
                 .and_then(|v| parse_content_range(v.as_bytes()));
             let matches = status == 206
-                && matches!(range, Some(ContentRange::Satisfied { range, complete_len })
-                    if Some(range) == expected && complete_len == Some(continuable.complete_len));
+                && matches!(got, Some(ContentRange::Satisfied { range: got, complete_len })
+                    if got == range && complete_len == Some(continuable.complete_len));
             if matches {
-                return Ok((exchange, replica));
+                self.replica = replica;
+                return Ok(exchange);
             }
-            // A 5xx, a 200, another range: not a continuation; try again.
+            // A 5xx, a 200, another range: not the answer asked for; try again.
         }
     }
 }

@@ -70,8 +70,10 @@ pub enum Shape {
     Forward,
     /// Answer 206 with one range, cut from an upstream body whose first byte is `stream_start`.
     Single { range: ByteRange, complete_len: u64, stream_start: u64 },
-    /// Answer 206 multipart/byteranges, cut from an upstream body starting at `stream_start`.
-    Multiple { ranges: Vec<ByteRange>, complete_len: u64, stream_start: u64 },
+    /// Answer 206 multipart/byteranges, cut from an upstream body starting at `stream_start`,
+    /// and from the `rest` of the ranges, fetched one after the other past that body (see
+    /// [`Asked::part_gap`]); `rest` is empty when the body holds every range.
+    Multiple { ranges: Vec<ByteRange>, complete_len: u64, stream_start: u64, rest: Vec<ByteRange> },
     /// Answer 416 with `Content-Range: bytes */complete_len`.
     Unsatisfiable { complete_len: u64 },
     /// Answer 304: a precondition of the client says its copy is current.
@@ -105,6 +107,10 @@ pub struct Asked<'a> {
     /// The client's If-Range date went upstream beside it, rangeway having found that it holds
     /// ([`IfRangeDate::Forward`]): a 206 is the origin confirming the version.
     pub if_range_date_sent: bool,
+    /// The ranges of a multipart answer may be fetched apart, one read per stretch of ranges
+    /// less than this apart ([`RangeSet::fetches`]), when the upstream's body holds only the
+    /// first stretch.
+    pub part_gap: Option<u64>,
 }
 
 /// How a client's If-Range with an HTTP-date is sent on (RFC 9110 §13.1.5). rangeway's rule for
@@ -146,7 +152,8 @@ pub fn shape_response(
     response: &HeaderMap,
     now: SystemTime,
 ) -> Shape {
-    let Asked { method, headers: request, range: client, sent, if_range_date_sent } = *asked;
+    let Asked { method, headers: request, range: client, sent, if_range_date_sent, part_gap } =
+        *asked;
     if !matches!(status, 200 | 206) {
         // 304, 412, 416, errors: the upstream has already answered the question asked.
         return Shape::Forward;
@@ -178,7 +185,7 @@ pub fn shape_response(
         let Some(complete_len) = content_length(response) else {
             return Shape::Forward;
         };
-        return resolve(set, complete_len, ByteRange::whole(complete_len), false);
+        return resolve(set, complete_len, ByteRange::whole(complete_len), false, None);
     }
 
     // 206
@@ -205,13 +212,22 @@ pub fn shape_response(
     let Some(complete_len) = complete_len else {
         return Shape::BadGateway("the upstream's 206 does not say the representation's length");
     };
-    resolve(set, complete_len, got, true)
+    resolve(set, complete_len, got, true, part_gap)
 }
 
 /// Resolves the client's ranges against the representation's length and checks that the bytes
 /// the upstream is sending (`available`) hold all of them. `partial`: the upstream is sending a
 /// 206 for `available`, which can be forwarded as it is when it is exactly the range asked for.
-fn resolve(set: &RangeSet, complete_len: u64, available: ByteRange, partial: bool) -> Shape {
+///
+/// With `part_gap`, the ranges past `available` may be fetched apart: the stretches of them that
+/// [`RangeSet::fetches`] makes, past the end of `available`, are the answer's `rest`.
+fn resolve(
+    set: &RangeSet,
+    complete_len: u64,
+    available: ByteRange,
+    partial: bool,
+    part_gap: Option<u64>,
+) -> Shape {
     let stream_start = available.start();
     match set.resolve(complete_len) {
         Resolution::Unsatisfiable => Shape::Unsatisfiable { complete_len },
@@ -224,12 +240,38 @@ fn resolve(set: &RangeSet, complete_len: u64, available: ByteRange, partial: boo
             }
         }
         Resolution::Multiple(ranges) if ranges.iter().all(|r| available.contains_range(r)) => {
-            Shape::Multiple { ranges, complete_len, stream_start }
+            Shape::Multiple { ranges, complete_len, stream_start, rest: Vec::new() }
+        }
+        Resolution::Multiple(ranges) if ranges[0].start() >= stream_start => {
+            let rest = part_gap.map(|gap| {
+                set.fetches(complete_len, gap)
+                    .into_iter()
+                    .filter_map(|fetch| {
+                        ByteRange::new(fetch.start().max(available.end()), fetch.end())
+                    })
+                    .filter(|fetch| !fetch.is_empty())
+                    .collect::<Vec<_>>()
+            });
+            match rest {
+                Some(rest) if ranges.iter().all(|range| held(range, available, &rest)) => {
+                    Shape::Multiple { ranges, complete_len, stream_start, rest }
+                }
+                _ => Shape::BadGateway("the upstream's 206 does not cover the ranges asked for"),
+            }
         }
         Resolution::Single(_) | Resolution::Multiple(_) => {
             Shape::BadGateway("the upstream's 206 does not cover the range asked for")
         }
     }
+}
+
+/// Whether every byte of `range` is in the body (`available`) or in the stretches fetched after it
+/// (`rest`, which start at or past the body's end, in order).
+fn held(range: &ByteRange, available: ByteRange, rest: &[ByteRange]) -> bool {
+    let from_body = available.intersect(range).map_or(0, |r| r.len());
+    let from_rest: u64 =
+        rest.iter().filter_map(|fetch| fetch.intersect(range)).map(|r| r.len()).sum();
+    from_body + from_rest == range.len()
 }
 
 /// The length of a body framed by `Content-Length` (not chunked).

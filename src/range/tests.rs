@@ -31,6 +31,7 @@ fn shape(
         range: &client,
         sent: sent.as_ref(),
         if_range_date_sent: false,
+        part_gap: None,
     };
     shape_response(&asked, status, &headers(response), NOW)
 }
@@ -94,6 +95,7 @@ fn an_unsolicited_206_is_refused() {
         range: &ClientRange::Absent,
         sent: None,
         if_range_date_sent: false,
+        part_gap: None,
     };
     let got = shape_response(&asked, 206, &headers(&[("content-range", "bytes 0-9/10")]), NOW);
     assert!(matches!(got, Shape::BadGateway(_)), "{got:?}");
@@ -104,7 +106,12 @@ fn multiple_ranges_from_a_200() {
     let got = shape("bytes=0-1,500-501", &[], 200, &[("content-length", "1000")]);
     assert_eq!(
         got,
-        Shape::Multiple { ranges: vec![r(0, 2), r(500, 502)], complete_len: 1000, stream_start: 0 }
+        Shape::Multiple {
+            ranges: vec![r(0, 2), r(500, 502)],
+            complete_len: 1000,
+            stream_start: 0,
+            rest: Vec::new()
+        }
     );
 }
 

@@ -303,8 +303,9 @@ impl VersionSent {
 
     fn add(&mut self, range: ByteRange, ending: Ending) {
         let ends = match ending {
+            // A client that read all but `UNREAD_SLACK` has its last byte one before that.
             Ending::Whole => ByteRange::new(
-                range.end().saturating_sub(UNREAD_SLACK).max(range.start()),
+                range.end().saturating_sub(UNREAD_SLACK + 1).max(range.start()),
                 range.end(),
             ),
             Ending::Cut => Some(range),
@@ -573,7 +574,7 @@ mod tests {
                     }
                     // A broken-off response may leave its client anywhere in it; a whole one
                     // within the slack of its end.
-                    let unread = if whole { read.min(3) } else { read };
+                    let unread = if whole { read.min(4) } else { read };
                     to.saturating_sub(unread).max(from)
                 };
                 match step {

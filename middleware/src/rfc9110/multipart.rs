@@ -24,6 +24,8 @@ pub enum MultipartError {
     TooLong,
     #[error("input starting at byte {stream_start} misses the first range, at {first_range_start}")]
     StreamStartsTooLate { stream_start: u64, first_range_start: u64 },
+    #[error("input skipping from byte {from} to {to} misses part of range {range:?}")]
+    SkipsARange { from: u64, to: u64, range: ByteRange },
 }
 
 /// The layout of a `multipart/byteranges` body: its ranges, the headers of each part and the exact
@@ -207,6 +209,21 @@ impl MultipartBody {
         Some(self.plan.closing.clone())
     }
 
+    /// The next input begins at byte `to` of the representation: the bytes from where the input
+    /// stands up to it are not given (they lie between two ranges, fetched apart). Refused when a
+    /// range needs one of them, or `to` is behind the input.
+    pub fn skip_to(&mut self, to: u64) -> Result<(), MultipartError> {
+        let from = self.offset;
+        let refused = |range| MultipartError::SkipsARange { from, to, range };
+        let skipped = ByteRange::new(from, to).ok_or(refused(self.plan.span))?;
+        let parts = self.plan.parts.get(self.next_part..).unwrap_or_default();
+        if let Some(part) = parts.iter().find(|part| skipped.intersect(&part.range).is_some()) {
+            return Err(refused(part.range));
+        }
+        self.offset = to;
+        Ok(())
+    }
+
     /// The bytes of the representation the body is made of (see [`MultipartPlan::span`]).
     pub fn span(&self) -> ByteRange {
         self.plan.span()
@@ -336,6 +353,31 @@ mod tests {
         let body = stream(untyped.clone(), 1, &[Bytes::from_static(b"bc")]);
         assert_eq!(body, b"--b\r\nContent-Range: bytes 1-1/3\r\n\r\nb\r\n--b--\r\n");
         assert_eq!(untyped.total_len(), body.len() as u64);
+    }
+
+    /// Ranges fetched apart: the input skips what lies between them, and the body is the same as
+    /// from one pass over all of it.
+    #[test]
+    fn input_may_skip_what_lies_between_ranges() {
+        let data: Vec<u8> = (0..=255).cycle().take(5000).collect();
+        let ranges = [range(10, 20), range(3000, 3010), range(4990, 5000)];
+        let plan = MultipartPlan::new(&ranges, 5000, None, "x").unwrap();
+        let whole = stream(plan.clone(), 0, &[Bytes::from(data.clone())]);
+        let mut body = MultipartBody::new(plan, 10).unwrap();
+        let mut out = Vec::new();
+        out.extend(body.push(Bytes::copy_from_slice(&data[10..20])).unwrap_or_default());
+        // Behind the input, or over a range's bytes: refused, and nothing changes.
+        assert!(matches!(body.skip_to(15), Err(MultipartError::SkipsARange { .. })));
+        assert_eq!(
+            body.skip_to(3005),
+            Err(MultipartError::SkipsARange { from: 20, to: 3005, range: range(3000, 3010) })
+        );
+        body.skip_to(3000).unwrap();
+        out.extend(body.push(Bytes::copy_from_slice(&data[3000..3010])).unwrap_or_default());
+        body.skip_to(4990).unwrap();
+        out.extend(body.push(Bytes::copy_from_slice(&data[4990..5000])).unwrap_or_default());
+        out.extend(body.finish().unwrap_or_default());
+        assert_eq!(out, whole);
     }
 
     #[test]

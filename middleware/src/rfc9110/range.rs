@@ -67,6 +67,9 @@ pub enum IgnoreReason {
     TooMany,
     /// Longer than [`RangeLimits::max_header_len`].
     TooLong,
+    /// Ranges so far apart that reading from the first to the last would cost far more than the
+    /// bytes asked for, where they cannot be fetched one by one (see [`RangeSet::fetches`]).
+    Sparse,
 }
 
 impl fmt::Display for IgnoreReason {
@@ -76,6 +79,7 @@ impl fmt::Display for IgnoreReason {
             Self::Invalid => "malformed range header",
             Self::TooMany => "too many ranges",
             Self::TooLong => "range header too long",
+            Self::Sparse => "ranges too far apart",
         })
     }
 }
@@ -154,6 +158,21 @@ impl fmt::Display for RangeSpec {
     }
 }
 
+/// `ranges` (sorted by start), where less than `gap` apart, as one.
+fn merge_within(ranges: &[ByteRange], gap: u64) -> Vec<ByteRange> {
+    let mut merged: Vec<ByteRange> = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        match merged.last_mut() {
+            Some(last) if range.start().saturating_sub(last.end()) < gap => {
+                // Cannot fail: `last` starts no later than `range`.
+                *last = ByteRange::new(last.start(), last.end().max(range.end())).unwrap_or(*last);
+            }
+            _ => merged.push(*range),
+        }
+    }
+    merged
+}
+
 /// A non-empty list of byte range-specs, in the order the client sent them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RangeSet {
@@ -214,6 +233,42 @@ impl RangeSet {
             1 => Resolution::Single(merged.remove(0)),
             _ => Resolution::Multiple(merged),
         }
+    }
+
+    /// What to read of a representation of `complete_len` bytes to serve this set: its ranges,
+    /// where less than `gap` apart, read through as one. One read for a set whose ranges lie
+    /// together; one per stretch for ranges far apart, so that the bytes read stay within the
+    /// bytes asked for plus a `gap` per stretch.
+    pub fn fetches(&self, complete_len: u64, gap: u64) -> Vec<ByteRange> {
+        let ranges = match self.resolve(complete_len) {
+            Resolution::Unsatisfiable => return Vec::new(),
+            Resolution::Single(range) => return vec![range],
+            Resolution::Multiple(ranges) => ranges,
+        };
+        merge_within(&ranges, gap)
+    }
+
+    /// Whether the bytes from this set's first range to its last, whatever the representation's
+    /// length, lie within `gap` of each other (see [`Self::fetches`]): only `Closed` and `From`
+    /// specs say where they are without the length; a set mixing suffixes with them does not.
+    pub fn lies_together(&self, gap: u64) -> bool {
+        // `-0` selects nothing, wherever the end is.
+        let specs = self.specs.iter().filter(|spec| **spec != RangeSpec::Suffix { len: 0 });
+        if specs.clone().all(|spec| matches!(spec, RangeSpec::Suffix { .. })) {
+            return true;
+        }
+        let mut placed: Vec<ByteRange> = Vec::with_capacity(self.specs.len());
+        for spec in specs {
+            match *spec {
+                RangeSpec::Closed { first, last } => {
+                    placed.extend(ByteRange::new(first, last.saturating_add(1)));
+                }
+                RangeSpec::From { first } => placed.extend(ByteRange::new(first, u64::MAX)),
+                RangeSpec::Suffix { .. } => return false,
+            }
+        }
+        placed.sort_unstable();
+        merge_within(&placed, gap).len() <= 1
     }
 
     /// One spec to ask upstream for that covers every byte this set can resolve to, whatever the
@@ -661,5 +716,51 @@ mod tests {
                 }
             }
         }
+
+        /// The fetches hold every range served, in order, apart by `gap` at least, and read at
+        /// most the bytes served plus `gap` per fetch; a set that lies together is one fetch.
+        #[test]
+        fn fetches_hold_the_ranges_and_little_else(
+            specs in proptest::collection::vec(spec_strategy(), 1..16),
+            len in length_strategy(),
+            gap in 0u64..10_000,
+        ) {
+            let set = RangeSet::new(specs).unwrap();
+            let ranges = resolved(&set.resolve(len));
+            let fetches = set.fetches(len, gap);
+            for range in &ranges {
+                prop_assert!(fetches.iter().any(|f| f.contains_range(range)), "{range:?}");
+            }
+            for pair in fetches.windows(2) {
+                prop_assert!(pair[1].start().saturating_sub(pair[0].end()) >= gap.max(1));
+            }
+            let served: u64 = ranges.iter().map(ByteRange::len).sum();
+            let read: u64 = fetches.iter().map(ByteRange::len).sum();
+            let bound = served.saturating_add(gap.saturating_mul(ranges.len() as u64));
+            prop_assert!(read <= bound, "{read} for {served}");
+            if set.lies_together(gap) {
+                prop_assert!(fetches.len() <= 1, "{:?} lies together in {:?}", set, fetches);
+            }
+        }
+    }
+
+    #[test]
+    fn far_apart_ranges_are_fetched_apart() {
+        let set = |specs: &[RangeSpec]| RangeSet::new(specs.to_vec()).unwrap();
+        let two_ends = set(&[closed(0, 0), closed(52_428_799, 52_428_799)]);
+        assert_eq!(
+            two_ends.fetches(52_428_800, 65_536),
+            [range(0, 1), range(52_428_799, 52_428_800)]
+        );
+        assert!(!two_ends.lies_together(65_536));
+        let near = set(&[closed(0, 9), closed(1000, 1009), from(2000)]);
+        assert!(near.lies_together(65_536));
+        assert_eq!(near.fetches(3000, 65_536), [range(0, 3000)]);
+        // A suffix's place depends on the length: not known to lie together.
+        assert!(!set(&[closed(0, 0), suffix(1)]).lies_together(65_536));
+        assert!(set(&[suffix(10), suffix(5)]).lies_together(65_536));
+        assert!(set(&[suffix(0), from(400_000)]).lies_together(65_536));
+        assert_eq!(set(&[closed(0, 0), suffix(1)]).fetches(10, 65_536), [range(0, 10)]);
+        assert_eq!(set(&[closed(0, 0), suffix(1)]).fetches(1 << 20, 65_536).len(), 2);
     }
 }

@@ -77,7 +77,7 @@ local function add_range(sent)
   end
   local ends_from = first
   if ending == 'whole' then
-    ends_from = math.max(first, last - slack)
+    ends_from = math.max(first, last - slack - 1)
   end
   local added, ended
   sent.sent, added = insert(sent.sent, first, last)
