@@ -15,7 +15,7 @@ use support::clients::{aria2c_download, curl_resume, run, sha256_file, sha256_he
 use support::data::test_bytes;
 use support::http::{Response, get, get_until, head, head_until};
 use support::origin::{Behaviour, Origin};
-use support::proxy::Proxy;
+use support::proxy::{Proxy, ProxyProcess};
 use support::redis::RedisServer;
 use support::tmp::TempDir;
 
@@ -305,4 +305,33 @@ fn a_bad_stage_option_is_a_config_error_naming_the_key() {
         .expect_err("md5 is not offered: refused with the rest of the config");
     let shown = errors.to_string();
     assert!(shown.contains("routes[0].middleware[0].algorithms"), "{shown}");
+}
+
+/// A download made of one whole response showed the stages everything: no completion pass is
+/// started for it, and nothing is logged of one.
+#[test]
+fn a_whole_download_starts_no_completion_pass() {
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 19);
+    origin.put("/whole.bin", object.clone());
+    let work = TempDir::new("mw-whole");
+    let log = work.join("rangeway.log");
+    let process = ProxyProcess::start_logged(&checksum_route(&origin, ""), &[], &log);
+    for _ in 0..3 {
+        let whole = get(&process.url("/whole.bin"), &[]);
+        assert!(whole.body == object);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).expect("the log");
+        if text.matches("rangeway::access").count() >= 3 || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(text.matches("rangeway::access").count(), 3, "{text}");
+    assert!(!text.contains("digests"), "{text}");
+    let ranged: Vec<_> =
+        origin.requests().into_iter().filter(|r| r.header("range").is_some()).collect();
+    assert!(ranged.is_empty(), "no pass of rangeway's own: {ranged:?}");
 }

@@ -162,3 +162,22 @@ impl Drop for Running {
         self.completions.lock().remove(&self.key);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pass that panics still lets its object have another.
+    #[tokio::test]
+    async fn a_pass_that_panics_releases_its_object() {
+        let completions = Arc::new(Completions::new(Arc::new(OriginClient::new())));
+        assert!(completions.lock().insert("files|/a".to_owned()));
+        let running = Running { completions: Arc::clone(&completions), key: "files|/a".to_owned() };
+        let pass = tokio::spawn(async move {
+            let _running = running;
+            panic!("a stage panicked");
+        });
+        assert!(pass.await.is_err(), "the pass panicked");
+        assert!(completions.lock().is_empty(), "the object is free for another pass");
+    }
+}
