@@ -10,7 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rangeway::proxy::path::{NormalizedPath, PathError};
+use rangeway::proxy::path::{NormalizedPath, PathEncoding, PathError};
 
 /// Upstream bases as `HttpUpstream::base_path` holds them, and with the trailing slashes
 /// `to_upstream` trims.
@@ -60,8 +60,14 @@ fuzz_target!(|input: &[u8]| {
 /// What is sent upstream: `base` (trimmed of trailing slashes), then the path's segments, each
 /// percent-encoded into one visible-ASCII `pchar` run.
 fn check_upstream(path: &NormalizedPath, base: &str) {
-    let own = path.to_upstream("");
-    let written = path.to_upstream(base);
+    for encoding in [PathEncoding::Http, PathEncoding::S3] {
+        check_upstream_encoded(path, base, encoding);
+    }
+}
+
+fn check_upstream_encoded(path: &NormalizedPath, base: &str, encoding: PathEncoding) {
+    let own = path.to_upstream("", encoding);
+    let written = path.to_upstream(base, encoding);
     assert_eq!(written, format!("{}{own}", base.trim_end_matches('/')), "{path:?} under {base:?}");
     assert!(own.starts_with('/'), "{own:?}");
     assert!(
@@ -81,12 +87,13 @@ fn check_prefix(path: &NormalizedPath, prefix: &NormalizedPath) {
     let Some(rest) = stripped else { return };
     let joined: Vec<&String> = prefix.segments().iter().chain(rest.segments()).collect();
     assert_eq!(joined, path.segments().iter().collect::<Vec<_>>());
-    let (own, rest_own) = (path.to_upstream(""), rest.to_upstream(""));
+    let http = PathEncoding::Http;
+    let (own, rest_own) = (path.to_upstream("", http), rest.to_upstream("", http));
     if rest.segments().is_empty() {
         assert_eq!(rest_own, "/");
     } else {
         // The stripped path written upstream is what followed the prefix, trailing slash and all.
-        let prefix_own = prefix.to_upstream("");
+        let prefix_own = prefix.to_upstream("", http);
         assert_eq!(own, format!("{}{rest_own}", prefix_own.trim_end_matches('/')));
     }
 }
