@@ -77,7 +77,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         // A kept-alive connection comes back for its next request: admitted already.
-        if stream.as_any().is::<Watched>() {
+        if stream.as_any().is::<ClientConnection>() {
             return self.inner.process_new(stream, shutdown).await;
         }
         let ip = stream.get_socket_digest().and_then(|digest| match digest.peer_addr() {
@@ -98,7 +98,8 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
             // Not over TCP (a Unix socket): one local peer, nothing to count.
             None => None,
         };
-        let watched = Watched::new(stream, self.limits.header_timeout, slot, &self.metrics);
+        let watched =
+            ClientConnection::new(stream, self.limits.header_timeout, slot, &self.metrics);
         self.inner.process_new(Box::new(watched), shutdown).await
     }
 
@@ -138,7 +139,7 @@ enum Phase {
 }
 
 /// A client connection whose request headers must each arrive within a deadline.
-pub(crate) struct Watched {
+pub(crate) struct ClientConnection {
     inner: Stream,
     timeout: Duration,
     phase: Phase,
@@ -154,16 +155,16 @@ pub(crate) struct Watched {
     sent_aside: AtomicU64,
 }
 
-impl std::fmt::Debug for Watched {
+impl std::fmt::Debug for ClientConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Watched")
+        f.debug_struct("ClientConnection")
             .field("inner", &self.inner)
             .field("phase", &self.phase)
             .finish_non_exhaustive()
     }
 }
 
-impl Watched {
+impl ClientConnection {
     fn new(inner: Stream, timeout: Duration, slot: Option<Slot>, metrics: &Arc<Metrics>) -> Self {
         Self {
             inner,
@@ -178,7 +179,7 @@ impl Watched {
     }
 
     /// The admission wrapper of a client connection, when it has one.
-    pub(crate) fn of(stream: &Stream) -> Option<&Watched> {
+    pub(crate) fn of(stream: &Stream) -> Option<&ClientConnection> {
         stream.as_any().downcast_ref()
     }
 
@@ -241,7 +242,7 @@ impl Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl AsyncRead for ClientConnection {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -266,7 +267,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl AsyncWrite for ClientConnection {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -311,19 +312,19 @@ impl AsyncWrite for Watched {
 }
 
 #[async_trait]
-impl Shutdown for Watched {
+impl Shutdown for ClientConnection {
     async fn shutdown(&mut self) {
         Shutdown::shutdown(self.inner.as_mut()).await;
     }
 }
 
-impl UniqueID for Watched {
+impl UniqueID for ClientConnection {
     fn id(&self) -> UniqueIDType {
         self.inner.id()
     }
 }
 
-impl Ssl for Watched {
+impl Ssl for ClientConnection {
     fn get_ssl(&self) -> Option<&pingora_core::protocols::tls::TlsRef> {
         self.inner.get_ssl()
     }
@@ -337,7 +338,7 @@ impl Ssl for Watched {
     }
 }
 
-impl GetTimingDigest for Watched {
+impl GetTimingDigest for ClientConnection {
     fn get_timing_digest(&self) -> Vec<Option<pingora_core::protocols::TimingDigest>> {
         self.inner.get_timing_digest()
     }
@@ -351,20 +352,20 @@ impl GetTimingDigest for Watched {
     }
 }
 
-impl GetProxyDigest for Watched {
+impl GetProxyDigest for ClientConnection {
     fn get_proxy_digest(&self) -> Option<Arc<pingora_core::protocols::raw_connect::ProxyDigest>> {
         self.inner.get_proxy_digest()
     }
 }
 
-impl GetSocketDigest for Watched {
+impl GetSocketDigest for ClientConnection {
     fn get_socket_digest(&self) -> Option<Arc<pingora_core::protocols::SocketDigest>> {
         self.inner.get_socket_digest()
     }
 }
 
 #[async_trait]
-impl Peek for Watched {
+impl Peek for ClientConnection {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         self.inner.try_peek(buf).await
     }
@@ -382,8 +383,8 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         // As the relay finds it: behind pingora's stream type.
         let mut stream: Stream =
-            Box::new(Watched::new(inner, Duration::from_secs(5), None, &metrics));
-        Watched::of(&stream).expect("the wrapper behind the stream").note_sent_aside(10);
+            Box::new(ClientConnection::new(inner, Duration::from_secs(5), None, &metrics));
+        ClientConnection::of(&stream).expect("the wrapper behind the stream").note_sent_aside(10);
         stream.write_all(b"0123456").await.unwrap();
         stream.write_all(b"789abc").await.unwrap();
         stream.flush().await.unwrap();
@@ -399,7 +400,7 @@ mod tests {
         let (ours, _peer) = tokio::net::UnixStream::pair().unwrap();
         let inner: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
         let mut watched =
-            Watched::new(inner, Duration::from_secs(5), None, &Arc::new(Metrics::new()));
+            ClientConnection::new(inner, Duration::from_secs(5), None, &Arc::new(Metrics::new()));
         for (header, ends) in [
             (&b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"[..], true),
             (b"GET / HTTP/1.1\nHost: a\n\n", true),

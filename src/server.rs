@@ -26,10 +26,10 @@ use crate::admission::Admission;
 use crate::config::{Config, HttpUpstream, IdKeySource, UpstreamKind};
 use crate::fingerprint::FingerprintKey;
 use crate::origin::dir::{self, DirOrigin};
-use crate::proxy::Rangeway;
-use crate::proxy::health::HealthChecks;
-use crate::proxy::routing::{Route, RouteSwitch, RouteTable};
-use crate::proxy::upstream::{ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError};
+use crate::proxy::Proxy;
+use crate::routes::health::HealthChecks;
+use crate::routes::upstream::{ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError};
+use crate::routes::{Route, RouteSwitch, RouteTable};
 use crate::state::{self, StoreError};
 
 /// Why rangeway could not start. Config problems are caught earlier by `Config::load`; these are
@@ -51,7 +51,7 @@ pub enum StartError {
     #[error("{0}")]
     Middleware(crate::config::ConfigErrors),
     #[error("routes[{index}].path_prefix: {source}")]
-    Route { index: usize, source: crate::proxy::path::PathError },
+    Route { index: usize, source: crate::request_path::PathError },
     #[error("cannot make a key for download ids: {0}")]
     IdKey(getrandom::Error),
 }
@@ -160,7 +160,7 @@ pub fn build(
         IdKeySource::Configured(key) => FingerprintKey::new(key.expose().as_bytes()),
         IdKeySource::Generated => FingerprintKey::generate().map_err(StartError::IdKey)?,
     };
-    let proxy = Rangeway::new(
+    let proxy = Proxy::new(
         Arc::clone(&routes),
         range_limits,
         Arc::clone(&metrics),

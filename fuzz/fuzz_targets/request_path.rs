@@ -10,7 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rangeway::proxy::path::{NormalizedPath, PathEncoding, PathError};
+use rangeway::request_path::{NormalizedPath, PathEncoding, PathError};
 
 /// Upstream bases as `HttpUpstream::base_path` holds them, and with the trailing slashes
 /// `to_upstream` trims.

@@ -17,9 +17,9 @@ use pingora_core::protocols::http::ServerSession;
 use serde_json::{Value, json};
 
 use crate::config::AdminToken;
-use crate::proxy::path::NormalizedPath;
-use crate::proxy::representation::current_digests;
-use crate::proxy::routing::{Route, RouteSwitch};
+use crate::representation::current_digests;
+use crate::request_path::NormalizedPath;
+use crate::routes::{Route, RouteSwitch};
 use crate::state::{DownloadSession, StateStore, unix_now};
 use live::LiveResponses;
 use metrics::Metrics;

@@ -26,8 +26,8 @@ use rangeway_middleware::rfc9110::{
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tracing::{debug, info};
 
-use crate::proxy::path::NormalizedPath;
 use crate::range::ClientRange;
+use crate::request_path::NormalizedPath;
 
 /// Bytes read from disk per body chunk.
 const CHUNK: usize = 64 * 1024;

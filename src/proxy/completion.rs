@@ -7,7 +7,7 @@
 //! its stages share, runs the stages over it and records what they learn. Nothing of it is sent
 //! to a client; at most one such pass runs per object on an instance.
 //!
-//! [`MAX_HASH_GAP`]: super::representation::MAX_HASH_GAP
+//! [`MAX_HASH_GAP`]: crate::representation::MAX_HASH_GAP
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,9 +19,9 @@ use rangeway_middleware::chain::ObjectVersion as StageObject;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 use tracing::{debug, info};
 
-use super::origin_client::OriginClient;
-use super::representation::{ChainPass, Known, version_key};
-use super::routing::Route;
+use crate::representation::{ChainPass, StoredFacts, version_key};
+use crate::routes::Route;
+use crate::routes::origin_client::OriginClient;
 use crate::state::{self, StateStore};
 
 /// What a completion pass needs to know, taken from the request that finished the download.
@@ -92,7 +92,7 @@ impl Completions {
             .lookup("", &object, &route.stage_keys)
             .await
             .map_err(|e| Error::because(ErrorType::InternalError, "the store", e))?;
-        let known = Known::of(version_key(&version), found.facts);
+        let known = StoredFacts::of(version_key(&version), found.facts);
         let Some(from) = known.completion_start(&route.chain, version.size) else {
             return Ok(false);
         };

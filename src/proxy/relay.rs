@@ -32,14 +32,17 @@ use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 use tokio::sync::mpsc::Sender;
 use tracing::{info, warn};
 
-use super::origin_client::{Exchange, OriginClient};
-use super::routing::Route;
+use super::Proxy;
+use super::context::{BodyPlan, RequestCtx};
+use super::hop_by_hop::strip_hop_by_hop;
+use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
-use super::{BodyPlan, Rangeway, RequestCtx, strip_hop_by_hop, upstream_stream};
 use crate::admin::metrics::Metrics;
-use crate::admission::Watched;
+use crate::admission::ClientConnection;
 use crate::config::UpstreamResume;
 use crate::range::content_length;
+use crate::routes::Route;
+use crate::routes::origin_client::{Exchange, OriginClient};
 
 /// What a broken body can be continued with: the stream's end and the version it is of.
 pub(super) struct Continuable {
@@ -70,7 +73,7 @@ impl Continuable {
     }
 }
 
-impl Rangeway {
+impl Proxy {
     /// Answers the request with rangeway's own upstream client, continuing the body when its
     /// origin fails mid-way. Called instead of pingora's proxying.
     pub(super) async fn relay(
@@ -433,7 +436,7 @@ fn spliceable(
         && content_length(&response.headers) == Some(len);
     let ServerSession::H1(h1) = session.as_downstream() else { return None };
     // The connection must be able to swallow pingora's account of the body (see `splice`).
-    let accountable = Watched::of(h1.stream()).is_some();
+    let accountable = ClientConnection::of(h1.stream()).is_some();
     if !untouched
         || !accountable
         || exchange.session.stream().is_none_or(|s| s.get_ssl_digest().is_some())
@@ -450,14 +453,14 @@ fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
 }
 
 /// What pingora's writer is handed for the bytes that went past it: never read, never sent (see
-/// `Watched::note_sent_aside`); zeroed, so it costs no memory until something reads it.
+/// `ClientConnection::note_sent_aside`); zeroed, so it costs no memory until something reads it.
 static SENT_ASIDE: [u8; 1 << 20] = [0; 1 << 20];
 
 /// Tells the client connection that `bytes` of body went out past pingora's writer. `false` when
 /// it cannot be told (no admission wrapper): pingora's writes would then reach the client.
 fn sent_aside(session: &Session, bytes: u64) -> bool {
     let ServerSession::H1(h1) = session.as_downstream() else { return false };
-    let Some(watched) = Watched::of(h1.stream()) else { return false };
+    let Some(watched) = ClientConnection::of(h1.stream()) else { return false };
     watched.note_sent_aside(bytes);
     true
 }
@@ -465,7 +468,9 @@ fn sent_aside(session: &Session, bytes: u64) -> bool {
 /// Bytes the client connection was told went past pingora's writer and it has not written since.
 fn unaccounted(session: &Session) -> u64 {
     match session.as_downstream() {
-        ServerSession::H1(h1) => Watched::of(h1.stream()).map_or(0, Watched::unaccounted),
+        ServerSession::H1(h1) => {
+            ClientConnection::of(h1.stream()).map_or(0, ClientConnection::unaccounted)
+        }
         _ => 0,
     }
 }

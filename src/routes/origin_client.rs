@@ -15,7 +15,7 @@ use super::upstream::Upstream;
 /// A connection pool of rangeway's own, apart from the proxy's. HTTP/1 only, as rangeway's
 /// upstreams are; the pool holds connections rather than sessions, so that one whose body was
 /// spliced past pingora's reader can go back to it.
-pub(super) struct OriginClient {
+pub(crate) struct OriginClient {
     transport: TransportConnector,
 }
 
@@ -26,26 +26,26 @@ impl std::fmt::Debug for OriginClient {
 }
 
 /// One request and the connection it went on.
-pub(super) struct Exchange {
-    pub(super) session: HttpSession,
+pub(crate) struct Exchange {
+    pub(crate) session: HttpSession,
     peer: Box<HttpPeer>,
 }
 
 impl Exchange {
     /// How long the connection may be silent, as configured for its upstream.
-    pub(super) fn read_timeout(&self) -> Option<std::time::Duration> {
+    pub(crate) fn read_timeout(&self) -> Option<std::time::Duration> {
         self.peer.options.read_timeout
     }
 }
 
 impl OriginClient {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { transport: TransportConnector::new(None) }
     }
 
     /// Sends `request` (made by [`Upstream::request`] for `replica`) to that replica of
     /// `upstream`, signed when it is an S3 upstream, and reads the answer's header.
-    pub(super) async fn send(
+    pub(crate) async fn send(
         &self,
         upstream: &Upstream,
         replica: usize,
@@ -58,7 +58,7 @@ impl OriginClient {
     /// Sends `request` as it is (already authorized) and reads the answer's header. A replica
     /// that cannot be reached is passed over for a while (one that answers 5xx is, by whoever
     /// reads the answer).
-    pub(super) async fn exchange(
+    pub(crate) async fn exchange(
         &self,
         upstream: &Upstream,
         replica: usize,
@@ -92,7 +92,7 @@ impl OriginClient {
 
     /// Returns the connection of an exchange whose body was read to its end to the pool, when
     /// the origin keeps it open.
-    pub(super) async fn release(&self, exchange: Exchange) {
+    pub(crate) async fn release(&self, exchange: Exchange) {
         let Exchange { session: HttpSession::H1(mut session), peer } = exchange else { return };
         session.respect_keepalive();
         if let Some(stream) = session.reuse().await {
@@ -103,7 +103,7 @@ impl OriginClient {
     /// Returns the connection of an exchange whose body was read to its end past pingora's
     /// reader (spliced, or read from the socket by rangeway: pingora saw only its first bytes)
     /// to the pool, when the origin keeps it open.
-    pub(super) fn release_read_past(&self, exchange: Exchange) {
+    pub(crate) fn release_read_past(&self, exchange: Exchange) {
         let Exchange { session: HttpSession::H1(mut session), peer } = exchange else { return };
         session.respect_keepalive();
         if session.will_keepalive() {
@@ -114,7 +114,7 @@ impl OriginClient {
 
     /// The length of the object at `target` (path and query), by a HEAD: `None` when the origin
     /// does not answer 200 with a Content-Length.
-    pub(super) async fn length(&self, upstream: &Upstream, target: &str) -> Result<Option<u64>> {
+    pub(crate) async fn length(&self, upstream: &Upstream, target: &str) -> Result<Option<u64>> {
         let replica = upstream.choose();
         let request = upstream.request("HEAD", target, replica)?;
         let exchange = self.send(upstream, replica, request).await?;

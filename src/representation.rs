@@ -14,7 +14,7 @@ use crate::fingerprint::fingerprint;
 use crate::state::{self, StageFacts, StateStore, StoreError};
 
 /// Headers of the origin's that describe its bytes, not a transformed representation's.
-pub(super) const ORIGIN_DIGEST_HEADERS: [&str; 5] = [
+pub(crate) const ORIGIN_DIGEST_HEADERS: [&str; 5] = [
     "repr-digest",
     "content-digest",
     "content-md5",
@@ -28,37 +28,37 @@ pub(super) const ORIGIN_DIGEST_HEADERS: [&str; 5] = [
 /// last 64-byte block of every pass, so a client that resumes where it stopped costs less than a
 /// block; a piece of a parallel download may cost up to this much (the checksum's default
 /// checkpoint interval, so that one stored state is always in reach).
-pub(super) const MAX_HASH_GAP: u64 = 8 << 20;
+pub(crate) const MAX_HASH_GAP: u64 = 8 << 20;
 
 /// What the store knows of a route's stages, read as facts about one object version.
 #[derive(Debug, Default)]
-pub(super) struct Known {
+pub(crate) struct StoredFacts {
     /// The version the facts are read for (`StageFacts::version_of`).
     version: Option<String>,
     /// Per stage: its facts as stored, about whatever version they were recorded for.
     stored: Vec<Option<StageFacts>>,
 }
 
-impl Known {
+impl StoredFacts {
     /// The facts of a lookup, read for `version` (the store's record of the object, when any).
-    pub(super) fn of(version: Option<String>, stored: Vec<Option<StageFacts>>) -> Self {
+    pub(crate) fn of(version: Option<String>, stored: Vec<Option<StageFacts>>) -> Self {
         Self { version, stored }
     }
 
     /// The same facts, read for the version an upstream answer shows.
-    pub(super) fn for_version(self, version: Option<String>) -> Self {
+    pub(crate) fn for_version(self, version: Option<String>) -> Self {
         Self { version, ..self }
     }
 
     /// Per stage, its facts when they are about the version read for.
-    pub(super) fn facts(&self) -> impl Iterator<Item = Option<&StageFacts>> {
+    pub(crate) fn facts(&self) -> impl Iterator<Item = Option<&StageFacts>> {
         self.stored.iter().map(|facts| {
             facts.as_ref().filter(|f| self.version.as_deref() == Some(f.version.as_str()))
         })
     }
 
     /// What the chain's stages may plan with.
-    pub(super) fn learned(&self) -> Learned {
+    pub(crate) fn learned(&self) -> Learned {
         let mut learned = Learned::new();
         for (index, facts) in self.facts().enumerate() {
             if let Some(facts) = facts {
@@ -73,7 +73,7 @@ impl Known {
     /// object's start), within [`MAX_HASH_GAP`]; `start` itself when every stage's whole digest
     /// is known or nothing helps. Stages of which nothing is known start from 0 when it is near:
     /// the pieces of a parallel download start together, before any of them stored a state.
-    pub(super) fn hash_start(&self, start: u64, origin_len: Option<u64>) -> u64 {
+    pub(crate) fn hash_start(&self, start: u64, origin_len: Option<u64>) -> u64 {
         let mut best = start;
         for facts in self.facts() {
             let whole_known = origin_len
@@ -96,12 +96,12 @@ impl Known {
     }
 }
 
-impl Known {
+impl StoredFacts {
     /// Where a pass over the rest of the object must start so that every stage of `chain` (whose
     /// stages only observe, each seeing the origin's `len` bytes) gets the digests of its whole
     /// input that it still lacks: the latest stored state of each such stage, the earliest of
     /// those; `None` when nothing is missing.
-    pub(super) fn completion_start(&self, chain: &Chain, len: u64) -> Option<u64> {
+    pub(crate) fn completion_start(&self, chain: &Chain, len: u64) -> Option<u64> {
         let whole = ByteRange::whole(len);
         chain
             .stages()
@@ -132,7 +132,7 @@ fn knows_whole_digests(
 
 /// A strong ETag of a transformed representation: the origin's strong ETag and the chain's
 /// identity, hashed, so that it changes when either does.
-pub(super) fn representation_etag(origin_etag: &str, chain: &Chain) -> String {
+pub(crate) fn representation_etag(origin_etag: &str, chain: &Chain) -> String {
     format!(
         "\"rw-{}\"",
         fingerprint([origin_etag.as_bytes(), b"\n", chain.identity().as_bytes()], 16)
@@ -141,7 +141,7 @@ pub(super) fn representation_etag(origin_etag: &str, chain: &Chain) -> String {
 
 /// The chain running over one upstream body.
 #[derive(Debug)]
-pub(super) struct ChainPass {
+pub(crate) struct ChainPass {
     run: ChainRun,
     /// Cuts an upstream body that starts before the planned origin range (a 200, or a wider
     /// 206) to the plan's start.
@@ -160,11 +160,11 @@ pub(super) struct ChainPass {
 
 impl ChainPass {
     /// Starts `plan` for an upstream body whose first byte is origin byte `stream_start`.
-    pub(super) fn start(
+    pub(crate) fn start(
         chain: &Chain,
         plan: &ChainPlan,
         object: &ObjectVersion<'_>,
-        known: Known,
+        known: StoredFacts,
         stream_start: u64,
     ) -> Result<Self, ChainError> {
         let mut learned = known.learned();
@@ -204,13 +204,13 @@ impl ChainPass {
     }
 
     /// Whether a push may block the thread for milliseconds: run it where blocking is allowed.
-    pub(super) fn blocks(&self) -> bool {
+    pub(crate) fn blocks(&self) -> bool {
         self.blocks
     }
 
     /// Records what the stages learned (see [`learned_facts`](Self::learned_facts)) about
     /// `object` in `store`, under each stage's key.
-    pub(super) async fn record(
+    pub(crate) async fn record(
         &self,
         store: &dyn StateStore,
         stage_keys: &[String],
@@ -225,7 +225,7 @@ impl ChainPass {
     }
 
     /// The output for the next upstream chunk.
-    pub(super) fn push(&mut self, chunk: Bytes) -> Result<Option<Bytes>, ChainError> {
+    pub(crate) fn push(&mut self, chunk: Bytes) -> Result<Option<Bytes>, ChainError> {
         let chunk = match self.input.as_mut() {
             Some(window) => match window.cut(chunk) {
                 Some(chunk) => chunk,
@@ -237,7 +237,7 @@ impl ChainPass {
     }
 
     /// The rest of the output, at the end of the upstream body.
-    pub(super) fn finish(&mut self) -> Result<Option<Bytes>, ChainError> {
+    pub(crate) fn finish(&mut self) -> Result<Option<Bytes>, ChainError> {
         self.run.finish().inspect_err(|_| self.failed = true)
     }
 
@@ -295,9 +295,9 @@ fn facts_of(
 /// (`Repr-Digest`, `X-Checksum-Crc32`), and of the origin's bytes when a transform comes after
 /// the checksum (`X-Origin-Digest`, `X-Origin-Checksum-Crc32`). `want_sha256`: the client's
 /// `Want-Repr-Digest` preference for sha-256, when it sent one (0: not acceptable).
-pub(super) fn digest_headers(
+pub(crate) fn digest_headers(
     chain: &Chain,
-    known: &Known,
+    known: &StoredFacts,
     lens: &[Option<u64>],
     want_sha256: Option<u8>,
 ) -> Vec<(&'static str, String)> {
@@ -329,12 +329,12 @@ pub(super) fn digest_headers(
 
 /// The digest headers a response for the object's current version carries, for the admin API.
 pub(crate) fn current_digests(
-    route: &super::routing::Route,
+    route: &crate::routes::Route,
     path: &str,
     current: &state::ObjectVersion,
     facts: Vec<Option<StageFacts>>,
 ) -> Vec<(&'static str, String)> {
-    let known = Known::of(version_key(current), facts);
+    let known = StoredFacts::of(version_key(current), facts);
     let object = ObjectVersion {
         route: &route.name,
         path,
@@ -346,7 +346,7 @@ pub(crate) fn current_digests(
 }
 
 /// The store's version string for an upstream's version, when it has a strong ETag.
-pub(super) fn version_key(version: &state::ObjectVersion) -> Option<String> {
+pub(crate) fn version_key(version: &state::ObjectVersion) -> Option<String> {
     version
         .etag
         .as_deref()

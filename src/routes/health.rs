@@ -15,8 +15,8 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use tracing::{info, warn};
 
+use super::RouteSwitch;
 use super::origin_client::OriginClient;
-use super::routing::RouteSwitch;
 use super::upstream::Upstream;
 
 /// How often the checker looks for checks that are due.

@@ -1,12 +1,18 @@
-//! The route table: which upstream serves a request, and under which path.
+//! The route table: which upstream serves a request, and under which path; the upstreams, built
+//! once from config; their active health checks. Built by the server, read by the proxy and the
+//! admin API.
+
+pub mod health;
+pub(crate) mod origin_client;
+pub mod upstream;
 
 use std::sync::{Arc, PoisonError, RwLock};
 
 use rangeway_middleware::chain::Chain;
 
-use super::path::NormalizedPath;
-use super::upstream::Upstream;
 use crate::config::{S3ClientKeys, UpstreamResume};
+use crate::request_path::NormalizedPath;
+use upstream::Upstream;
 
 /// One `[[routes]]` entry, resolved against its upstream.
 #[derive(Debug)]
@@ -38,7 +44,7 @@ impl Route {
         strip_prefix: bool,
         upstream: Arc<Upstream>,
         chain: Chain,
-    ) -> Result<Self, super::path::PathError> {
+    ) -> Result<Self, crate::request_path::PathError> {
         let prefix_path = NormalizedPath::parse(prefix)?;
         let name = match &host {
             Some(host) => format!("{host}{prefix}"),
@@ -159,7 +165,7 @@ pub fn request_host(req: &pingora_http::RequestHeader) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::upstream::Timeouts;
+    use crate::routes::upstream::Timeouts;
     use std::time::Duration;
 
     fn upstream(name: &str) -> Arc<Upstream> {

@@ -14,8 +14,8 @@ use pingora_http::RequestHeader;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use super::path::PathEncoding;
 use crate::config::{Addressing, HealthCheck, S3Upstream};
+use crate::request_path::PathEncoding;
 use crate::s3::sign::Signer;
 
 /// How long a DNS answer is reused. pingora resolves `HttpPeer` addresses with a blocking call on

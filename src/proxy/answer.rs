@@ -1,0 +1,219 @@
+//! rangeway's own answers: short text answers, errors, the answers without content to ranges and
+//! preconditions, refusals.
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, StatusCode, header};
+use pingora_error::{Error, ErrorSource, ErrorType, Result};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::Session;
+use rangeway_middleware::rfc9110::unsatisfied_content_range;
+use tracing::info;
+
+use super::Proxy;
+use super::context::{BodyPlan, RequestCtx};
+use super::download::{DOWNLOAD_ID, DownloadId};
+use super::hop_by_hop::VIA;
+use super::origin_digest::ORIGIN_DIGEST_MISMATCH;
+use crate::config::ClientLimits;
+use crate::range::Shape;
+
+/// `X-Proxy-Error` of a refused resume whose client may hold any of several versions.
+pub(super) const AMBIGUOUS_RESUME: &str = "several versions of the object were sent under this download id; download it again from \
+     the start, under an id of your own (X-Download-Id)";
+
+/// The answers without content to a range or a precondition: 416, 304, 412.
+pub(super) fn answer_without_body(
+    response: &mut ResponseHeader,
+    ctx: &mut RequestCtx,
+    shape: &Shape,
+) -> Result<()> {
+    match shape {
+        Shape::Unsatisfiable { complete_len } => {
+            empty_answer(response, StatusCode::RANGE_NOT_SATISFIABLE)?;
+            response
+                .insert_header(header::CONTENT_RANGE, unsatisfied_content_range(*complete_len))?;
+            response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+        }
+        Shape::NotModified => {
+            empty_answer(response, StatusCode::NOT_MODIFIED)?;
+            response.remove_header(&header::CONTENT_LENGTH);
+        }
+        // PreconditionFailed; the callers pass no other shape.
+        _ => empty_answer(response, StatusCode::PRECONDITION_FAILED)?,
+    }
+    ctx.body = BodyPlan::Discard;
+    Ok(())
+}
+
+/// Refuses a resume whose object changed since its download began (412).
+pub(super) fn refuse_changed(
+    response: &mut ResponseHeader,
+    ctx: &mut RequestCtx,
+    id: &str,
+) -> Result<()> {
+    empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
+    response.insert_header(
+        "x-rangeway-error",
+        "the object changed since this download began; download it again from the start",
+    )?;
+    response.insert_header(DOWNLOAD_ID, id)?;
+    ctx.body = BodyPlan::Discard;
+    Ok(())
+}
+
+/// Why a request's header is over the client limits, if it is.
+pub(super) fn header_over_limits(
+    req: &RequestHeader,
+    limits: &ClientLimits,
+) -> Option<&'static str> {
+    if req.headers.len() > limits.max_header_fields {
+        return Some("the request has more header fields than max_header_fields allows\n");
+    }
+    // As on the wire: `METHOD SP target SP HTTP/1.1 CRLF`, then `name: value CRLF` per field.
+    let line = req.method.as_str().len() + req.raw_path().len() + 11;
+    let fields: usize =
+        req.headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    (line + fields > limits.max_header_bytes)
+        .then_some("the request header is larger than max_header_bytes allows\n")
+}
+
+/// Turns an upstream answer into a 206 for `range`.
+pub(super) fn set_partial(
+    response: &mut ResponseHeader,
+    len: u64,
+    content_range: &str,
+) -> Result<()> {
+    response.set_status(StatusCode::PARTIAL_CONTENT)?;
+    response.remove_header(&header::TRANSFER_ENCODING);
+    response.insert_header(header::CONTENT_RANGE, content_range)?;
+    response.insert_header(header::CONTENT_LENGTH, len)?;
+    response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+    Ok(())
+}
+
+/// Turns an upstream answer into one with `status` and no content.
+pub(super) fn empty_answer(response: &mut ResponseHeader, status: StatusCode) -> Result<()> {
+    response.set_status(status)?;
+    for name in [
+        header::TRANSFER_ENCODING,
+        header::CONTENT_RANGE,
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+    ] {
+        response.remove_header(&name);
+    }
+    response.insert_header(header::CONTENT_LENGTH, 0)?;
+    Ok(())
+}
+
+/// A short answer of rangeway's own.
+pub(super) async fn respond(
+    session: &mut Session,
+    status: StatusCode,
+    message: &str,
+    extra: &[(header::HeaderName, &str)],
+) -> Result<()> {
+    let mut response = ResponseHeader::build(status, Some(4 + extra.len()))?;
+    response.insert_header(header::CONTENT_TYPE, "text/plain; charset=utf-8")?;
+    response.insert_header(header::CONTENT_LENGTH, message.len())?;
+    response.insert_header(header::VIA, VIA)?;
+    for (name, value) in extra {
+        response.insert_header(
+            name.clone(),
+            HeaderValue::from_str(value)
+                .map_err(|e| Error::because(ErrorType::InternalError, "header", e))?,
+        )?;
+    }
+    let head_only = session.req_header().method == Method::HEAD;
+    session.write_response_header(Box::new(response), head_only).await?;
+    if !head_only {
+        session.write_response_body(Some(Bytes::copy_from_slice(message.as_bytes())), true).await?;
+    }
+    Ok(())
+}
+
+/// The status and message for a request that failed; 0 when the client is already gone.
+pub(super) fn error_answer(e: &Error) -> (u16, &'static str) {
+    use ErrorType::*;
+    match e.etype() {
+        HTTPStatus(code) => (*code, "request failed\n"),
+        Custom(ORIGIN_DIGEST_MISMATCH) => {
+            (502, "rangeway: the upstream's body does not match the digest it published\n")
+        }
+        _ if is_client_abort(e) => (0, ""),
+        InvalidCert | TLSHandshakeFailure | TLSWantX509Lookup | HandshakeError => {
+            (502, "rangeway: the upstream's TLS certificate was not accepted\n")
+        }
+        ConnectTimedout | TLSHandshakeTimedout => {
+            (504, "rangeway: connecting to the upstream timed out\n")
+        }
+        ReadTimedout | WriteTimedout if *e.esource() == ErrorSource::Upstream => {
+            (504, "rangeway: the upstream did not answer in time\n")
+        }
+        ConnectRefused | ConnectNoRoute | ConnectError => {
+            (502, "rangeway: cannot connect to the upstream\n")
+        }
+        _ => match e.esource() {
+            ErrorSource::Upstream => (502, "rangeway: the upstream failed\n"),
+            ErrorSource::Downstream => (400, "rangeway: bad request\n"),
+            ErrorSource::Internal | ErrorSource::Unset => (500, "rangeway: internal error\n"),
+        },
+    }
+}
+
+pub(super) fn is_client_abort(e: &Error) -> bool {
+    *e.esource() == ErrorSource::Downstream
+        && matches!(
+            e.etype(),
+            ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed
+        )
+}
+
+/// A metric label for an upstream failure.
+pub(super) fn error_kind(e: &Error) -> &'static str {
+    use ErrorType::*;
+    match e.etype() {
+        InvalidCert | TLSHandshakeFailure | TLSWantX509Lookup | HandshakeError
+        | TLSHandshakeTimedout => "tls",
+        ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError => "connect",
+        ReadTimedout | WriteTimedout => "timeout",
+        ConnectionClosed | ReadError | WriteError => "io",
+        _ => "protocol",
+    }
+}
+
+impl Proxy {
+    /// Refuses, before asking the origin, a bare resume whose client may hold any of several
+    /// versions sent under its download id (see `DownloadSession::resumable`): 412, with a body
+    /// that says how to download it so that it can be resumed.
+    pub(super) async fn refuse_ambiguous(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        download: &DownloadId,
+    ) -> Result<()> {
+        let route = ctx.route_name().to_owned();
+        self.metrics.resume_refused(&route);
+        info!(route, download = %download.id, "several versions of the object were sent under this download id: refusing the resume");
+        ctx.refusal = Some("the client may hold any of several versions");
+        ctx.download = None;
+        let message = if download.derived {
+            "rangeway: this resume is refused: more than one version of the object was sent \
+             under this download's id, which every client at your address with the same \
+             User-Agent shares, and the bytes you hold could be of either. Download it again \
+             from the start. To make that download resumable whatever other clients at your \
+             address do, give it an id of your own on every request of it: the header \
+             `X-Download-Id: NAME` (curl -H, wget --header, aria2c --header) or the query \
+             parameter `download_id=NAME`.\n"
+        } else {
+            "rangeway: this resume is refused: more than one version of the object was sent \
+             under this download id, and the bytes you hold could be of either. Download it \
+             again from the start, under a new download id.\n"
+        };
+        let extra = [
+            (HeaderName::from_static("x-rangeway-error"), AMBIGUOUS_RESUME),
+            (HeaderName::from_static(DOWNLOAD_ID), download.id.as_str()),
+        ];
+        respond(session, StatusCode::PRECONDITION_FAILED, message, &extra).await
+    }
+}

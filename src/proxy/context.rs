@@ -1,0 +1,248 @@
+//! What one request knows as it goes through the phases: its route, what the client asked, what
+//! was asked upstream, its download, the body's plan.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::header;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::ResponseHeader;
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::Window;
+use rangeway_middleware::chain::Chain;
+use rangeway_middleware::rfc9110::{ContentRange, MultipartBody, RangeSpec, parse_content_range};
+
+use super::download::{DOWNLOAD_ID, SENT_PREFIX};
+use super::origin_digest::OriginDigestCheck;
+use super::s3;
+use crate::admin::live::LiveGuard;
+use crate::admin::metrics::ActiveDownload;
+use crate::range::{ClientRange, IfRangeDate};
+use crate::representation::{ChainPass, StoredFacts};
+use crate::routes::Route;
+use crate::state::{Delivery, DownloadSession, Ending, ObjectVersion, unix_now};
+
+/// What the proxy does to the upstream body on its way to the client.
+#[derive(Debug, Default)]
+pub(super) enum BodyPlan {
+    /// Forward every chunk as it is.
+    #[default]
+    Forward,
+    /// Forward only the bytes inside one range.
+    Window(Window),
+    /// Build a multipart/byteranges body from the ranges.
+    Multipart(Box<MultipartBody>),
+    /// Send nothing: the answer has no content (304, 412, 416, refused upstream answers).
+    Discard,
+    /// Send an explanation of an S3 error in place of its XML.
+    S3Error(Box<s3::ErrorBody>),
+}
+
+/// Per-request state.
+#[derive(Debug)]
+pub struct RequestCtx {
+    pub(super) started: Instant,
+    pub(super) route: Option<Arc<Route>>,
+    pub(super) upstream_target: String,
+    pub(super) client_range: ClientRange,
+    pub(super) sent_range: Option<RangeSpec>,
+    pub(super) body: BodyPlan,
+    /// What was served, for the access log: a Content-Range, "multipart", or "-".
+    pub(super) served: String,
+    pub(super) upstream_status: Option<u16>,
+    pub(super) upstream_connected: Option<Instant>,
+    pub(super) upstream_header: Option<Duration>,
+    pub(super) refusal: Option<&'static str>,
+    pub(super) _active: Option<ActiveDownload>,
+    pub(super) download: Option<DownloadCtx>,
+    pub(super) origin_digest: Option<OriginDigestCheck>,
+    /// On a route with middleware: what the store knows of the object and its stages.
+    pub(super) known: Option<StoredFacts>,
+    /// The object's path on the upstream, as the stages are told it.
+    pub(super) object_path: String,
+    /// On a route that transforms: the origin's strong ETag the planned range was made for, sent
+    /// upstream as If-Range so that a changed object comes whole.
+    pub(super) planned_for: Option<String>,
+    /// The route's middleware running over the upstream body.
+    pub(super) pass: Option<ChainPass>,
+    /// A stage whose stored index proved wrong, to be forgotten after the response.
+    pub(super) forget_stage: Option<usize>,
+    /// The route serves its output as a content coding this client does not accept: the body is
+    /// passed through untouched, as on a route without middleware.
+    pub(super) coding_declined: bool,
+    /// This response's progress, shown by the admin API while it is in flight.
+    pub(super) live: Option<LiveGuard>,
+    /// Which replica of the route's upstream the request went to.
+    pub(super) replica: usize,
+    /// Body bytes that went to the client by splice(2) (pingora's writer is told of them after).
+    pub(super) spliced: u64,
+    /// How the client's If-Range, when it is a date, goes upstream.
+    pub(super) if_range_date: IfRangeDate,
+    /// The ranges of a multipart answer are fetched apart, in stretches this far apart at least.
+    pub(super) part_gap: Option<u64>,
+    /// The stretches of a multipart answer still to fetch after the upstream's first answer.
+    pub(super) rest_parts: Vec<ByteRange>,
+}
+
+/// What the request knows of its download: who it is, what the store said, what was delivered.
+#[derive(Debug)]
+pub(super) struct DownloadCtx {
+    pub(super) id: String,
+    pub(super) object: String,
+    pub(super) client: String,
+    /// The session as the store had it before this request; `None` when new or unknown.
+    pub(super) session: Option<DownloadSession>,
+    /// For a bare resume, the one version it may be answered with (see
+    /// `DownloadSession::resumable`); its strong ETag goes upstream as `If-Match`.
+    pub(super) guard: Option<ObjectVersion>,
+    /// The upstream's answer is not the version the resume may have: it is refused (412).
+    pub(super) changed: bool,
+    /// What this response delivers.
+    pub(super) delivering: Option<Delivering>,
+    /// The origin's version behind it (the same on a route that does not transform).
+    pub(super) origin_version: Option<ObjectVersion>,
+}
+
+/// What a response delivers to its download.
+#[derive(Debug)]
+pub(super) struct Delivering {
+    pub(super) version: ObjectVersion,
+    /// The bytes of the version the response sends: one stretch, or the span of a multipart
+    /// answer's parts.
+    pub(super) range: ByteRange,
+    pub(super) parts: bool,
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            route: None,
+            upstream_target: String::new(),
+            client_range: ClientRange::Absent,
+            sent_range: None,
+            body: BodyPlan::Forward,
+            served: String::from("-"),
+            upstream_status: None,
+            upstream_connected: None,
+            upstream_header: None,
+            refusal: None,
+            _active: None,
+            download: None,
+            origin_digest: None,
+            known: None,
+            object_path: String::new(),
+            planned_for: None,
+            pass: None,
+            forget_stage: None,
+            coding_declined: false,
+            live: None,
+            replica: 0,
+            spliced: 0,
+            if_range_date: IfRangeDate::NotADate,
+            part_gap: None,
+            rest_parts: Vec::new(),
+        }
+    }
+}
+
+impl RequestCtx {
+    pub(super) fn route_name(&self) -> &str {
+        self.route.as_ref().map_or("-", |r| r.name.as_str())
+    }
+
+    /// The route's middleware as this request runs it: none on a passthrough route, or when the
+    /// client declined the route's content coding.
+    pub(super) fn chain(&self) -> Option<&Chain> {
+        self.route
+            .as_ref()
+            .map(|route| &route.chain)
+            .filter(|chain| !chain.stages().is_empty() && !self.coding_declined)
+    }
+
+    /// The bytes a multipart answer is made of, when the response is one.
+    pub(super) fn multipart_span(&self) -> Option<ByteRange> {
+        match &self.body {
+            BodyPlan::Multipart(multipart) => Some(multipart.span()),
+            _ => None,
+        }
+    }
+
+    /// The next body chunk is byte `to` of the object: a stretch of a multipart answer fetched
+    /// after a gap (see `plan_parts`).
+    pub(super) fn skip_to(&mut self, to: u64) -> Result<()> {
+        match &mut self.body {
+            BodyPlan::Multipart(multipart) => multipart
+                .skip_to(to)
+                .map_err(|e| Error::because(ErrorType::InternalError, "multipart body", e)),
+            _ => Err(Error::explain(ErrorType::InternalError, "a gap in a body not multipart")),
+        }
+    }
+
+    /// Whether the route's middleware changes the bytes for this request.
+    pub(super) fn transforms(&self) -> bool {
+        self.chain().is_some_and(|chain| !chain.is_observing_only())
+    }
+
+    /// What this response delivered to its download, once `sent` body bytes went out (none is
+    /// an empty range), `finished` when the response ended without an error.
+    pub(super) fn delivery(&self, sent: u64, finished: bool) -> Option<Delivery> {
+        let download = self.download.as_ref()?;
+        let Delivering { version, range: promised, parts } = download.delivering.as_ref()?;
+        let origin_version = download.origin_version.as_ref().unwrap_or(version);
+        let (range, ending) = if *parts {
+            (*promised, Ending::Parts)
+        } else {
+            let range = ByteRange::from_len(promised.start(), sent.min(promised.len()))?;
+            let whole = finished && range == *promised;
+            (range, if whole { Ending::Whole } else { Ending::Cut })
+        };
+        Some(Delivery {
+            id: download.id.clone(),
+            object: download.object.clone(),
+            route: self.route_name().to_owned(),
+            client: download.client.clone(),
+            version: version.clone(),
+            origin_version: origin_version.clone(),
+            range,
+            ending,
+            bytes: sent,
+            now: unix_now(),
+        })
+    }
+}
+
+impl DownloadCtx {
+    /// Labels the client's response with its download, and notes what it delivers: the version,
+    /// and which of its bytes (`parts`: the span of a multipart answer's parts).
+    pub(super) fn note_response(
+        &mut self,
+        response: &mut ResponseHeader,
+        version: Option<ObjectVersion>,
+        parts: Option<ByteRange>,
+    ) -> Result<()> {
+        response.insert_header(DOWNLOAD_ID, self.id.as_str())?;
+        // The hint speaks of the version being delivered only.
+        let sent = self.session.as_ref().zip(version.as_ref()).and_then(|(s, v)| s.of_version(v));
+        if let Some(sent) = sent {
+            response.insert_header(SENT_PREFIX, sent.sent.contiguous_prefix_end())?;
+        }
+        let range = match (response.status.as_u16(), &version) {
+            (200, Some(version)) => Some(ByteRange::whole(version.size)),
+            (206, _) => parts.or_else(|| {
+                match parse_content_range(response.headers.get(header::CONTENT_RANGE)?.as_bytes())?
+                {
+                    ContentRange::Satisfied { range, .. } => Some(range),
+                    ContentRange::Unsatisfied { .. } => None,
+                }
+            }),
+            _ => None,
+        };
+        self.delivering = version.zip(range).map(|(version, range)| Delivering {
+            version,
+            range,
+            parts: parts.is_some(),
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,404 @@
+//! The client's answer shaped from the upstream's: the transformed representation's, the observed
+//! one's, multipart bodies, refusals of answers that cannot be made correct.
+
+use std::time::SystemTime;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Method, StatusCode, header};
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::chain::{Chain, ObjectVersion as StageObject};
+use rangeway_middleware::checksum::want_repr_digest_sha256;
+use rangeway_middleware::rfc9110::{
+    ContentRange, IgnoreReason, MultipartBody, MultipartPlan, content_range, parse_content_range,
+};
+use tracing::warn;
+
+use super::Proxy;
+use super::answer::{answer_without_body, empty_answer, refuse_changed, set_partial};
+use super::context::{BodyPlan, RequestCtx};
+use super::hop_by_hop::forwarded;
+use super::plan::{PART_GAP, covering};
+use crate::fingerprint::fingerprint;
+use crate::range::{Asked, ClientRange, Shape, shape_response};
+use crate::representation::{
+    ChainPass, ORIGIN_DIGEST_HEADERS, digest_headers, representation_etag, version_key,
+};
+use crate::routes::Route;
+use crate::state::{Ending, ObjectVersion};
+
+impl Proxy {
+    /// On a route whose stages only observe: publishes what the store knows (digests), and runs
+    /// the stages over the upstream body to learn more.
+    pub(super) fn observe(
+        &self,
+        session: &Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        version: Option<&crate::state::ObjectVersion>,
+        upstream_stream: Option<ByteRange>,
+    ) -> Result<()> {
+        let Some(version) = version else { return Ok(()) };
+        let known = ctx.known.take().unwrap_or_default().for_version(version_key(version));
+        let path = ctx.object_path.clone();
+        let object = StageObject {
+            route: &route.name,
+            path: &path,
+            strong_etag: version.etag.as_deref().filter(|_| version.strong),
+            len: version.size,
+        };
+        let lens = route.chain.lengths(&object, &known.learned());
+        let req = session.req_header();
+        let want = want_repr_digest_sha256(
+            req.headers.get_all("want-repr-digest").iter().map(HeaderValue::as_bytes),
+        );
+        for (name, value) in digest_headers(&route.chain, &known, &lens, want) {
+            response.insert_header(name, value)?;
+        }
+        let (Some(stream), true) = (upstream_stream, req.method == Method::GET) else {
+            return Ok(());
+        };
+        if matches!(ctx.body, BodyPlan::Discard) {
+            return Ok(());
+        }
+        // Every chunk passes the stages as it is (they only look), before it is cut for the
+        // client: the stages see the upstream's bytes at their places in the object.
+        let plan = route.chain.plan(stream, &object, &known.learned()).map_err(|e| {
+            Error::because(ErrorType::InternalError, "planning the route's middleware", e)
+        })?;
+        ctx.pass =
+            Some(ChainPass::start(&route.chain, &plan, &object, known, stream.start()).map_err(
+                |e| Error::because(ErrorType::InternalError, "starting the route's middleware", e),
+            )?);
+        Ok(())
+    }
+
+    /// On a route that transforms: the transformed representation's answer. Its length, ETag and
+    /// ranges come from the chain and the origin's version; the client's range and validators
+    /// are evaluated against them; the chain is started for the output range to send.
+    pub(super) fn transformed_response(
+        &self,
+        session: &Session,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        version: Option<crate::state::ObjectVersion>,
+    ) -> Result<()> {
+        let status = response.status.as_u16();
+        forwarded(response)?;
+        if !matches!(status, 200 | 206) {
+            // Errors, 304 (If-Modified-Since holds for both representations), and refusals of
+            // the planned range: nothing of the origin's bytes is sent.
+            response.remove_header(&header::ETAG);
+            response.remove_header(&header::CONTENT_RANGE);
+            return Ok(());
+        }
+        let stream = upstream_stream(status, &response.headers);
+        let (Some(version), Some(stream)) = (version, stream) else {
+            return self.refuse(
+                response,
+                ctx,
+                &route.name,
+                "the upstream did not say the object's length, which the route's middleware needs",
+            );
+        };
+        let known = ctx.known.take().unwrap_or_default().for_version(version_key(&version));
+        let strong_etag = version.etag.as_deref().filter(|_| version.strong);
+        let path = ctx.object_path.clone();
+        let object =
+            StageObject { route: &route.name, path: &path, strong_etag, len: version.size };
+        let learned = known.learned();
+        let lens = route.chain.lengths(&object, &learned);
+        let output_len = lens.last().copied().flatten();
+        let etag = strong_etag.map(|etag| representation_etag(etag, &route.chain));
+        // The representation's own version: what a download of it is of.
+        let delivered = output_len.map(|size| ObjectVersion {
+            etag: etag.clone(),
+            strong: etag.is_some(),
+            size,
+            last_modified: version.last_modified,
+            content_type: version.content_type.clone(),
+        });
+        // Resume safety, as for the origin's own bytes: a bare resume the representation may
+        // not follow is refused.
+        if let Some(download) = ctx.download.as_mut()
+            && let Some(guard) = download.guard.take()
+            && !delivered.as_ref().is_some_and(|delivered| delivered.same_as(&guard))
+        {
+            download.changed = true;
+            self.metrics.resume_refused(&route.name);
+            let id = download.id.clone();
+            return refuse_changed(response, ctx, &id);
+        }
+        // Ranges only of what can be made again byte for byte: a version pinned by a strong
+        // ETag, of a known length; never of a content coding, which clients decode as it comes
+        // and would resume at decoded offsets.
+        let coding = route.chain.content_coding();
+        let rangeable = etag.is_some() && output_len.is_some() && coding.is_none();
+        let mut own = http::HeaderMap::new();
+        if let Some(etag) = etag.as_deref().and_then(|e| HeaderValue::from_str(e).ok()) {
+            own.insert(header::ETAG, etag);
+        }
+        if let Some(modified) = response.headers.get(header::LAST_MODIFIED) {
+            own.insert(header::LAST_MODIFIED, modified.clone());
+        }
+        if let Some(len) = output_len {
+            own.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+        // Ranges far apart would make the stages produce everything between them: answered whole
+        // instead, which costs what the client takes (see `plan_parts`).
+        let together = |set: &rangeway_middleware::rfc9110::RangeSet| {
+            output_len.is_some_and(|len| set.fetches(len, PART_GAP).len() <= 1)
+        };
+        let client_range = match &ctx.client_range {
+            ClientRange::Bytes(set) if rangeable && !together(set) => {
+                ClientRange::Ignored(IgnoreReason::Sparse)
+            }
+            range if rangeable => range.clone(),
+            _ => ClientRange::Absent,
+        };
+        let req = session.req_header();
+        let asked = Asked {
+            method: &req.method,
+            headers: &req.headers,
+            range: &client_range,
+            sent: None,
+            if_range_date_sent: false,
+            part_gap: None,
+        };
+        let shape = shape_response(&asked, 200, &own, SystemTime::now());
+        let want = want_repr_digest_sha256(
+            req.headers.get_all("want-repr-digest").iter().map(HeaderValue::as_bytes),
+        );
+        let is_get = req.method == Method::GET;
+        for name in ORIGIN_DIGEST_HEADERS.iter().copied().chain([
+            "etag",
+            "content-range",
+            "accept-ranges",
+            "content-length",
+            "transfer-encoding",
+        ]) {
+            response.remove_header(name);
+        }
+        remove_whole_object_checksums(response);
+        if let Some(etag) = &etag {
+            response.insert_header(header::ETAG, etag.as_str())?;
+        }
+        if let Some(coding) = coding {
+            response.insert_header(header::CONTENT_ENCODING, coding)?;
+        }
+        if let Some(media_type) = route.chain.media_type() {
+            response.insert_header(header::CONTENT_TYPE, media_type)?;
+        }
+        if let Some(disposition) = content_disposition(&path, &route.chain) {
+            response.insert_header(header::CONTENT_DISPOSITION, disposition)?;
+        }
+        let output = match shape {
+            Shape::Forward => {
+                response.set_status(StatusCode::OK)?;
+                match output_len {
+                    Some(len) => response.insert_header(header::CONTENT_LENGTH, len)?,
+                    None => response.insert_header(header::TRANSFER_ENCODING, "chunked")?,
+                }
+                if rangeable {
+                    response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+                }
+                output_len.map(ByteRange::whole)
+            }
+            Shape::Single { range, complete_len, .. } => {
+                let value = content_range(range, complete_len);
+                set_partial(response, range.len(), &value)?;
+                ctx.served = value;
+                Some(range)
+            }
+            Shape::Multiple { ranges, complete_len, .. } => {
+                let Some(covering) = covering(&ranges) else {
+                    return self.refuse(response, ctx, &route.name, "no ranges to send");
+                };
+                self.multipart(response, ctx, &ranges, complete_len, covering.start())?;
+                Some(covering)
+            }
+            Shape::BadGateway(reason) => return self.refuse(response, ctx, &route.name, reason),
+            shape @ (Shape::Unsatisfiable { .. }
+            | Shape::NotModified
+            | Shape::PreconditionFailed) => {
+                answer_without_body(response, ctx, &shape)?;
+                None
+            }
+        };
+        for (name, value) in digest_headers(&route.chain, &known, &lens, want) {
+            response.insert_header(name, value)?;
+        }
+        let parts = ctx.multipart_span();
+        if let Some(download) = ctx.download.as_mut() {
+            download.note_response(response, delivered, parts)?;
+            download.origin_version = Some(version.clone());
+        }
+        if !is_get || matches!(ctx.body, BodyPlan::Discard) {
+            ctx.body = BodyPlan::Discard;
+            return Ok(());
+        }
+        let plan = match output {
+            Some(output) => route.chain.plan(output, &object, &learned),
+            None => Ok(route.chain.plan_whole(&object, &learned)),
+        };
+        let plan = match plan {
+            Ok(plan) if stream.contains_range(&plan.origin()) => plan,
+            Ok(_) => {
+                return self.refuse(
+                    response,
+                    ctx,
+                    &route.name,
+                    "the upstream's answer does not hold the bytes the middleware needs",
+                );
+            }
+            Err(error) => {
+                warn!(route = %route.name, %error, "the route's middleware cannot plan this response");
+                return self.refuse(
+                    response,
+                    ctx,
+                    &route.name,
+                    "the middleware cannot plan this range",
+                );
+            }
+        };
+        let pass = ChainPass::start(&route.chain, &plan, &object, known, stream.start())
+            .map_err(|e| Error::because(ErrorType::InternalError, "starting the middleware", e))?;
+        ctx.pass = Some(pass);
+        Ok(())
+    }
+
+    /// Shows the response in the admin API while it is in flight, when it delivers to a download.
+    pub(super) fn go_live(&self, ctx: &mut RequestCtx) {
+        if matches!(ctx.body, BodyPlan::Discard) {
+            return;
+        }
+        // What the response will record at its end, before any byte went out; the parts of a
+        // multipart answer are not shown as they go.
+        if let Some(delivery) = ctx.delivery(0, false).filter(|d| d.ending != Ending::Parts) {
+            ctx.live = Some(self.live.register(delivery));
+        }
+    }
+
+    /// Answers 502 for an upstream answer that cannot be made into a correct response.
+    pub(super) fn refuse(
+        &self,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &str,
+        reason: &'static str,
+    ) -> Result<()> {
+        let status = response.status.as_u16();
+        warn!(route, upstream_status = status, reason, "refusing the upstream's answer");
+        self.metrics.upstream_error(route, "bad_range_answer");
+        empty_answer(response, StatusCode::BAD_GATEWAY)?;
+        response.insert_header("x-rangeway-error", reason)?;
+        ctx.refusal = Some(reason);
+        ctx.body = BodyPlan::Discard;
+        Ok(())
+    }
+
+    /// Makes `response` a multipart/byteranges answer of `ranges`, cut from a stream that starts
+    /// at `stream_start`.
+    pub(super) fn multipart(
+        &self,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        ranges: &[ByteRange],
+        complete_len: u64,
+        stream_start: u64,
+    ) -> Result<()> {
+        let content_type = response.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        let plan =
+            MultipartPlan::new(ranges, complete_len, content_type, &boundary(ranges, complete_len))
+                .map_err(|e| Error::because(ErrorType::InternalError, "multipart plan", e))?;
+        let multipart = MultipartBody::new(plan.clone(), stream_start)
+            .map_err(|e| Error::because(ErrorType::InternalError, "multipart body", e))?;
+        response.set_status(StatusCode::PARTIAL_CONTENT)?;
+        response.remove_header(&header::CONTENT_RANGE);
+        response.remove_header(&header::TRANSFER_ENCODING);
+        response.insert_header(header::CONTENT_TYPE, plan.content_type_header())?;
+        response.insert_header(header::CONTENT_LENGTH, plan.total_len())?;
+        response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+        ctx.served = format!("multipart ({} ranges)", ranges.len());
+        ctx.body = BodyPlan::Multipart(Box::new(multipart));
+        Ok(())
+    }
+}
+
+/// `attachment; filename="NAME.EXT"` for a chain that names its output (`.gz`): the last
+/// segment of the object's path with the stages' extensions, when it is a plain name.
+pub(super) fn content_disposition(path: &str, chain: &Chain) -> Option<String> {
+    let mut name = path.rsplit('/').next().filter(|name| !name.is_empty())?.to_owned();
+    let mut extended = false;
+    for extension in chain.file_extensions() {
+        name.push('.');
+        name.push_str(extension);
+        extended = true;
+    }
+    let plain = name.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' && b != b'%');
+    (extended && plain).then(|| format!("attachment; filename=\"{name}\""))
+}
+
+/// Two pieces of output as one.
+pub(super) fn join(first: Option<Bytes>, second: Option<Bytes>) -> Option<Bytes> {
+    match (first, second) {
+        (Some(first), Some(second)) => {
+            let mut joined = BytesMut::with_capacity(first.len() + second.len());
+            joined.extend_from_slice(&first);
+            joined.extend_from_slice(&second);
+            Some(joined.freeze())
+        }
+        (first, second) => first.or(second),
+    }
+}
+
+/// A multipart boundary that depends only on what is sent, so a repeated request gets the same
+/// bytes; 64 bits of SHA-256 make a collision with content as unlikely as a random one.
+pub(super) fn boundary(ranges: &[ByteRange], complete_len: u64) -> String {
+    let numbers: Vec<[u8; 8]> = std::iter::once(complete_len)
+        .chain(ranges.iter().flat_map(|r| [r.start(), r.end()]))
+        .map(u64::to_be_bytes)
+        .collect();
+    format!("rangeway-{}", fingerprint(numbers.iter().map(|n| &n[..]), 8))
+}
+
+/// Removes S3's `x-amz-checksum-*` fields: digests of the origin's whole object.
+pub(super) fn remove_whole_object_checksums(response: &mut ResponseHeader) {
+    let names: Vec<header::HeaderName> = response
+        .headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("x-amz-checksum-"))
+        .cloned()
+        .collect();
+    for name in names {
+        response.remove_header(&name);
+    }
+}
+
+/// Which bytes of the object an upstream 200 or 206 body holds, when it says.
+pub(super) fn upstream_stream(status: u16, headers: &http::HeaderMap) -> Option<ByteRange> {
+    match status {
+        200 => crate::range::content_length(headers).map(ByteRange::whole),
+        206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
+            ContentRange::Satisfied { range, .. } => Some(range),
+            ContentRange::Unsatisfied { .. } => None,
+        },
+        _ => None,
+    }
+}
+
+/// Runs `work` where it may block for milliseconds without stalling the other connections of
+/// this thread: `block_in_place` hands the thread's other tasks to another worker first. Only a
+/// multi-threaded runtime (pingora's default) allows it; elsewhere the work runs in place.
+pub(super) fn off_the_event_loop<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
+    let multi_thread = || {
+        tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        })
+    };
+    if blocks && multi_thread() { tokio::task::block_in_place(work) } else { work() }
+}
