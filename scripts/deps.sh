@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Installs the system tools that building and testing rangeway needs: cmake (pingora's libz-ng-sys),
-# a C/C++ toolchain, the real servers and clients the integration tests drive (nginx,
-# redis-server, curl, wget, aria2c, openssl, gzip, python3, chromium and a font for it to draw
-# with), the Python modules tests call (PyYAML; http_ece, the independent RFC 8188 implementation
-# the aes128gcm interop test runs; Playwright, which drives chromium in tests/ui.rs; boto3 and the
-# AWS CLI), and s3s-fs, the S3-compatible server tests/s3.rs runs.
+# Installs the system tools rangeway needs, as much as the caller needs:
+#
+#   scripts/deps.sh           building it (scripts/run): cmake (pingora's libz-ng-sys), a C/C++
+#                             toolchain, pkg-config, CA certificates
+#   scripts/deps.sh --test    and testing it (scripts/test): the real servers and clients the
+#                             integration tests drive (nginx, redis-server, curl, wget, aria2c,
+#                             openssl, gzip, python3, chromium and a font for it to draw with), the
+#                             Python modules tests call (PyYAML; http_ece, the independent RFC 8188
+#                             implementation the aes128gcm interop test runs; Playwright, which
+#                             drives chromium in tests/ui.rs; boto3 and the AWS CLI), and s3s-fs,
+#                             the S3-compatible server tests/s3.rs runs
+#   scripts/deps.sh --bench   and the benchmarks: HAProxy, wrk, valgrind
 #
 # Idempotent: every tool is checked with `command -v` first, so a machine that has them all does
 # nothing (not even `apt-get update`). Prints one line per package it installs.
@@ -40,31 +46,44 @@ need() {
     done
 }
 
+mode=${1:-}
+case "$mode" in
+    "" | --test | --bench) ;;
+    *)
+        echo "deps: unknown option $mode (use --test or --bench, or nothing)" >&2
+        exit 2
+        ;;
+esac
+testing=false
+[[ $mode == --test || $mode == --bench ]] && testing=true
+
 need cmake cmake
 need build-essential cc c++ make
 need pkg-config pkg-config
-need nginx nginx
-need redis-server redis-server
-need redis-tools redis-cli
-need curl curl
-need procps kill
-need wget wget
-need aria2 aria2c
-need openssl openssl
-need gzip gzip
-need python3 python3
-need chromium chromium
-if [[ "${1:-}" == "--bench" ]]; then
-    need haproxy haproxy
-    need wrk wrk
-    need valgrind valgrind
-fi
 if [[ ! -s /etc/ssl/certs/ca-certificates.crt ]]; then
     missing+=(ca-certificates)
 fi
-# Without a font, chromium draws the live downloads page's text as empty boxes in screenshots.
-if [[ ! -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]]; then
-    missing+=(fonts-dejavu-core)
+if [[ $testing == true ]]; then
+    need nginx nginx
+    need redis-server redis-server
+    need redis-tools redis-cli
+    need curl curl
+    need procps kill
+    need wget wget
+    need aria2 aria2c
+    need openssl openssl
+    need gzip gzip
+    need python3 python3
+    need chromium chromium
+    # Without a font, chromium draws the live downloads page's text as empty boxes in screenshots.
+    if [[ ! -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]]; then
+        missing+=(fonts-dejavu-core)
+    fi
+fi
+if [[ $mode == --bench ]]; then
+    need haproxy haproxy
+    need wrk wrk
+    need valgrind valgrind
 fi
 
 # Python modules the tests import, in whichever python3 is first on PATH (a pyenv one, say, which
@@ -121,9 +140,16 @@ s3_server() {
     cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary
 }
 
+# What the tests need beyond the system packages.
+test_tools() {
+    if [[ $testing == true ]]; then
+        python_modules
+        s3_server
+    fi
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
-    python_modules
-    s3_server
+    test_tools
     exit 0
 fi
 
@@ -163,5 +189,4 @@ for service in nginx redis-server haproxy; do
     fi
 done
 
-python_modules
-s3_server
+test_tools

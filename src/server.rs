@@ -54,6 +54,8 @@ pub enum StartError {
     Route { index: usize, source: crate::request_path::PathError },
     #[error("cannot make a key for download ids: {0}")]
     IdKey(getrandom::Error),
+    #[error("nothing listens on {0}: the server stopped or could not bind it")]
+    NotListening(SocketAddr),
 }
 
 /// What a started server listens on.
@@ -554,15 +556,25 @@ impl Running {
             .name("rangeway-server".into())
             .spawn(move || server.run(RunArgs { shutdown_signal: Box::new(watch) }))
             .map_err(StartError::Thread)?;
-        for addr in [endpoints.proxy, endpoints.admin] {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while std::net::TcpStream::connect(addr).is_err()
-                && std::time::Instant::now() < deadline
-            {
+        let running =
+            Self { endpoints, stop: Some(stop), thread: Some(thread), store: Some(store) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        for addr in [running.endpoints.proxy, running.endpoints.admin] {
+            loop {
+                let timeout = std::time::Duration::from_millis(200);
+                if std::net::TcpStream::connect_timeout(&addr, timeout).is_ok() {
+                    break;
+                }
+                // A server that stopped, or never listens: an error (dropping `running` stops
+                // what is left of it), never a handle to nothing.
+                let stopped = running.thread.as_ref().is_none_or(JoinHandle::is_finished);
+                if stopped || std::time::Instant::now() >= deadline {
+                    return Err(StartError::NotListening(addr));
+                }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
-        Ok(Self { endpoints, stop: Some(stop), thread: Some(thread), store: Some(store) })
+        Ok(running)
     }
 }
 

@@ -187,3 +187,20 @@ fn serve_runs_the_embedded_default_in_an_empty_folder() {
     let status = child.wait().unwrap();
     assert!(status.success() || status.code().is_none(), "{status:?}");
 }
+
+/// A server that cannot listen (on an address not of this machine) is an error of
+/// `Running::start`, not a handle to a server that is not there.
+#[test]
+fn a_server_that_cannot_listen_is_an_error() {
+    let [admin] = free_ports::<1>();
+    // TEST-NET-1 (RFC 5737): no interface here has it, so nothing can bind it.
+    let text = format!(
+        "[server]\nlisten = \"192.0.2.1:8080\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\n[upstreams.local]\ndir = \"./data\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"local\"\n"
+    );
+    let registry = rangeway_middleware::chain::StageRegistry::new();
+    let config = rangeway::config::Config::from_toml_str(&text, &registry).expect("valid");
+    match rangeway::server::Running::start(&config, &registry) {
+        Ok(_) => panic!("started though it cannot listen"),
+        Err(e) => assert!(e.to_string().contains("192.0.2.1:8080"), "{e}"),
+    }
+}

@@ -37,8 +37,10 @@ fn setup() -> (Origin, Proxy, Vec<u8>, Vec<u8>) {
     let small = test_bytes(SMALL, 6);
     origin.put("/big.bin", big.clone());
     origin.put("/small.bin", small.clone());
+    // Bodies the origin breaks off are not continued here: these tests are about what reaches
+    // the client of a body that ends early (continuations: tests/upstream_resume.rs).
     let proxy = Proxy::start(&format!(
-        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"2s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n\n[[routes]]\npath_prefix = \"/sum/\"\nupstream = \"origin\"\nstrip_prefix = true\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
+        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"2s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\nupstream_resume = false\n\n[[routes]]\npath_prefix = \"/sum/\"\nupstream = \"origin\"\nstrip_prefix = true\nupstream_resume = false\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
         origin.base_url()
     ));
     (origin, proxy, big, small)
@@ -240,7 +242,7 @@ fn a_middleware_route_reads_the_body_past_pingora() {
     let log = logs.join("rangeway.log");
     let process = ProxyProcess::start_logged(
         &format!(
-            "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
+            "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\nupstream_resume = false\n  [[routes.middleware]]\n  kind = \"checksum\"\n",
             origin.base_url()
         ),
         &[],

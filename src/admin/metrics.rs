@@ -18,6 +18,7 @@ use crate::state::StateStore;
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
+    transports: IntCounterVec,
     response_bytes: IntCounterVec,
     spliced_bytes: IntCounterVec,
     upstream_errors: IntCounterVec,
@@ -37,6 +38,14 @@ impl Metrics {
         let requests = IntCounterVec::new(
             Opts::new("rangeway_requests_total", "Requests answered, by route and status code."),
             &["route", "status"],
+        )
+        .expect("valid metric");
+        let transports = IntCounterVec::new(
+            Opts::new(
+                "rangeway_transport_total",
+                "Requests answered, by route and the way their answer took: pingora (pingora's own proxying), relay (rangeway's upstream client, the body in chunks), splice (the relay, the body spliced socket to socket).",
+            ),
+            &["route", "transport"],
         )
         .expect("valid metric");
         let response_bytes = IntCounterVec::new(
@@ -66,7 +75,7 @@ impl Metrics {
         let resumes_refused = IntCounterVec::new(
             Opts::new(
                 "rangeway_resumes_refused_total",
-                "Resumes of a download whose object changed since it began, refused (412).",
+                "Bare resumes refused (412) because the client may hold another version than the one the origin has, or any of several.",
             ),
             &["route"],
         )
@@ -127,6 +136,7 @@ impl Metrics {
             .expect("valid metric");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(transports.clone()),
             Box::new(response_bytes.clone()),
             Box::new(spliced_bytes.clone()),
             Box::new(upstream_errors.clone()),
@@ -151,6 +161,7 @@ impl Metrics {
         Self {
             registry,
             requests,
+            transports,
             response_bytes,
             spliced_bytes,
             upstream_errors,
@@ -165,8 +176,18 @@ impl Metrics {
         }
     }
 
-    pub fn request(&self, route: &str, status: u16, bytes: u64, elapsed: Duration) {
+    /// A request answered: its status, the body bytes sent, how long it took, and the way the
+    /// answer took (see `proxy::transport`).
+    pub fn request(
+        &self,
+        route: &str,
+        status: u16,
+        bytes: u64,
+        elapsed: Duration,
+        transport: &str,
+    ) {
         self.requests.with_label_values(&[route, &status.to_string()]).inc();
+        self.transports.with_label_values(&[route, transport]).inc();
         self.response_bytes.with_label_values(&[route]).inc_by(bytes);
         self.duration.with_label_values(&[route]).observe(elapsed.as_secs_f64());
     }

@@ -30,7 +30,8 @@ pub struct RouteConfig {
     /// `s3_client_keys_file`: when set, only requests signed (SigV4) with one of these keys are
     /// served; others get 403.
     pub s3_client_keys: Option<S3ClientKeys>,
-    /// `[routes.upstream_resume]`: continue a response whose origin fails mid-body.
+    /// `[routes.upstream_resume]`: continue a response whose origin fails mid-body. On, with
+    /// the defaults, unless `upstream_resume = false`.
     pub upstream_resume: Option<UpstreamResume>,
     /// `s3_response_overrides`: let clients' `response-content-type`, `response-content-
     /// disposition` and the other `response-*` query parameters reach an S3 upstream, which
@@ -208,8 +209,11 @@ fn read_one(
     }
     let s3_client_keys =
         table.take("s3_client_keys_file").map(|f| s3::read_client_keys(ctx, f)).transpose();
-    let upstream_resume =
-        table.take("upstream_resume").map_or(Ok(None), |f| read_upstream_resume(ctx, f));
+    // On unless a route turns it off: a body its origin breaks off is otherwise a broken
+    // download, as through any other proxy.
+    let upstream_resume = table
+        .take("upstream_resume")
+        .map_or(Ok(Some(UpstreamResume::default())), |f| read_upstream_resume(ctx, f));
     let s3_response_overrides =
         table.take("s3_response_overrides").map_or(Ok(false), |f| f.boolean(ctx));
     table.finish(ctx);

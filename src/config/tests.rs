@@ -1607,7 +1607,11 @@ fn upstream_resume_settings() {
         (resume.attempts, resume.deadline, resume.backoff),
         (9, Duration::from_secs(120), Duration::ZERO)
     );
-    assert_eq!(load_ok(&format!("{UPSTREAMS}{ROUTE}")).routes[0].upstream_resume, None);
+    // On by default.
+    assert_eq!(
+        load_ok(&format!("{UPSTREAMS}{ROUTE}")).routes[0].upstream_resume,
+        Some(UpstreamResume::default())
+    );
     assert_eq!(load_ok(&with("false")).routes[0].upstream_resume, None);
     let cases: [(&str, &[(&str, &str)]); 5] = [
         ("{ attempts = 0 }", &[("routes[0].upstream_resume.attempts", "0 is out of range")]),

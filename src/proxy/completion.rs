@@ -16,7 +16,6 @@ use http::header;
 use pingora_error::{Error, ErrorType, Result};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::ObjectVersion as StageObject;
-use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 use tracing::{debug, info};
 
 use crate::representation::{ChainPass, StoredFacts, version_key};
@@ -98,34 +97,19 @@ impl Completions {
         };
         let replica = route.upstream.choose();
         let mut request = route.upstream.request("GET", &target, replica)?;
-        request.insert_header(header::RANGE, format!("bytes={from}-"))?;
-        // The version the facts are about, or nothing.
-        request.insert_header(header::IF_MATCH, etag)?;
         request.insert_header(header::ACCEPT_ENCODING, "identity")?;
-        let mut exchange = self.client.send(&route.upstream, replica, request).await?;
+        let stream = ByteRange::new(from, version.size).ok_or_else(|| {
+            Error::explain(ErrorType::InternalError, "a completion pass past the object's end")
+        })?;
+        let mut exchange = self
+            .client
+            .fetch_range(&route.upstream, replica, request, stream, (etag, version.size))
+            .await
+            .map_err(|e| {
+                let why = format!("the origin gave no answer for the rest of the object: {e:?}");
+                Error::explain(ErrorType::InvalidHTTPHeader, why)
+            })?;
         let upstream = &mut exchange.session;
-        let answer = upstream.response_header().map(|r| {
-            let range = r
-                .headers
-                .get(header::CONTENT_RANGE)
-                .and_then(|v| parse_content_range(v.as_bytes()));
-            (r.status.as_u16(), range)
-        });
-        let expected = ByteRange::new(from, version.size);
-        let stream = match answer {
-            Some((206, Some(ContentRange::Satisfied { range, complete_len })))
-                if Some(range) == expected && complete_len == Some(version.size) =>
-            {
-                range
-            }
-            Some((200, _)) if from == 0 => ByteRange::whole(version.size),
-            other => {
-                return Err(Error::explain(
-                    ErrorType::InvalidHTTPHeader,
-                    format!("the origin answered {other:?} for the rest of the object"),
-                ));
-            }
-        };
         let object_version = StageObject {
             route: &route.name,
             path: &path,

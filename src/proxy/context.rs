@@ -15,6 +15,7 @@ use rangeway_middleware::rfc9110::{ContentRange, MultipartBody, RangeSpec, parse
 use super::download::{DOWNLOAD_ID, SENT_PREFIX};
 use super::origin_digest::OriginDigestCheck;
 use super::s3;
+use super::transport::Transport;
 use crate::admin::live::LiveGuard;
 use crate::admin::metrics::ActiveDownload;
 use crate::range::{ClientRange, IfRangeDate};
@@ -48,9 +49,11 @@ pub struct RequestCtx {
     pub(super) sent_range: Option<RangeSpec>,
     pub(super) body: BodyPlan,
     /// What was served, for the access log: a Content-Range, "multipart", or "-".
-    pub(super) served: String,
+    pub(super) served_range: String,
     pub(super) upstream_status: Option<u16>,
-    pub(super) upstream_connected: Option<Instant>,
+    /// When the upstream was first asked (before connecting), and how long its answer's header
+    /// took from then: the access line's `upstream_ms`.
+    pub(super) upstream_asked: Option<Instant>,
     pub(super) upstream_header: Option<Duration>,
     pub(super) refusal: Option<&'static str>,
     pub(super) _active: Option<ActiveDownload>,
@@ -72,10 +75,14 @@ pub struct RequestCtx {
     pub(super) coding_declined: bool,
     /// This response's progress, shown by the admin API while it is in flight.
     pub(super) live: Option<LiveGuard>,
+    /// Replicas the request could not be sent to (see `Upstream::retry_elsewhere`).
+    pub(super) connect_tries: usize,
     /// Which replica of the route's upstream the request went to.
     pub(super) replica: usize,
     /// Body bytes that went to the client by splice(2) (pingora's writer is told of them after).
     pub(super) spliced: u64,
+    /// The way the answer takes (see transport.rs).
+    pub(super) transport: Transport,
     /// How the client's If-Range, when it is a date, goes upstream.
     pub(super) if_range_date: IfRangeDate,
     /// The ranges of a multipart answer are fetched apart, in stretches this far apart at least.
@@ -94,7 +101,7 @@ pub(super) struct DownloadCtx {
     pub(super) session: Option<DownloadSession>,
     /// For a bare resume, the one version it may be answered with (see
     /// `DownloadSession::resumable`); its strong ETag goes upstream as `If-Match`.
-    pub(super) guard: Option<ObjectVersion>,
+    pub(super) resume_version: Option<ObjectVersion>,
     /// The upstream's answer is not the version the resume may have: it is refused (412).
     pub(super) changed: bool,
     /// What this response delivers.
@@ -122,9 +129,9 @@ impl Default for RequestCtx {
             client_range: ClientRange::Absent,
             sent_range: None,
             body: BodyPlan::Forward,
-            served: String::from("-"),
+            served_range: String::from("-"),
             upstream_status: None,
-            upstream_connected: None,
+            upstream_asked: None,
             upstream_header: None,
             refusal: None,
             _active: None,
@@ -137,8 +144,10 @@ impl Default for RequestCtx {
             forget_stage: None,
             coding_declined: false,
             live: None,
+            connect_tries: 0,
             replica: 0,
             spliced: 0,
+            transport: Transport::default(),
             if_range_date: IfRangeDate::NotADate,
             part_gap: None,
             rest_parts: Vec::new(),

@@ -1,11 +1,14 @@
-//! The proxy: pingora's `ProxyHttp` for rangeway.
+//! The proxy: pingora's `ProxyHttp` for rangeway. This file holds the phases, in the order a
+//! request goes through them; what they call lives beside it.
 //!
-//! [`Proxy`] is built once from config (routes, upstreams, limits, metrics); [`RequestCtx`] is
-//! the per-request state that pingora threads through the phases. The request flow is DESIGN.md's:
-//! route and parse in `request_filter`, plan and send the upstream Range in
-//! `upstream_request_filter`, check the upstream's answer and shape the client's in
-//! `response_filter`, cut the body in `response_body_filter` (synchronous, no allocation on
-//! passthrough), record in `logging`.
+//! [`Proxy`] is built once from config (routes, upstreams, limits, metrics, the store);
+//! `RequestCtx` (context.rs) is the per-request state pingora threads through the phases: route
+//! and parse in `request_filter`, which also chooses the way the answer takes (transport.rs);
+//! plan and send the upstream Range in `upstream_request_filter`; check the upstream's answer and
+//! shape the client's in `response_filter` (shaping.rs); cut the body in `response_body_filter`
+//! (synchronous, no allocation on passthrough); record in `logging`. Each way an answer can take —
+//! pingora's proxying, the relay, splice — is followed step by step in `LIFECYCLE.md` beside this
+//! file; `docs/architecture.md` has the whole.
 
 mod answer;
 mod completion;
@@ -19,6 +22,7 @@ mod relay;
 mod s3;
 mod shaping;
 mod splice;
+mod transport;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -59,6 +63,7 @@ use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
 use plan::{plan_parts, plan_upstream};
 use relay::Continuable;
 use shaping::{join, off_the_event_loop, remove_whole_object_checksums, upstream_stream};
+use transport::Transport;
 
 /// The proxy, built once from config and shared by every request.
 #[derive(Debug)]
@@ -194,6 +199,7 @@ impl ProxyHttp for Proxy {
         ctx.upstream_target = target;
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(route));
+        ctx.transport = Transport::choose(session, route);
         ctx.coding_declined = route
             .chain
             .content_coding()
@@ -241,7 +247,7 @@ impl ProxyHttp for Proxy {
                 }
                 _ => Resumable::Any,
             };
-            let guard = match resumable {
+            let resume_version = match resumable {
                 Resumable::Any => None,
                 Resumable::Only(version) => Some(version.clone()),
                 Resumable::Neither => {
@@ -250,7 +256,7 @@ impl ProxyHttp for Proxy {
                 }
             };
             if ranged && !ctx.transforms() {
-                let relayed = relay::relayed(session, route);
+                let relayed = ctx.transport != Transport::Pingora;
                 plan_parts(ctx, record.as_ref().map(|r| &r.current), relayed, &req.headers);
             }
             if has_chain {
@@ -266,7 +272,7 @@ impl ProxyHttp for Proxy {
                     object,
                     client: client_ip.map(|ip| ip.to_string()).unwrap_or_default(),
                     session: stored,
-                    guard,
+                    resume_version,
                     changed: false,
                     delivering: None,
                     origin_version: None,
@@ -285,14 +291,11 @@ impl ProxyHttp for Proxy {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<bool> {
-        let Some(route) = ctx.route.as_ref() else { return Ok(true) };
-        // rangeway relays it itself, so that a body its origin breaks off can be continued, or
-        // so that its body costs fewer copies (see relay.rs); pingora proxies the rest.
-        if !relay::relayed(session, route) {
+        // The way was chosen with the route (see transport.rs).
+        if ctx.transport == Transport::Pingora {
             return Ok(true);
         }
-        let policy = route.upstream_resume;
-        self.relay(session, ctx, policy).await?;
+        self.relay(session, ctx).await?;
         Ok(false)
     }
 
@@ -306,6 +309,8 @@ impl ProxyHttp for Proxy {
             .as_ref()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
         ctx.replica = route.upstream.choose();
+        // From the first try: what the upstream cost the response, connecting included.
+        ctx.upstream_asked.get_or_insert_with(Instant::now);
         route.upstream.peer(ctx.replica).await
     }
 
@@ -316,27 +321,13 @@ impl ProxyHttp for Proxy {
         ctx: &mut RequestCtx,
         mut e: Box<Error>,
     ) -> Box<Error> {
+        // Nothing was sent: another replica can take the request (`upstream_peer` chooses it).
         if let Some(upstream) = ctx.route.as_ref().map(|route| &route.upstream)
-            && upstream.replica_count() > 1
+            && upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries)
         {
-            // Nothing was sent: another replica can take the request.
-            upstream.failed(ctx.replica);
             e.set_retry(true);
         }
         e
-    }
-
-    async fn connected_to_upstream(
-        &self,
-        _session: &mut Session,
-        _reused: bool,
-        _peer: &HttpPeer,
-        _fd: std::os::unix::io::RawFd,
-        _digest: Option<&pingora_core::protocols::Digest>,
-        ctx: &mut RequestCtx,
-    ) -> Result<()> {
-        ctx.upstream_connected = Some(Instant::now());
-        Ok(())
     }
 
     async fn upstream_request_filter(
@@ -378,9 +369,9 @@ impl ProxyHttp for Proxy {
             } else if let Some(etag) = ctx
                 .download
                 .as_ref()
-                .and_then(|d| d.guard.as_ref())
-                .filter(|guard| guard.strong)
-                .and_then(|guard| guard.etag.as_deref())
+                .and_then(|d| d.resume_version.as_ref())
+                .filter(|version| version.strong)
+                .and_then(|version| version.etag.as_deref())
                 && !transforms
             {
                 // The one version this resume may be answered with: anything else comes as 412.
@@ -421,19 +412,20 @@ impl ProxyHttp for Proxy {
             route.upstream.failed(ctx.replica);
         }
         if ctx.transforms() {
-            // The guard is the transformed representation's ETag: checked in response_filter.
+            // The version a resume may have is the transformed representation's ETag: checked in response_filter.
             return Ok(());
         }
         let Some(download) = ctx.download.as_mut() else {
             return Ok(());
         };
-        let Some(guard) = download.guard.take() else {
+        let Some(resume_version) = download.resume_version.take() else {
             return Ok(());
         };
         let status = response.status.as_u16();
         let answered = object_version(status, &response.headers);
         let changed = status == 412
-            || (matches!(status, 200 | 206) && !answered.is_some_and(|v| v.same_as(&guard)));
+            || (matches!(status, 200 | 206)
+                && !answered.is_some_and(|v| v.same_as(&resume_version)));
         if !changed {
             return Ok(());
         }
@@ -457,7 +449,7 @@ impl ProxyHttp for Proxy {
     ) -> Result<()> {
         let status = response.status.as_u16();
         ctx.upstream_status = Some(status);
-        ctx.upstream_header = ctx.upstream_connected.map(|t| t.elapsed());
+        ctx.upstream_header = ctx.upstream_asked.map(|t| t.elapsed());
         let version = object_version(status, &response.headers);
         let origin_digest =
             if status == 200 { OriginDigestCheck::for_response(&response.headers) } else { None };
@@ -470,7 +462,7 @@ impl ProxyHttp for Proxy {
             && let Some(client_status) = crate::s3::error::client_status(status)
         {
             forwarded(response)?;
-            ctx.served = format!("S3 error {status}");
+            ctx.served_range = format!("S3 error {status}");
             let xml = crate::s3::error::speaks_s3(&session.req_header().headers);
             let error = s3::ErrorBody::start(response, client_status, xml)?;
             ctx.body = BodyPlan::S3Error(Box::new(error));
@@ -524,7 +516,7 @@ impl ProxyHttp for Proxy {
         match shape {
             Shape::Forward => {
                 if let Some(range) = response.headers.get(header::CONTENT_RANGE) {
-                    ctx.served = range.to_str().unwrap_or("?").to_owned();
+                    ctx.served_range = range.to_str().unwrap_or("?").to_owned();
                 }
                 if matches!(status, 200 | 206)
                     && response.headers.contains_key(header::CONTENT_LENGTH)
@@ -539,7 +531,7 @@ impl ProxyHttp for Proxy {
                 }
                 let value = content_range(range, complete_len);
                 set_partial(response, range.len(), &value)?;
-                ctx.served = value;
+                ctx.served_range = value;
                 ctx.body = BodyPlan::Window(Window::new(stream_start, range));
             }
             Shape::Multiple { ranges, complete_len, stream_start, rest } => {
@@ -655,7 +647,7 @@ impl ProxyHttp for Proxy {
                     let upstream = ctx.route.as_ref().map_or("-", |r| r.upstream.name());
                     let (text, code) = error.finish(route, upstream);
                     if let Some(code) = code {
-                        ctx.served = format!("S3 {code}");
+                        ctx.served_range = format!("S3 {code}");
                     }
                     *body = Some(text);
                 }
@@ -735,7 +727,8 @@ impl ProxyHttp for Proxy {
         }
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
-        self.metrics.request(route, status, sent, elapsed);
+        let transport = ctx.transport.name();
+        self.metrics.request(route, status, sent, elapsed, transport);
         if ctx.spliced > 0 {
             self.metrics.spliced(route, ctx.spliced);
         }
@@ -748,15 +741,15 @@ impl ProxyHttp for Proxy {
             None => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %req.uri, status,
-                range_asked = asked, range_served = %ctx.served, bytes = sent,
+                range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                 upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
-                client, refused = ctx.refusal,
+                transport, client, refused = ctx.refusal,
             ),
             Some(e) if is_client_abort(e) => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %req.uri, status,
-                range_asked = asked, range_served = %ctx.served, bytes = sent,
-                total_ms = elapsed.as_secs_f64() * 1000.0, client,
+                range_asked = asked, range_served = %ctx.served_range, bytes = sent,
+                total_ms = elapsed.as_secs_f64() * 1000.0, transport, client,
                 "client went away before the end of the response"
             ),
             Some(e) => {
@@ -766,9 +759,9 @@ impl ProxyHttp for Proxy {
                 warn!(
                     target: "rangeway::access",
                     route, method = %req.method, path = %req.uri, status,
-                    range_asked = asked, range_served = %ctx.served, bytes = sent,
+                    range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                     upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
-                    client, error = %e,
+                    transport, client, error = %e,
                 )
             }
         }

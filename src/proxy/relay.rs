@@ -1,7 +1,9 @@
-//! Relaying a response with rangeway's own upstream client: on routes that continue a body its
-//! origin broke off (`[routes.upstream_resume]`), and for GETs whose body can cost fewer copies
-//! than pingora's proxying makes — spliced from socket to socket when untouched (see splice.rs),
-//! read from the origin's socket straight into the chunks a route's middleware takes otherwise.
+//! Relaying a response with rangeway's own upstream client: every GET and HEAD (see
+//! transport.rs), so that a body its origin breaks off can be continued
+//! (`[routes.upstream_resume]`, on by default), the stretches of ranges far apart fetched one after
+//! another, and a body cost fewer copies than pingora's proxying makes — spliced from socket to
+//! socket when untouched (see splice.rs), read from the origin's socket straight into the chunks
+//! a route's middleware takes otherwise.
 //!
 //! pingora proxies a response once: when the origin connection fails after the first byte went to
 //! the client, the client's download is cut, and only the client can resume it. Here rangeway
@@ -21,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, header};
-use pingora_core::protocols::Stream;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::protocols::http::{HttpTask, ServerSession};
 use pingora_error::{Error, ErrorSource, ErrorType, OrErr, Result};
@@ -33,7 +34,7 @@ use tokio::sync::mpsc::Sender;
 use tracing::{info, warn};
 
 use super::Proxy;
-use super::context::{BodyPlan, RequestCtx};
+use super::context::RequestCtx;
 use super::hop_by_hop::strip_hop_by_hop;
 use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
@@ -42,7 +43,7 @@ use crate::admission::ClientConnection;
 use crate::config::UpstreamResume;
 use crate::range::content_length;
 use crate::routes::Route;
-use crate::routes::origin_client::{Exchange, OriginClient};
+use crate::routes::origin_client::{Exchange, FetchError, OriginClient};
 
 /// What a broken body can be continued with: the stream's end and the version it is of.
 pub(super) struct Continuable {
@@ -76,12 +77,8 @@ impl Continuable {
 impl Proxy {
     /// Answers the request with rangeway's own upstream client, continuing the body when its
     /// origin fails mid-way. Called instead of pingora's proxying.
-    pub(super) async fn relay(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        policy: Option<UpstreamResume>,
-    ) -> Result<()> {
+    pub(super) async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
+        let policy = ctx.transport.resume();
         let route = ctx
             .route
             .clone()
@@ -96,15 +93,14 @@ impl Proxy {
         let asks_again =
             policy.is_some() || route.upstream.replica_count() > 1 || ctx.part_gap.is_some();
         let base = asks_again.then(|| request.clone());
+        ctx.upstream_asked = Some(Instant::now());
         let mut exchange = self.first_exchange(&route, ctx, request, base.as_ref()).await?;
-        ctx.upstream_connected = Some(Instant::now());
         let mut response =
             exchange.session.response_header().cloned().ok_or_else(|| {
                 Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
             })?;
         let stream = upstream_stream(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
-        let upstream_len = content_length(&response.headers);
         self.upstream_response_filter(session, &mut response, ctx).await?;
         self.response_filter(session, &mut response, ctx).await?;
         let head_only = session.req_header().method == Method::HEAD;
@@ -119,10 +115,10 @@ impl Proxy {
             at: stream.map_or(0, |s| s.start()),
             replica: ctx.replica,
         };
-        if !head_only
-            && let Some((client, len)) =
-                spliceable(session, ctx, &exchange, &response, upstream_len)
+        if let Some((spliced, client, len)) =
+            ctx.transport.for_body(session, ctx, &exchange, &response)
         {
+            ctx.transport = spliced;
             return self.splice(session, ctx, response, (client, len), exchange, pump).await;
         }
         if head_only {
@@ -307,12 +303,13 @@ impl Proxy {
                     sent += first.len() as u64;
                     live.inspect(|live| live.sent(first.len()));
                 }
-                let origin = plain_socket(exchange.session.stream()).ok_or_else(|| {
-                    Error::explain(
-                        ErrorType::InternalError,
-                        "the origin connection cannot be spliced",
-                    )
-                })?;
+                let origin =
+                    super::transport::plain_socket(exchange.session.stream()).ok_or_else(|| {
+                        Error::explain(
+                            ErrorType::InternalError,
+                            "the origin connection cannot be spliced",
+                        )
+                    })?;
                 let left = len - sent;
                 let delivered = |n: usize| {
                     sent += n as u64;
@@ -349,8 +346,8 @@ impl Proxy {
     }
 
     /// Sends the request (`request`, made for `ctx.replica`) and reads the answer's header. When
-    /// the replica cannot be reached, nothing was sent: the others are tried in turn (`base`,
-    /// with their Host; given when there are others).
+    /// the replica cannot be reached, the others are tried as pingora's proxying tries them
+    /// (`Upstream::retry_elsewhere`), with `base` and their Host (given when there are others).
     async fn first_exchange(
         &self,
         route: &Route,
@@ -358,22 +355,18 @@ impl Proxy {
         request: RequestHeader,
         base: Option<&RequestHeader>,
     ) -> Result<Exchange> {
-        let mut last =
-            match self.origin_client.exchange(&route.upstream, ctx.replica, request).await {
-                Ok(exchange) => return Ok(exchange),
-                Err(e) => e,
-            };
-        let Some(base) = base else { return Err(last) };
-        for _ in 1..route.upstream.replica_count() {
-            ctx.replica = route.upstream.choose();
-            let mut request = base.clone();
-            request.insert_header(header::HOST, route.upstream.host_header(ctx.replica))?;
-            match self.origin_client.send(&route.upstream, ctx.replica, request).await {
-                Ok(exchange) => return Ok(exchange),
-                Err(e) => last = e,
+        let upstream = &route.upstream;
+        let mut sent = self.origin_client.exchange(upstream, ctx.replica, request).await;
+        while let (Err(_), Some(base)) = (&sent, base) {
+            if !upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries) {
+                break;
             }
+            ctx.replica = upstream.choose();
+            let mut request = base.clone();
+            request.insert_header(header::HOST, upstream.host_header(ctx.replica))?;
+            sent = self.origin_client.send(upstream, ctx.replica, request).await;
         }
-        Err(last)
+        sent
     }
 
     /// One chunk (or the end) through the body filter, then to the client.
@@ -391,65 +384,6 @@ impl Proxy {
         }
         Ok(())
     }
-}
-
-/// Whether rangeway answers the request with its own upstream client (this module) rather than
-/// pingora's proxying: a request without a body (the relay sends none), on a route that continues
-/// bodies its origin breaks off, or one [`relays`] takes.
-pub(super) fn relayed(session: &Session, route: &Route) -> bool {
-    let req = session.req_header();
-    let without_body = !req.headers.contains_key(header::TRANSFER_ENCODING)
-        && req.headers.get(header::CONTENT_LENGTH).is_none_or(|len| len.as_bytes() == b"0");
-    without_body && (route.upstream_resume.is_some() || relays(session, route))
-}
-
-/// Whether the relay answers a request on a route that does not continue bodies: a GET from a
-/// plain HTTP/1 client to an upstream without TLS, whose body then costs fewer copies — an
-/// untouched one may be spliced (the answer's header decides: [`spliceable`]), any other is read
-/// from the origin's socket straight into the chunks the route's middleware takes
-/// ([`next_chunk`]). Other requests are pingora's to proxy.
-pub(super) fn relays(session: &Session, route: &Route) -> bool {
-    session.req_header().method == Method::GET
-        && !route.upstream.is_tls()
-        && matches!(session.as_downstream(), ServerSession::H1(h1) if h1.stream().get_ssl_digest().is_none())
-}
-
-/// The smallest body spliced. Chosen, not measured: setting a splice up takes about a dozen
-/// system calls (two duplicated descriptors and their registrations, the pipe and its size, the
-/// closes), and a body below it is read in a few chunks anyway.
-const SPLICE_MIN_BYTES: u64 = 256 * 1024;
-
-/// The client's socket and the body's length, when the response can be spliced: a body of
-/// known length (the origin's, unchanged) passed on as it is, between plain sockets, to an
-/// HTTP/1 client.
-fn spliceable(
-    session: &Session,
-    ctx: &RequestCtx,
-    exchange: &Exchange,
-    response: &ResponseHeader,
-    upstream_len: Option<u64>,
-) -> Option<(RawSocket, u64)> {
-    let len = upstream_len.filter(|len| *len >= SPLICE_MIN_BYTES)?;
-    let untouched = ctx.pass.is_none()
-        && ctx.origin_digest.is_none()
-        && matches!(ctx.body, BodyPlan::Forward)
-        && content_length(&response.headers) == Some(len);
-    let ServerSession::H1(h1) = session.as_downstream() else { return None };
-    // The connection must be able to swallow pingora's account of the body (see `splice`).
-    let accountable = ClientConnection::of(h1.stream()).is_some();
-    if !untouched
-        || !accountable
-        || exchange.session.stream().is_none_or(|s| s.get_ssl_digest().is_some())
-    {
-        return None;
-    }
-    plain_socket(Some(h1.stream())).map(|client| (client, len))
-}
-
-/// A connection's socket for rangeway's own reads and writes, unless it is TLS.
-fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
-    let stream = stream.filter(|s| s.get_ssl_digest().is_none())?;
-    RawSocket::duplicate(stream.id()).ok()
 }
 
 /// What pingora's writer is handed for the bytes that went past it: never read, never sent (see
@@ -550,7 +484,7 @@ impl BodySource {
             .and_then(|header| content_length(&header.headers))
             .and_then(|len| len.checked_sub(received))
             .filter(|left| *left > 0)
-            .zip(plain_socket(exchange.session.stream()))
+            .zip(super::transport::plain_socket(exchange.session.stream()))
             .map(|(left, socket)| DirectBody {
                 socket,
                 left,
@@ -762,49 +696,23 @@ impl Pump {
             pause = true;
             let replica = upstream.choose();
             let mut request = base.clone();
-            let asked = format!("bytes={}-{}", range.start(), range.end() - 1);
-            for (name, value) in [
-                (header::RANGE, asked.as_str()),
-                (header::IF_MATCH, &continuable.etag),
-                (header::HOST, upstream.host_header(replica)),
-            ] {
-                request.insert_header(name, value).map_err(|_| "failed")?;
-            }
-            for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
-                request.remove_header(&name);
-            }
+            request
+                .insert_header(header::HOST, upstream.host_header(replica))
+                .map_err(|_| "failed")?;
             let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
                 return Err("failed");
             };
-            let sending = self.client.send(upstream, replica, request);
-            let exchange = match tokio::time::timeout(left, sending).await {
-                Ok(Ok(exchange)) => exchange,
-                Ok(Err(_)) | Err(_) => continue,
-            };
-            let Some(answer) = exchange.session.response_header() else { continue };
-            let status = answer.status.as_u16();
-            if answer.status.is_server_error() {
-                upstream.failed(replica);
+            let version = (continuable.etag.as_str(), continuable.complete_len);
+            let fetching = self.client.fetch_range(upstream, replica, request, range, version);
+            match tokio::time::timeout(left, fetching).await {
+                Ok(Ok(exchange)) => {
+                    self.replica = replica;
+                    return Ok(exchange);
+                }
+                Ok(Err(FetchError::Changed)) => return Err(FetchError::Changed.outcome()),
+                // Not the answer asked for, or none in time: try again.
+                Ok(Err(FetchError::Failed)) | Err(_) => {}
             }
-            if status == 412 {
-                return Err("changed");
-            }
-            let etag = answer.headers.get(header::ETAG).map(|v| v.as_bytes());
-            if status == 206 && etag != Some(continuable.etag.as_bytes()) {
-                return Err("changed");
-            }
-            let got = answer
-                .headers
-                .get(header::CONTENT_RANGE)
-                .and_then(|v| parse_content_range(v.as_bytes()));
-            let matches = status == 206
-                && matches!(got, Some(ContentRange::Satisfied { range: got, complete_len })
-                    if got == range && complete_len == Some(continuable.complete_len));
-            if matches {
-                self.replica = replica;
-                return Ok(exchange);
-            }
-            // A 5xx, a 200, another range: not the answer asked for; try again.
         }
     }
 }

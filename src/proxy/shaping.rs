@@ -125,8 +125,8 @@ impl Proxy {
         // Resume safety, as for the origin's own bytes: a bare resume the representation may
         // not follow is refused.
         if let Some(download) = ctx.download.as_mut()
-            && let Some(guard) = download.guard.take()
-            && !delivered.as_ref().is_some_and(|delivered| delivered.same_as(&guard))
+            && let Some(resume_version) = download.resume_version.take()
+            && !delivered.as_ref().is_some_and(|delivered| delivered.same_as(&resume_version))
         {
             download.changed = true;
             self.metrics.resume_refused(&route.name);
@@ -211,7 +211,7 @@ impl Proxy {
             Shape::Single { range, complete_len, .. } => {
                 let value = content_range(range, complete_len);
                 set_partial(response, range.len(), &value)?;
-                ctx.served = value;
+                ctx.served_range = value;
                 Some(range)
             }
             Shape::Multiple { ranges, complete_len, .. } => {
@@ -323,7 +323,7 @@ impl Proxy {
         response.insert_header(header::CONTENT_TYPE, plan.content_type_header())?;
         response.insert_header(header::CONTENT_LENGTH, plan.total_len())?;
         response.insert_header(header::ACCEPT_RANGES, "bytes")?;
-        ctx.served = format!("multipart ({} ranges)", ranges.len());
+        ctx.served_range = format!("multipart ({} ranges)", ranges.len());
         ctx.body = BodyPlan::Multipart(Box::new(multipart));
         Ok(())
     }

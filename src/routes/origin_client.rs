@@ -1,6 +1,7 @@
-//! Requests rangeway makes to an origin itself: the rest of an object for a completion pass, the
-//! length of an object whose origin would not say it, whole responses on routes that continue a
-//! body its origin broke off (`relay`).
+//! Requests rangeway makes to an origin itself: relayed answers (`proxy::relay`), the rest of a
+//! version — a broken body's continuation, a stretch of ranges far apart, what a completion pass
+//! reads ([`OriginClient::fetch_range`]) — and the length of an object whose origin would not
+//! say it.
 
 use http::header;
 use pingora_core::connectors::TransportConnector;
@@ -9,8 +10,29 @@ use pingora_core::protocols::http::v1::client::HttpSession as Http1Session;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_error::Result;
 use pingora_http::RequestHeader;
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 
 use super::upstream::Upstream;
+
+/// Why [`OriginClient::fetch_range`] has no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FetchError {
+    /// The version is not there any more (412, another ETag).
+    Changed,
+    /// No answer, or not the one asked for: worth trying again.
+    Failed,
+}
+
+impl FetchError {
+    /// Its name in `rangeway_upstream_resumes_total{outcome}`.
+    pub(crate) fn outcome(self) -> &'static str {
+        match self {
+            Self::Changed => "changed",
+            Self::Failed => "failed",
+        }
+    }
+}
 
 /// A connection pool of rangeway's own, apart from the proxy's. HTTP/1 only, as rangeway's
 /// upstreams are; the pool holds connections rather than sessions, so that one whose body was
@@ -87,7 +109,63 @@ impl OriginClient {
         if exchanged.is_err() {
             upstream.failed(replica);
         }
-        exchanged
+        // The upstream's failure, as pingora marks those of its own proxying: it is answered and
+        // counted as one (502/504, `rangeway_upstream_errors_total`).
+        exchanged.map_err(|e| e.into_up())
+    }
+
+    /// Asks `replica` of `upstream` for `range` of the version whose strong ETag is `etag` and
+    /// whose length is `complete_len`: `request` (made for that replica; its `Host` is kept) with
+    /// that `Range` and `If-Match`, signed. The exchange when the answer is exactly that — a 206
+    /// of `range` (or a 200 when `range` is the whole version), of that ETag and length — ready
+    /// for its body to be read. What continuations, the stretches of ranges far apart and
+    /// completion passes are read with.
+    pub(crate) async fn fetch_range(
+        &self,
+        upstream: &Upstream,
+        replica: usize,
+        mut request: RequestHeader,
+        range: ByteRange,
+        (etag, complete_len): (&str, u64),
+    ) -> std::result::Result<Exchange, FetchError> {
+        let last = range.last().ok_or(FetchError::Failed)?;
+        let asked = format!("bytes={}-{last}", range.start());
+        for (name, value) in [(header::RANGE, asked.as_str()), (header::IF_MATCH, etag)] {
+            request.insert_header(name, value).map_err(|_| FetchError::Failed)?;
+        }
+        // The version is pinned by If-Match alone.
+        for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+            request.remove_header(&name);
+        }
+        let exchange =
+            self.send(upstream, replica, request).await.map_err(|_| FetchError::Failed)?;
+        let Some(answer) = exchange.session.response_header() else {
+            return Err(FetchError::Failed);
+        };
+        if answer.status.is_server_error() {
+            upstream.failed(replica);
+        }
+        let status = answer.status.as_u16();
+        let same_version =
+            answer.headers.get(header::ETAG).map(|v| v.as_bytes()) == Some(etag.as_bytes());
+        let holds = match status {
+            206 => matches!(
+                answer.headers.get(header::CONTENT_RANGE).and_then(|v| parse_content_range(v.as_bytes())),
+                Some(ContentRange::Satisfied { range: got, complete_len: Some(len) })
+                    if got == range && len == complete_len
+            ),
+            200 => {
+                range == ByteRange::whole(complete_len)
+                    && crate::range::content_length(&answer.headers) == Some(complete_len)
+            }
+            _ => false,
+        };
+        match (status, same_version, holds) {
+            (412, _, _) | (200 | 206, false, _) => Err(FetchError::Changed),
+            (_, true, true) => Ok(exchange),
+            // A 5xx, another range, an ignored Range: not the answer asked for.
+            _ => Err(FetchError::Failed),
+        }
     }
 
     /// Returns the connection of an exchange whose body was read to its end to the pool, when

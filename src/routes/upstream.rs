@@ -301,6 +301,16 @@ impl Upstream {
         );
     }
 
+    /// A request could not be sent to `replica` (nothing reached it): marks it failed, counts
+    /// the try in `tried`, and says whether another replica may take the request — each replica
+    /// is tried once at most. The one rule of failover, for pingora's proxying
+    /// (`fail_to_connect`) and the relay alike; the next replica is [`Self::choose`]'s.
+    pub fn retry_elsewhere(&self, replica: usize, tried: &mut usize) -> bool {
+        self.failed(replica);
+        *tried += 1;
+        *tried < self.replicas.len()
+    }
+
     /// The outcome of a health check of `replica`.
     pub fn checked(&self, replica: usize, healthy: bool) {
         let down_until = if healthy { 0 } else { u64::MAX };

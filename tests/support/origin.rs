@@ -47,6 +47,8 @@ pub(crate) enum Behaviour {
     /// The correct answer, after an interim response with this status (100, 102, or 103 Early
     /// Hints with a `Link` field, as CDNs send).
     Interim(u16),
+    /// The correct answer, its header sent after this long.
+    Delayed(Duration),
     /// The correct answer, or by the roll of a seeded die per response: a 503 (only to ranged
     /// requests: continuations), a body cut at a random byte, or a body that stalls at a random
     /// byte and is then cut.
@@ -381,6 +383,9 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
         (content.objects.get(path).cloned(), behaviour)
     };
     let head_only = request.method == "HEAD";
+    if let Behaviour::Delayed(delay) = behaviour {
+        std::thread::sleep(delay);
+    }
     if let Behaviour::Interim(status) = behaviour {
         let link = if status == 103 { "Link: </hint.css>; rel=preload\r\n" } else { "" };
         out.write_all(format!("HTTP/1.1 {status} Interim\r\n{link}\r\n").as_bytes())?;

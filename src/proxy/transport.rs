@@ -1,0 +1,110 @@
+//! Which way a request's answer takes from its origin to its client, chosen here and nowhere
+//! else: before the request goes upstream ([`Transport::choose`]), then, once the answer's header
+//! is in, whether its body can be spliced ([`Transport::for_body`]). `LIFECYCLE.md`, beside this
+//! file, follows a request down each way.
+
+use http::{Method, header};
+use pingora_core::protocols::Stream;
+use pingora_core::protocols::http::ServerSession;
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+
+use super::context::{BodyPlan, RequestCtx};
+use super::splice::RawSocket;
+use crate::admission::ClientConnection;
+use crate::config::UpstreamResume;
+use crate::range::content_length;
+use crate::routes::Route;
+use crate::routes::origin_client::Exchange;
+
+/// How a request's answer travels from its origin to its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Transport {
+    /// pingora's own proxying: a request with a body, which the relay does not send.
+    #[default]
+    Pingora,
+    /// rangeway's relay (`relay.rs`): its own upstream client, the answer through the same phases
+    /// as pingora's, the body read in chunks — from the origin's socket straight into the chunks
+    /// the stages take, where pingora would copy each — through the body filter; continued from
+    /// where the origin breaks it off when `resume` says how.
+    Relay { resume: Option<UpstreamResume> },
+    /// The relay, the body passed on untouched from the origin's socket to the client's with
+    /// splice(2), never entering rangeway's memory (`splice.rs`); continued as the relay's.
+    Splice { resume: Option<UpstreamResume> },
+}
+
+/// The smallest body spliced. Chosen, not measured: setting a splice up takes about a dozen
+/// system calls (two duplicated descriptors and their registrations, the pipe and its size, the
+/// closes), and a body below it is read in a few chunks anyway.
+const SPLICE_MIN_BYTES: u64 = 256 * 1024;
+
+impl Transport {
+    /// The way of a request to `route`, before it goes upstream: the relay for a GET or HEAD
+    /// without a body (all but requests that misuse GET); pingora's proxying for the rest.
+    pub(super) fn choose(session: &Session, route: &Route) -> Self {
+        let req = session.req_header();
+        let without_body = !req.headers.contains_key(header::TRANSFER_ENCODING)
+            && req.headers.get(header::CONTENT_LENGTH).is_none_or(|len| len.as_bytes() == b"0");
+        if without_body && (req.method == Method::GET || req.method == Method::HEAD) {
+            Self::Relay { resume: route.upstream_resume }
+        } else {
+            Self::Pingora
+        }
+    }
+
+    /// The way of a relayed answer's body, once its header is in: spliced when it goes out
+    /// untouched — of known length, at least [`SPLICE_MIN_BYTES`], neither cut nor staged nor
+    /// checked against a digest — from a plain socket to a plain HTTP/1 client's whose connection
+    /// can account for bytes that go past pingora's writer (rangeway's `ClientConnection`, which
+    /// the server puts under every proxy connection). With the client's socket and the length.
+    pub(super) fn for_body(
+        self,
+        session: &Session,
+        ctx: &RequestCtx,
+        exchange: &Exchange,
+        response: &ResponseHeader,
+    ) -> Option<(Self, RawSocket, u64)> {
+        let Self::Relay { resume } = self else { return None };
+        if session.req_header().method != Method::GET {
+            return None;
+        }
+        let len = content_length(&response.headers).filter(|len| *len >= SPLICE_MIN_BYTES)?;
+        let untouched = ctx.pass.is_none()
+            && ctx.origin_digest.is_none()
+            && matches!(ctx.body, BodyPlan::Forward)
+            && ctx.rest_parts.is_empty();
+        let ServerSession::H1(h1) = session.as_downstream() else { return None };
+        let accountable = ClientConnection::of(h1.stream()).is_some();
+        if !untouched || !accountable || plain(exchange.session.stream()).is_none() {
+            return None;
+        }
+        let client = plain_socket(Some(h1.stream()))?;
+        Some((Self::Splice { resume }, client, len))
+    }
+
+    /// How bodies the origin breaks off are continued; `None`: they are not.
+    pub(super) fn resume(self) -> Option<UpstreamResume> {
+        match self {
+            Self::Pingora => None,
+            Self::Relay { resume } | Self::Splice { resume } => resume,
+        }
+    }
+
+    /// Its name in the access log and in `rangeway_transport_total`.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Pingora => "pingora",
+            Self::Relay { .. } => "relay",
+            Self::Splice { .. } => "splice",
+        }
+    }
+}
+
+/// A connection's socket for rangeway's own reads and writes, unless it is TLS.
+pub(super) fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
+    RawSocket::duplicate(plain(stream)?.id()).ok()
+}
+
+fn plain(stream: Option<&Stream>) -> Option<&Stream> {
+    stream.filter(|s| s.get_ssl_digest().is_none())
+}
