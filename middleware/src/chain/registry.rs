@@ -120,7 +120,22 @@ impl StageRegistry {
         options: &StageOptions,
     ) -> Result<Arc<dyn StageFactory>, Vec<OptionError>> {
         match self.builders.get(kind) {
-            Some(builder) => builder(options),
+            // Error messages name a stage by its own kind(); one that disagrees with the name
+            // it was registered under would be reported under a name no config holds.
+            Some(builder) => builder(options).and_then(|factory| {
+                if factory.kind() == kind {
+                    Ok(factory)
+                } else {
+                    Err(vec![OptionError::new(
+                        "kind",
+                        format!(
+                            "kind {kind:?} builds a stage that calls itself {:?} — register it \
+                             under the name its kind() returns",
+                            factory.kind()
+                        ),
+                    )])
+                }
+            }),
             None => {
                 let known: Vec<String> = self.kinds().map(|kind| format!("{kind:?}")).collect();
                 let fix = if known.is_empty() {

@@ -246,9 +246,11 @@ pub trait StageFactory: Send + Sync + fmt::Debug {
     /// and only observes (digests, counts) them.
     fn observes_only(&self) -> bool;
 
-    /// The furthest [`Form`] of input this stage can work on. By default any.
+    /// The furthest [`Form`] of input this stage can work on. By default any for a stage that
+    /// only observes, plaintext for one that changes bytes: a change meant for content means
+    /// nothing to ciphertext, so a stage that works on any bytes (framing, say) must say so.
     fn accepts(&self) -> Form {
-        Form::Encrypted
+        if self.observes_only() { Form::Encrypted } else { Form::Transformed }
     }
 
     /// The [`Form`] this stage's own change puts bytes in. By default [`Form::Original`] for a

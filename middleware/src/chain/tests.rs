@@ -412,6 +412,31 @@ fn a_stage_that_must_see_plaintext_cannot_follow_encryption() {
         .unwrap();
 }
 
+#[test]
+fn a_stage_that_changes_bytes_works_on_plaintext_unless_it_says_otherwise() {
+    // Test::Xor keeps the default: a change meant for content does not follow encryption.
+    let error = Chain::new(vec![Arc::new(Test::Encrypt), Arc::new(Test::Xor)]).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "xor at middleware[1] must see plaintext but comes after encrypt at middleware[0]"
+    );
+    // One that says it works on any bytes may.
+    Chain::new(vec![Arc::new(Test::Encrypt), Arc::new(Named("n", Form::Encrypted))]).unwrap();
+}
+
+#[test]
+fn a_kind_must_build_a_stage_of_its_own_name() {
+    let mut registry = crate::chain::StageRegistry::empty();
+    registry.register("renamed", |_: &StageOptions| Ok(Arc::new(Test::Xor) as _)).unwrap();
+    let errors = registry.build("renamed", &StageOptions::default()).unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert_eq!(
+        errors[0].to_string(),
+        "kind: kind \"renamed\" builds a stage that calls itself \"xor\" — register it under \
+         the name its kind() returns"
+    );
+}
+
 #[derive(Debug)]
 struct Named(&'static str, Form);
 
