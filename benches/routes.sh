@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Throughput of one large download: curl from nginx directly, then the same file through rangeway
-# (release build, one thread) in front of that nginx, on a passthrough route, on one that continues
-# broken bodies (`upstream_resume`: rangeway's own client relays them), and on routes with
+# (release build, one thread) in front of that nginx, on a passthrough route (which continues
+# broken bodies: `upstream_resume` is on by default), on one with `upstream_resume = false` (what
+# the default costs), and on routes with
 # middleware (checksum, aes128gcm, gzip level 1 and 6), each repeated; prints MB/s delivered per
 # run, the medians, each route's share of passthrough, and rangeway's CPU seconds (user+system,
 # all threads) per GB of origin bytes. Then the latency of small passthrough requests, alone and
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 size_mib=${1:-1024}
 runs=${2:-5}
-bash scripts/deps.sh
+bash scripts/deps.sh --bench
 cargo build --release --bin rangeway >/dev/null
 source benches/lib.sh
 bin="$(release_dir)/rangeway"
@@ -41,10 +42,10 @@ url = "http://127.0.0.1:$nginx_port"
 path_prefix = "/"
 upstream = "origin"
 [[routes]]
-path_prefix = "/resuming/"
+path_prefix = "/no-resume/"
 upstream = "origin"
 strip_prefix = true
-upstream_resume = true
+upstream_resume = false
 [[routes]]
 path_prefix = "/checksum/"
 upstream = "origin"
@@ -85,7 +86,7 @@ speed() { curl -s -o /dev/null -w '%{speed_download}' "$1" | awk '{ printf "%.0f
 # One pass per gzip route first: it builds the block index (the first response streams chunked).
 for level in 1 6; do curl -s -o /dev/null "http://127.0.0.1:$proxy_port/gzip$level/big.bin"; done
 
-routes=(direct passthrough resuming checksum aes128gcm gzip1 gzip6)
+routes=(direct passthrough no-resume checksum aes128gcm gzip1 gzip6)
 url_of() {
   case $1 in
     direct) echo "http://127.0.0.1:$nginx_port/big.bin" ;;

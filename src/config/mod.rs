@@ -28,7 +28,8 @@
 //!
 //! # Units
 //! Durations are humantime strings (`"30s"`, `"500ms"`, `"1h30m"`); a bare number is refused, since
-//! its unit would be a guess. Sizes, used by middleware options, are parsed by [`parse_size`].
+//! its unit would be a guess. Sizes (`server.max_header_bytes`) are a whole number of bytes or a
+//! string with a unit (`"32KiB"`), parsed by [`parse_size`].
 //!
 //! # Paths and secrets
 //! Relative paths (`dir`, `ca_file`) are relative to the working directory of the process, like

@@ -294,6 +294,33 @@ impl Field {
         }
     }
 
+    /// A size in bytes within `range`: a whole number, or a string with a unit (`"32KiB"`,
+    /// `"10GiB"`; see [`units::parse_size`]).
+    pub(super) fn size(
+        self,
+        ctx: &mut Ctx<'_>,
+        range: RangeInclusive<u64>,
+        example: &str,
+    ) -> Read<u64> {
+        let parsed = match &self.node.kind {
+            Kind::Int(i) => u64::try_from(*i).map_err(|_| {
+                units::UnitError::new(format!("{i} is not a size"), "use a whole number of bytes")
+            }),
+            Kind::Str(s) => units::parse_size(s),
+            _ => return Err(self.wrong_type(ctx, "a size", example)),
+        };
+        match parsed {
+            Ok(size) if range.contains(&size) => Ok(size),
+            Ok(size) => Err(ctx.report(
+                &self.path,
+                &self.node.origin,
+                format!("{size} is out of range"),
+                format!("use from {} to {} bytes", range.start(), range.end()),
+            )),
+            Err(e) => Err(ctx.report(&self.path, &self.node.origin, e.problem, e.fix)),
+        }
+    }
+
     /// A socket address to listen on: an IP literal and a port. Host names are refused, because
     /// which address a name resolves to at boot is not something a listener should leave to chance.
     pub(super) fn socket_addr(self, ctx: &mut Ctx<'_>, example: &str) -> Read<SocketAddr> {

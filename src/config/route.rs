@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::host::split_host_port;
 use super::read::{Ctx, Field, Read, Table, suggest};
 use super::s3::{self, S3ClientKeys};
-use super::tree::{Kind, Node};
+use super::tree::{Kind, Node, Origin};
 
 const MAX_PATH_PREFIX_LEN: usize = 1024;
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
@@ -64,10 +64,16 @@ impl Default for UpstreamResume {
 fn read_upstream_resume(ctx: &mut Ctx<'_>, field: Field) -> Read<Option<UpstreamResume>> {
     let header = format!("[{}]", field.path);
     let example = "[routes.upstream_resume] with attempts = 5";
-    let mut table = match field.node.kind {
-        Kind::Bool(on) => return Ok(on.then(UpstreamResume::default)),
-        _ => Table::new(ctx, &field.path, header, field.node, example)?,
-    };
+    // An environment variable is text: RANGEWAY__ROUTES__0__UPSTREAM_RESUME=false reads as the
+    // bare word would in the file.
+    let switch = matches!(
+        (&field.node.kind, field.origin()),
+        (Kind::Bool(_), _) | (Kind::Str(_), Origin::Env(_))
+    );
+    if switch {
+        return Ok(field.boolean(ctx)?.then(UpstreamResume::default));
+    }
+    let mut table = Table::new(ctx, &field.path, header, field.node, example)?;
     let defaults = UpstreamResume::default();
     let attempts =
         table.take("attempts").map_or(Ok(defaults.attempts), |f| f.integer(ctx, 1..=100, "5"));

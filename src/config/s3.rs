@@ -236,9 +236,10 @@ pub(super) fn read(
     let anonymous = anonymous.map_or(Ok(false), |f| f.boolean(ctx));
     let credentials = match anonymous {
         Ok(true) => {
-            for field in [access_key_env, secret_key_env, session_token_env, credentials_file]
-                .into_iter()
-                .flatten()
+            for field in
+                [access_key_env, secret_key_env, session_token_env, credentials_file, profile]
+                    .into_iter()
+                    .flatten()
             {
                 ctx.report(
                     &field.path,
@@ -395,7 +396,6 @@ fn read_credentials(
     profile: Option<Field>,
 ) -> Read<S3Credentials> {
     const OTHERWISE: &str = "or use credentials_file, or anonymous = true for a public bucket";
-    let profile_name = profile.map(|field| field.string(ctx, "\"default\""));
     match (access_key_env, secret_key_env) {
         (Some(access), Some(secret)) => {
             if let Some(field) = credentials_file {
@@ -404,6 +404,16 @@ fn read_credentials(
                     field.origin(),
                     "credentials_file cannot be combined with access_key_env/secret_key_env",
                     "keep one source of credentials",
+                );
+            }
+            if let Some(field) = &profile {
+                ctx.report(
+                    &field.path,
+                    field.origin(),
+                    "profile names a section of a credentials file, and these credentials come \
+                     from environment variables",
+                    "remove profile, or use credentials_file instead of access_key_env/\
+                     secret_key_env",
                 );
             }
             let access = secret::read_env(
@@ -468,15 +478,22 @@ fn read_credentials(
                 Some(field) => {
                     let (file_path, origin) = (field.path.clone(), field.origin().clone());
                     let file = field.string(ctx, "\"/etc/rangeway/aws-credentials\"")?;
-                    let profile = profile_name.transpose()?.unwrap_or_else(|| "default".into());
+                    let profile = read_profile(ctx, profile)?.unwrap_or_else(|| "default".into());
                     read_credentials_file(&PathBuf::from(file), &profile)
                         .map_err(|(problem, fix)| ctx.report(&file_path, &origin, problem, fix))
                 }
-                None => standard_credentials(ctx, profile_name.transpose()?)
-                    .map_err(|(problem, fix)| ctx.report_at(path, problem, fix)),
+                None => {
+                    let profile = read_profile(ctx, profile)?;
+                    standard_credentials(ctx, profile)
+                }
+                .map_err(|(problem, fix)| ctx.report_at(path, problem, fix)),
             }
         }
     }
+}
+
+fn read_profile(ctx: &mut Ctx<'_>, profile: Option<Field>) -> Read<Option<String>> {
+    profile.map(|field| field.string(ctx, "\"default\"")).transpose()
 }
 
 /// The AWS SDKs' own sources, in their order: `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`

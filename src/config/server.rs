@@ -206,9 +206,10 @@ fn read_client_limits(ctx: &mut Ctx<'_>, table: &mut Table) -> Read<ClientLimits
         .take("max_connections_per_client")
         .map_or(Ok(defaults.max_connections_per_client), |f| f.integer(ctx, 0..=1_000_000, "1024"));
     // pingora itself reads at most 1 MiB of header and 256 fields: the limits stay within them.
-    let max_header_bytes = table
-        .take("max_header_bytes")
-        .map_or(Ok(defaults.max_header_bytes), |f| f.integer(ctx, 1024..=1_048_575, "32768"));
+    let max_header_bytes =
+        table.take("max_header_bytes").map_or(Ok(defaults.max_header_bytes), |f| {
+            f.size(ctx, 1024..=1_048_575, "\"32KiB\"").map(|size| size as usize)
+        });
     let max_header_fields = table
         .take("max_header_fields")
         .map_or(Ok(defaults.max_header_fields), |f| f.integer(ctx, 1..=256, "100"));

@@ -138,7 +138,7 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
         // behind a load balancer.
         (None | Some(Backend::Redis), Some(target)) => StateBackend::Redis(target?),
         // An explicit "memory" wins over a redis_url (still checked, so that switching back to
-        // Redis is one edit): DESIGN.md's own example reads this way, and it lets an operator
+        // Redis is one edit): the example config of the original design reads this way, and it lets an operator
         // turn Redis off with RANGEWAY__STATE__BACKEND=memory without touching the file.
         (Some(Backend::Memory), Some(target)) => {
             target?;

@@ -7,7 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use rangeway_middleware::chain::StageRegistry;
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::chain::{
+    Stage, StageContext, StageError, StageFactory, StageOptions, StagePlan, StageRegistry,
+    StageState,
+};
 
 use super::tree::Env;
 use super::*;
@@ -17,23 +21,56 @@ fn kinds() -> StageRegistry {
     StageRegistry::new()
 }
 
-/// The built-in kinds, each accepting any options (a checksum stage in fact): for configs whose
-/// stages need what a test process cannot give them, a key in its environment, where the test is
-/// about the loader's own reading. What the real stages check is tested with them (here and in
-/// `tests/cli.rs`, which runs `rangeway check` with a key).
+/// The built-in kinds, each accepting any options (a checksum stage in fact, under the kind's
+/// name): for configs whose stages need what a test process cannot give them, a key in its
+/// environment, where the test is about the loader's own reading. What the real stages check is
+/// tested with them (here and in `tests/cli.rs`, which runs `rangeway check` with a key).
 fn kinds_only() -> StageRegistry {
-    use rangeway_middleware::chain::{StageFactory, StageOptions};
-    use rangeway_middleware::checksum::ChecksumFactory;
     let mut registry = StageRegistry::empty();
     for kind in StageRegistry::new().kinds() {
+        let name: &'static str = Box::leak(kind.to_owned().into_boxed_str());
         registry
-            .register(kind, |_| {
-                let factory = ChecksumFactory::from_options(&StageOptions::new())?;
-                Ok(std::sync::Arc::new(factory) as std::sync::Arc<dyn StageFactory>)
+            .register(kind, move |_: &StageOptions| {
+                Ok(std::sync::Arc::new(AnyOptions(name)) as std::sync::Arc<_>)
             })
             .expect("a built-in kind");
     }
     registry
+}
+
+/// A stage that passes its input on, under any kind's name.
+#[derive(Debug)]
+struct AnyOptions(&'static str);
+
+impl StageFactory for AnyOptions {
+    fn kind(&self) -> &str {
+        self.0
+    }
+    fn identity(&self) -> &str {
+        self.0
+    }
+    fn plan(
+        &self,
+        output: ByteRange,
+        _: u64,
+        _: &StageContext<'_>,
+    ) -> Result<StagePlan, StageError> {
+        Ok(StagePlan { input: output, skip: 0 })
+    }
+    fn output_len(&self, input_len: u64, _: &StageContext<'_>) -> Option<u64> {
+        Some(input_len)
+    }
+    fn observes_only(&self) -> bool {
+        true
+    }
+    fn start(
+        &self,
+        _: u64,
+        _: Option<&StageState>,
+        _: &StageContext<'_>,
+    ) -> Result<Box<dyn Stage>, StageError> {
+        Err(StageError::Other("a loader test's stage is not run".into()))
+    }
 }
 
 const UPSTREAMS: &str = r#"
@@ -50,7 +87,8 @@ path_prefix = "/files/"
 upstream = "origin"
 "#;
 
-/// The example of DESIGN.md's "The config contract", verbatim.
+/// The example config of the design rangeway started from, verbatim: configs written from it
+/// keep loading.
 const DESIGN_EXAMPLE: &str = r#"
 [server]
 listen = "127.0.0.1:8080"
@@ -1540,6 +1578,14 @@ fn bad_s3_upstreams() {
                 ("upstreams.store.secret_key_env", "cannot be combined with anonymous"),
             ],
         ),
+        (
+            format!("{url}bucket = \"b12\"\nanonymous = true\nprofile = \"x\"\n"),
+            vec![("upstreams.store.profile", "cannot be combined with anonymous")],
+        ),
+        (
+            format!("{url}bucket = \"b12\"\nprofile = \"x\"\n{keys}"),
+            vec![("upstreams.store.profile", "remove profile")],
+        ),
         (format!("{url}bucket = \"b12\"\n"), vec![("upstreams.store", "has no credentials")]),
         (
             format!("{url}region = \"us-east-1\"\nprofile = \"x\"\n"),
@@ -1613,6 +1659,18 @@ fn upstream_resume_settings() {
         Some(UpstreamResume::default())
     );
     assert_eq!(load_ok(&with("false")).routes[0].upstream_resume, None);
+    // From the environment too, as the bare word.
+    let env = |value: &str| Env::from_pairs([("RANGEWAY__ROUTES__0__UPSTREAM_RESUME", value)]);
+    let off = load_with(&format!("{UPSTREAMS}{ROUTE}"), &env("false"), &kinds()).expect("loads");
+    assert_eq!(off.routes[0].upstream_resume, None);
+    let on = load_with(&with("false"), &env("true"), &kinds()).expect("loads");
+    assert_eq!(on.routes[0].upstream_resume, Some(UpstreamResume::default()));
+    expect_errors_with(
+        &format!("{UPSTREAMS}{ROUTE}"),
+        &env("no"),
+        &kinds(),
+        &[("routes[0].upstream_resume", "expected true or false")],
+    );
     let cases: [(&str, &[(&str, &str)]); 5] = [
         ("{ attempts = 0 }", &[("routes[0].upstream_resume.attempts", "0 is out of range")]),
         ("{ deadline = \"2h\" }", &[("routes[0].upstream_resume.deadline", "out of range")]),
@@ -1640,6 +1698,16 @@ fn client_limits() {
         (Duration::from_secs(2), Duration::from_secs(300), 0)
     );
     assert_eq!((limits.max_header_bytes, limits.max_header_fields), (8192, 50));
+    let sized = format!("[server]\nmax_header_bytes = \"16KiB\"\n{UPSTREAMS}{ROUTE}");
+    assert_eq!(load_ok(&sized).server.client_limits.max_header_bytes, 16 * 1024);
+    expect_errors(
+        &format!("[server]\nmax_header_bytes = \"2MiB\"\n{UPSTREAMS}{ROUTE}"),
+        &[("server.max_header_bytes", "2097152 is out of range")],
+    );
+    expect_errors(
+        &format!("[server]\nmax_header_bytes = \"16 parsecs\"\n{UPSTREAMS}{ROUTE}"),
+        &[("server.max_header_bytes", "unknown size unit")],
+    );
     let cases: [(&str, &[(&str, &str)]); 4] = [
         ("client_header_timeout = \"0s\"", &[("server.client_header_timeout", "out of range")]),
         ("max_header_bytes = 100", &[("server.max_header_bytes", "100 is out of range")]),

@@ -16,7 +16,7 @@ pub struct UnitError {
 }
 
 impl UnitError {
-    fn new(problem: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(super) fn new(problem: impl Into<String>, fix: impl Into<String>) -> Self {
         Self { problem: problem.into(), fix: fix.into() }
     }
 }
