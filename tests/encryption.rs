@@ -67,6 +67,11 @@ fn encrypted_downloads_decrypt_resume_and_agree_across_instances() {
     assert_ne!(full.header("etag"), Some(origin_etag.as_str()));
     assert_eq!(full.header("repr-digest"), None, "no digest of plaintext on ciphertext");
     assert_eq!(&full.body[21..23], b"k2", "the header names the key");
+    assert_eq!(
+        full.header("content-disposition"),
+        Some("attachment; filename=\"secret.bin.aes128gcm\""),
+        "saved as what it is"
+    );
 
     assert_eq!(http_ece_decrypt(&full.body), object, "http_ece reads it");
     let ours = pipe(
@@ -96,6 +101,19 @@ fn encrypted_downloads_decrypt_resume_and_agree_across_instances() {
     // The digest of the plaintext (the checksum before encryption), once a pass made it.
     let head = support::http::get_until(&url, |r| r.header("x-origin-digest").is_some());
     assert!(head.header("x-origin-digest").is_some_and(|d| d.starts_with("sha-256=:")));
+
+    // A resume after the object changed is refused, showing the representation's ETag: the
+    // origin's is not for the clients of ciphertext to see.
+    let id = [("X-Download-Id", "encrypted-changes")];
+    let piece = get(&url, &[id[0], ("Range", "bytes=0-99")]);
+    assert_eq!(piece.status, 206);
+    let new_origin_etag = origin.put("/secret.bin", test_bytes(LEN, 22));
+    let refusal = get(&url, &[id[0], ("Range", "bytes=100-")]);
+    assert_eq!(refusal.status, 412, "{:?}", refusal.headers);
+    let shown = refusal.header("etag").expect("an ETag");
+    assert!(shown.starts_with("\"rw-"), "{shown}");
+    assert_ne!(Some(shown), piece.header("etag"), "the new version's");
+    assert_ne!(shown, new_origin_etag);
 }
 
 /// Without a strong ETag nothing pins the version, so nothing may be repeatable: a random salt

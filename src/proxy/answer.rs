@@ -17,7 +17,7 @@ use super::origin_digest::ORIGIN_DIGEST_MISMATCH;
 use crate::config::ClientLimits;
 use crate::range::Shape;
 
-/// `X-Proxy-Error` of a refused resume whose client may hold any of several versions.
+/// `X-Rangeway-Error` of a refused resume whose client may hold any of several versions.
 pub(super) const AMBIGUOUS_RESUME: &str = "several versions of the object were sent under this download id; download it again from \
      the start, under an id of your own (X-Download-Id)";
 

@@ -131,6 +131,12 @@ impl Proxy {
             download.changed = true;
             self.metrics.resume_refused(&route.name);
             let id = download.id.clone();
+            // The representation's ETag, as on its answers: the origin's is not its to show (on
+            // an encrypting route it would tell what the ciphertext hides).
+            response.remove_header(&header::ETAG);
+            if let Some(etag) = etag.as_deref().and_then(|e| HeaderValue::from_str(e).ok()) {
+                response.insert_header(header::ETAG, etag)?;
+            }
             return refuse_changed(response, ctx, &id);
         }
         // Ranges only of what can be made again byte for byte: a version pinned by a strong

@@ -429,6 +429,12 @@ impl StageFactory for Aes128GcmFactory {
         Some("application/octet-stream")
     }
 
+    /// A saved download says it is encrypted, and in what: `NAME.aes128gcm`, or `NAME.gz.aes128gcm`
+    /// after gzip (not `NAME.gz`, which no gzip reader opens).
+    fn file_extension(&self) -> Option<&str> {
+        Some("aes128gcm")
+    }
+
     fn produces(&self) -> Form {
         Form::Encrypted
     }
