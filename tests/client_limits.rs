@@ -9,9 +9,10 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use support::data::test_bytes;
-use support::http::{Connection, RawRequest, get};
+use support::http::{Connection, RawRequest, get, get_until};
 use support::origin::Origin;
 use support::proxy::{Instance, Proxy, ProxyProcess};
+use support::wait;
 
 fn proxy(origin: &Origin, server_keys: &str) -> Proxy {
     Proxy::start_with_server(
@@ -46,6 +47,7 @@ fn a_header_dribbled_byte_by_byte_is_cut_off() {
     stream.write_all(b"GET /a.bin HTTP/1.1\r\n").expect("write");
     // One header byte every 200 ms: every read gets something, none waits out a read timeout.
     for byte in b"X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter().cycle().take(100) {
+        // Deliberate: the dribble is the attack under test.
         std::thread::sleep(Duration::from_millis(200));
         if stream.write_all(&[*byte]).is_err() || began.elapsed() > Duration::from_secs(4) {
             break;
@@ -72,6 +74,7 @@ fn a_header_dribbled_byte_by_byte_is_cut_off() {
         let mut buf = vec![0u8; 4096];
         let n = kept.read(&mut buf).expect("an answer");
         assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+        // Deliberate: idle longer than client_header_timeout (1 s) between two requests.
         std::thread::sleep(Duration::from_millis(1500));
     }
 }
@@ -81,9 +84,15 @@ fn one_address_holds_at_most_its_connections() {
     let origin = Origin::start();
     origin.put("/a.bin", test_bytes(100, 2));
     let proxy = proxy(&origin, "max_connections_per_client = 3");
-    let held: Vec<TcpStream> =
-        (0..3).map(|_| TcpStream::connect(proxy.addr()).expect("connect")).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    // Each answered, and kept open: each has its place in the address's count.
+    let held: Vec<Connection> = (0..3)
+        .map(|_| {
+            let mut connection = Connection::open(proxy.addr()).expect("connect");
+            let answer = connection.send(&RawRequest::get("/a.bin")).expect("an answer");
+            assert_eq!(answer.status, 200);
+            connection
+        })
+        .collect();
     let mut fourth = TcpStream::connect(proxy.addr()).expect("connect");
     fourth.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     let answer = String::from_utf8(read_to_close(&mut fourth)).expect("text");
@@ -91,15 +100,8 @@ fn one_address_holds_at_most_its_connections() {
     assert!(answer.ends_with("too many connections from your address\n"), "{answer}");
     // One closes: the address has room again.
     drop(held);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let answer = get(&proxy.url("/a.bin"), &[]);
-        if answer.status == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never admitted again: {}", answer.status);
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let answer = get_until(&proxy.url("/a.bin"), |r| r.status == 200);
+    assert_eq!(answer.status, 200, "never admitted again");
 }
 
 #[test]
@@ -139,10 +141,13 @@ fn a_client_that_stops_reading_is_cut() {
     let mut stream = TcpStream::connect(proxy.addr()).expect("connect");
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     stream.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
-    // Read a little, then nothing for longer than the write timeout.
+    // Read a little, then nothing until rangeway gives up on the client: it does when its
+    // writes stall longer than the write timeout, and counts the response once it has ended.
     let mut first = vec![0u8; 4096];
     let _ = stream.read(&mut first).expect("the answer begins");
-    std::thread::sleep(Duration::from_secs(4));
+    wait::until("the cut of a client that stopped reading", Duration::from_secs(10), || {
+        (proxy.metric("rangeway_requests_total", "") >= 1).then_some(())
+    });
     let rest = read_to_close(&mut stream);
     assert!(
         rest.len() < len / 2,
@@ -176,34 +181,18 @@ fn slow_headers_do_not_fill_the_log() {
         })
         .collect();
     for mut stream in slow {
-        // Cut by the deadline, while the client still sends now and then.
+        // Cut by the deadline, while the client still sends now and then: a deliberate pause.
         std::thread::sleep(Duration::from_millis(300));
         let _ = stream.write_all(b"a");
         read_to_close(&mut stream);
     }
     let counted = "rangeway_client_connections_refused_total";
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while process.metric(counted, "header_timeout") < 5 {
-        assert!(Instant::now() < deadline, "the slow connections were not counted");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait::until("the slow connections to be counted", wait::WITHIN, || {
+        (process.metric(counted, "header_timeout") >= 5).then_some(())
+    });
     // A request that does get through is logged as ever: the log is working.
     assert_eq!(get(&process.url("/a.bin"), &[]).status, 200);
-    let text = std::fs::read_to_string(&log).expect("the log");
-    let text = wait_for_line(&log, "rangeway::access").unwrap_or(text);
+    let text = wait::log_line(&log, "rangeway::access");
     assert!(!text.contains("ERROR"), "{text}");
     assert!(text.contains("rangeway::access"), "{text}");
-}
-
-/// The log at `file` once it has a line containing `needle` (within 5 s).
-fn wait_for_line(file: &std::path::Path, needle: &str) -> Option<String> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        let text = std::fs::read_to_string(file).ok()?;
-        if text.contains(needle) {
-            return Some(text);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
 }

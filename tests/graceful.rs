@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use support::clients::{CLIENT_TIMEOUT, run};
 use support::data::test_bytes;
 use support::origin::{Behaviour, Origin};
-use support::proxy::ProxyProcess;
+use support::proxy::{Instance, ProxyProcess};
 use support::tmp::TempDir;
+use support::wait;
 
 const GRACE: &str = "grace_period = \"30s\"";
 
@@ -40,12 +41,14 @@ fn sigterm_drains_the_downloads_in_flight_then_exits() {
         curl.args(["-sS", "-o"]).arg(&file).arg(proxy.url("/obj.bin"));
         std::thread::spawn(move || run(curl, CLIENT_TIMEOUT))
     };
-    std::thread::sleep(Duration::from_millis(600));
+    wait_in_flight(&proxy);
     let signalled = Instant::now();
     proxy.signal("TERM");
 
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(TcpStream::connect(proxy.addr()).is_err(), "new connections are refused");
+    wait::until("new connections to be refused", wait::WITHIN, || {
+        TcpStream::connect(proxy.addr()).is_err().then_some(())
+    });
+    assert!(proxy.wait_exit(Duration::ZERO).is_none(), "refused while draining, not exited");
     download.join().expect("the download thread").assert_success();
     assert_eq!(std::fs::read(&file).expect("read"), object, "the download in flight finished");
     let status =
@@ -67,20 +70,31 @@ fn sigterm_on_an_idle_rangeway_exits_at_once_and_sigint_during_a_drain_cuts_it_s
 
     // A download that would take a minute: SIGINT during the drain ends it.
     origin.set_global_behaviour(Behaviour::Slow { chunk: 64, delay: Duration::from_millis(500) });
-    let mut busy = ProxyProcess::start_with(&route(&origin), GRACE, &[]);
+    let work = TempDir::new("graceful-int");
+    let log = work.join("rangeway.log");
+    let mut busy = ProxyProcess::start_logged_with(&route(&origin), GRACE, &[], &log);
     let url = busy.url("/obj.bin");
     let download = std::thread::spawn(move || {
         let mut curl = Command::new("curl");
         curl.args(["-sS", "-o", "/dev/null", &url]);
         run(curl, CLIENT_TIMEOUT)
     });
-    std::thread::sleep(Duration::from_millis(600));
+    wait_in_flight(&busy);
     busy.signal("TERM");
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(busy.wait_exit(Duration::from_millis(10)).is_none(), "still draining");
+    // The drain has begun, its SIGINT handler in place.
+    wait::log_line(&log, "draining: new connections are refused");
+    // Deliberate: the drain must not end by itself for this long, the download still in flight.
+    assert!(busy.wait_exit(Duration::from_millis(500)).is_none(), "still draining");
     let interrupted = Instant::now();
     busy.signal("INT");
     busy.wait_exit(Duration::from_secs(5)).expect("SIGINT cuts the drain short");
     assert!(interrupted.elapsed() < Duration::from_secs(5));
     assert!(!download.join().expect("the download thread").success(), "that download was cut");
+}
+
+/// Waits until `proxy` has a response in flight.
+fn wait_in_flight(proxy: &ProxyProcess) {
+    wait::until("the download to be in flight", wait::WITHIN, || {
+        (proxy.metric("rangeway_active_downloads", "") >= 1).then_some(())
+    });
 }

@@ -18,6 +18,7 @@ use support::origin::{Behaviour, Origin};
 use support::proxy::{Proxy, ProxyProcess};
 use support::redis::RedisServer;
 use support::tmp::TempDir;
+use support::wait;
 
 const LEN: usize = 6 * 1024 * 1024 + 4321;
 
@@ -197,7 +198,9 @@ fn instances_sharing_redis_share_the_digest() {
     let half = LEN / 2;
     let first = get(&one.url("/obj.bin"), &[("Range", &format!("bytes=0-{}", half - 1))]);
     assert_eq!(first.body, &object[..half]);
-    std::thread::sleep(Duration::from_millis(300));
+    // What the first half's stages learned is stored before the response is counted.
+    let counted = one.metric_at_least("rangeway_requests_total", "", 1);
+    assert!(counted >= 1, "the first half was never recorded");
     let rest = get(&two.url("/obj.bin"), &[("Range", &format!("bytes={half}-"))]);
     assert_eq!(rest.body, &object[half..]);
     assert_eq!(digest_eventually(&one.url("/obj.bin")), Some(sha256_hex(&object)));
@@ -323,14 +326,9 @@ fn a_whole_download_starts_no_completion_pass() {
         let whole = get(&process.url("/whole.bin"), &[]);
         assert!(whole.body == object);
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let text = loop {
-        let text = std::fs::read_to_string(&log).expect("the log");
-        if text.matches("rangeway::access").count() >= 3 || std::time::Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let text = wait::log_until(&log, "three access lines", wait::WITHIN, |text| {
+        text.matches("rangeway::access").count() >= 3
+    });
     assert_eq!(text.matches("rangeway::access").count(), 3, "{text}");
     assert!(!text.contains("digests"), "{text}");
     let ranged: Vec<_> =

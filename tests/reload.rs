@@ -3,14 +3,15 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::clients::sha256_hex;
 use support::data::test_bytes;
-use support::http::get;
+use support::http::{get, get_until};
 use support::origin::{Behaviour, Origin};
 use support::proxy::ProxyProcess;
 use support::tmp::TempDir;
+use support::wait;
 
 /// An http upstream under `prefix`, and a `dir` upstream (`folder`) under `/files/`.
 fn routes_with(origin: &Origin, prefix: &str, folder: &std::path::Path) -> String {
@@ -23,14 +24,7 @@ fn routes_with(origin: &Origin, prefix: &str, folder: &std::path::Path) -> Strin
 
 /// GETs `url` until it answers `status`, for up to 5 s.
 fn until_status(url: &str, status: u16) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if get(url, &[]).status == status {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+    get_until(url, |r| r.status == status).status == status
 }
 
 #[test]
@@ -54,7 +48,10 @@ fn sighup_reloads_routes_and_keeps_them_when_the_new_config_is_wrong() {
     );
     let url = process.url("/old/a.bin");
     let in_flight = std::thread::spawn(move || get(&url, &[]));
-    std::thread::sleep(Duration::from_millis(300));
+    // In flight, its route chosen, before the reload: the origin has its request.
+    wait::until("the download to reach the origin", wait::WITHIN, || {
+        (origin.requests().iter().filter(|r| r.target == "/a.bin").count() >= 2).then_some(())
+    });
 
     process.rewrite(&routes(&origin, "/new/"));
     process.signal("HUP");
@@ -73,10 +70,12 @@ fn sighup_reloads_routes_and_keeps_them_when_the_new_config_is_wrong() {
         routes(&origin, "/broken/")
     ));
     process.signal("HUP");
-    std::thread::sleep(Duration::from_millis(500));
+    let text = wait::log_until(&log, "the config's error", wait::WITHIN, |text| {
+        text.contains("the config has errors, the running one stays")
+            && text.contains("routes[1].middleware[0].level")
+    });
     assert_eq!(get(&process.url("/new/a.bin"), &[]).status, 200, "the running config stays");
     assert_eq!(get(&process.url("/broken/a.bin"), &[]).status, 404);
-    let text = std::fs::read_to_string(&log).expect("the log");
     assert!(text.contains("SIGHUP: reloaded"), "{text}");
     assert!(text.contains("the config has errors, the running one stays"), "{text}");
     assert!(text.contains("routes[1].middleware[0].level"), "the error names the key: {text}");
@@ -85,11 +84,9 @@ fn sighup_reloads_routes_and_keeps_them_when_the_new_config_is_wrong() {
     let elsewhere = logs.join("elsewhere");
     process.rewrite(&routes_with(&origin, "/moved/", &elsewhere));
     process.signal("HUP");
-    std::thread::sleep(Duration::from_millis(500));
+    wait::log_line(&log, "the dir upstreams changed");
     assert_eq!(get(&process.url("/moved/a.bin"), &[]).status, 404);
     assert_eq!(get(&process.url("/files/f.txt"), &[]).status, 200);
-    let text = std::fs::read_to_string(&log).expect("the log");
-    assert!(text.contains("the dir upstreams changed"), "{text}");
 
     // Fixed again, it reloads.
     process.rewrite(&routes(&origin, "/third/"));

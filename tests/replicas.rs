@@ -11,6 +11,7 @@ use support::data::test_bytes;
 use support::http::get;
 use support::origin::{Behaviour, Origin};
 use support::proxy::Proxy;
+use support::wait;
 
 /// rangeway in front of `origins` as replicas: `/` continues broken bodies (rangeway's own
 /// client), `/plain/` is proxied by pingora.
@@ -77,14 +78,21 @@ fn a_replica_failing_its_health_check_gets_no_requests_until_it_passes() {
     let check = "  [upstreams.pool.health_check]\n  path = \"/health\"\n  interval = \"100ms\"\n  timeout = \"500ms\"";
     let proxy = replicated(&[&a, &b], check);
     a.set_behaviour("/health", Behaviour::Status(503));
-    std::thread::sleep(Duration::from_millis(500));
+    a.clear_requests();
+    // A round of checks ends before the next begins: a second check since the 503s began means
+    // the first was answered 503 and the replica marked down.
+    wait::until("a check of A answered 503", wait::WITHIN, || {
+        (gets(&a, "/health") >= 2).then_some(())
+    });
     a.clear_requests();
     for _ in 0..10 {
         assert_eq!(get(&proxy.url("/obj.bin"), &[]).status, 200);
     }
     assert_eq!(gets(&a, "/obj.bin"), 0, "a replica failing its check got requests");
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(gets(&a, "/health") > 0, "it is still checked");
+    let checked = gets(&a, "/health");
+    wait::until("A to be checked again (it is still checked)", wait::WITHIN, || {
+        (gets(&a, "/health") > checked).then_some(())
+    });
 
     a.clear_behaviour("/health");
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -14,6 +14,7 @@ use support::origin::{Behaviour, Origin};
 use support::proxy::{Instance, Proxy, ProxyProcess};
 use support::redis::RedisServer;
 use support::tmp::TempDir;
+use support::wait;
 
 const LEN: usize = 8 * 1024 * 1024;
 
@@ -139,7 +140,10 @@ fn a_redis_outage_costs_no_response_and_no_byte() {
         let url = url.clone();
         std::thread::spawn(move || curl_resume(&url, &file))
     };
-    std::thread::sleep(Duration::from_millis(300));
+    // Redis goes down while the body is on its way.
+    wait::until("the download to be under way", wait::WITHIN, || {
+        (origin.body_bytes() > 0).then_some(())
+    });
     redis.kill();
     client.join().expect("client thread").assert_success();
     assert_eq!(sha256_file(&file), sha256_hex(&object));

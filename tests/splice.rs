@@ -17,6 +17,7 @@ use support::http::{Connection, RawRequest, Response, get_until, request};
 use support::origin::{Behaviour, Origin};
 use support::proxy::{Proxy, ProxyProcess};
 use support::tmp::TempDir;
+use support::wait;
 
 const BIG: usize = 3 * 1024 * 1024 + 5;
 const SMALL: usize = 100 * 1024;
@@ -252,11 +253,6 @@ fn a_middleware_route_reads_the_body_past_pingora() {
     assert!(!cut.complete && cut.body == big[..2_000_000], "{} bytes", cut.body.len());
     // The end of the body was seen by rangeway's own reader, past the first 64 KiB that pingora
     // reads: pingora's reader words an early close otherwise.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let mut text = String::new();
-    while !text.contains("rangeway::access") && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-        text = std::fs::read_to_string(&log).expect("the log");
-    }
+    let text = wait::log_line(&log, "rangeway::access");
     assert!(text.contains("the origin closed the connection before the end of the body"), "{text}");
 }

@@ -508,6 +508,8 @@ async fn hostile_ids_work_and_keys_stay_bounded(backend: &Backend) {
 }
 
 async fn entries_expire_after_the_ttl_from_their_last_write(backend: &Backend) {
+    // The sleeps here are deliberate: what is tested is a TTL, the passing of time itself, not
+    // an event to wait for.
     let (store, _) = backend.store("2s").await;
     let v = version("t", 100);
     store.record(&delivery("t", "files|/t", &v, (0, 10), T0)).await.expect("record");

@@ -4,9 +4,10 @@
 
 mod support;
 
+use std::os::unix::fs::FileTypeExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::clients::sha256_hex;
 use support::data::test_bytes;
@@ -14,6 +15,7 @@ use support::http::get;
 use support::origin::{Behaviour, Origin};
 use support::proxy::ProxyProcess;
 use support::tmp::TempDir;
+use support::wait;
 
 #[test]
 fn a_new_process_takes_the_sockets_over_without_a_failed_request() {
@@ -46,31 +48,39 @@ fn a_new_process_takes_the_sockets_over_without_a_failed_request() {
                 let ok = support::http::try_get(&small)
                     .is_some_and(|r| r.status == 200 && r.body == b"sixteen bytes..\n");
                 if ok { &served } else { &failed }.fetch_add(1, Ordering::Relaxed);
+                // Deliberate pacing: a steady stream of requests, not a flood.
                 std::thread::sleep(Duration::from_millis(10));
             }
         })
     };
     let big_url = old.url("/big.bin");
     let download = std::thread::spawn(move || get(&big_url, &[]));
-    std::thread::sleep(Duration::from_millis(300));
+    wait::until("the download to reach the origin", wait::WITHIN, || {
+        origin.requests().iter().any(|r| r.target == "/big.bin").then_some(())
+    });
 
     let new_log = work.join("new.log");
     let new = old.upgrade(&new_log);
     // The new process waits on the upgrade socket; the old one hands its sockets over.
-    std::thread::sleep(Duration::from_millis(500));
+    wait::until("the new process to open the upgrade socket", Duration::from_secs(15), || {
+        std::fs::metadata(&socket).ok().filter(|m| m.file_type().is_socket())
+    });
     old.signal("QUIT");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !std::fs::read_to_string(&new_log).unwrap_or_default().contains("rangeway is listening") {
-        assert!(Instant::now() < deadline, "the new process never took over");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait::log_until(&new_log, "the new process to take over", Duration::from_secs(15), |text| {
+        text.contains("rangeway is listening")
+    });
     let finished = download.join().expect("the download thread");
     assert!(finished.complete && finished.status == 200, "the download in flight was cut");
     assert_eq!(sha256_hex(&finished.body), sha256_hex(&big));
     // The old process leaves once its download is over (after pingora's 5 s close timeout).
     let exited = old.wait_exit(Duration::from_secs(15));
     assert!(exited.is_some_and(|s| s.success()), "the old process did not leave: {exited:?}");
-    std::thread::sleep(Duration::from_millis(500));
+    // The stream goes on a while against the new process alone.
+    let before = served.load(Ordering::Relaxed) + failed.load(Ordering::Relaxed);
+    wait::until("requests to the new process alone", wait::WITHIN, || {
+        let now = served.load(Ordering::Relaxed) + failed.load(Ordering::Relaxed);
+        (now >= before + 20).then_some(())
+    });
     stop.store(true, Ordering::Relaxed);
     stream.join().expect("the request stream");
     let (served, failed) = (served.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));

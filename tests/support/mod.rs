@@ -21,3 +21,4 @@ pub(crate) mod redis;
 pub(crate) mod s3;
 pub(crate) mod tls;
 pub(crate) mod tmp;
+pub(crate) mod wait;

@@ -162,8 +162,18 @@ impl ProxyProcess {
         env: &[(&str, &str)],
         log: &std::path::Path,
     ) -> ProxyProcess {
+        ProxyProcess::start_logged_with(body, "", env, log)
+    }
+
+    /// Like [`ProxyProcess::start_logged`], with extra `[server]` keys.
+    pub(crate) fn start_logged_with(
+        body: &str,
+        server_keys: &str,
+        env: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> ProxyProcess {
         let file = std::fs::File::create(log).expect("create the log file");
-        ProxyProcess::spawn(body, "", env, std::process::Stdio::from(file))
+        ProxyProcess::spawn(body, server_keys, env, std::process::Stdio::from(file))
     }
 
     fn spawn(
