@@ -1,7 +1,7 @@
 //! The deployment files under deploy/ are checked offline: every YAML file parses, the Kubernetes
 //! objects are well-formed and probe the right admin endpoints, the ConfigMap's config passes
-//! `rangeway check`, and every metric the alerts and the Grafana board query is one a live rangeway
-//! really exports on /metrics.
+//! `rangeway check` and gets its download id key from the Secret, and every metric the alerts and
+//! the Grafana board query is one a live rangeway really exports on /metrics.
 //!
 //! YAML is parsed by PyYAML (`python3-yaml`, installed by scripts/deps.sh), which prints each file
 //! as JSON for serde_json.
@@ -216,9 +216,37 @@ fn the_deployment_probes_the_admin_port_and_its_selectors_match() {
     assert!(config.contains("redis://rangeway-redis:6379"), "{config}");
     find("Service", "rangeway-redis");
     find("StatefulSet", "rangeway-redis");
+
+    // With Redis, the config must name the download id key, and every replica must get the same
+    // one: the variable comes from the Secret, by name, so that a Secret without it stops the pod.
+    let id_key_var = id_key_env_of(config).unwrap_or_else(|| {
+        panic!("the config uses Redis but names no state.id_key_env:\n{config}")
+    });
+    let from_secret = container["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == id_key_var.as_str())
+        .unwrap_or_else(|| panic!("the container's env does not set {id_key_var}"));
+    assert_eq!(str_at(from_secret, "/valueFrom/secretKeyRef/name"), secret);
+    assert_eq!(str_at(from_secret, "/valueFrom/secretKeyRef/key"), id_key_var);
+    assert!(
+        find("Secret", secret)["stringData"].get(&id_key_var).is_some(),
+        "the Secret {secret} has no {id_key_var}"
+    );
 }
 
-/// `rangeway check` accepts the ConfigMap's config, with the admin token the Secret provides.
+/// The variable a config's `id_key_env = "NAME"` line names.
+fn id_key_env_of(config: &str) -> Option<String> {
+    config.lines().find_map(|line| {
+        let line = line.split('#').next()?.trim();
+        let value = line.strip_prefix("id_key_env")?.trim_start().strip_prefix('=')?;
+        Some(value.trim().trim_matches('"').to_owned())
+    })
+}
+
+/// `rangeway check` accepts the ConfigMap's config, with the admin token and download id key the
+/// Secret provides, and refuses the example Secret's placeholder key.
 #[test]
 fn the_configmap_config_passes_rangeway_check() {
     let objects = kubernetes_objects();
@@ -243,6 +271,25 @@ fn the_configmap_config_passes_rangeway_check() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+
+    // The example Secret's id key is a placeholder rangeway refuses: a deployment cannot run on a
+    // key printed in a public file, from which anyone could compute other clients' download ids.
+    let secret =
+        objects.iter().map(|(_, o)| o).find(|o| str_at(o, "/kind") == "Secret").expect("a Secret");
+    let config = str_at(config_map, "/data/rangeway.toml");
+    let id_key_var = id_key_env_of(config).expect("the ConfigMap's config names state.id_key_env");
+    let placeholder = str_at(secret, &format!("/stringData/{id_key_var}"));
+    let output = Command::new(env!("CARGO_BIN_EXE_rangeway"))
+        .args(["check", "--config"])
+        .arg(&file)
+        .env("RANGEWAY_ADMIN_TOKEN", "example-token")
+        .env(&id_key_var, placeholder)
+        .output()
+        .expect("rangeway check runs");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "the Secret's example id key was accepted: {said}");
+    assert!(said.contains("state.id_key_env"), "{said}");
+    assert!(!said.contains(placeholder), "rangeway check printed the key: {said}");
 }
 
 /// The `rangeway_*` metric names in `text`.
