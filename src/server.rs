@@ -56,6 +56,10 @@ pub enum StartError {
     IdKey(getrandom::Error),
     #[error("nothing listens on {0}: the server stopped or could not bind it")]
     NotListening(SocketAddr),
+    #[error(
+        "{key}: cannot listen on {addr}: {source} — stop what listens there, or choose another address"
+    )]
+    Listen { key: &'static str, addr: SocketAddr, source: std::io::Error },
 }
 
 /// What a started server listens on.
@@ -95,6 +99,9 @@ pub fn build(
     upgrade: bool,
 ) -> Result<Built, StartError> {
     let chains = config.build_chains(registry).map_err(StartError::Middleware)?;
+    if !upgrade {
+        can_listen(config)?;
+    }
     let store_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("rangeway-store")
@@ -294,6 +301,24 @@ fn replica_spec(http: &HttpUpstream) -> ReplicaSpec {
         }),
         host_header: http.host_header.clone(),
     }
+}
+
+/// Whether the listeners' addresses can be bound. pingora binds them only once the server runs,
+/// and a taken address is then retried for a while and ends the proxy's thread with the process
+/// still up (answering /healthz): so it is tried here first, and a taken or foreign address is an
+/// error at start. (Taken over with `--upgrade`, they are the running process's.)
+fn can_listen(config: &Config) -> Result<(), StartError> {
+    for (key, addr) in [
+        ("server.listen", config.server.listen),
+        ("server.admin_listen", config.server.admin_listen),
+    ] {
+        std::net::TcpListener::bind(addr).map_err(|source| StartError::Listen {
+            key,
+            addr,
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// Runs until SIGTERM (graceful: new connections are refused, and the process ends when the

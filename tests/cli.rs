@@ -204,3 +204,24 @@ fn a_server_that_cannot_listen_is_an_error() {
         Err(e) => assert!(e.to_string().contains("192.0.2.1:8080"), "{e}"),
     }
 }
+
+/// `rangeway serve` on an address something else listens on stops at once with an error that
+/// names the key, rather than running without its proxy.
+#[test]
+fn serve_on_a_taken_address_exits_with_an_error() {
+    let work = TempDir::new("cli-taken");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let [admin] = free_ports::<1>();
+    let output = rangeway()
+        .args(["serve", "--config"])
+        .arg(repo_file("config/default.toml"))
+        .current_dir(work.path())
+        .env("RANGEWAY__SERVER__LISTEN", taken.local_addr().unwrap().to_string())
+        .env("RANGEWAY__SERVER__ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    let said = format!("server.listen: cannot listen on {}", taken.local_addr().unwrap());
+    assert!(stderr.contains(&said), "{stderr}");
+}

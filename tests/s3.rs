@@ -176,6 +176,13 @@ fn a_client_signature_is_not_passed_on_and_s3_errors_are_explained() {
     assert_eq!(signed_by_client.status, 200);
     assert_eq!(signed_by_client.body, test_bytes(1000, 7));
 
+    // The bucket itself is no object: S3 would list its keys (rangeway's credentials may).
+    for root in ["/s3/", "/s3", "/s3//", "/s3/?list-type=2"] {
+        let listing = get(&good.url(root), &[]);
+        assert_eq!(listing.status, 404, "{root}");
+        assert!(!String::from_utf8_lossy(&listing.body).contains("a.bin"), "{root}");
+    }
+
     // rangeway's own credentials wrong: a clear 403 at once, never a hang.
     let wrong_dir = TempDir::new("s3-wrong");
     let wrong =

@@ -186,6 +186,11 @@ impl ProxyHttp for Proxy {
             }
         }
         let mut target = route.upstream_path(&path);
+        if route.upstream.names_no_s3_object(&target) {
+            // S3 would list the bucket's keys: nothing a download route serves.
+            respond(session, StatusCode::NOT_FOUND, "no object at this path\n", &[]).await?;
+            return Ok(true);
+        }
         let query = req.uri.query().map(|query| match route.upstream.is_s3() {
             true => s3::upstream_query(query, route.s3_response_overrides),
             false => download::without_download_id(query),

@@ -336,6 +336,15 @@ impl Upstream {
         self.signer.is_some()
     }
 
+    /// Whether `path` (an upstream path, without query) names no object of this S3 upstream but
+    /// its bucket (or key prefix) itself, whose GET S3 answers with a listing of keys.
+    pub fn names_no_s3_object(&self, path: &str) -> bool {
+        self.is_s3()
+            && path
+                .strip_prefix(self.base_path.as_str())
+                .is_some_and(|key| key.trim_matches('/').is_empty())
+    }
+
     /// The last step before `request` goes out: for an S3 upstream, the client's own
     /// authentication fields are dropped and the request is signed. Nothing for other upstreams.
     pub fn authorize(&self, request: &mut RequestHeader) -> Result<()> {
