@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod admission;
+pub(crate) mod cache;
 pub mod config;
 pub mod fingerprint;
 pub mod logging;

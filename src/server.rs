@@ -23,6 +23,7 @@ use crate::admin::Admin;
 use crate::admin::live::LiveResponses;
 use crate::admin::metrics::Metrics;
 use crate::admission::Admission;
+use crate::cache::SliceCache;
 use crate::config::{Config, HttpUpstream, IdKeySource, UpstreamKind};
 use crate::fingerprint::FingerprintKey;
 use crate::origin::dir::{self, DirOrigin};
@@ -169,6 +170,8 @@ pub fn build(
         IdKeySource::Configured(key) => FingerprintKey::new(key.expose().as_bytes()),
         IdKeySource::Generated => FingerprintKey::generate().map_err(StartError::IdKey)?,
     };
+    let cache =
+        config.cache.as_ref().and_then(|cache| SliceCache::open(cache, &metrics)).map(Arc::new);
     let proxy = Proxy::new(
         Arc::clone(&routes),
         range_limits,
@@ -177,7 +180,8 @@ pub fn build(
         Arc::clone(&live),
         config.server.client_limits,
         id_key,
-    );
+    )
+    .with_cache(cache.clone());
     let proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
     let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics));
     let mut proxy_service = Service::new("rangeway proxy".to_owned(), admission);
@@ -191,7 +195,8 @@ pub fn build(
         routes,
         config.server.admin_token.clone(),
         live,
-    );
+    )
+    .with_cache(cache);
     let mut admin = Service::new("admin".to_owned(), admin_app);
     admin.add_tcp(&config.server.admin_listen.to_string());
     admin.threads = Some(1);
@@ -282,6 +287,7 @@ fn build_routes(
         built.s3_client_keys = route.s3_client_keys.clone();
         built.upstream_resume = route.upstream_resume;
         built.s3_response_overrides = route.s3_response_overrides;
+        built.cache = route.cache;
         if !built.chain.stages().is_empty() {
             metrics.middleware_route(&built.name);
         }
@@ -463,6 +469,7 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("server.upgrade_socket", a.upgrade_socket != b.upgrade_socket),
         ("the client limits of [server]", a.client_limits != b.client_limits),
         ("[state]", running.state != new.state),
+        ("[cache]", running.cache != new.cache),
     ]
     .into_iter()
     .filter_map(|(part, changed)| changed.then_some(part))

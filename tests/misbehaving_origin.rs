@@ -333,6 +333,9 @@ fn if_range_dates_are_decided_once() {
     let (response, upstream) = ask("/dated.bin", &date);
     assert_eq!((response.status, &response.body[..]), (206, &object[..10]));
     assert_eq!(upstream, [(None, None)]);
+    // What the store learned of the object is recorded after the answer went out, before the
+    // request is counted.
+    assert_eq!(proxy.metric_at_least("rangeway_requests_total", "", 3), 3);
     let (response, upstream) = ask("/dated.bin", &date);
     assert_eq!((response.status, &response.body[..]), (206, &object[..10]));
     assert_eq!(upstream, [(Some("bytes=0-9".to_owned()), Some(date.clone()))]);

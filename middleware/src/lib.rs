@@ -13,6 +13,7 @@
 //! - [`gzip`]: the `gzip` stage, one gzip member made of independently compressed blocks, so that
 //!   any range of it can be regenerated.
 //! - [`rfc9110`]: ranges, conditional requests and entity tags.
+//! - [`rfc9111`]: what a shared cache may store, for how long, and what a request asks of it.
 
 pub mod aes128gcm;
 pub mod chain;
@@ -20,6 +21,7 @@ pub mod checksum;
 pub mod gzip;
 mod range;
 pub mod rfc9110;
+pub mod rfc9111;
 mod window;
 
 pub use range::ByteRange;

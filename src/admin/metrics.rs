@@ -30,6 +30,83 @@ pub struct Metrics {
     connections_refused: IntCounterVec,
     duration: HistogramVec,
     active: IntGauge,
+    cache: CacheMetrics,
+}
+
+/// `rangeway_cache_*`: the slice cache.
+#[derive(Debug, Clone)]
+struct CacheMetrics {
+    requests: IntCounterVec,
+    origin_bytes: IntCounterVec,
+    served_bytes: IntCounterVec,
+    fill_failures: IntCounterVec,
+    evictions: IntCounter,
+    corrupt: IntCounter,
+    write_errors: IntCounter,
+    disk_bytes: IntGauge,
+    enabled: IntGauge,
+}
+
+impl CacheMetrics {
+    fn new(registry: &Registry) -> Self {
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(vec.clone())).expect("metric names are unique");
+            vec
+        };
+        let counter = |name: &str, help: &str| {
+            let counter = IntCounter::new(name, help).expect("valid metric");
+            registry.register(Box::new(counter.clone())).expect("metric names are unique");
+            counter
+        };
+        let gauge = |name: &str, help: &str| {
+            let gauge = IntGauge::new(name, help).expect("valid metric");
+            registry.register(Box::new(gauge.clone())).expect("metric names are unique");
+            gauge
+        };
+        Self {
+            requests: counter_vec(
+                "rangeway_cache_requests_total",
+                "Requests on routes with the cache, by what it did: hit (every byte was there), miss (this request started fetching some), coalesced (it waited on fetches of others), revalidated (the stored version was validated first), bypass_request, bypass_uncacheable, bypass_origin (asked of the origin as without a cache), off (the cache folder cannot be written).",
+                &["route", "outcome"],
+            ),
+            origin_bytes: counter_vec(
+                "rangeway_cache_origin_bytes_total",
+                "Bytes fetched from origins into the cache, by route.",
+                &["route"],
+            ),
+            served_bytes: counter_vec(
+                "rangeway_cache_served_bytes_total",
+                "Bytes of origins' objects answered from the cache (as the upstream's answer, before a route's stages), by route.",
+                &["route"],
+            ),
+            fill_failures: counter_vec(
+                "rangeway_cache_fill_failures_total",
+                "Runs of slices the cache could not fetch (the origin failed or changed, or the disk did): their waiting answers were cut.",
+                &["route"],
+            ),
+            evictions: counter(
+                "rangeway_cache_evictions_total",
+                "Slices evicted, least recently used first, to keep the cache under max_size.",
+            ),
+            corrupt: counter(
+                "rangeway_cache_corrupt_slices_total",
+                "Slices whose bytes did not match their CRC when read: deleted and fetched again.",
+            ),
+            write_errors: counter(
+                "rangeway_cache_write_errors_total",
+                "Writes to the cache folder that failed (a full or read-only disk): those slices came from the origin.",
+            ),
+            disk_bytes: gauge(
+                "rangeway_cache_disk_bytes",
+                "Bytes the cache's slices take on disk.",
+            ),
+            enabled: gauge(
+                "rangeway_cache_enabled",
+                "1 when a [cache] is configured and its folder could be opened, 0 otherwise.",
+            ),
+        }
+    }
 }
 
 impl Metrics {
@@ -158,8 +235,10 @@ impl Metrics {
         {
             tracing::warn!(error = %e, "cannot export process metrics");
         }
+        let cache = CacheMetrics::new(&registry);
         Self {
             registry,
+            cache,
             requests,
             transports,
             response_bytes,
@@ -234,6 +313,44 @@ impl Metrics {
     /// A client connection ended by a limit: `per_client_limit` or `header_timeout`.
     pub fn connection_refused(&self, reason: &str) {
         self.connections_refused.with_label_values(&[reason]).inc();
+    }
+
+    /// What the cache did for a request (`cache::Outcome`).
+    pub fn cache_request(&self, route: &str, outcome: &str) {
+        self.cache.requests.with_label_values(&[route, outcome]).inc();
+    }
+
+    pub fn cache_origin_bytes(&self, route: &str, bytes: u64) {
+        self.cache.origin_bytes.with_label_values(&[route]).inc_by(bytes);
+    }
+
+    pub fn cache_served(&self, route: &str, bytes: u64) {
+        self.cache.served_bytes.with_label_values(&[route]).inc_by(bytes);
+    }
+
+    pub fn cache_fill_failed(&self, route: &str) {
+        self.cache.fill_failures.with_label_values(&[route]).inc();
+    }
+
+    pub fn cache_evicted(&self, slices: u64) {
+        self.cache.evictions.inc_by(slices);
+    }
+
+    pub fn cache_corrupt(&self) {
+        self.cache.corrupt.inc();
+    }
+
+    pub fn cache_write_error(&self) {
+        self.cache.write_errors.inc();
+    }
+
+    pub fn cache_disk(&self, bytes: u64) {
+        self.cache.disk_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// The cache is open (`true`) or configured and off.
+    pub fn cache_enabled(&self, on: bool) {
+        self.cache.enabled.set(i64::from(on));
     }
 
     pub fn in_flight(&self) -> i64 {

@@ -16,6 +16,7 @@ use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
 use serde_json::{Value, json};
 
+use crate::cache::{Selection, SliceCache};
 use crate::config::AdminToken;
 use crate::representation::current_digests;
 use crate::request_path::NormalizedPath;
@@ -39,6 +40,7 @@ pub struct Admin {
     routes: Arc<RouteSwitch>,
     token: Option<AdminToken>,
     live: Arc<LiveResponses>,
+    cache: Option<Arc<SliceCache>>,
 }
 
 impl Admin {
@@ -50,7 +52,13 @@ impl Admin {
         token: Option<AdminToken>,
         live: Arc<LiveResponses>,
     ) -> Self {
-        Self { metrics, proxy_addr, store, routes, token, live }
+        Self { metrics, proxy_addr, store, routes, token, live, cache: None }
+    }
+
+    /// The admin API, with the slice cache to show and purge.
+    pub(crate) fn with_cache(mut self, cache: Option<Arc<SliceCache>>) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// `/v1/...`: the downloads and objects the state store knows.
@@ -70,6 +78,13 @@ impl Admin {
             }
         }
         let query = session.req_header().uri.query().unwrap_or("");
+        let method = &session.req_header().method;
+        if path == "/v1/cache" {
+            return self.cache_api(method, query);
+        }
+        if method == http::Method::DELETE {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n");
+        }
         let result = if let Some(id) = path.strip_prefix("/v1/downloads/") {
             let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
             let object = param(query, "object");
@@ -157,6 +172,52 @@ impl Admin {
         }
     }
 
+    /// `/v1/cache`: what the slice cache holds of an object (`?path=` a client path, through the
+    /// routes as the proxy's, `&host=` for a host route) or of a prefix of upstream paths
+    /// (`?prefix=`, `&upstream=` one upstream's); with DELETE, drops it.
+    fn cache_api(&self, method: &http::Method, query: &str) -> Response<Vec<u8>> {
+        let Some(cache) = &self.cache else {
+            return json_response(StatusCode::NOT_FOUND, &json!({"error": "there is no cache"}));
+        };
+        let selection = if let Some(raw) = param(query, "path") {
+            let decoded = percent_encoding::percent_decode_str(&raw).decode_utf8_lossy();
+            let Ok(path) = NormalizedPath::parse(&decoded) else {
+                return json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "not a usable path"}),
+                );
+            };
+            let host = param(query, "host").map(|h| h.to_ascii_lowercase());
+            let routes = self.routes.current();
+            let Some(route) = routes.find(host.as_deref(), &path) else {
+                return json_response(
+                    StatusCode::NOT_FOUND,
+                    &json!({"error": "no route for this path"}),
+                );
+            };
+            Selection::Object {
+                upstream: route.upstream.name().to_owned(),
+                path: route.upstream_path(&path),
+            }
+        } else if let Some(prefix) = param(query, "prefix") {
+            Selection::Prefix { upstream: param(query, "upstream"), prefix }
+        } else {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "give ?path=/route/path/of/the/object (and &host= for a host route), or ?prefix=/upstream/path/prefix (and &upstream=NAME)"}),
+            );
+        };
+        if method == http::Method::DELETE {
+            let purged = cache.purge(&selection);
+            return json_response(StatusCode::OK, &json!({"purged": purged}));
+        }
+        let objects = cache.listing(&selection);
+        if objects.is_empty() && matches!(selection, Selection::Object { .. }) {
+            return json_response(StatusCode::NOT_FOUND, &json!({"error": "not in the cache"}));
+        }
+        json_response(StatusCode::OK, &json!({"objects": objects}))
+    }
+
     /// The store's key of the object that `?key=` (as a download's `object` names it) or a client
     /// path names (`?path=`, through the same routes as the proxy), with its route and path.
     fn object_key(&self, query: &str) -> Option<(String, Arc<Route>, String)> {
@@ -190,10 +251,12 @@ impl Admin {
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let req = session.req_header();
-        if req.method != http::Method::GET && req.method != http::Method::HEAD {
+        let path = req.uri.path().to_owned();
+        // DELETE only where the API drops something (`/v1/cache`).
+        let deletes = req.method == http::Method::DELETE && path.starts_with("/v1/");
+        if req.method != http::Method::GET && req.method != http::Method::HEAD && !deletes {
             return text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n");
         }
-        let path = req.uri.path().to_owned();
         if path.starts_with("/v1/") || path == "/v1" {
             return self.api(session, &path).await;
         }

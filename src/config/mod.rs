@@ -40,6 +40,7 @@
 //! A [`Config`] is only made by the loaders, all checks passed: every field is valid and
 //! cross-references (route -> upstream) resolve.
 
+mod cache;
 mod chains;
 mod errors;
 mod host;
@@ -53,10 +54,11 @@ mod tree;
 mod units;
 mod upstream;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
 use std::path::Path;
 
+pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::{MiddlewareSpec, RouteConfig, UpstreamResume};
 pub use s3::{Addressing, S3ClientKeys, S3Credentials, S3Upstream};
@@ -83,6 +85,8 @@ const MAX_FILE_LEN: u64 = 4 << 20;
 pub struct Config {
     pub server: ServerConfig,
     pub state: StateConfig,
+    /// `[cache]`, when there is one.
+    pub cache: Option<CacheConfig>,
     /// By name.
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     /// In file order, at least one; no two share a host and a prefix.
@@ -145,10 +149,31 @@ impl Config {
         let mut top = Table::new(ctx, "", "the top level", root, "[server]")?;
         let server = server::read(ctx, top.take("server").map(|f| f.node));
         let state = state::read(ctx, top.take("state").map(|f| f.node));
+        let cache = cache::read(ctx, top.take("cache").map(|f| f.node));
         let (upstreams, declared) = upstream::read_all(ctx, top.take("upstreams").map(|f| f.node));
-        let routes = route::read_all(ctx, top.take("routes").map(|f| f.node), declared.as_ref());
+        let folders = upstreams.as_ref().map_or_else(
+            |_| BTreeSet::new(),
+            |all| {
+                all.iter()
+                    .filter(|(_, u)| matches!(u.kind, UpstreamKind::Dir { .. }))
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            },
+        );
+        let around = route::RouteContext {
+            declared: declared.as_ref(),
+            folders,
+            cache: matches!(cache, Ok(Some(_))),
+        };
+        let routes = route::read_all(ctx, top.take("routes").map(|f| f.node), &around);
         top.finish(ctx);
-        Ok(Self { server: server?, state: state?, upstreams: upstreams?, routes: routes? })
+        Ok(Self {
+            server: server?,
+            state: state?,
+            cache: cache?,
+            upstreams: upstreams?,
+            routes: routes?,
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::cache::{self, RouteCache};
 use super::host::split_host_port;
 use super::read::{Ctx, Field, Read, Table, suggest};
 use super::s3::{self, S3ClientKeys};
@@ -38,6 +39,20 @@ pub struct RouteConfig {
     /// then answers with the headers they name. Default false: any client could otherwise make
     /// an object be served as, say, `text/html` inline from rangeway's host.
     pub s3_response_overrides: bool,
+    /// `cache`: how the route uses `[cache]`; `None`: it does not. Without the key, on when there
+    /// is a `[cache]` and the route's upstream is not a local folder.
+    pub cache: Option<RouteCache>,
+}
+
+/// What a route's defaults depend on outside it.
+#[derive(Debug, Default)]
+pub(super) struct RouteContext<'a> {
+    /// The upstreams' names; `None` when `[upstreams]` itself is broken.
+    pub(super) declared: Option<&'a BTreeSet<String>>,
+    /// The upstreams that are local folders.
+    pub(super) folders: BTreeSet<String>,
+    /// Whether there is a `[cache]`.
+    pub(super) cache: bool,
 }
 
 /// How rangeway continues a response whose origin connection fails mid-body: it asks for the
@@ -110,7 +125,7 @@ pub struct MiddlewareSpec {
 pub(super) fn read_all(
     ctx: &mut Ctx<'_>,
     node: Option<Node>,
-    declared: Option<&BTreeSet<String>>,
+    around: &RouteContext<'_>,
 ) -> Read<Vec<RouteConfig>> {
     let Some(node) = node else {
         return Err(ctx.report_at(
@@ -142,7 +157,7 @@ pub(super) fn read_all(
     // (host, prefix without its trailing '/') -> index of the first route that claimed it.
     let mut claimed: BTreeMap<(Option<String>, String), usize> = BTreeMap::new();
     for (index, item) in items.into_iter().enumerate() {
-        let (claim, route) = read_one(ctx, index, item, declared);
+        let (claim, route) = read_one(ctx, index, item, around);
         if let Some(Claim { host, prefix }) = claim {
             let key = (host, prefix.trim_end_matches('/').to_owned());
             if let Some(&first) = claimed.get(&key) {
@@ -179,8 +194,9 @@ fn read_one(
     ctx: &mut Ctx<'_>,
     index: usize,
     node: Node,
-    declared: Option<&BTreeSet<String>>,
+    around: &RouteContext<'_>,
 ) -> (Option<Claim>, Read<RouteConfig>) {
+    let declared = around.declared;
     let path = format!("routes[{index}]");
     let mut table = match Table::new(ctx, &path, "[[routes]]", node, ROUTE_EXAMPLE) {
         Ok(table) => table,
@@ -222,6 +238,19 @@ fn read_one(
         .map_or(Ok(Some(UpstreamResume::default())), |f| read_upstream_resume(ctx, f));
     let s3_response_overrides =
         table.take("s3_response_overrides").map_or(Ok(false), |f| f.boolean(ctx));
+    let cache_field = table.take("cache");
+    let cache = match (&cache_field, around.cache) {
+        (Some(field), false) => Err(ctx.report(
+            &field.path,
+            field.origin(),
+            "there is no [cache] for the route to use",
+            "add [cache] with dir = \"/var/cache/rangeway\", or remove this key",
+        )),
+        _ => {
+            let folder = upstream.as_ref().is_ok_and(|name| around.folders.contains(name));
+            cache::read_route(ctx, cache_field, around.cache && !folder)
+        }
+    };
     table.finish(ctx);
     let claim = match (&host, &path_prefix) {
         (Ok(host), Ok(prefix)) => Some(Claim { host: host.clone(), prefix: prefix.clone() }),
@@ -237,6 +266,7 @@ fn read_one(
             s3_client_keys: s3_client_keys?,
             upstream_resume: upstream_resume?,
             s3_response_overrides: s3_response_overrides?,
+            cache: cache?,
         })
     });
     (claim, route)

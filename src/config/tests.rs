@@ -648,7 +648,7 @@ fn bad_top_level() {
     );
     expect_errors(
         &format!("verbose = true\n{UPSTREAMS}{ROUTE}"),
-        &[("verbose", "remove it; the top level takes: server, state, upstreams, routes")],
+        &[("verbose", "remove it; the top level takes: server, state, cache, upstreams, routes")],
     );
     expect_errors(
         &format!("server = \"x\"\n{UPSTREAMS}{ROUTE}"),
@@ -1793,4 +1793,62 @@ fn files_that_never_end_or_never_begin_are_refused_unread() {
             format!("[upstreams.origin]\nurl = \"https://h.example\"\nca_file = {ca}\n{ROUTE}");
         expect_errors(&text, &[("upstreams.origin.ca_file", "is not a regular file")]);
     }
+}
+
+#[test]
+fn cache_section_and_routes() {
+    let dir = Temp::dir("cache-dir");
+    let cache = format!("[cache]\ndir = {}\n", dir.toml());
+    // Without [cache], no route uses one.
+    let none = load_ok(&format!("{UPSTREAMS}{ROUTE}"));
+    assert_eq!((none.cache, none.routes[0].cache), (None, None));
+    // With it: the defaults, and every route on unless its upstream is a local folder.
+    let text = format!(
+        "{cache}{UPSTREAMS}{ROUTE}\n[[routes]]\npath_prefix = \"/local/\"\nupstream = \"local\"\n"
+    );
+    let config = load_ok(&text);
+    let section = config.cache.as_ref().expect("a cache");
+    assert_eq!((section.max_size, section.slice_size), (10 << 30, 4 << 20));
+    assert_eq!(config.routes[0].cache, Some(RouteCache::default()));
+    assert_eq!(config.routes[1].cache, None, "a local folder is not cached by default");
+    // Sizes with units; a route's table; off by a route, and from the environment.
+    let text = format!(
+        "{cache}max_size = \"64MiB\"\nslice_size = \"1MiB\"\n{UPSTREAMS}{ROUTE}\
+         cache = {{ revalidate = \"each-download\", authorized = true }}\n"
+    );
+    let config = load_ok(&text);
+    assert_eq!(
+        config.cache.as_ref().map(|c| (c.max_size, c.slice_size)),
+        Some((64 << 20, 1 << 20))
+    );
+    let route = config.routes[0].cache.expect("on");
+    assert_eq!((route.revalidate, route.authorized), (Revalidate::EachDownload, true));
+    assert_eq!(load_ok(&format!("{cache}{UPSTREAMS}{ROUTE}cache = false\n")).routes[0].cache, None);
+    let env = Env::from_pairs([("RANGEWAY__ROUTES__0__CACHE", "false")]);
+    let off = load_with(&format!("{cache}{UPSTREAMS}{ROUTE}"), &env, &kinds()).expect("loads");
+    assert_eq!(off.routes[0].cache, None);
+
+    let file = Temp::file("cache-file", b"x");
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        ("[cache]\n".to_owned(), vec![("cache.dir", "is missing")]),
+        (format!("[cache]\ndir = {}\n", file.toml()), vec![("cache.dir", "is not a directory")]),
+        (format!("{cache}slice_size = \"16MiB\"\n"), vec![("cache.slice_size", "out of range")]),
+        (format!("{cache}slice_size = \"1.5MiB\"\n"), vec![("cache.slice_size", "not a whole")]),
+        (
+            format!("{cache}max_size = \"16MiB\"\nslice_size = \"8MiB\"\n"),
+            vec![("cache.max_size", "fewer than four slices")],
+        ),
+        (format!("{cache}size = 1\n"), vec![("cache.size", "unknown key")]),
+    ];
+    for (section, expected) in cases {
+        expect_errors(&format!("{section}{UPSTREAMS}{ROUTE}"), &expected);
+    }
+    expect_errors(
+        &format!("{UPSTREAMS}{ROUTE}cache = true\n"),
+        &[("routes[0].cache", "there is no [cache]")],
+    );
+    expect_errors(
+        &format!("{cache}{UPSTREAMS}{ROUTE}cache = {{ revalidate = \"never\" }}\n"),
+        &[("routes[0].cache.revalidate", "is not a revalidation policy")],
+    );
 }

@@ -83,6 +83,8 @@ pub struct RequestCtx {
     pub(super) spliced: u64,
     /// The way the answer takes (see transport.rs).
     pub(super) transport: Transport,
+    /// What the slice cache did for the request, on a route that uses it.
+    pub(super) cache: Option<crate::cache::Outcome>,
     /// How the client's If-Range, when it is a date, goes upstream.
     pub(super) if_range_date: IfRangeDate,
     /// The ranges of a multipart answer are fetched apart, in stretches this far apart at least.
@@ -148,6 +150,7 @@ impl Default for RequestCtx {
             replica: 0,
             spliced: 0,
             transport: Transport::default(),
+            cache: None,
             if_range_date: IfRangeDate::NotADate,
             part_gap: None,
             rest_parts: Vec::new(),

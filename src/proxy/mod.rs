@@ -43,6 +43,7 @@ use tracing::{info, warn};
 
 use crate::admin::live::LiveResponses;
 use crate::admin::metrics::Metrics;
+use crate::cache::{Outcome, SliceCache};
 use crate::config::ClientLimits;
 use crate::fingerprint::FingerprintKey;
 use crate::range::{Asked, ClientRange, IfRangeDate, Shape, shape_response};
@@ -78,6 +79,8 @@ pub struct Proxy {
     client_limits: ClientLimits,
     /// Derived download ids are keyed with it.
     id_key: FingerprintKey,
+    /// The slice cache, when one is configured and open.
+    cache: Option<Arc<SliceCache>>,
 }
 
 impl Proxy {
@@ -102,7 +105,14 @@ impl Proxy {
             live,
             client_limits,
             id_key,
+            cache: None,
         }
+    }
+
+    /// The proxy, with the slice cache its routes use.
+    pub(crate) fn with_cache(mut self, cache: Option<Arc<SliceCache>>) -> Self {
+        self.cache = cache;
+        self
     }
 }
 
@@ -734,8 +744,12 @@ impl ProxyHttp for Proxy {
         let elapsed = ctx.started.elapsed();
         let transport = ctx.transport.name();
         self.metrics.request(route, status, sent, elapsed, transport);
-        if ctx.spliced > 0 {
+        if ctx.spliced > 0 && matches!(ctx.transport, Transport::Splice { .. }) {
             self.metrics.spliced(route, ctx.spliced);
+        }
+        let cache = ctx.cache.map(Outcome::name);
+        if let Some(outcome) = cache {
+            self.metrics.cache_request(route, outcome);
         }
         let req = session.req_header();
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
@@ -748,13 +762,13 @@ impl ProxyHttp for Proxy {
                 route, method = %req.method, path = %req.uri, status,
                 range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                 upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
-                transport, client, refused = ctx.refusal,
+                transport, cache, client, refused = ctx.refusal,
             ),
             Some(e) if is_client_abort(e) => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %req.uri, status,
                 range_asked = asked, range_served = %ctx.served_range, bytes = sent,
-                total_ms = elapsed.as_secs_f64() * 1000.0, transport, client,
+                total_ms = elapsed.as_secs_f64() * 1000.0, transport, cache, client,
                 "client went away before the end of the response"
             ),
             Some(e) => {
@@ -766,7 +780,7 @@ impl ProxyHttp for Proxy {
                     route, method = %req.method, path = %req.uri, status,
                     range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                     upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
-                    transport, client, error = %e,
+                    transport, cache, client, error = %e,
                 )
             }
         }

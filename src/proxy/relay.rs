@@ -38,8 +38,11 @@ use super::context::RequestCtx;
 use super::hop_by_hop::strip_hop_by_hop;
 use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
+use super::transport::BodyFrom;
 use crate::admin::metrics::Metrics;
 use crate::admission::ClientConnection;
+use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome, Segment, SliceCache};
+use crate::config::RouteCache;
 use crate::config::UpstreamResume;
 use crate::range::content_length;
 use crate::routes::Route;
@@ -94,11 +97,33 @@ impl Proxy {
             policy.is_some() || route.upstream.replica_count() > 1 || ctx.part_gap.is_some();
         let base = asks_again.then(|| request.clone());
         ctx.upstream_asked = Some(Instant::now());
-        let mut exchange = self.first_exchange(&route, ctx, request, base.as_ref()).await?;
-        let mut response =
-            exchange.session.response_header().cloned().ok_or_else(|| {
-                Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
-            })?;
+        // The slice cache answers as the origin would, or says to ask the origin.
+        let cached = match (&self.cache, route.cache) {
+            (Some(cache), Some(use_of)) => {
+                let answer =
+                    cache.answer(&route, use_of, &request, &self.origin_client, ctx.replica).await;
+                Some(answer)
+            }
+            (None, Some(_)) => Some(CacheAnswer::Bypass(Bypass::Off)),
+            _ => None,
+        };
+        let (mut response, body) = match cached {
+            Some(CacheAnswer::Served { header, body, outcome }) => {
+                ctx.cache = Some(outcome);
+                (*header, body.map(UpstreamBody::Cache))
+            }
+            bypassed => {
+                if let Some(CacheAnswer::Bypass(why)) = bypassed {
+                    ctx.cache = Some(Outcome::Bypass(why));
+                }
+                let exchange = self.first_exchange(&route, ctx, request, base.as_ref()).await?;
+                let response = exchange.session.response_header().cloned().ok_or_else(|| {
+                    Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
+                })?;
+                let exchange = Box::new(exchange);
+                (response, Some(UpstreamBody::Origin { exchange, source: BodySource::Unread }))
+            }
+        };
         let stream = upstream_stream(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         self.upstream_response_filter(session, &mut response, ctx).await?;
@@ -114,16 +139,39 @@ impl Proxy {
             parts: std::mem::take(&mut ctx.rest_parts).into(),
             at: stream.map_or(0, |s| s.start()),
             replica: ctx.replica,
+            cache: self.cache.clone().zip(route.cache),
         };
-        if let Some((spliced, client, len)) =
-            ctx.transport.for_body(session, ctx, &exchange, &response)
-        {
-            ctx.transport = spliced;
-            return self.splice(session, ctx, response, (client, len), exchange, pump).await;
-        }
+        let from = match &body {
+            Some(UpstreamBody::Origin { exchange, .. }) => Some(BodyFrom::Origin(exchange)),
+            Some(UpstreamBody::Cache(_)) => Some(BodyFrom::Cache),
+            None => None,
+        };
+        let kernel_way =
+            from.and_then(|from| ctx.transport.for_body(session, ctx, from, &response));
+        let mut body = match (kernel_way, body) {
+            (Some((way, client, len)), Some(UpstreamBody::Origin { exchange, .. })) => {
+                ctx.transport = way;
+                return self.splice(session, ctx, response, (client, len), *exchange, pump).await;
+            }
+            (Some((way, client, len)), Some(UpstreamBody::Cache(cached))) => {
+                ctx.transport = way;
+                return self.send_files(session, ctx, response, (client, len), cached).await;
+            }
+            (_, Some(body)) => body,
+            (_, None) => {
+                // A cached answer without a body (HEAD, 304, 412, 416).
+                let mut end = None;
+                self.response_body_filter(session, &mut end, true, ctx)?;
+                session.write_response_header(Box::new(response), end.is_none()).await?;
+                if end.is_some() {
+                    session.write_response_body(end, true).await?;
+                }
+                return Ok(());
+            }
+        };
         if head_only {
             session.write_response_header(Box::new(response), true).await?;
-            self.origin_client.release(exchange).await;
+            body.release(&self.origin_client).await;
             return Ok(());
         }
         // The header waits for the first HOLD_BYTES of the body, or all of it, to pass the body
@@ -133,11 +181,11 @@ impl Proxy {
         let mut held = Vec::new();
         let (mut held_len, mut pending) = (0, None);
         let done = loop {
-            match exchange.session.read_response_body().await {
+            match body.next_chunk().await {
                 Ok(Some(chunk)) => {
                     held_len += chunk.len();
                     held.push(chunk);
-                    if exchange.session.response_done() {
+                    if body.done() {
                         break true;
                     }
                     if held_len >= HOLD_BYTES {
@@ -167,7 +215,7 @@ impl Proxy {
         pump.at += held_len as u64;
         if done {
             // Pooled before the client hears of the end: its next request may want it.
-            self.origin_client.release(exchange).await;
+            body.release(&self.origin_client).await;
             if count == 0 {
                 // No body: the filter still sees the end (once).
                 let mut body = None;
@@ -191,7 +239,7 @@ impl Proxy {
         // The upstream is read (and continued) by a task of its own while this one writes to the
         // client, so that both sides move at once, as in pingora's proxying.
         let (pieces, mut received) = tokio::sync::mpsc::channel(RELAY_QUEUE);
-        tokio::spawn(pump.run(exchange, pending, pieces));
+        tokio::spawn(pump.run(body, pending, pieces));
         // While the origin is slow the client is watched, as pingora's proxying watches it: one
         // that hangs up ends the response at once, so that its download is recorded before the
         // client can come back to resume it.
@@ -246,9 +294,19 @@ impl Proxy {
     ) -> Result<()> {
         write_header_now(session, response).await?;
         let spliced = self.splice_body(ctx, &client, len, exchange, pump).await;
-        // pingora's writer is told of the bytes that went past it, as writes its connection
-        // swallows: it then counts them, frames the response as complete and keeps the
-        // connection, as for any other response.
+        self.account_sent_aside(session, ctx, spliced).await
+    }
+
+    /// Ends a response whose body went past pingora's writer (`ctx.spliced` bytes of it, then
+    /// `outcome`). pingora's writer is told of those bytes, as writes its connection swallows:
+    /// it then counts them, frames the response as complete and keeps the connection, as for
+    /// any other response.
+    async fn account_sent_aside(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        outcome: Result<()>,
+    ) -> Result<()> {
         if !sent_aside(session, ctx.spliced) {
             return Err(Error::explain(
                 ErrorType::InternalError,
@@ -261,7 +319,7 @@ impl Proxy {
             session.write_response_body(Some(Bytes::from_static(&SENT_ASIDE[..n])), false).await?;
             left -= n as u64;
         }
-        spliced?;
+        outcome?;
         if unaccounted(session) != 0 {
             // What is left would swallow the next response's bytes: the connection must end.
             session.set_keepalive(None);
@@ -271,6 +329,53 @@ impl Proxy {
             ));
         }
         session.write_response_body(None, true).await
+    }
+
+    /// Answers with `response` and sends its body from the cache's files to the client's socket
+    /// (sendfile(2)); what is still being fetched goes out as it arrives. Accounted to pingora as
+    /// a splice is.
+    async fn send_files(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        response: ResponseHeader,
+        (client, len): (RawSocket, u64),
+        mut body: Box<CacheBody>,
+    ) -> Result<()> {
+        write_header_now(session, response).await?;
+        let write = self.client_limits.write_timeout;
+        let live = ctx.live.as_ref();
+        let mut sent = 0u64;
+        let outcome = async {
+            while let Some(segment) = body.next(true).await? {
+                let written = match segment {
+                    Segment::File { file, offset, len } => client
+                        .send_file(&file, offset, len, write, |n| {
+                            live.inspect(|live| live.sent(n));
+                        })
+                        .await
+                        .map(|()| len),
+                    Segment::Bytes(bytes) => client.write_all(&bytes, write).await.map(|()| {
+                        live.inspect(|live| live.sent(bytes.len()));
+                        bytes.len() as u64
+                    }),
+                };
+                sent += written
+                    .or_err(ErrorType::WriteError, "writing the body")
+                    .map_err(|e| e.into_down())?;
+            }
+            Ok::<(), Box<Error>>(())
+        }
+        .await;
+        ctx.spliced = sent;
+        let outcome = outcome.and_then(|()| {
+            if sent == len {
+                Ok(())
+            } else {
+                Err(Error::explain(ErrorType::InternalError, "a cached body was not its length"))
+            }
+        });
+        self.account_sent_aside(session, ctx, outcome).await
     }
 
     /// Splices the `len` bytes of body from `exchange` (and its continuations) to `client`.
@@ -495,6 +600,45 @@ impl BodySource {
     }
 }
 
+/// Where the relay reads an upstream answer's body from.
+enum UpstreamBody {
+    /// The origin's answer on `exchange`.
+    Origin { exchange: Box<Exchange>, source: BodySource },
+    /// The slice cache's.
+    Cache(Box<CacheBody>),
+}
+
+impl UpstreamBody {
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        match self {
+            Self::Origin { exchange, source } => next_chunk(exchange, source).await,
+            Self::Cache(body) => body.next_chunk().await,
+        }
+    }
+
+    /// Whether the body has been read to its end.
+    fn done(&mut self) -> bool {
+        match self {
+            Self::Origin { exchange, source } => match source {
+                BodySource::Direct(body) => body.left == 0,
+                _ => exchange.session.response_done(),
+            },
+            Self::Cache(body) => body.is_done(),
+        }
+    }
+
+    /// Gives an origin connection whose body was read to its end back to the pool.
+    async fn release(self, client: &OriginClient) {
+        match self {
+            Self::Origin { exchange, source: BodySource::Direct(_) } => {
+                client.release_read_past(*exchange);
+            }
+            Self::Origin { exchange, .. } => client.release(*exchange).await,
+            Self::Cache(_) => {}
+        }
+    }
+}
+
 /// The next chunk of `exchange`'s body, read as `source` says; `None` at its end.
 async fn next_chunk(exchange: &mut Exchange, source: &mut BodySource) -> Result<Option<Bytes>> {
     let BodySource::Direct(body) = source else {
@@ -539,6 +683,9 @@ struct Pump {
     /// The next byte of the object the body brings.
     at: u64,
     replica: usize,
+    /// The slice cache and how the route uses it, when it does: the stretches of a multipart
+    /// answer are asked of it.
+    cache: Option<(Arc<SliceCache>, RouteCache)>,
 }
 
 impl Pump {
@@ -546,18 +693,16 @@ impl Pump {
     /// `pending`) to its end.
     async fn run(
         mut self,
-        mut exchange: Exchange,
+        mut body: UpstreamBody,
         mut pending: Option<Box<Error>>,
         pieces: Sender<Piece>,
     ) {
         let started = Instant::now();
         let mut attempts = 0;
-        // The relay has read the body's first chunks through pingora: the rest may not need it.
-        let mut source = BodySource::of(&exchange);
         loop {
             let read = match pending.take() {
                 Some(broke) => Err(broke),
-                None => next_chunk(&mut exchange, &mut source).await,
+                None => body.next_chunk().await,
             };
             let piece = match read {
                 Ok(Some(chunk)) => {
@@ -566,18 +711,14 @@ impl Pump {
                 }
                 Ok(None) => {
                     // Pooled before the client hears of the end: its next request may want it.
-                    match source {
-                        BodySource::Direct(_) => self.client.release_read_past(exchange),
-                        _ => self.client.release(exchange).await,
-                    }
+                    body.release(&self.client).await;
                     let Some(part) = self.parts.pop_front() else {
                         let _ = pieces.send(Piece::End).await;
                         return;
                     };
                     match self.next_part(part).await {
                         Ok(next) => {
-                            exchange = next;
-                            source = BodySource::Unread;
+                            body = next;
                             if pieces.send(Piece::Skip(part.start())).await.is_err() {
                                 return;
                             }
@@ -589,10 +730,14 @@ impl Pump {
                         }
                     }
                 }
+                // The cache's fetches continue what they can: its error is final.
+                Err(broke) if matches!(body, UpstreamBody::Cache(_)) => Piece::Broken(broke),
                 Err(broke) => match self.continued(broke, started, &mut attempts).await {
                     Ok(next) => {
-                        exchange = next;
-                        source = BodySource::Unread;
+                        body = UpstreamBody::Origin {
+                            exchange: Box::new(next),
+                            source: BodySource::Unread,
+                        };
                         continue;
                     }
                     Err(broke) => Piece::Broken(broke),
@@ -645,7 +790,11 @@ impl Pump {
     /// The next stretch of a multipart answer, `part`, of the version the first was: its
     /// exchange, or the error to cut the client's response with. Tried as often as the route
     /// continues a broken body, once on a route that does not.
-    async fn next_part(&mut self, part: ByteRange) -> Result<Exchange> {
+    async fn next_part(&mut self, part: ByteRange) -> Result<UpstreamBody> {
+        if let Some(body) = self.cached_part(part).await {
+            self.at = part.start();
+            return Ok(UpstreamBody::Cache(body));
+        }
         let once = UpstreamResume { attempts: 1, ..UpstreamResume::default() };
         let policy = self.policy.unwrap_or(once);
         let (started, mut attempts) = (Instant::now(), 0);
@@ -654,11 +803,30 @@ impl Pump {
             // A break within the stretch is continued up to its end.
             continuable.end = part.end();
         }
-        self.fetch(part, &policy, false, started, &mut attempts).await.map_err(|outcome| {
-            warn!(route = %self.route.name, at = part.start(), outcome, "a stretch of a multipart answer could not be fetched: cutting the response");
-            Error::explain(ErrorType::ReadError, "fetching a stretch of the ranges asked for")
-                .into_up()
-        })
+        let exchange =
+            self.fetch(part, &policy, false, started, &mut attempts).await.map_err(|outcome| {
+                warn!(route = %self.route.name, at = part.start(), outcome, "a stretch of a multipart answer could not be fetched: cutting the response");
+                Error::explain(ErrorType::ReadError, "fetching a stretch of the ranges asked for")
+                    .into_up()
+            })?;
+        Ok(UpstreamBody::Origin { exchange: Box::new(exchange), source: BodySource::Unread })
+    }
+
+    /// `part` of the version the body is of, from the slice cache, on a route that uses one:
+    /// `None` when the cache does not answer it with exactly that.
+    async fn cached_part(&self, part: ByteRange) -> Option<Box<CacheBody>> {
+        let ((cache, use_of), base, continuable) =
+            (self.cache.as_ref()?, self.base.as_ref()?, self.continuable.as_ref()?);
+        let mut request = base.clone();
+        request.remove_header(&header::IF_RANGE);
+        let asked = format!("bytes={}-{}", part.start(), part.last()?);
+        request.insert_header(header::RANGE, asked).ok()?;
+        request.insert_header(header::IF_MATCH, continuable.etag.as_str()).ok()?;
+        let answer = cache.answer(&self.route, *use_of, &request, &self.client, self.replica).await;
+        match answer {
+            CacheAnswer::Served { header, body, .. } if header.status.as_u16() == 206 => body,
+            _ => None,
+        }
     }
 
     /// Asks the origin (perhaps another replica, holding the same version: `If-Match` says so)

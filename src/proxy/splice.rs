@@ -83,6 +83,33 @@ impl RawSocket {
         Ok(Bytes::from(buffer))
     }
 
+    /// Sends `len` bytes of `file` from `offset` with sendfile(2): the pages go from the page
+    /// cache to the socket without entering rangeway's memory. Each wait for the socket bounded
+    /// by `timeout`; `delivered` is told of every send.
+    pub(super) async fn send_file(
+        &self,
+        file: &std::fs::File,
+        mut offset: u64,
+        len: u64,
+        timeout: Duration,
+        mut delivered: impl FnMut(usize),
+    ) -> io::Result<()> {
+        let end = offset + len;
+        while offset < end {
+            let want = usize::try_from(end - offset).unwrap_or(usize::MAX).min(PIPE_BYTES * 4);
+            let (sent, _) = self
+                .wait_for(Interest::WRITABLE, timeout, |fd| {
+                    Ok(rustix::fs::sendfile(fd, file, Some(&mut offset), want)?)
+                })
+                .await?;
+            if sent == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            delivered(sent);
+        }
+        Ok(())
+    }
+
     /// Waits until the peer hangs up (`true`) or sends bytes, which are left for their reader
     /// (`false`).
     pub(super) async fn hung_up(&self) -> bool {

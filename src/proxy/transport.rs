@@ -1,6 +1,6 @@
-//! Which way a request's answer takes from its origin to its client, chosen here and nowhere
-//! else: before the request goes upstream ([`Transport::choose`]), then, once the answer's header
-//! is in, whether its body can be spliced ([`Transport::for_body`]). `LIFECYCLE.md`, beside this
+//! Which way a request's answer takes from its origin (or the slice cache) to its client, chosen
+//! here and nowhere else: before the request goes upstream ([`Transport::choose`]), then, once the
+//! answer's header is in, whether its body can bypass rangeway's memory ([`Transport::for_body`]). `LIFECYCLE.md`, beside this
 //! file, follows a request down each way.
 
 use http::{Method, header};
@@ -31,6 +31,18 @@ pub(super) enum Transport {
     /// The relay, the body passed on untouched from the origin's socket to the client's with
     /// splice(2), never entering rangeway's memory (`splice.rs`); continued as the relay's.
     Splice { resume: Option<UpstreamResume> },
+    /// The relay, the answer from the slice cache (`crate::cache`) and its body passed on
+    /// untouched from the cache's files to the client's socket with sendfile(2).
+    Sendfile,
+}
+
+/// Where a relayed answer's body comes from.
+#[derive(Clone, Copy)]
+pub(super) enum BodyFrom<'a> {
+    /// The origin's answer on this exchange.
+    Origin(&'a Exchange),
+    /// The slice cache.
+    Cache,
 }
 
 /// The smallest body spliced. Chosen, not measured: setting a splice up takes about a dozen
@@ -52,16 +64,17 @@ impl Transport {
         }
     }
 
-    /// The way of a relayed answer's body, once its header is in: spliced when it goes out
-    /// untouched — of known length, at least [`SPLICE_MIN_BYTES`], neither cut nor staged nor
-    /// checked against a digest — from a plain socket to a plain HTTP/1 client's whose connection
-    /// can account for bytes that go past pingora's writer (rangeway's `ClientConnection`, which
-    /// the server puts under every proxy connection). With the client's socket and the length.
+    /// The way of a relayed answer's body, once its header is in: passed on by the kernel when
+    /// it goes out untouched — of known length, at least [`SPLICE_MIN_BYTES`], neither cut nor
+    /// staged nor checked against a digest — to a plain HTTP/1 client whose connection can
+    /// account for bytes that go past pingora's writer (rangeway's `ClientConnection`, which the
+    /// server puts under every proxy connection): spliced from a plain origin socket, sent from
+    /// the cache's files. With the client's socket and the length.
     pub(super) fn for_body(
         self,
         session: &Session,
         ctx: &RequestCtx,
-        exchange: &Exchange,
+        from: BodyFrom<'_>,
         response: &ResponseHeader,
     ) -> Option<(Self, RawSocket, u64)> {
         let Self::Relay { resume } = self else { return None };
@@ -75,17 +88,24 @@ impl Transport {
             && ctx.rest_parts.is_empty();
         let ServerSession::H1(h1) = session.as_downstream() else { return None };
         let accountable = ClientConnection::of(h1.stream()).is_some();
-        if !untouched || !accountable || plain(exchange.session.stream()).is_none() {
+        let way = match from {
+            BodyFrom::Origin(exchange) if plain(exchange.session.stream()).is_some() => {
+                Self::Splice { resume }
+            }
+            BodyFrom::Origin(_) => return None,
+            BodyFrom::Cache => Self::Sendfile,
+        };
+        if !untouched || !accountable {
             return None;
         }
         let client = plain_socket(Some(h1.stream()))?;
-        Some((Self::Splice { resume }, client, len))
+        Some((way, client, len))
     }
 
     /// How bodies the origin breaks off are continued; `None`: they are not.
     pub(super) fn resume(self) -> Option<UpstreamResume> {
         match self {
-            Self::Pingora => None,
+            Self::Pingora | Self::Sendfile => None,
             Self::Relay { resume } | Self::Splice { resume } => resume,
         }
     }
@@ -96,6 +116,7 @@ impl Transport {
             Self::Pingora => "pingora",
             Self::Relay { .. } => "relay",
             Self::Splice { .. } => "splice",
+            Self::Sendfile => "sendfile",
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct Route {
     pub upstream_resume: Option<UpstreamResume>,
     /// Whether clients' `response-*` query parameters reach an S3 upstream.
     pub s3_response_overrides: bool,
+    /// How the route uses the slice cache; `None`: it does not.
+    pub cache: Option<crate::config::RouteCache>,
 }
 
 impl Route {
@@ -61,6 +63,7 @@ impl Route {
             s3_client_keys: None,
             upstream_resume: None,
             s3_response_overrides: false,
+            cache: None,
         })
     }
 

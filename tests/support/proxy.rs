@@ -66,6 +66,10 @@ impl Proxy {
         format!("http://{}{path}", self.running.endpoints.admin)
     }
 
+    pub(crate) fn admin_addr(&self) -> SocketAddr {
+        self.running.endpoints.admin
+    }
+
     /// See [`Instance::metric`].
     pub(crate) fn metric(&self, name: &str, label: &str) -> u64 {
         Instance::metric(self, name, label)

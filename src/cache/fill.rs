@@ -1,0 +1,615 @@
+//! Fetching missing slices, once for every request that needs them, and reading an answer's
+//! bytes from the slices as they are complete or as they grow.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::RequestHeader;
+use rangeway_middleware::ByteRange;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::store::{HEADER_LEN, OpenSlice, SliceId};
+use super::{Inner, Version};
+use crate::config::UpstreamResume;
+use crate::routes::Route;
+use crate::routes::origin_client::{Exchange, FetchError, OriginClient};
+
+/// The most slices one origin request fetches: a request for a whole large object is answered
+/// run by run, so that requests for its far parts start runs of their own rather than wait.
+const RUN_SLICES: u64 = 16;
+
+/// The most read from a slice for one chunk of an answer.
+const READ_BYTES: u64 = 256 * 1024;
+
+/// Slices being fetched, by slice.
+#[derive(Default)]
+pub(super) struct Fills {
+    map: Mutex<HashMap<SliceId, Arc<Fill>>>,
+}
+
+/// One slice being fetched: its file, as far as it is written, and how far that is.
+pub(super) struct Fill {
+    file: Arc<File>,
+    progress: watch::Sender<Progress>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// This many of its bytes are written.
+    Writing(u64),
+    /// Complete, in the store.
+    Done,
+    Failed(FillFailure),
+}
+
+/// Why a slice could not be fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FillFailure {
+    /// The origin did not give it, within the route's attempts and deadline.
+    Origin,
+    /// The origin has another version now.
+    Changed,
+    /// The cache could not write it: its readers get it from the origin.
+    Disk,
+}
+
+/// What fetching a slice needs: the origin, the route's upstream, the request to make ranged
+/// requests from, and how often to try.
+#[derive(Clone)]
+pub(super) struct Fetch {
+    pub(super) origin: Arc<OriginClient>,
+    pub(super) route: Arc<Route>,
+    pub(super) base: Arc<RequestHeader>,
+    pub(super) policy: UpstreamResume,
+}
+
+/// What a new answer's body set going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Started {
+    /// Every slice it needs is complete.
+    Nothing,
+    /// A fetch of its own.
+    Fill,
+    /// It waits on fetches of others.
+    Waits,
+}
+
+/// The body of an answer from the cache: `range` of `version`, read slice by slice.
+pub(crate) struct CacheBody {
+    inner: Arc<Inner>,
+    version: Arc<Version>,
+    /// The next byte of the object to send, and one past the last.
+    at: u64,
+    end: u64,
+    fetch: Fetch,
+    /// Where the bytes of the slice holding `at` come from.
+    current: Option<Source>,
+}
+
+enum Source {
+    Complete {
+        id: SliceId,
+        file: Arc<File>,
+    },
+    Filling {
+        id: SliceId,
+        file: Arc<File>,
+        progress: watch::Receiver<Progress>,
+    },
+    /// The rest of a slice the cache could not write, from the origin.
+    Origin {
+        exchange: Box<Exchange>,
+        left: u64,
+    },
+}
+
+/// A piece of an answer's body: bytes, or a stretch of a complete slice's file that can go to
+/// the client's socket without passing through rangeway (`sendfile`).
+pub(crate) enum Segment {
+    Bytes(Bytes),
+    File { file: Arc<File>, offset: u64, len: u64 },
+}
+
+impl CacheBody {
+    /// The body of `range` of `version`; the fetches of its first slices are started (or joined)
+    /// at once, so the first bytes are on their way before the header goes out.
+    pub(super) fn new(
+        inner: Arc<Inner>,
+        version: Arc<Version>,
+        range: ByteRange,
+        fetch: Fetch,
+    ) -> (Self, Started) {
+        let first = range.start() / version.slice_size;
+        let last = (range.end() - 1) / version.slice_size;
+        let mut started = Started::Nothing;
+        for index in first..=last {
+            let id = version.slice_id(index);
+            if inner.store.has(id) {
+                continue;
+            }
+            let joined =
+                inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&id);
+            if joined {
+                started = started.max_with(Started::Waits);
+            } else if start_run(&inner, &version, index, last, &fetch) {
+                started = Started::Fill;
+            }
+        }
+        let body =
+            Self { inner, version, at: range.start(), end: range.end(), fetch, current: None };
+        (body, started)
+    }
+
+    /// Whether every byte has been read.
+    pub(crate) fn is_done(&self) -> bool {
+        self.at >= self.end
+    }
+
+    /// The next chunk of the body, as bytes; `None` at its end.
+    pub(crate) async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        match self.next(false).await? {
+            None => Ok(None),
+            Some(Segment::Bytes(bytes)) => Ok(Some(bytes)),
+            Some(Segment::File { .. }) => {
+                Err(Error::explain(ErrorType::InternalError, "a file segment read as bytes"))
+            }
+        }
+    }
+
+    /// The next segment of the body; `None` at its end. With `zero_copy`, a stretch of a complete
+    /// slice is given as its file (which has been checked against its CRC since start).
+    pub(crate) async fn next(&mut self, zero_copy: bool) -> Result<Option<Segment>> {
+        loop {
+            if self.at >= self.end {
+                return Ok(None);
+            }
+            let index = self.at / self.version.slice_size;
+            let slice = self.version.slice_range(index);
+            let source = match self.current.take() {
+                Some(source)
+                    if source.index() == Some(index) || matches!(source, Source::Origin { .. }) =>
+                {
+                    source
+                }
+                _ => self.open(index).await?,
+            };
+            let offset = self.at - slice.start();
+            let want = (slice.end().min(self.end) - self.at).min(READ_BYTES);
+            match source {
+                Source::Complete { id, file } => {
+                    let segment = if zero_copy {
+                        Segment::File {
+                            file: Arc::clone(&file),
+                            offset: HEADER_LEN + offset,
+                            len: want,
+                        }
+                    } else {
+                        Segment::Bytes(
+                            read_at(Arc::clone(&file), HEADER_LEN + offset, want).await.map_err(
+                                |e| {
+                                    self.inner.store.remove(id);
+                                    Error::because(
+                                        ErrorType::ReadError,
+                                        "reading a cached slice",
+                                        e,
+                                    )
+                                    .into_up()
+                                },
+                            )?,
+                        )
+                    };
+                    self.advance(want);
+                    self.current = Some(Source::Complete { id, file });
+                    return Ok(Some(segment));
+                }
+                Source::Filling { id, file, mut progress } => {
+                    let state = *progress
+                        .wait_for(|p| !matches!(p, Progress::Writing(n) if *n <= offset))
+                        .await
+                        .map_err(|_| fill_failed(FillFailure::Origin))?;
+                    match state {
+                        Progress::Writing(written) => {
+                            let want = want.min(written - offset);
+                            let bytes = read_at(Arc::clone(&file), HEADER_LEN + offset, want)
+                                .await
+                                .map_err(|e| {
+                                    Error::because(
+                                        ErrorType::ReadError,
+                                        "reading a slice being fetched",
+                                        e,
+                                    )
+                                    .into_up()
+                                })?;
+                            self.advance(want);
+                            self.current = Some(Source::Filling { id, file, progress });
+                            return Ok(Some(Segment::Bytes(bytes)));
+                        }
+                        // Complete: read from the store from here on.
+                        Progress::Done => {
+                            self.current = None;
+                            let bytes = read_at(Arc::clone(&file), HEADER_LEN + offset, want)
+                                .await
+                                .map_err(|e| {
+                                    Error::because(
+                                        ErrorType::ReadError,
+                                        "reading a cached slice",
+                                        e,
+                                    )
+                                    .into_up()
+                                })?;
+                            self.advance(want);
+                            return Ok(Some(Segment::Bytes(bytes)));
+                        }
+                        Progress::Failed(FillFailure::Disk) => {
+                            let exchange = self
+                                .origin_range(
+                                    ByteRange::new(self.at, slice.end().min(self.end))
+                                        .unwrap_or(super::NOTHING),
+                                )
+                                .await?;
+                            self.current = Some(Source::Origin {
+                                exchange,
+                                left: slice.end().min(self.end) - self.at,
+                            });
+                        }
+                        Progress::Failed(failure) => return Err(fill_failed(failure)),
+                    }
+                }
+                Source::Origin { mut exchange, left } => {
+                    if left == 0 {
+                        self.fetch.origin.release(*exchange).await;
+                        continue;
+                    }
+                    let chunk =
+                        exchange.session.read_response_body().await.map_err(|e| e.into_up())?;
+                    let Some(chunk) = chunk else {
+                        return Err(Error::explain(
+                            ErrorType::ConnectionClosed,
+                            "the origin ended a slice early",
+                        )
+                        .into_up());
+                    };
+                    let len = (chunk.len() as u64).min(left);
+                    let chunk = chunk.slice(..len as usize);
+                    self.advance(len);
+                    self.current = Some(Source::Origin { exchange, left: left - len });
+                    return Ok(Some(Segment::Bytes(chunk)));
+                }
+            }
+        }
+    }
+
+    fn advance(&mut self, len: u64) {
+        self.at += len;
+        self.inner.metrics.cache_served(&self.fetch.route.name, len);
+    }
+
+    /// Where slice `index` is read from: its complete file (checked against its CRC the first
+    /// time since start), a fetch under way, or a fetch started here.
+    async fn open(&mut self, index: u64) -> Result<Source> {
+        let id = self.version.slice_id(index);
+        loop {
+            if let Some(slice) = self.inner.store.open_slice(id) {
+                if let Some(file) = self.checked(id, slice).await {
+                    return Ok(Source::Complete { id, file });
+                }
+                continue;
+            }
+            let fill =
+                self.inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
+            if let Some(fill) = fill {
+                return Ok(Source::Filling {
+                    id,
+                    file: Arc::clone(&fill.file),
+                    progress: fill.progress.subscribe(),
+                });
+            }
+            let last = (self.end - 1) / self.version.slice_size;
+            if !start_run(&self.inner, &self.version, index, last, &self.fetch)
+                && !self.inner.store.has(id)
+            {
+                let claimed = self
+                    .inner
+                    .fills
+                    .map
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains_key(&id);
+                if !claimed {
+                    // The cache cannot take it (no room, a failing disk): from the origin.
+                    let slice = self.version.slice_range(index);
+                    let range = ByteRange::new(self.at, slice.end().min(self.end))
+                        .unwrap_or(super::NOTHING);
+                    let exchange = self.origin_range(range).await?;
+                    return Ok(Source::Origin { exchange, left: range.len() });
+                }
+            }
+        }
+    }
+
+    /// The file of a complete slice once its bytes are checked: `None` (the slice deleted,
+    /// counted) when they do not match its CRC.
+    async fn checked(&self, id: SliceId, slice: OpenSlice) -> Option<Arc<File>> {
+        if !slice.unverified {
+            return Some(Arc::new(slice.file));
+        }
+        let inner = Arc::clone(&self.inner);
+        let verified = tokio::task::spawn_blocking(move || {
+            let good = inner.store.verify(id, &slice);
+            (good, slice)
+        })
+        .await
+        .ok()?;
+        let (good, slice) = verified;
+        if good {
+            Some(Arc::new(slice.file))
+        } else {
+            self.inner.metrics.cache_corrupt();
+            warn!(slice = id.index, "a cached slice did not match its CRC: deleted, fetched again");
+            None
+        }
+    }
+
+    /// `range` of the version, from the origin, past the cache.
+    async fn origin_range(&self, range: ByteRange) -> Result<Box<Exchange>> {
+        let upstream = &self.fetch.route.upstream;
+        let replica = upstream.choose();
+        let mut request = RequestHeader::clone(&self.fetch.base);
+        request.insert_header(http::header::HOST, upstream.host_header(replica))?;
+        let version = (self.version.etag.as_str(), self.version.len);
+        match self.fetch.origin.fetch_range(upstream, replica, request, range, version).await {
+            Ok(exchange) => Ok(Box::new(exchange)),
+            Err(FetchError::Changed) => {
+                self.inner.changed(&self.version);
+                Err(fill_failed(FillFailure::Changed))
+            }
+            Err(FetchError::Failed) => Err(fill_failed(FillFailure::Origin)),
+        }
+    }
+}
+
+impl Source {
+    fn index(&self) -> Option<u64> {
+        match self {
+            Self::Complete { id, .. } | Self::Filling { id, .. } => Some(id.index),
+            Self::Origin { .. } => None,
+        }
+    }
+}
+
+impl Started {
+    fn max_with(self, other: Self) -> Self {
+        match (self, other) {
+            (Self::Fill, _) | (_, Self::Fill) => Self::Fill,
+            (Self::Waits, _) | (_, Self::Waits) => Self::Waits,
+            _ => Self::Nothing,
+        }
+    }
+}
+
+fn fill_failed(failure: FillFailure) -> Box<Error> {
+    let why = match failure {
+        FillFailure::Origin => "the origin did not give a slice being cached",
+        FillFailure::Changed => "the object changed at its origin while it was being cached",
+        FillFailure::Disk => "a slice could not be cached",
+    };
+    Error::explain(ErrorType::ReadError, why).into_up()
+}
+
+/// `len` bytes of `file` from `offset`, read off the event loop.
+async fn read_at(file: Arc<File>, offset: u64, len: u64) -> std::io::Result<Bytes> {
+    tokio::task::spawn_blocking(move || {
+        let mut buffer = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        file.read_exact_at(&mut buffer, offset)?;
+        Ok(Bytes::from(buffer))
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// Claims slice `first` and the missing slices after it (up to `last`, at most a run), and
+/// fetches them on a task of their own. `false` when `first` cannot be claimed (complete, or
+/// being fetched already) or the cache has no room for it.
+fn start_run(
+    inner: &Arc<Inner>,
+    version: &Arc<Version>,
+    first: u64,
+    last: u64,
+    fetch: &Fetch,
+) -> bool {
+    let mut run = Vec::new();
+    {
+        let mut fills = inner.fills.map.lock().unwrap_or_else(|p| p.into_inner());
+        for index in
+            first..=last.min(first + RUN_SLICES - 1).min(version.slices().saturating_sub(1))
+        {
+            let id = version.slice_id(index);
+            if fills.contains_key(&id) || inner.store.has(id) {
+                break;
+            }
+            let len = version.slice_range(index).len();
+            let Some(evicted) = inner.store.reserve(len) else { break };
+            inner.metrics.cache_evicted(evicted);
+            let created = inner.store.create_part(id);
+            let (file, part) = match created {
+                Ok(created) => created,
+                Err(e) => {
+                    inner.store.unreserve(len);
+                    inner.write_failed(&e);
+                    break;
+                }
+            };
+            let file = Arc::new(file);
+            let (progress, _) = watch::channel(Progress::Writing(0));
+            let fill = Arc::new(Fill { file: Arc::clone(&file), progress });
+            fills.insert(id, Arc::clone(&fill));
+            run.push((id, fill, part));
+        }
+    }
+    if run.is_empty() {
+        return false;
+    }
+    inner.metrics.cache_disk(inner.store.used_bytes());
+    let task = RunFill {
+        inner: Arc::clone(inner),
+        version: Arc::clone(version),
+        fetch: fetch.clone(),
+        run: run.into(),
+    };
+    tokio::spawn(task.run());
+    true
+}
+
+/// A run of claimed slices, fetched with one origin request (continued where it breaks).
+struct RunFill {
+    inner: Arc<Inner>,
+    version: Arc<Version>,
+    fetch: Fetch,
+    run: std::collections::VecDeque<(SliceId, Arc<Fill>, PathBuf)>,
+}
+
+impl RunFill {
+    async fn run(mut self) {
+        let (started, mut attempts) = (Instant::now(), 0);
+        let Some(first) = self.run.front().map(|(id, ..)| id.index) else { return };
+        let last = self.run.back().map_or(first, |(id, ..)| id.index);
+        let mut at = self.version.slice_range(first).start();
+        let end = self.version.slice_range(last).end();
+        // The slice being written: its bytes so far, and their CRC.
+        let mut written = 0u64;
+        let mut crc = crc32fast::Hasher::new();
+        let mut exchange: Option<Exchange> = None;
+        while at < end {
+            let current = match exchange.as_mut() {
+                Some(current) => current,
+                None => {
+                    let rest = ByteRange::new(at, end).unwrap_or(super::NOTHING);
+                    match self.fetch_rest(rest, &mut attempts, started).await {
+                        Ok(fetched) => exchange.insert(fetched),
+                        Err(failure) => return self.fail(failure),
+                    }
+                }
+            };
+            let chunk = match current.session.read_response_body().await {
+                Ok(Some(chunk)) if !chunk.is_empty() => chunk,
+                // Ended early or broke: continued from where it stopped, of the same version.
+                Ok(_) => {
+                    exchange = None;
+                    continue;
+                }
+                Err(e) => {
+                    info!(route = %self.fetch.route.name, at, error = %e, "a cache fill broke off: continuing it");
+                    exchange = None;
+                    continue;
+                }
+            };
+            self.inner.metrics.cache_origin_bytes(&self.fetch.route.name, chunk.len() as u64);
+            let mut chunk = &chunk[..];
+            // A chunk may end one slice and begin the next.
+            while !chunk.is_empty() {
+                let Some((id, fill, _)) = self.run.front().cloned() else { break };
+                let slice_len = self.version.slice_range(id.index).len();
+                let take =
+                    usize::try_from(slice_len - written).unwrap_or(usize::MAX).min(chunk.len());
+                if let Err(e) = fill.file.write_all_at(&chunk[..take], HEADER_LEN + written) {
+                    self.inner.write_failed(&e);
+                    return self.fail(FillFailure::Disk);
+                }
+                crc.update(&chunk[..take]);
+                written += take as u64;
+                at += take as u64;
+                chunk = &chunk[take..];
+                if written == slice_len {
+                    self.complete_front(written, std::mem::take(&mut crc).finalize());
+                    written = 0;
+                } else {
+                    fill.progress.send_replace(Progress::Writing(written));
+                }
+            }
+        }
+        if let Some(done) = exchange {
+            self.fetch.origin.release(done).await;
+        }
+        self.inner.metrics.cache_disk(self.inner.store.used_bytes());
+    }
+
+    /// The first slice of the run is written whole: into the store, and its readers told.
+    fn complete_front(&mut self, len: u64, crc: u32) {
+        let Some((id, fill, part)) = self.run.pop_front() else { return };
+        let completed = self.inner.store.complete(id, &fill.file, &part, len, crc);
+        self.inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let progress = match completed {
+            Ok(()) => Progress::Done,
+            Err(e) => {
+                self.inner.store.unreserve(len);
+                self.inner.write_failed(&e);
+                let _ = std::fs::remove_file(&part);
+                Progress::Failed(FillFailure::Disk)
+            }
+        };
+        fill.progress.send_replace(progress);
+    }
+
+    /// `range` of the version from the origin, pinned with `If-Match`, within the route's
+    /// attempts and deadline.
+    async fn fetch_rest(
+        &self,
+        range: ByteRange,
+        attempts: &mut u32,
+        started: Instant,
+    ) -> std::result::Result<Exchange, FillFailure> {
+        let upstream = &self.fetch.route.upstream;
+        let policy = self.fetch.policy;
+        let mut backoff = policy.backoff;
+        loop {
+            if *attempts >= policy.attempts || started.elapsed() >= policy.deadline {
+                return Err(FillFailure::Origin);
+            }
+            if *attempts > 0 {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+            }
+            *attempts += 1;
+            let replica = upstream.choose();
+            let mut request = RequestHeader::clone(&self.fetch.base);
+            if request.insert_header(http::header::HOST, upstream.host_header(replica)).is_err() {
+                return Err(FillFailure::Origin);
+            }
+            let version = (self.version.etag.as_str(), self.version.len);
+            let left = policy.deadline.saturating_sub(started.elapsed());
+            let fetching =
+                self.fetch.origin.fetch_range(upstream, replica, request, range, version);
+            match tokio::time::timeout(left, fetching).await {
+                Ok(Ok(exchange)) => return Ok(exchange),
+                Ok(Err(FetchError::Changed)) => return Err(FillFailure::Changed),
+                Ok(Err(FetchError::Failed)) | Err(_) => {}
+            }
+        }
+    }
+
+    /// The run cannot be fetched: every slice still claimed fails (its readers see it), and is
+    /// left missing for the next request to fetch.
+    fn fail(self, failure: FillFailure) {
+        if failure == FillFailure::Changed {
+            self.inner.changed(&self.version);
+        }
+        if failure != FillFailure::Disk {
+            warn!(route = %self.fetch.route.name, ?failure, "a cache fill failed: its slices stay missing");
+        }
+        self.inner.metrics.cache_fill_failed(&self.fetch.route.name);
+        let mut fills = self.inner.fills.map.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, fill, part) in self.run {
+            fills.remove(&id);
+            let _ = std::fs::remove_file(&part);
+            self.inner.store.unreserve(self.version.slice_range(id.index).len());
+            fill.progress.send_replace(Progress::Failed(failure));
+        }
+    }
+}

@@ -1,0 +1,811 @@
+//! The slice cache: an object's bytes kept on local disk in aligned slices, each fetched from its
+//! origin once however many clients ask, and served from disk after.
+//!
+//! It sits under the relay's request to the origin (see `proxy/LIFECYCLE.md`): where the relay
+//! would send its planned upstream request, it asks the cache, which answers it as the origin
+//! would — the same status, validators and range — from what it holds, fetching what it lacks.
+//! Everything above (the client's ranges, `If-Range`, resume safety, the stages) works on that
+//! answer as on the origin's, so the cache changes where bytes come from and nothing else.
+//!
+//! - **What is known of an object** ([`Version`]): its strong ETag, length and the header fields
+//!   of the origin's answer, learned with a `HEAD` (validated with `If-None-Match` once stale, or
+//!   at every new download when a route asks), kept beside its slices and in memory. Only what a
+//!   shared cache may keep is cached (RFC 9111 §3, plus a strong ETag, a length, no `Vary` and
+//!   no `Set-Cookie`); anything else goes to the origin as without a cache.
+//! - **Slices** ([`store`]): slice `k` of a version holds its bytes `k·S ..`; a version's slices
+//!   are keyed by its ETag, so slices of two versions never meet in one answer.
+//! - **Fills** ([`fill`]): a missing slice is fetched with the run of missing slices after it
+//!   (up to the request's end) in one ranged origin request, `If-Match` on the version. A slice
+//!   being fetched is waited on, and read as it grows, by every request that needs it; a fill
+//!   runs on its own task, so a client that goes away stops nothing others wait on. A fill that
+//!   fails leaves its slice missing (its waiters' answers are cut, never ended short); a changed
+//!   version drops the old one's slices.
+//! - **Bounds**: the slices' total size stays under `max_size`, least recently used first out.
+//!   A folder that cannot be written turns the cache off at start; a write that fails turns it off
+//!   for that slice, whose readers get the rest of it from the origin.
+
+mod fill;
+mod store;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use pingora_http::{RequestHeader, ResponseHeader};
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::rfc9110::{
+    EntityTag, Precondition, RangeLimits, RangeRequest, Resolution, Validators,
+    evaluate_preconditions, if_range_holds, parse_range_header,
+};
+use rangeway_middleware::rfc9111::{self, Freshness};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::admin::metrics::Metrics;
+use crate::config::{CacheConfig, Revalidate, RouteCache};
+use crate::routes::Route;
+use crate::routes::origin_client::OriginClient;
+use fill::Fills;
+pub(crate) use fill::{CacheBody, Segment};
+use store::{SliceId, SliceStore, VersionKey};
+
+/// How long an object whose answers may not be cached is sent straight to its origin before
+/// it is asked again: a `HEAD` per request would cost what the cache saves.
+const UNCACHEABLE_FOR: Duration = Duration::from_secs(60);
+
+/// No bytes.
+const NOTHING: ByteRange = ByteRange::whole(0);
+
+/// The format number of a version's stored facts.
+const META_FORMAT: u32 = 1;
+
+/// What the cache did for a request, for the access line and `rangeway_cache_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Every byte was there.
+    Hit,
+    /// Some bytes were not: this request started fetching them.
+    Miss,
+    /// Some bytes were being fetched for another request: this one waited on that.
+    Coalesced,
+    /// The stored version was validated with the origin first.
+    Revalidated,
+    /// Not for the cache (why, below): asked of the origin as without one.
+    Bypass(Bypass),
+}
+
+/// Why a request was not served from the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bypass {
+    /// The request: another method, several ranges, `no-store`, `Authorization` on a route that
+    /// keeps such answers apart.
+    Request,
+    /// The origin's answers may not be cached (status, `no-store`, `private`, no strong ETag or
+    /// length, `Vary`, `Set-Cookie`).
+    Uncacheable,
+    /// The origin could not be asked what the object is.
+    Origin,
+    /// The cache is off: its folder cannot be written.
+    Off,
+}
+
+impl Outcome {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::Miss => "miss",
+            Self::Coalesced => "coalesced",
+            Self::Revalidated => "revalidated",
+            Self::Bypass(Bypass::Request) => "bypass_request",
+            Self::Bypass(Bypass::Uncacheable) => "bypass_uncacheable",
+            Self::Bypass(Bypass::Origin) => "bypass_origin",
+            Self::Bypass(Bypass::Off) => "off",
+        }
+    }
+}
+
+/// What the cache answers a planned upstream request with.
+pub(crate) enum CacheAnswer {
+    /// The answer the origin would give: its header, and its body (none for a HEAD, a 304, a
+    /// 412 or a 416).
+    Served { header: Box<ResponseHeader>, body: Option<Box<CacheBody>>, outcome: Outcome },
+    /// Ask the origin, as without a cache.
+    Bypass(Bypass),
+}
+
+/// One version of an object, as the cache knows it.
+#[derive(Debug)]
+pub(crate) struct Version {
+    key: VersionKey,
+    upstream: String,
+    target: String,
+    /// Strong, quotes included.
+    etag: String,
+    len: u64,
+    slice_size: u64,
+    /// The origin's answer's end-to-end fields, without its length and range.
+    headers: HeaderMap,
+    freshness: Freshness,
+    validators: Validators,
+}
+
+impl Version {
+    fn slices(&self) -> u64 {
+        self.len.div_ceil(self.slice_size)
+    }
+
+    /// The bytes of the object slice `index` holds.
+    fn slice_range(&self, index: u64) -> ByteRange {
+        let start = index * self.slice_size;
+        ByteRange::new(start, (start + self.slice_size).min(self.len)).unwrap_or(NOTHING)
+    }
+
+    fn slice_id(&self, index: u64) -> SliceId {
+        SliceId { version: self.key, index }
+    }
+
+    fn to_meta(&self) -> Meta {
+        Meta {
+            v: META_FORMAT,
+            upstream: self.upstream.clone(),
+            target: self.target.clone(),
+            etag: self.etag.clone(),
+            len: self.len,
+            slice_size: self.slice_size,
+            headers: self
+                .headers
+                .iter()
+                .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                .collect(),
+            request_time: millis(self.freshness.request_time),
+            response_time: millis(self.freshness.response_time),
+        }
+    }
+
+    fn from_meta(meta: Meta, slice_size: u64) -> Option<Self> {
+        if meta.v != META_FORMAT || meta.slice_size != slice_size {
+            return None;
+        }
+        let mut headers = HeaderMap::new();
+        for (name, value) in &meta.headers {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).ok()?,
+                HeaderValue::from_str(value).ok()?,
+            );
+        }
+        let at = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let freshness = Freshness::of(&headers, at(meta.request_time), at(meta.response_time));
+        Some(Self {
+            key: VersionKey::of(&meta.upstream, &meta.target, &meta.etag, slice_size),
+            validators: validators_of(&headers),
+            upstream: meta.upstream,
+            target: meta.target,
+            etag: meta.etag,
+            len: meta.len,
+            slice_size,
+            headers,
+            freshness,
+        })
+    }
+}
+
+/// What is written beside a version's slices.
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    v: u32,
+    upstream: String,
+    target: String,
+    etag: String,
+    len: u64,
+    slice_size: u64,
+    headers: Vec<(String, String)>,
+    /// Milliseconds since the Unix epoch.
+    request_time: u64,
+    response_time: u64,
+}
+
+/// Whether a request learns an object or waits for another that does.
+enum Turn {
+    Learn(watch::Sender<bool>),
+    Wait(watch::Receiver<bool>),
+}
+
+/// What the cache knows of an object at its origin.
+#[derive(Debug, Clone)]
+enum Known {
+    Version(Arc<Version>),
+    /// Its answers may not be cached, as learned at this instant.
+    Uncacheable(Instant),
+}
+
+/// The cache, built once from config.
+pub(crate) struct SliceCache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: SliceStore,
+    slice_size: u64,
+    /// By (upstream, target).
+    objects: Mutex<HashMap<(String, String), Known>>,
+    /// Objects being learned (a HEAD in flight): others wait for it rather than ask too.
+    learning: Mutex<HashMap<(String, String), watch::Receiver<bool>>>,
+    fills: Fills,
+    metrics: Arc<Metrics>,
+    /// A write failed: logged once.
+    write_failed: AtomicBool,
+}
+
+impl std::fmt::Debug for SliceCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SliceCache")
+            .field("slice_size", &self.inner.slice_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SliceCache {
+    /// Opens the cache `config` describes, indexing what a previous run left. `None` (logged,
+    /// counted) when its folder cannot be made or written: rangeway then serves from the
+    /// origin alone.
+    pub(crate) fn open(config: &CacheConfig, metrics: &Arc<Metrics>) -> Option<Self> {
+        let (store, scanned) = match SliceStore::open(&config.dir, config.max_size) {
+            Ok(opened) => opened,
+            Err(e) => {
+                warn!(dir = %config.dir.display(), error = %e, "the cache folder cannot be written: the cache is off, downloads come from the origin");
+                metrics.cache_enabled(false);
+                return None;
+            }
+        };
+        let mut objects = HashMap::new();
+        let mut stale_versions = Vec::new();
+        for (key, bytes) in scanned.metas {
+            let version = serde_json::from_slice::<Meta>(&bytes)
+                .ok()
+                .and_then(|meta| Version::from_meta(meta, config.slice_size))
+                .filter(|version| version.key == key);
+            let Some(version) = version else {
+                stale_versions.push(key);
+                continue;
+            };
+            // The newest answer of an object is what it is; older versions' slices go.
+            let object = (version.upstream.clone(), version.target.clone());
+            match objects.get(&object) {
+                Some(Known::Version(known))
+                    if known.freshness.response_time >= version.freshness.response_time =>
+                {
+                    stale_versions.push(version.key);
+                }
+                other => {
+                    if let Some(Known::Version(older)) = other {
+                        stale_versions.push(older.key);
+                    }
+                    objects.insert(object, Known::Version(Arc::new(version)));
+                }
+            }
+        }
+        for key in stale_versions {
+            store.remove_version(key);
+        }
+        info!(
+            dir = %config.dir.display(),
+            objects = objects.len(),
+            slices = scanned.slices,
+            bytes = store.used_bytes(),
+            removed = scanned.removed,
+            "the cache is open"
+        );
+        metrics.cache_disk(store.used_bytes());
+        metrics.cache_enabled(true);
+        Some(Self {
+            inner: Arc::new(Inner {
+                store,
+                slice_size: config.slice_size,
+                objects: Mutex::new(objects),
+                learning: Mutex::new(HashMap::new()),
+                fills: Fills::default(),
+                metrics: Arc::clone(metrics),
+                write_failed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Answers `request` — the upstream request the relay planned for `route`, made for
+    /// `replica` — as the origin would, from the cache and what it fetches.
+    pub(crate) async fn answer(
+        &self,
+        route: &Arc<Route>,
+        policy: RouteCache,
+        request: &RequestHeader,
+        origin: &Arc<OriginClient>,
+        replica: usize,
+    ) -> CacheAnswer {
+        let inner = &self.inner;
+        let Some(asked) = Asked::of(request, policy) else {
+            return CacheAnswer::Bypass(Bypass::Request);
+        };
+        let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
+        let object = (route.upstream.name().to_owned(), target.to_owned());
+        let (version, revalidated) =
+            match inner.version(route, request, origin, replica, &object, &asked).await {
+                Ok(found) => found,
+                Err(bypass) => return CacheAnswer::Bypass(bypass),
+            };
+        let now = SystemTime::now();
+        let mut header = match inner.respond(&version, request, &asked, now) {
+            Ok(header) => header,
+            Err(bypass) => return CacheAnswer::Bypass(bypass),
+        };
+        let range = match header.status.as_u16() {
+            200 => ByteRange::whole(version.len),
+            206 => header_range(&header).unwrap_or(NOTHING),
+            _ => NOTHING,
+        };
+        let outcome = if revalidated { Outcome::Revalidated } else { Outcome::Hit };
+        if request.method == Method::HEAD || range.is_empty() {
+            return CacheAnswer::Served { header: Box::new(header), body: None, outcome };
+        }
+        let fetch = fill::Fetch {
+            origin: Arc::clone(origin),
+            route: Arc::clone(route),
+            base: Arc::new(request.clone()),
+            policy: route.upstream_resume.unwrap_or_default(),
+        };
+        let (body, started) = CacheBody::new(Arc::clone(inner), version, range, fetch);
+        let outcome = match started {
+            fill::Started::Fill => Outcome::Miss,
+            fill::Started::Waits => Outcome::Coalesced,
+            fill::Started::Nothing => outcome,
+        };
+        let _ = header.insert_header("x-rangeway-cache", outcome.name());
+        CacheAnswer::Served { header: Box::new(header), body: Some(Box::new(body)), outcome }
+    }
+
+    /// What the cache holds of the objects `selected` picks: each one's version, length and
+    /// complete slices.
+    pub(crate) fn listing(&self, selected: &Selection) -> Vec<CachedObject> {
+        let objects = self.inner.objects.lock().unwrap_or_else(|p| p.into_inner());
+        let mut listed: Vec<CachedObject> = objects
+            .iter()
+            .filter(|(object, _)| selected.picks(object))
+            .filter_map(|(_, known)| match known {
+                Known::Version(v) => Some(CachedObject {
+                    upstream: v.upstream.clone(),
+                    target: v.target.clone(),
+                    etag: v.etag.clone(),
+                    len: v.len,
+                    slice_size: v.slice_size,
+                    slices: self.inner.store.slices_of(v.key),
+                }),
+                Known::Uncacheable(_) => None,
+            })
+            .collect();
+        listed.sort_by(|a, b| (&a.upstream, &a.target).cmp(&(&b.upstream, &b.target)));
+        listed
+    }
+
+    /// Drops the objects `selected` picks, their slices deleted: how many.
+    pub(crate) fn purge(&self, selected: &Selection) -> usize {
+        let dropped: Vec<Known> = {
+            let mut objects = self.inner.objects.lock().unwrap_or_else(|p| p.into_inner());
+            let keys: Vec<(String, String)> =
+                objects.keys().filter(|object| selected.picks(object)).cloned().collect();
+            keys.iter().filter_map(|key| objects.remove(key)).collect()
+        };
+        let mut count = 0;
+        for known in dropped {
+            if let Known::Version(version) = known {
+                self.inner.store.remove_version(version.key);
+                count += 1;
+            }
+        }
+        self.inner.metrics.cache_disk(self.inner.store.used_bytes());
+        count
+    }
+}
+
+/// Which cached objects an admin request means.
+#[derive(Debug, Clone)]
+pub(crate) enum Selection {
+    /// One object of an upstream, by its upstream path: with any query.
+    Object { upstream: String, path: String },
+    /// Every object whose upstream target starts with `prefix` (of `upstream`, or of any).
+    Prefix { upstream: Option<String>, prefix: String },
+}
+
+impl Selection {
+    fn picks(&self, (upstream, target): &(String, String)) -> bool {
+        match self {
+            Self::Object { upstream: u, path } => {
+                u == upstream
+                    && target
+                        .strip_prefix(path.as_str())
+                        .is_some_and(|rest| rest.is_empty() || rest.starts_with('?'))
+            }
+            Self::Prefix { upstream: u, prefix } => {
+                u.as_ref().is_none_or(|u| u == upstream) && target.starts_with(prefix.as_str())
+            }
+        }
+    }
+}
+
+/// An object in the cache, for the admin API.
+#[derive(Debug, Serialize)]
+pub(crate) struct CachedObject {
+    pub(crate) upstream: String,
+    pub(crate) target: String,
+    pub(crate) etag: String,
+    pub(crate) len: u64,
+    pub(crate) slice_size: u64,
+    /// The indexes of the complete slices.
+    pub(crate) slices: Vec<u64>,
+}
+
+/// What of the planned request the cache answers by.
+struct Asked {
+    /// The one range asked for, when there is a `Range`.
+    range: Option<RangeRequest>,
+    /// The version the request is pinned to (`If-Match` or `If-Range` with one strong ETag):
+    /// a download session's own, which the cache serves without validating it again.
+    pinned: Option<String>,
+    /// Whether the route validates every new download.
+    each_download: bool,
+}
+
+impl Asked {
+    /// `None` when the request is not for the cache.
+    fn of(request: &RequestHeader, policy: RouteCache) -> Option<Self> {
+        if !matches!(request.method, Method::GET | Method::HEAD) {
+            return None;
+        }
+        let headers = &request.headers;
+        if headers.contains_key(header::AUTHORIZATION) && !policy.authorized {
+            return None;
+        }
+        if rfc9111::CacheControl::of(headers).no_store {
+            return None;
+        }
+        let range = match parse_range_header(headers, &RangeLimits::with_max_ranges(1)) {
+            // Several ranges (the relay plans them apart), or one unreadable: the origin's.
+            Some(RangeRequest::Ignore(_)) => return None,
+            parsed => parsed,
+        };
+        let pinned = [header::IF_MATCH, header::IF_RANGE]
+            .iter()
+            .filter_map(|name| headers.get(name)?.to_str().ok())
+            .find(|value| value.starts_with('"') && !value.contains(','))
+            .map(str::to_owned);
+        Some(Self { range, pinned, each_download: policy.revalidate == Revalidate::EachDownload })
+    }
+}
+
+impl Inner {
+    /// The version to answer with: known and usable as it is, or learned (validated) first.
+    /// `true` when it was validated with the origin for this request.
+    async fn version(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        request: &RequestHeader,
+        origin: &Arc<OriginClient>,
+        replica: usize,
+        object: &(String, String),
+        asked: &Asked,
+    ) -> Result<(Arc<Version>, bool), Bypass> {
+        let known = self.objects.lock().unwrap_or_else(|p| p.into_inner()).get(object).cloned();
+        let now = SystemTime::now();
+        let stale = match &known {
+            Some(Known::Uncacheable(at)) if at.elapsed() < UNCACHEABLE_FOR => {
+                return Err(Bypass::Uncacheable);
+            }
+            Some(Known::Version(version)) => {
+                let pinned = asked.pinned.as_deref() == Some(version.etag.as_str());
+                let fresh = version.freshness.serves_unvalidated(&request.headers, now)
+                    && !asked.each_download;
+                if pinned || fresh {
+                    return Ok((Arc::clone(version), false));
+                }
+                Some(Arc::clone(version))
+            }
+            _ => None,
+        };
+        // One request learns an object at a time; the others wait for it.
+        let turn = {
+            let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
+            match learning.get(object) {
+                Some(receiver) => Turn::Wait(receiver.clone()),
+                None => {
+                    let (done, receiver) = watch::channel(false);
+                    learning.insert(object.clone(), receiver);
+                    Turn::Learn(done)
+                }
+            }
+        };
+        match turn {
+            Turn::Learn(done) => {
+                let learned =
+                    self.learn(route, request, origin, replica, object, stale.as_deref()).await;
+                self.learning.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
+                let _ = done.send(true);
+                // Validated, when there was a version to validate; else learned for the first
+                // time, which is a miss.
+                learned.map(|version| (version, stale.is_some()))
+            }
+            Turn::Wait(mut receiver) => {
+                let _ = receiver.wait_for(|done| *done).await;
+                // What it learned holds for this request too, however strict the route: it
+                // was validated a moment ago.
+                let known =
+                    self.objects.lock().unwrap_or_else(|p| p.into_inner()).get(object).cloned();
+                match known {
+                    Some(Known::Version(version)) => Ok((version, false)),
+                    Some(Known::Uncacheable(_)) => Err(Bypass::Uncacheable),
+                    None => Err(Bypass::Origin),
+                }
+            }
+        }
+    }
+
+    /// Asks the origin what the object is, with a HEAD (conditional on `stale`'s ETag when there
+    /// is one), and records the answer.
+    async fn learn(
+        self: &Arc<Self>,
+        route: &Arc<Route>,
+        request: &RequestHeader,
+        origin: &Arc<OriginClient>,
+        replica: usize,
+        object: &(String, String),
+        stale: Option<&Version>,
+    ) -> Result<Arc<Version>, Bypass> {
+        let mut head = request.clone();
+        head.set_method(Method::HEAD);
+        for name in [
+            header::RANGE,
+            header::IF_RANGE,
+            header::IF_MATCH,
+            header::IF_NONE_MATCH,
+            header::IF_MODIFIED_SINCE,
+            header::IF_UNMODIFIED_SINCE,
+        ] {
+            head.remove_header(&name);
+        }
+        if let Some(stale) = stale {
+            let _ = head.insert_header(header::IF_NONE_MATCH, stale.etag.as_str());
+        }
+        let asked_at = SystemTime::now();
+        let exchange =
+            origin.send(&route.upstream, replica, head).await.map_err(|_| Bypass::Origin)?;
+        let answered_at = SystemTime::now();
+        let answer = exchange.session.response_header().cloned();
+        origin.release(exchange).await;
+        let answer = answer.ok_or(Bypass::Origin)?;
+        let status = answer.status.as_u16();
+        if status >= 500 {
+            route.upstream.failed(replica);
+            return Err(Bypass::Origin);
+        }
+        let same = |etag: &str| {
+            answer.headers.get(header::ETAG).is_some_and(|v| v.as_bytes() == etag.as_bytes())
+        };
+        if let Some(stale) = stale
+            && (status == 304 || (status == 200 && same(&stale.etag)))
+        {
+            // Still the same version: its fields as the origin says them now (RFC 9111 §4.3.4).
+            let mut headers = stale.headers.clone();
+            rfc9111::update_stored(&mut headers, &stored_fields(&answer.headers));
+            let version = Arc::new(Version {
+                key: stale.key,
+                upstream: stale.upstream.clone(),
+                target: stale.target.clone(),
+                etag: stale.etag.clone(),
+                len: stale.len,
+                slice_size: stale.slice_size,
+                freshness: Freshness::of(&headers, asked_at, answered_at),
+                validators: validators_of(&headers),
+                headers,
+            });
+            self.keep(object, Arc::clone(&version), None);
+            return Ok(version);
+        }
+        let cacheable = status == 200
+            && rfc9111::storable(&Method::GET, &request.headers, answer.status, &answer.headers)
+                .is_ok()
+            && !answer.headers.contains_key(header::SET_COOKIE)
+            && !answer.headers.contains_key(header::VARY);
+        let etag = answer
+            .headers
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .filter(|etag| etag.starts_with('"'))
+            .map(str::to_owned);
+        let len = crate::range::content_length(&answer.headers);
+        let (true, Some(etag), Some(len)) = (cacheable, etag, len) else {
+            let dropped = {
+                let mut objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
+                objects.insert(object.clone(), Known::Uncacheable(Instant::now()))
+            };
+            if let Some(Known::Version(old)) = dropped {
+                self.store.remove_version(old.key);
+            }
+            return Err(if status == 200 { Bypass::Uncacheable } else { Bypass::Origin });
+        };
+        let headers = stored_fields(&answer.headers);
+        let version = Arc::new(Version {
+            key: VersionKey::of(&object.0, &object.1, &etag, self.slice_size),
+            upstream: object.0.clone(),
+            target: object.1.clone(),
+            etag,
+            len,
+            slice_size: self.slice_size,
+            freshness: Freshness::of(&headers, asked_at, answered_at),
+            validators: validators_of(&headers),
+            headers,
+        });
+        self.keep(object, Arc::clone(&version), stale);
+        Ok(version)
+    }
+
+    /// Records `version` as what the object is (and writes it beside its slices); the `replaced`
+    /// version's slices go when it is another.
+    fn keep(&self, object: &(String, String), version: Arc<Version>, replaced: Option<&Version>) {
+        if let Ok(meta) = serde_json::to_vec(&version.to_meta())
+            && let Err(e) = self.store.write_meta(version.key, &meta)
+        {
+            self.write_failed(&e);
+        }
+        let previous = {
+            let mut objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
+            objects.insert(object.clone(), Known::Version(Arc::clone(&version)))
+        };
+        let old = match (previous, replaced) {
+            (Some(Known::Version(old)), _) => Some(old.key),
+            (_, Some(replaced)) => Some(replaced.key),
+            _ => None,
+        };
+        if let Some(old) = old.filter(|old| *old != version.key) {
+            self.store.remove_version(old);
+            self.metrics.cache_disk(self.store.used_bytes());
+        }
+    }
+
+    /// The version turned out not to be the origin's any more (a fill's `If-Match` failed):
+    /// forgotten, its slices dropped.
+    fn changed(&self, version: &Version) {
+        let object = (version.upstream.clone(), version.target.clone());
+        {
+            let mut objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
+            if matches!(objects.get(&object), Some(Known::Version(known)) if known.key == version.key)
+            {
+                objects.remove(&object);
+            }
+        }
+        self.store.remove_version(version.key);
+        self.metrics.cache_disk(self.store.used_bytes());
+    }
+
+    /// A write to the cache failed: logged once, counted each time.
+    fn write_failed(&self, error: &std::io::Error) {
+        self.metrics.cache_write_error();
+        if !self.write_failed.swap(true, Ordering::Relaxed) {
+            warn!(error = %error, "a write to the cache failed: that slice comes from the origin (logged once)");
+        }
+    }
+
+    /// The origin's answer to the planned request, as it would be for `version`: the
+    /// preconditions (412, 304), then `If-Range` and the range (206, 416, 200).
+    fn respond(
+        &self,
+        version: &Version,
+        request: &RequestHeader,
+        asked: &Asked,
+        now: SystemTime,
+    ) -> Result<ResponseHeader, Bypass> {
+        let build = |status: StatusCode| -> Result<ResponseHeader, Bypass> {
+            let mut response = ResponseHeader::build(status, Some(version.headers.len() + 4))
+                .map_err(|_| Bypass::Request)?;
+            for (name, value) in &version.headers {
+                response.append_header(name.clone(), value.clone()).map_err(|_| Bypass::Request)?;
+            }
+            response
+                .insert_header(header::AGE, version.freshness.age_header(now))
+                .map_err(|_| Bypass::Request)?;
+            Ok(response)
+        };
+        match evaluate_preconditions(&request.method, &request.headers, &version.validators) {
+            Precondition::Failed => {
+                let mut response = build(StatusCode::PRECONDITION_FAILED)?;
+                let _ = response.insert_header(header::CONTENT_LENGTH, 0);
+                return Ok(response);
+            }
+            Precondition::NotModified => return build(StatusCode::NOT_MODIFIED),
+            Precondition::Proceed => {}
+        }
+        let len = version.len;
+        let ranged = asked
+            .range
+            .as_ref()
+            .filter(|_| if_range_holds(&request.headers, &version.validators, now));
+        let range = match ranged {
+            None => None,
+            Some(RangeRequest::Bytes(set)) => match set.resolve(len) {
+                Resolution::Single(range) => Some(range),
+                Resolution::Multiple(_) => return Err(Bypass::Request),
+                Resolution::Unsatisfiable => {
+                    let mut response = build(StatusCode::RANGE_NOT_SATISFIABLE)?;
+                    let _ = response.insert_header(header::CONTENT_RANGE, format!("bytes */{len}"));
+                    let _ = response.insert_header(header::CONTENT_LENGTH, 0);
+                    return Ok(response);
+                }
+            },
+            Some(_) => None,
+        };
+        match range {
+            Some(range) => {
+                let mut response = build(StatusCode::PARTIAL_CONTENT)?;
+                let last = range.last().unwrap_or(0);
+                let _ = response.insert_header(
+                    header::CONTENT_RANGE,
+                    format!("bytes {}-{last}/{len}", range.start()),
+                );
+                let _ = response.insert_header(header::CONTENT_LENGTH, range.len());
+                Ok(response)
+            }
+            None => {
+                let mut response = build(StatusCode::OK)?;
+                let _ = response.insert_header(header::CONTENT_LENGTH, len);
+                Ok(response)
+            }
+        }
+    }
+}
+
+/// The range a 206 header states.
+fn header_range(response: &ResponseHeader) -> Option<ByteRange> {
+    use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
+    match parse_content_range(response.headers.get(header::CONTENT_RANGE)?.as_bytes())? {
+        ContentRange::Satisfied { range, .. } => Some(range),
+        ContentRange::Unsatisfied { .. } => None,
+    }
+}
+
+/// The fields of an origin's answer the cache keeps: its end-to-end ones, without those that
+/// describe one message (length, range, framing) or that the cache recomputes (`Age`).
+fn stored_fields(headers: &HeaderMap) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    for (name, value) in headers {
+        let dropped = [
+            header::CONTENT_LENGTH,
+            header::CONTENT_RANGE,
+            header::TRANSFER_ENCODING,
+            header::CONNECTION,
+            header::AGE,
+            header::SET_COOKIE,
+            header::TRAILER,
+            header::UPGRADE,
+            header::PROXY_AUTHENTICATE,
+            header::VIA,
+        ]
+        .contains(name)
+            || name.as_str() == "keep-alive";
+        if !dropped {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
+fn validators_of(headers: &HeaderMap) -> Validators {
+    Validators {
+        etag: headers.get(header::ETAG).and_then(|v| EntityTag::parse(v.as_bytes())),
+        last_modified: headers
+            .get(header::LAST_MODIFIED)
+            .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok()),
+    }
+}
+
+fn millis(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

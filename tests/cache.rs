@@ -1,0 +1,437 @@
+//! The slice cache in front of real origins (nginx, and an origin that misbehaves on purpose):
+//! every answer byte for byte what the origin holds, each slice fetched from the origin once,
+//! however many clients ask at once, versions never mixed, and a cache that fails (a full or
+//! unwritable disk, a kill) costs the origin more bytes but never a client a wrong one.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use support::clients::{aria2c_download, curl_resume, sha256_file, sha256_hex, write_partial};
+use support::data::test_bytes;
+use support::http::{Response, get, head};
+use support::nginx::{Nginx, NginxOptions};
+use support::origin::{Behaviour, Faults, Origin};
+use support::proxy::{Proxy, ProxyProcess};
+use support::tmp::TempDir;
+
+const MIB: usize = 1024 * 1024;
+
+/// A rangeway with a cache of 1 MiB slices in `cache_dir`, a route `/` to `origin`.
+fn config(origin: &str, cache_dir: &Path, max_size: &str) -> String {
+    format!(
+        "[cache]\ndir = \"{}\"\nslice_size = \"1MiB\"\nmax_size = \"{max_size}\"\n\n\
+         [upstreams.origin]\nurl = \"{origin}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+        cache_dir.display()
+    )
+}
+
+/// Writes `object` under `root` as `name`, last modified ten days ago: fresh for a day by RFC
+/// 9111's heuristic, so that a second request is served without asking the origin.
+fn put_file(root: &Path, name: &str, object: &[u8]) {
+    let path = root.join(name);
+    std::fs::write(&path, object).expect("write the object");
+    let file = std::fs::File::options().write(true).open(&path).expect("open");
+    file.set_modified(SystemTime::now() - Duration::from_secs(10 * 86_400)).expect("set mtime");
+}
+
+/// nginx's access log: `(method, uri, status, body bytes, range)` per request.
+fn origin_requests(nginx: &Nginx) -> Vec<(String, String, u16, u64, String)> {
+    nginx
+        .access_log()
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(5, ' ');
+            let method = fields.next()?.to_owned();
+            let uri = fields.next()?.to_owned();
+            let status = fields.next()?.parse().ok()?;
+            let bytes = fields.next()?.parse().ok()?;
+            let range = fields.next()?.split('"').nth(1)?.to_owned();
+            Some((method, uri, status, bytes, range))
+        })
+        .collect()
+}
+
+fn body_bytes(nginx: &Nginx) -> u64 {
+    origin_requests(nginx).iter().map(|r| r.3).sum()
+}
+
+fn range(url: &str, spec: &str) -> Response {
+    get(url, &[("Range", spec)])
+}
+
+#[test]
+fn a_cold_range_fetches_its_slices_only_and_what_was_fetched_is_served_again() {
+    let root = TempDir::new("cache-root");
+    let cache = TempDir::new("cache-dir");
+    let len = 10 * MIB + 12_345;
+    let object = test_bytes(len, 81);
+    put_file(root.path(), "big.bin", &object);
+    let nginx = Nginx::start(NginxOptions::serving(root.path()));
+    let proxy = Proxy::start(&config(&nginx.base_url(), cache.path(), "64MiB"));
+    let url = proxy.url("/big.bin");
+
+    // A cold tail: what the object is (a HEAD), then its last slice, and nothing else.
+    let tail = range(&url, "bytes=-1000");
+    assert_eq!(tail.status, 206);
+    assert_eq!(tail.body, &object[len - 1000..]);
+    assert_eq!(tail.header("x-rangeway-cache"), Some("miss"));
+    let asked = origin_requests(&nginx);
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked[0].0, "HEAD");
+    assert_eq!(asked[1].4, format!("bytes={}-{}", 10 * MIB, len - 1), "the last slice");
+    assert_eq!(body_bytes(&nginx), 12_345);
+
+    // Across three slice boundaries: exact, and only the slices missing are fetched.
+    let (first, last) = (MIB - 10, 4 * MIB + 10);
+    let across = range(&url, &format!("bytes={first}-{last}"));
+    assert_eq!(across.status, 206);
+    assert_eq!(
+        across.header("content-range"),
+        Some(format!("bytes {first}-{last}/{len}").as_str())
+    );
+    assert!(across.body == object[first..=last]);
+    assert_eq!(body_bytes(&nginx), 12_345 + 5 * MIB as u64, "slices 0 to 4, once");
+
+    // Several ranges, over cached and missing slices: exact.
+    let multi = range(&url, "bytes=0-99,7340032-7340131");
+    assert_eq!(multi.status, 206);
+    let text = String::from_utf8_lossy(&multi.body);
+    assert!(text.contains("Content-Range: bytes 0-99/"), "{text:.300}");
+    assert!(text.contains("Content-Range: bytes 7340032-7340131/"), "{text:.300}");
+
+    // The whole object, twice: each byte fetched once in all, the second served from the cache
+    // without a request to the origin.
+    let before = origin_requests(&nginx).len();
+    let whole = get(&url, &[]);
+    assert_eq!(whole.status, 200);
+    assert!(whole.body == object);
+    assert!(
+        body_bytes(&nginx) <= len as u64 + MIB as u64,
+        "each slice once: {}",
+        body_bytes(&nginx)
+    );
+    let fetched = origin_requests(&nginx).len();
+    assert!(fetched > before);
+    let again = get(&url, &[]);
+    assert!(again.body == object);
+    assert_eq!(again.header("x-rangeway-cache"), Some("hit"));
+    assert_eq!(origin_requests(&nginx).len(), fetched, "a hit asks the origin nothing");
+    let hits = proxy.metric_at_least("rangeway_cache_requests_total", "outcome=\"hit\"", 1);
+    assert!(hits >= 1);
+    // A hit that goes out untouched goes from the cache's files to the socket (sendfile).
+    assert!(proxy.metric("rangeway_transport_total", "transport=\"sendfile\"") >= 1);
+
+    // What the admin API says is cached, and a purge.
+    let listed = get(&proxy.admin_url("/v1/cache?path=/big.bin"), &[]);
+    assert_eq!(listed.status, 200);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.body).expect("json");
+    let slices = listed["objects"][0]["slices"].as_array().map(Vec::len);
+    assert_eq!(slices, Some(11), "{listed}");
+    let purged = support::http::request(
+        proxy.admin_addr(),
+        &support::http::RawRequest::new("DELETE", "/v1/cache?path=/big.bin"),
+    )
+    .expect("an answer");
+    assert_eq!(purged.status, 200, "{}", String::from_utf8_lossy(&purged.body));
+    assert_eq!(get(&proxy.admin_url("/v1/cache?path=/big.bin"), &[]).status, 404);
+    let after = get(&url, &[("Range", "bytes=0-9")]);
+    assert_eq!(after.body, &object[..10]);
+    assert_eq!(after.header("x-rangeway-cache"), Some("miss"), "fetched again after a purge");
+}
+
+#[test]
+fn clients_through_the_cache_get_the_objects_bytes() {
+    let root = TempDir::new("cache-clients-root");
+    let cache = TempDir::new("cache-clients-dir");
+    let work = TempDir::new("cache-clients-work");
+    let object = test_bytes(6 * MIB + 77, 82);
+    put_file(root.path(), "obj.bin", &object);
+    let nginx = Nginx::start(NginxOptions::serving(root.path()));
+    let proxy = Proxy::start(&config(&nginx.base_url(), cache.path(), "64MiB"));
+    let url = proxy.url("/obj.bin");
+    let want = sha256_hex(&object);
+
+    aria2c_download(&url, work.path(), "aria2.bin").assert_success();
+    assert_eq!(sha256_file(&work.join("aria2.bin")), want);
+    let file = work.join("curl.bin");
+    write_partial(&file, &object, 3 * MIB + 5);
+    curl_resume(&url, &file).assert_success();
+    assert_eq!(sha256_file(&file), want);
+    assert!(body_bytes(&nginx) <= object.len() as u64 + MIB as u64, "{}", body_bytes(&nginx));
+    let headed = head(&url, &[]);
+    assert_eq!(headed.header("content-length"), Some(object.len().to_string().as_str()));
+}
+
+/// A small, seeded generator: the same ranges on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// 100 clients at once, each asking ranges of a cold object, and aria2c with 16 connections:
+/// every answer exact, and the origin sends each byte about once (a slice's worth more at most).
+#[test]
+fn concurrent_cold_clients_fetch_each_slice_once() {
+    let root = TempDir::new("cache-many-root");
+    let cache = TempDir::new("cache-many-dir");
+    let work = TempDir::new("cache-many-work");
+    let len = 48 * MIB + 4321;
+    let object = std::sync::Arc::new(test_bytes(len, 83));
+    put_file(root.path(), "many.bin", &object);
+    let nginx = Nginx::start(NginxOptions::serving(root.path()));
+    let proxy = Proxy::start(&config(&nginx.base_url(), cache.path(), "256MiB"));
+    let url = proxy.url("/many.bin");
+
+    let aria2 = {
+        let (url, dir) = (url.clone(), work.path().to_owned());
+        std::thread::spawn(move || {
+            let mut command = std::process::Command::new("aria2c");
+            command
+                .args(["-x16", "-s16", "-k1M", "--allow-overwrite=true"])
+                .arg("-d")
+                .arg(&dir)
+                .args(["-o", "aria2.bin", &url]);
+            support::clients::run(command, Duration::from_secs(120))
+        })
+    };
+    let clients: Vec<_> = (0..100u64)
+        .map(|i| {
+            let (url, object) = (url.clone(), std::sync::Arc::clone(&object));
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (i + 1));
+                for _ in 0..3 {
+                    let first = rng.below(len as u64) as usize;
+                    let last = (first + rng.below(3 * MIB as u64) as usize).min(len - 1);
+                    let answer = range(&url, &format!("bytes={first}-{last}"));
+                    assert_eq!(answer.status, 206, "{first}-{last}");
+                    assert!(answer.body == object[first..=last], "{first}-{last}: wrong bytes");
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().expect("a client's bytes were wrong");
+    }
+    aria2.join().expect("aria2c ran").assert_success();
+    assert_eq!(sha256_file(&work.join("aria2.bin")), sha256_hex(&object));
+    let fetched = body_bytes(&nginx);
+    assert!(
+        fetched <= (len + MIB) as u64,
+        "the origin sent {fetched} bytes of a {len}-byte object"
+    );
+    let waits = proxy.metric("rangeway_cache_requests_total", "outcome=\"coalesced\"");
+    assert!(waits > 0, "some requests waited on others' fetches");
+}
+
+/// An origin that cuts its answers at random bytes: fetches go on where they broke; an answer
+/// is exact or cut, never a short one that looks complete; nothing torn is kept.
+#[test]
+fn fills_the_origin_breaks_off_are_continued_and_never_kept_torn() {
+    let origin = Origin::start();
+    let len = 5 * MIB + 999;
+    let object = test_bytes(len, 84);
+    origin.put_with_headers("/cut.bin", object.clone(), &[("Cache-Control", "max-age=3600")]);
+    origin.set_behaviour(
+        "/cut.bin",
+        Behaviour::Faulty(Faults {
+            seed: 7,
+            error_percent: 10,
+            cut_percent: 40,
+            stall_percent: 0,
+            stall: Duration::ZERO,
+        }),
+    );
+    let cache = TempDir::new("cache-cut-dir");
+    let proxy = Proxy::start(&config(&origin.base_url(), cache.path(), "64MiB"));
+    let url = proxy.url("/cut.bin");
+    for _ in 0..4 {
+        let answer = get(&url, &[]);
+        // Complete and exact, or cut: a short body never passes as the object.
+        if answer.body.len() == len {
+            assert!(answer.body == object, "a complete answer is the object");
+        }
+    }
+    // With the origin well again, the cache's slices are the object's.
+    origin.clear_behaviour("/cut.bin");
+    let whole = get(&url, &[]);
+    assert!(whole.body == object, "what was kept is the object");
+    let again = get(&url, &[]);
+    assert_eq!(again.header("x-rangeway-cache"), Some("hit"));
+    assert!(again.body == object);
+}
+
+/// The object replaced while clients fill it: no answer mixes versions.
+#[test]
+fn an_object_replaced_while_it_fills_never_mixes_versions() {
+    let origin = Origin::start();
+    let len = 8 * MIB + 5;
+    let (old, new) = (test_bytes(len, 85), test_bytes(len, 86));
+    origin.put_with_headers("/moving.bin", old.clone(), &[("Cache-Control", "max-age=1")]);
+    origin.set_behaviour(
+        "/moving.bin",
+        Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(5) },
+    );
+    let cache = TempDir::new("cache-moving-dir");
+    let proxy = Proxy::start(&config(&origin.base_url(), cache.path(), "64MiB"));
+    let url = proxy.url("/moving.bin");
+    let versions = [sha256_hex(&old), sha256_hex(&new)];
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(40 * i));
+                get(&url, &[]).body
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(150));
+    origin.put_with_headers("/moving.bin", new.clone(), &[("Cache-Control", "max-age=1")]);
+    let mut complete = 0;
+    for client in clients {
+        let body = client.join().expect("a client");
+        if body.len() == len {
+            complete += 1;
+            assert!(versions.contains(&sha256_hex(&body)), "a complete answer is one version");
+        }
+    }
+    // Once the cached version is stale, the new one is what is served.
+    let served = support::http::get_until(&url, |r| {
+        r.body.len() == len && sha256_hex(&r.body) == versions[1]
+    });
+    assert_eq!(sha256_hex(&served.body), versions[1]);
+    let _ = complete;
+}
+
+/// rangeway killed (-9) while 50 fills run, then started again on the same folder: the slices
+/// being written are gone, what is served is exact.
+#[test]
+fn a_kill_during_fills_leaves_nothing_torn() {
+    let root = TempDir::new("cache-kill-root");
+    let cache = TempDir::new("cache-kill-dir");
+    let len = 4 * MIB + 3;
+    let objects: Vec<Vec<u8>> = (0..10).map(|i| test_bytes(len, 100 + i)).collect();
+    for (i, object) in objects.iter().enumerate() {
+        put_file(root.path(), &format!("o{i}.bin"), object);
+    }
+    let nginx = Nginx::start(NginxOptions::serving(root.path()));
+    let body = config(&nginx.base_url(), cache.path(), "256MiB");
+    let first = ProxyProcess::start(&body);
+    let clients: Vec<_> = (0..50)
+        .map(|i| {
+            let url = first.url(&format!("/o{}.bin", i % 10));
+            std::thread::spawn(move || {
+                let _ = support::http::try_get(&url);
+            })
+        })
+        .collect();
+    // Some slices complete, others half written.
+    support::wait::until("bytes in the cache", Duration::from_secs(10), || {
+        (dir_bytes(cache.path()) > 4 * MIB as u64).then_some(())
+    });
+    first.signal("KILL");
+    for client in clients {
+        let _ = client.join();
+    }
+    drop(first);
+    let torn = files_named(cache.path(), ".part").len();
+    assert!(torn > 0, "the kill left slices half written (else this test shows nothing)");
+    let second = ProxyProcess::start(&body);
+    let parts = files_named(cache.path(), ".part");
+    assert!(parts.is_empty(), "slices being written are gone after a restart: {parts:?}");
+    for (i, object) in objects.iter().enumerate() {
+        let url = second.url(&format!("/o{i}.bin"));
+        assert!(get(&url, &[]).body == *object, "o{i}.bin whole");
+        let tail = range(&url, "bytes=-100");
+        assert_eq!(tail.body, &object[len - 100..], "o{i}.bin tail");
+    }
+}
+
+/// Five times the cache's size through it: the size holds, every answer is exact.
+#[test]
+fn the_size_bound_holds() {
+    let root = TempDir::new("cache-bound-root");
+    let cache = TempDir::new("cache-bound-dir");
+    let len = 4 * MIB;
+    let objects: Vec<Vec<u8>> = (0..20).map(|i| test_bytes(len, 200 + i)).collect();
+    for (i, object) in objects.iter().enumerate() {
+        put_file(root.path(), &format!("b{i}.bin"), object);
+    }
+    let nginx = Nginx::start(NginxOptions::serving(root.path()));
+    let proxy = Proxy::start(&config(&nginx.base_url(), cache.path(), "16MiB"));
+    for round in 0..2 {
+        for (i, object) in objects.iter().enumerate() {
+            let answer = get(&proxy.url(&format!("/b{i}.bin")), &[]);
+            assert!(answer.body == *object, "b{i}.bin, round {round}");
+            let on_disk = dir_bytes(cache.path());
+            assert!(on_disk <= 16 * MIB as u64 + 64 * 1024, "{on_disk} bytes on disk");
+        }
+    }
+    assert!(proxy.metric("rangeway_cache_evictions_total", "") > 0);
+    assert!(proxy.metric("rangeway_cache_disk_bytes", "") <= 16 * MIB as u64);
+}
+
+/// A cache folder that cannot be made, and one whose writes fail: downloads complete from the
+/// origin, and the failures are counted.
+#[test]
+fn a_cache_that_cannot_write_serves_from_the_origin() {
+    let root = TempDir::new("cache-ro-root");
+    let object = test_bytes(3 * MIB + 1, 87);
+    put_file(root.path(), "ro.bin", &object);
+    let nginx = Nginx::start(NginxOptions::serving(root.path()));
+
+    // The folder's parent is a file: the cache is off at start.
+    let blocked = TempDir::new("cache-ro-file");
+    std::fs::write(blocked.join("file"), b"x").expect("write");
+    let off = Proxy::start(&config(&nginx.base_url(), &blocked.join("file/cache"), "64MiB"));
+    assert!(get(&off.url("/ro.bin"), &[]).body == object);
+    assert_eq!(off.metric("rangeway_cache_enabled", ""), 0);
+    assert_eq!(off.metric("rangeway_cache_requests_total", "outcome=\"off\""), 1);
+
+    // Every folder slices would go in is a file: each write fails, each slice comes from the
+    // origin.
+    let failing = TempDir::new("cache-ro-dir");
+    let on = Proxy::start(&config(&nginx.base_url(), failing.path(), "64MiB"));
+    for prefix in 0..256 {
+        let _ = std::fs::write(failing.join(format!("v1/{prefix:02x}")), b"not a folder");
+    }
+    for _ in 0..2 {
+        assert!(get(&on.url("/ro.bin"), &[]).body == object);
+        let tail = range(&on.url("/ro.bin"), "bytes=-10");
+        assert_eq!(tail.body, &object[object.len() - 10..]);
+    }
+    assert!(on.metric("rangeway_cache_write_errors_total", "") > 0);
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    walk(dir).iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum()
+}
+
+fn files_named(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    walk(dir).into_iter().filter(|p| p.to_string_lossy().ends_with(suffix)).collect()
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(next) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
