@@ -5,12 +5,13 @@
 #                             toolchain, pkg-config, CA certificates
 #   scripts/deps.sh --test    and testing it (scripts/test): the real servers and clients the
 #                             integration tests drive (nginx, redis-server, curl, wget, aria2c,
-#                             openssl, gzip, python3, chromium and a font for it to draw with), the
+#                             openssl, gzip, python3, chromium and a font for it to draw with,
+#                             haproxy to check deploy/balancer), the
 #                             Python modules tests call (PyYAML; http_ece, the independent RFC 8188
 #                             implementation the aes128gcm interop test runs; Playwright, which
 #                             drives chromium in tests/ui.rs; boto3 and the AWS CLI), and s3s-fs,
 #                             the S3-compatible server tests/s3.rs runs
-#   scripts/deps.sh --bench   and the benchmarks: HAProxy, wrk, valgrind
+#   scripts/deps.sh --bench   and the benchmarks: wrk, valgrind
 #
 # Idempotent: every tool is checked with `command -v` first, so a machine that has them all does
 # nothing (not even `apt-get update`). Prints one line per package it installs.
@@ -75,13 +76,14 @@ if [[ $testing == true ]]; then
     need gzip gzip
     need python3 python3
     need chromium chromium
+    # tests/deploy.rs checks deploy/balancer/haproxy.cfg with haproxy itself.
+    need haproxy haproxy
     # Without a font, chromium draws the live downloads page's text as empty boxes in screenshots.
     if [[ ! -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]]; then
         missing+=(fonts-dejavu-core)
     fi
 fi
 if [[ $mode == --bench ]]; then
-    need haproxy haproxy
     need wrk wrk
     need valgrind valgrind
 fi

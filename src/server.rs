@@ -288,6 +288,9 @@ fn build_routes(
         built.upstream_resume = route.upstream_resume;
         built.s3_response_overrides = route.s3_response_overrides;
         built.cache = route.cache;
+        if built.cache.is_some() {
+            metrics.cache_route(&built.name);
+        }
         if !built.chain.stages().is_empty() {
             metrics.middleware_route(&built.name);
         }

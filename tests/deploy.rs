@@ -371,9 +371,12 @@ fn every_metric_the_alerts_and_the_board_query_is_exported() {
     let zero_digest = format!("sha-256=:{}:", "A".repeat(43) + "=");
     origin.put_with_headers("/corrupt.bin", vec![6u8; 4096], &[("Repr-Digest", &zero_digest)]);
     origin.put("/changing.bin", vec![4u8; 4096]);
-    // A route with middleware too, whose error count is exported from the start.
+    // A route with middleware too, whose error count is exported from the start, and one through
+    // the slice cache.
+    let cache = TempDir::new("deploy-cache");
     let proxy = Proxy::start(&format!(
-        "[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n\n[[routes]]\npath_prefix = \"/gz/\"\nupstream = \"origin\"\nstrip_prefix = true\n  [[routes.middleware]]\n  kind = \"gzip\"\n",
+        "[cache]\ndir = \"{}\"\n\n[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"5s\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\ncache = false\n\n[[routes]]\npath_prefix = \"/gz/\"\nupstream = \"origin\"\nstrip_prefix = true\ncache = false\n  [[routes.middleware]]\n  kind = \"gzip\"\n\n[[routes]]\npath_prefix = \"/cached/\"\nupstream = \"origin\"\nstrip_prefix = true\n",
+        cache.path().display(),
         origin.base_url()
     ));
     let send = |path: &str, headers: &[(&str, &str)]| {
@@ -384,6 +387,7 @@ fn every_metric_the_alerts_and_the_board_query_is_exported() {
         request(proxy.addr(), &raw).expect("request through rangeway").status
     };
     assert_eq!(send("/plain.bin", &[]), 200);
+    assert_eq!(send("/cached/plain.bin", &[("Range", "bytes=0-99")]), 206);
     assert_eq!(send("/ignored.bin", &[("Range", "bytes=0-99")]), 206);
     assert_eq!(send("/wrong.bin", &[("Range", "bytes=1000-1099")]), 502);
     assert_eq!(send("/corrupt.bin", &[]), 502);
@@ -444,4 +448,33 @@ fn every_metric_the_alerts_and_the_board_query_is_exported() {
             "{family} is exported but not on the Grafana board"
         );
     }
+}
+
+/// The balancer examples that send each object to one instance (so that each slice is fetched
+/// once between them) are configs HAProxy and nginx accept.
+#[test]
+fn the_balancer_examples_are_valid_configs() {
+    let dir = deploy_dir().join("balancer");
+    let haproxy = Command::new("haproxy")
+        .args(["-c", "-f"])
+        .arg(dir.join("haproxy.cfg"))
+        .output()
+        .expect("run haproxy (scripts/deps.sh --test installs it)");
+    assert!(haproxy.status.success(), "{}", String::from_utf8_lossy(&haproxy.stderr));
+    let text = std::fs::read_to_string(dir.join("haproxy.cfg")).expect("read");
+    assert!(text.contains("hash-type consistent") && text.contains("balance uri"));
+
+    let work = TempDir::new("balancer-nginx");
+    let nginx = Command::new("nginx")
+        .arg("-p")
+        .arg(work.path())
+        .arg("-e")
+        .arg(work.join("error.log"))
+        .args(["-t", "-c"])
+        .arg(dir.join("nginx.conf"))
+        .output()
+        .expect("run nginx");
+    assert!(nginx.status.success(), "{}", String::from_utf8_lossy(&nginx.stderr));
+    let text = std::fs::read_to_string(dir.join("nginx.conf")).expect("read");
+    assert!(text.contains("hash $uri consistent"));
 }

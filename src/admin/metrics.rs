@@ -103,7 +103,7 @@ impl CacheMetrics {
             ),
             enabled: gauge(
                 "rangeway_cache_enabled",
-                "1 when a [cache] is configured and its folder could be opened, 0 otherwise.",
+                "1 when the slice cache is open, 0 when there is none or its folder could not be opened.",
             ),
         }
     }
@@ -326,6 +326,12 @@ impl Metrics {
 
     pub fn cache_served(&self, route: &str, bytes: u64) {
         self.cache.served_bytes.with_label_values(&[route]).inc_by(bytes);
+    }
+
+    /// Exports a cached route's fill failures from the start, at 0, so that an alert on their
+    /// increase sees the first.
+    pub fn cache_route(&self, route: &str) {
+        let _ = self.cache.fill_failures.with_label_values(&[route]);
     }
 
     pub fn cache_fill_failed(&self, route: &str) {
