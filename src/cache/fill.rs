@@ -118,8 +118,10 @@ pub(crate) enum Segment {
 }
 
 impl CacheBody {
-    /// The body of `range` of `version`; the fetches of its first slices are started (or joined)
-    /// at once, so the first bytes are on their way before the header goes out.
+    /// The body of `range` of `version`. The fetch of its first missing slice (and the run of
+    /// missing slices after it) starts at once, so that its bytes are on their way before the
+    /// header goes out; later runs start as the body reaches them, so that a large answer fetches
+    /// at the pace it is read rather than all at once.
     pub(super) fn new(
         inner: Arc<Inner>,
         version: Arc<Version>,
@@ -134,13 +136,13 @@ impl CacheBody {
             if inner.store.has(id) {
                 continue;
             }
-            let joined =
+            let claimed =
                 inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&id);
-            if joined {
-                started = started.max_with(Started::Waits);
-            } else if start_run(&inner, &version, index, last, &fetch) {
+            if !claimed && start_run(&inner, &version, index, last, &fetch) {
                 started = Started::Fill;
+                break;
             }
+            started = Started::Waits;
         }
         let body =
             Self { inner, version, at: range.start(), end: range.end(), fetch, current: None };
@@ -380,16 +382,6 @@ impl Source {
         match self {
             Self::Complete { id, .. } | Self::Filling { id, .. } => Some(id.index),
             Self::Origin { .. } => None,
-        }
-    }
-}
-
-impl Started {
-    fn max_with(self, other: Self) -> Self {
-        match (self, other) {
-            (Self::Fill, _) | (_, Self::Fill) => Self::Fill,
-            (Self::Waits, _) | (_, Self::Waits) => Self::Waits,
-            _ => Self::Nothing,
         }
     }
 }
