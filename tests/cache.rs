@@ -435,3 +435,42 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+/// What is not for a shared cache goes to the origin as without one: an origin that does not say
+/// it serves ranges, answers that say `private`, and requests carrying `Authorization` unless
+/// the route says such answers may be kept.
+#[test]
+fn what_a_shared_cache_may_not_keep_goes_to_the_origin() {
+    let origin = Origin::start();
+    let object = test_bytes(2 * MIB + 9, 88);
+    origin.put_with_headers("/no-ranges.bin", object.clone(), &[("Cache-Control", "max-age=600")]);
+    origin.set_behaviour("/no-ranges.bin", Behaviour::IgnoreRange);
+    origin.put_with_headers("/private.bin", object.clone(), &[("Cache-Control", "private")]);
+    origin.put_with_headers("/mine.bin", object.clone(), &[("Cache-Control", "max-age=600")]);
+    let cache = TempDir::new("cache-private-dir");
+    let body = config(&origin.base_url(), cache.path(), "64MiB");
+    let body = format!(
+        "{body}\n[[routes]]\npath_prefix = \"/kept/\"\nupstream = \"origin\"\nstrip_prefix = true\n\
+         cache = {{ authorized = true }}\n"
+    );
+    let proxy = Proxy::start(&body);
+    for path in ["/no-ranges.bin", "/private.bin"] {
+        for _ in 0..2 {
+            let part = range(&proxy.url(path), "bytes=1000-1999");
+            assert_eq!(part.body, &object[1000..2000], "{path}");
+            assert_eq!(part.header("x-rangeway-cache"), None, "{path}");
+        }
+    }
+    assert_eq!(
+        proxy.metric_at_least("rangeway_cache_requests_total", "outcome=\"bypass_uncacheable\"", 4),
+        4
+    );
+    let auth = ("Authorization", "Bearer someone");
+    let asked = get(&proxy.url("/mine.bin"), &[auth, ("Range", "bytes=0-9")]);
+    assert_eq!((asked.body.as_slice(), asked.header("x-rangeway-cache")), (&object[..10], None));
+    let kept = get(&proxy.url("/kept/mine.bin"), &[auth, ("Range", "bytes=0-9")]);
+    assert_eq!(
+        (kept.body.as_slice(), kept.header("x-rangeway-cache")),
+        (&object[..10], Some("miss"))
+    );
+}

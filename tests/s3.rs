@@ -553,3 +553,36 @@ fn response_overrides_reach_s3_only_where_the_route_allows_them() {
     assert_eq!(served.header("content-type"), Some("text/html"), "s3s-fs honours the override");
     assert_eq!(served.header("content-disposition"), Some("inline"));
 }
+
+/// An S3 route through the slice cache: the HEAD that learns an object and the ranged fetches
+/// of its slices are signed like any request, and a second download asks S3 nothing more.
+#[test]
+fn an_s3_route_through_the_slice_cache() {
+    let server = S3Server::start();
+    server.bucket(BUCKET);
+    let object = test_bytes(3 * 1024 * 1024 + 17, 11);
+    server.put(BUCKET, "cached/obj.bin", &object);
+    let work = TempDir::new("s3-cache");
+    let cache = TempDir::new("s3-cache-dir");
+    let config = format!(
+        "[cache]\ndir = \"{}\"\nslice_size = \"1MiB\"\n\n{}",
+        cache.path().display(),
+        s3_config(&server, &credentials_file(&work, ACCESS_KEY, SECRET_KEY), "")
+    );
+    let proxy = started(&config);
+    let url = proxy.url("/s3/cached/obj.bin");
+    let tail = get(&url, &[("Range", "bytes=-100")]);
+    assert_eq!(tail.status, 206);
+    assert_eq!(tail.body, &object[object.len() - 100..]);
+    assert_eq!(tail.header("x-rangeway-cache"), Some("miss"));
+    let whole = get(&url, &[]);
+    assert!(whole.body == object);
+    let listed = get(&proxy.admin_url("/v1/cache?path=/s3/cached/obj.bin"), &[]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.body).expect("json");
+    assert_eq!(listed["objects"][0]["slices"].as_array().map(Vec::len), Some(4), "{listed}");
+    assert_eq!(proxy.metric("rangeway_cache_fill_failures_total", ""), 0);
+    let served = proxy.metric("rangeway_cache_served_bytes_total", "");
+    let fetched = proxy.metric("rangeway_cache_origin_bytes_total", "");
+    assert_eq!(fetched, object.len() as u64, "each byte from S3 once");
+    assert!(served >= fetched + 100, "{served} served, {fetched} fetched");
+}

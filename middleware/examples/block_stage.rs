@@ -564,16 +564,21 @@ mod tests {
         }
     }
 
+    /// A pass's context where the whole input's length is known.
+    fn whole_input<'a>(version: &'a ObjectVersion<'a>) -> StageContext<'a> {
+        StageContext {
+            object: version,
+            input_len: Some(version.len),
+            input_identity: "",
+            segments: &[],
+        }
+    }
+
     #[test]
     fn a_chunk_that_ends_no_block_is_passed_on_without_a_copy() {
         let factory = factory(16);
         let version = version(40);
-        let context = StageContext {
-            object: &version,
-            input_len: Some(40),
-            input_identity: "",
-            segments: &[],
-        };
+        let context = whole_input(&version);
         let mut stage = factory.start(0, None, &context).unwrap();
         let chunk = input(40).slice(..10);
         let out = stage.push(chunk.clone()).unwrap().unwrap();
@@ -605,12 +610,7 @@ mod tests {
     fn a_pass_starts_only_at_a_block_boundary() {
         let factory = factory(16);
         let version = version(53);
-        let context = StageContext {
-            object: &version,
-            input_len: Some(53),
-            input_identity: "",
-            segments: &[],
-        };
+        let context = whole_input(&version);
         for at in [0, 16, 48] {
             assert!(factory.start(at, None, &context).is_ok(), "{at}");
         }
@@ -630,12 +630,7 @@ mod tests {
     fn a_pass_that_ends_inside_a_block_short_of_the_input_end_fails() {
         let factory = factory(16);
         let version = version(53);
-        let context = StageContext {
-            object: &version,
-            input_len: Some(53),
-            input_identity: "",
-            segments: &[],
-        };
+        let context = whole_input(&version);
         let object = input(53);
 
         // Ends at a block boundary before the end: a range that stops there. Fine.

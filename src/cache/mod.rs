@@ -314,26 +314,28 @@ impl SliceCache {
     }
 
     /// Answers `request` — the upstream request the relay planned for `route`, made for
-    /// `replica` — as the origin would, from the cache and what it fetches.
+    /// `replica` — as the origin would, from the cache and what it fetches. `authorized`: the
+    /// client's own `Authorization` goes upstream with it (an S3 route signs with rangeway's
+    /// keys instead), so the answer may be the client's alone.
     pub(crate) async fn answer(
         &self,
         route: &Arc<Route>,
         policy: RouteCache,
-        request: &RequestHeader,
+        (request, authorized): (&RequestHeader, bool),
         origin: &Arc<OriginClient>,
         replica: usize,
     ) -> CacheAnswer {
         let inner = &self.inner;
-        let Some(asked) = Asked::of(request, policy) else {
+        let Some(asked) = Asked::of(request, authorized, policy) else {
             return CacheAnswer::Bypass(Bypass::Request);
         };
         let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
         let object = (route.upstream.name().to_owned(), target.to_owned());
-        let (version, revalidated) =
-            match inner.version(route, request, origin, replica, &object, &asked).await {
-                Ok(found) => found,
-                Err(bypass) => return CacheAnswer::Bypass(bypass),
-            };
+        let ask = Ask { route, request, origin, replica, object };
+        let (version, revalidated) = match inner.version(&ask, &asked).await {
+            Ok(found) => found,
+            Err(bypass) => return CacheAnswer::Bypass(bypass),
+        };
         let now = SystemTime::now();
         let mut header = match inner.respond(&version, request, &asked, now) {
             Ok(header) => header,
@@ -444,6 +446,17 @@ pub(crate) struct CachedObject {
     pub(crate) slices: Vec<u64>,
 }
 
+/// Who asks the cache, for which object: the route, the planned request, the origin client and
+/// the replica the request was made for.
+struct Ask<'a> {
+    route: &'a Arc<Route>,
+    request: &'a RequestHeader,
+    origin: &'a Arc<OriginClient>,
+    replica: usize,
+    /// (upstream, target).
+    object: (String, String),
+}
+
 /// What of the planned request the cache answers by.
 struct Asked {
     /// The one range asked for, when there is a `Range`.
@@ -457,12 +470,12 @@ struct Asked {
 
 impl Asked {
     /// `None` when the request is not for the cache.
-    fn of(request: &RequestHeader, policy: RouteCache) -> Option<Self> {
+    fn of(request: &RequestHeader, authorized: bool, policy: RouteCache) -> Option<Self> {
         if !matches!(request.method, Method::GET | Method::HEAD) {
             return None;
         }
         let headers = &request.headers;
-        if headers.contains_key(header::AUTHORIZATION) && !policy.authorized {
+        if authorized && !policy.authorized {
             return None;
         }
         if rfc9111::CacheControl::of(headers).no_store {
@@ -487,13 +500,10 @@ impl Inner {
     /// `true` when it was validated with the origin for this request.
     async fn version(
         self: &Arc<Self>,
-        route: &Arc<Route>,
-        request: &RequestHeader,
-        origin: &Arc<OriginClient>,
-        replica: usize,
-        object: &(String, String),
+        ask: &Ask<'_>,
         asked: &Asked,
     ) -> Result<(Arc<Version>, bool), Bypass> {
+        let (request, object) = (ask.request, &ask.object);
         let known = self.objects.lock().unwrap_or_else(|p| p.into_inner()).get(object).cloned();
         let now = SystemTime::now();
         let stale = match &known {
@@ -525,8 +535,7 @@ impl Inner {
         };
         match turn {
             Turn::Learn(done) => {
-                let learned =
-                    self.learn(route, request, origin, replica, object, stale.as_deref()).await;
+                let learned = self.learn(ask, stale.as_deref()).await;
                 self.learning.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
                 let _ = done.send(true);
                 // Validated, when there was a version to validate; else learned for the first
@@ -552,14 +561,12 @@ impl Inner {
     /// is one), and records the answer.
     async fn learn(
         self: &Arc<Self>,
-        route: &Arc<Route>,
-        request: &RequestHeader,
-        origin: &Arc<OriginClient>,
-        replica: usize,
-        object: &(String, String),
+        ask: &Ask<'_>,
         stale: Option<&Version>,
     ) -> Result<Arc<Version>, Bypass> {
-        let mut head = request.clone();
+        let Ask { route, request, origin, replica, object } = ask;
+        let replica = *replica;
+        let mut head = RequestHeader::clone(request);
         head.set_method(Method::HEAD);
         for name in [
             header::RANGE,
@@ -609,9 +616,22 @@ impl Inner {
             self.keep(object, Arc::clone(&version), None);
             return Ok(version);
         }
+        // Slices are fetched with ranges: an origin that does not say it serves them (RFC 9110
+        // §14.3) is not cached, rather than answered whole for every slice. S3's GetObject
+        // serves ranges whether a store says so or not.
+        let ranges = route.upstream.is_s3()
+            || answer.headers.get_all(header::ACCEPT_RANGES).iter().any(|value| {
+                value.to_str().is_ok_and(|units| {
+                    units.split(',').any(|unit| unit.trim().eq_ignore_ascii_case("bytes"))
+                })
+            });
+        // What RFC 9111 §3.5 says of answers to authorized requests was decided by `Asked::of`
+        // (the route's say, or an S3 route's signature, which is rangeway's own).
+        let mut asked = request.headers.clone();
+        asked.remove(header::AUTHORIZATION);
         let cacheable = status == 200
-            && rfc9111::storable(&Method::GET, &request.headers, answer.status, &answer.headers)
-                .is_ok()
+            && ranges
+            && rfc9111::storable(&Method::GET, &asked, answer.status, &answer.headers).is_ok()
             && !answer.headers.contains_key(header::SET_COOKIE)
             && !answer.headers.contains_key(header::VARY);
         let etag = answer

@@ -100,9 +100,9 @@ impl Proxy {
         // The slice cache answers as the origin would, or says to ask the origin.
         let cached = match (&self.cache, route.cache) {
             (Some(cache), Some(use_of)) => {
-                let answer =
-                    cache.answer(&route, use_of, &request, &self.origin_client, ctx.replica).await;
-                Some(answer)
+                let asked = (&request, client_authorized(session, &route));
+                let answer = cache.answer(&route, use_of, asked, &self.origin_client, ctx.replica);
+                Some(answer.await)
             }
             (None, Some(_)) => Some(CacheAnswer::Bypass(Bypass::Off)),
             _ => None,
@@ -139,7 +139,11 @@ impl Proxy {
             parts: std::mem::take(&mut ctx.rest_parts).into(),
             at: stream.map_or(0, |s| s.start()),
             replica: ctx.replica,
-            cache: self.cache.clone().zip(route.cache),
+            cache: self
+                .cache
+                .clone()
+                .zip(route.cache)
+                .map(|(cache, use_of)| (cache, use_of, client_authorized(session, &route))),
         };
         let from = match &body {
             Some(UpstreamBody::Origin { exchange, .. }) => Some(BodyFrom::Origin(exchange)),
@@ -491,6 +495,12 @@ impl Proxy {
     }
 }
 
+/// Whether the client's own `Authorization` goes upstream with its request: not to an S3
+/// upstream, where rangeway signs with its own keys.
+fn client_authorized(session: &Session, route: &Route) -> bool {
+    session.req_header().headers.contains_key(header::AUTHORIZATION) && !route.upstream.is_s3()
+}
+
 /// What pingora's writer is handed for the bytes that went past it: never read, never sent (see
 /// `ClientConnection::note_sent_aside`); zeroed, so it costs no memory until something reads it.
 static SENT_ASIDE: [u8; 1 << 20] = [0; 1 << 20];
@@ -685,7 +695,7 @@ struct Pump {
     replica: usize,
     /// The slice cache and how the route uses it, when it does: the stretches of a multipart
     /// answer are asked of it.
-    cache: Option<(Arc<SliceCache>, RouteCache)>,
+    cache: Option<(Arc<SliceCache>, RouteCache, bool)>,
 }
 
 impl Pump {
@@ -815,14 +825,15 @@ impl Pump {
     /// `part` of the version the body is of, from the slice cache, on a route that uses one:
     /// `None` when the cache does not answer it with exactly that.
     async fn cached_part(&self, part: ByteRange) -> Option<Box<CacheBody>> {
-        let ((cache, use_of), base, continuable) =
+        let ((cache, use_of, authorized), base, continuable) =
             (self.cache.as_ref()?, self.base.as_ref()?, self.continuable.as_ref()?);
         let mut request = base.clone();
         request.remove_header(&header::IF_RANGE);
         let asked = format!("bytes={}-{}", part.start(), part.last()?);
         request.insert_header(header::RANGE, asked).ok()?;
         request.insert_header(header::IF_MATCH, continuable.etag.as_str()).ok()?;
-        let answer = cache.answer(&self.route, *use_of, &request, &self.client, self.replica).await;
+        let asked = (&request, *authorized);
+        let answer = cache.answer(&self.route, *use_of, asked, &self.client, self.replica).await;
         match answer {
             CacheAnswer::Served { header, body, .. } if header.status.as_u16() == 206 => body,
             _ => None,
