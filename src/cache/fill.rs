@@ -183,9 +183,12 @@ impl CacheBody {
                 _ => self.open(index).await?,
             };
             let offset = self.at - slice.start();
-            let want = (slice.end().min(self.end) - self.at).min(READ_BYTES);
+            let rest = slice.end().min(self.end) - self.at;
+            let want = rest.min(READ_BYTES);
             match source {
                 Source::Complete { id, file } => {
+                    // What the kernel sends needs no buffer: the rest of the slice at once.
+                    let want = if zero_copy { rest } else { want };
                     let segment = if zero_copy {
                         Segment::File {
                             file: Arc::clone(&file),

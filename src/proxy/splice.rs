@@ -22,6 +22,9 @@ use tokio::io::unix::AsyncFd;
 /// memory, pages it would hold in the socket buffers otherwise.
 const PIPE_BYTES: usize = 256 * 1024;
 
+/// The most one sendfile(2) is asked to send: more than a socket's buffer takes at once.
+const SENDFILE_BYTES: usize = 16 << 20;
+
 /// A socket rangeway writes or reads itself, beside the connection object that owns it.
 #[derive(Debug)]
 pub(super) struct RawSocket {
@@ -96,7 +99,8 @@ impl RawSocket {
     ) -> io::Result<()> {
         let end = offset + len;
         while offset < end {
-            let want = usize::try_from(end - offset).unwrap_or(usize::MAX).min(PIPE_BYTES * 4);
+            // As much as the socket takes: the kernel sends from the page cache, no buffer here.
+            let want = usize::try_from(end - offset).unwrap_or(usize::MAX).min(SENDFILE_BYTES);
             let (sent, _) = self
                 .wait_for(Interest::WRITABLE, timeout, |fd| {
                     Ok(rustix::fs::sendfile(fd, file, Some(&mut offset), want)?)

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The slice cache beside nginx's (proxy_cache with the slice module and proxy_cache_lock), both in
+# front of one nginx origin, one core each:
+#
+#  1. hits: a warm SIZE_MIB object downloaded whole by HIT_CONC connections for DURATION seconds,
+#     REPS times each, alternating: MB/s delivered, p99, the proxy's CPU seconds per GB;
+#  2. origin egress: COLD_CLIENTS clients at once, each asking three random ranges (up to 4 MiB)
+#     of a cold COLD_MIB object, through an empty cache: the bytes the origin sent, as a multiple
+#     of the object's size.
+#
+#   bash benches/cache.sh                      (SIZE_MIB=10 HIT_CONC=100 DURATION=10 REPS=3
+#                                               COLD_MIB=1024 COLD_CLIENTS=100)
+#
+# Every answer is checked before anything is timed: a whole download through each cache, and the
+# cold clients' ranges, against the object's bytes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZE_MIB=${SIZE_MIB:-10}
+HIT_CONC=${HIT_CONC:-100}
+DURATION=${DURATION:-10}
+REPS=${REPS:-3}
+COLD_MIB=${COLD_MIB:-1024}
+COLD_CLIENTS=${COLD_CLIENTS:-100}
+PROXY_CPU=${PROXY_CPU:-0}
+CLIENT_CPU=${CLIENT_CPU:-1}
+bash scripts/deps.sh --bench >/dev/null
+cargo build --release --bin rangeway >/dev/null
+source benches/lib.sh
+bin="$(release_dir)/rangeway"
+bench_init rangeway-cache-bench
+
+mkdir -p "$work/root" "$work/origin"
+fill_object "$work/root/hot.bin" $((SIZE_MIB << 20))
+fill_object "$work/root/cold.bin" $((COLD_MIB << 20))
+# Modified ten days ago: fresh for a day by RFC 9111's heuristic (rangeway) and cached for an hour
+# by proxy_cache_valid (nginx), so hits are hits on both.
+touch -d '10 days ago' "$work/root/hot.bin" "$work/root/cold.bin"
+
+# The origin logs each request's body bytes, so that what each cache fetched can be counted.
+origin_port=$(free_port)
+mkdir -p "$work/origin/tmp"
+cat > "$work/origin/nginx.conf" <<CONF
+master_process off;
+$(nginx_common "$work/origin")
+worker_rlimit_nofile $(ulimit -n);
+events { worker_connections 4096; }
+http {
+  client_body_temp_path $work/origin/tmp; proxy_temp_path $work/origin/tmp;
+  fastcgi_temp_path $work/origin/tmp; uwsgi_temp_path $work/origin/tmp; scgi_temp_path $work/origin/tmp;
+  log_format bytes '\$body_bytes_sent \$request_method \$uri';
+  access_log $work/origin/access.log bytes;
+  sendfile on;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$origin_port backlog=4096; root $work/root; location / { } }
+}
+CONF
+start_nginx "$work/origin" taskset -c "$CLIENT_CPU"
+wait_port "$origin_port"
+
+# rangeway_cache NAME: a rangeway with a slice cache of its own in $work/NAME; sets $port, $pid.
+rangeway_cache() {
+    port=$(free_port)
+    mkdir -p "$work/$1"
+    { rangeway_conf "$port" "$origin_port"
+      printf '[cache]\ndir = "%s"\nmax_size = "%dMiB"\nslice_size = "4MiB"\n' \
+          "$work/$1/slices" $((2 * COLD_MIB + 1024)); } > "$work/$1/rangeway.toml"
+    RUST_LOG=warn start_bg taskset -c "$PROXY_CPU" "$bin" serve --config "$work/$1/rangeway.toml" \
+        >"$work/$1.log" 2>&1
+    pid=$last_pid
+    wait_port "$port"
+}
+
+# nginx_cache NAME: nginx with proxy_cache, the slice module and the cache lock, as nginx's
+# documentation sets a range-aware cache up; sets $port, $pid.
+nginx_cache() {
+    port=$(free_port)
+    mkdir -p "$work/$1/tmp" "$work/$1/cache"
+    cat > "$work/$1/nginx.conf" <<CONF
+master_process off;
+$(nginx_common "$work/$1")
+worker_rlimit_nofile $(ulimit -n);
+events { worker_connections 4096; }
+http {
+$(nginx_http_common "$work/$1")
+  sendfile on;
+  keepalive_requests 1000000;
+  proxy_cache_path $work/$1/cache levels=1:2 keys_zone=slices:16m max_size=$((2 * COLD_MIB + 1024))m inactive=1h use_temp_path=off;
+  upstream origin { server 127.0.0.1:$origin_port; keepalive 64; }
+  server {
+    listen 127.0.0.1:$port backlog=4096;
+    location / {
+      slice 4m;
+      proxy_cache slices;
+      proxy_cache_key \$uri\$is_args\$args\$slice_range;
+      proxy_set_header Range \$slice_range;
+      proxy_cache_valid 200 206 1h;
+      proxy_cache_lock on;
+      proxy_cache_lock_timeout 60s;
+      proxy_cache_lock_age 60s;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_pass http://origin;
+    }
+  }
+}
+CONF
+    start_nginx "$work/$1" taskset -c "$PROXY_CPU"
+    pid=$last_pid
+    wait_port "$port"
+}
+
+# The origin's body bytes sent so far (the caches are asked one after the other).
+origin_bytes() {
+    awk '{ s += $1 } END { print s + 0 }' "$work/origin/access.log"
+}
+
+# CPU seconds (user + system) of process $1 so far.
+cpu_seconds() {
+    awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"
+}
+
+want_hot=$(sha256sum < "$work/root/hot.bin" | cut -d' ' -f1)
+declare -A ports procs
+rangeway_cache rangeway; ports[rangeway]=$port; procs[rangeway]=$pid
+nginx_cache nginx-cache; ports[nginx-cache]=$port; procs[nginx-cache]=$pid
+targets=(rangeway nginx-cache)
+
+echo "1. hits: a warm ${SIZE_MIB} MiB object, $HIT_CONC connections, ${DURATION} s, $REPS runs each"
+for t in "${targets[@]}"; do
+    for _ in 1 2; do   # the second download is the hit
+        got=$(curl -s "http://127.0.0.1:${ports[$t]}/hot.bin" | sha256sum | cut -d' ' -f1)
+    done
+    [[ $got == "$want_hot" ]] || { echo "$t served wrong bytes" >&2; exit 1; }
+done
+declare -A speeds p99s cpus
+for rep in $(seq "$REPS"); do
+    line="run $rep:"
+    for t in "${targets[@]}"; do
+        before=$(cpu_seconds "${procs[$t]}")
+        out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$HIT_CONC" -d"${DURATION}s" --timeout 60s \
+            -s benches/load/wrk.lua "http://127.0.0.1:${ports[$t]}/hot.bin" | grep '^WRK')
+        after=$(cpu_seconds "${procs[$t]}")
+        bytes=$(sed 's/.*bytes=\([0-9]*\).*/\1/' <<<"$out")
+        us=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$out")
+        p99=$(sed 's/.*p99_us=\([0-9]*\).*/\1/' <<<"$out")
+        errors=$(grep -o '_errors=[0-9]*\|timeouts=[0-9]*' <<<"$out" | cut -d= -f2 | awk '{ s += $1 } END { print s + 0 }')
+        [[ $errors == 0 ]] || { echo "$t: $out" >&2; exit 1; }
+        mbs=$(awk -v b="$bytes" -v u="$us" 'BEGIN { printf "%.0f", b / u }')
+        cpu=$(awk -v a="$after" -v b="$before" -v n="$bytes" 'BEGIN { printf "%.3f", (a - b) / (n / 1e9) }')
+        speeds[$t]+="$mbs "; p99s[$t]+="$((p99 / 1000)) "; cpus[$t]+="$cpu "
+        line+=" $t $mbs MB/s"
+    done
+    echo "$line"
+done
+printf '%-12s %10s %12s %14s\n' cache "MB/s" "p99 ms" "CPU s/GB"
+for t in "${targets[@]}"; do
+    printf '%-12s %10s %12s %14s\n' "$t" \
+        "$(tr ' ' '\n' <<<"${speeds[$t]}" | grep . | median)" \
+        "$(tr ' ' '\n' <<<"${p99s[$t]}" | grep . | median)" \
+        "$(tr ' ' '\n' <<<"${cpus[$t]}" | grep . | median)"
+done
+
+echo "2. origin egress: $COLD_CLIENTS clients at once, three random ranges each, a cold ${COLD_MIB} MiB object"
+cat > "$work/cold.py" <<'PY'
+import hashlib, random, sys, threading, urllib.request
+url, size, clients, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+wrong = []
+def client(seed):
+    rng = random.Random(seed)
+    with open(path, "rb") as f:
+        for _ in range(3):
+            first = rng.randrange(size)
+            last = min(size - 1, first + rng.randrange(4 << 20))
+            req = urllib.request.Request(url, headers={"Range": f"bytes={first}-{last}"})
+            body = urllib.request.urlopen(req, timeout=300).read()
+            f.seek(first)
+            if body != f.read(last - first + 1):
+                wrong.append((first, last))
+threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+if wrong:
+    sys.exit(f"wrong bytes for {len(wrong)} ranges, e.g. {wrong[0]}")
+PY
+printf '%-12s %16s %14s\n' cache "origin bytes" "of the object"
+for t in "${targets[@]}"; do
+    before=$(origin_bytes)
+    taskset -c "$CLIENT_CPU" python3 "$work/cold.py" "http://127.0.0.1:${ports[$t]}/cold.bin" \
+        $((COLD_MIB << 20)) "$COLD_CLIENTS" "$work/root/cold.bin"
+    sleep 1
+    after=$(origin_bytes)
+    sent=$((after - before))
+    printf '%-12s %16s %13.2fx\n' "$t" "$sent" "$(awk -v s="$sent" -v o=$((COLD_MIB << 20)) 'BEGIN { print s / o }')"
+done
