@@ -22,7 +22,6 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use sha2::{Digest, Sha256};
 
 /// The first bytes of every slice file.
 const MAGIC: &[u8; 8] = b"RWSLICE1";
@@ -38,19 +37,15 @@ pub(crate) struct VersionKey([u8; 16]);
 
 impl VersionKey {
     pub(crate) fn of(upstream: &str, target: &str, etag: &str, slice_size: u64) -> Self {
-        let mut hash = Sha256::new();
-        for part in [upstream.as_bytes(), target.as_bytes(), etag.as_bytes()] {
-            hash.update((part.len() as u64).to_le_bytes());
-            hash.update(part);
-        }
-        hash.update(slice_size.to_le_bytes());
+        let size = slice_size.to_le_bytes();
+        let parts = [upstream.as_bytes(), target.as_bytes(), etag.as_bytes(), &size];
         let mut key = [0; 16];
-        key.copy_from_slice(&hash.finalize()[..16]);
+        key.copy_from_slice(&crate::fingerprint::digest(parts)[..16]);
         Self(key)
     }
 
     pub(crate) fn hex(self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        crate::fingerprint::hex(&self.0, self.0.len())
     }
 
     fn from_hex(text: &str) -> Option<Self> {
