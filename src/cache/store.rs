@@ -22,7 +22,6 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-
 /// The first bytes of every slice file.
 const MAGIC: &[u8; 8] = b"RWSLICE1";
 /// Header: magic, the data's length (u64 LE), its CRC32 (u32 LE), reserved.

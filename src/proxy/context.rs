@@ -159,6 +159,15 @@ impl Default for RequestCtx {
 }
 
 impl RequestCtx {
+    /// Whether the answer's body goes to the client exactly as it comes: no stage, no digest
+    /// check, no cut, no stretches to join (see `Transport::for_body`).
+    pub(super) fn passes_body_untouched(&self) -> bool {
+        self.pass.is_none()
+            && self.origin_digest.is_none()
+            && matches!(self.body, BodyPlan::Forward)
+            && self.rest_parts.is_empty()
+    }
+
     pub(super) fn route_name(&self) -> &str {
         self.route.as_ref().map_or("-", |r| r.name.as_str())
     }

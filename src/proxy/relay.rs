@@ -150,8 +150,9 @@ impl Proxy {
             Some(UpstreamBody::Cache(_)) => Some(BodyFrom::Cache),
             None => None,
         };
-        let kernel_way =
-            from.and_then(|from| ctx.transport.for_body(session, ctx, from, &response));
+        let kernel_way = from.and_then(|from| {
+            ctx.transport.for_body(session, ctx.passes_body_untouched(), from, &response)
+        });
         let mut body = match (kernel_way, body) {
             (Some((way, client, len)), Some(UpstreamBody::Origin { exchange, .. })) => {
                 ctx.transport = way;

@@ -9,7 +9,6 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
-use super::context::{BodyPlan, RequestCtx};
 use super::splice::RawSocket;
 use crate::admission::ClientConnection;
 use crate::config::UpstreamResume;
@@ -73,7 +72,7 @@ impl Transport {
     pub(super) fn for_body(
         self,
         session: &Session,
-        ctx: &RequestCtx,
+        untouched: bool,
         from: BodyFrom<'_>,
         response: &ResponseHeader,
     ) -> Option<(Self, RawSocket, u64)> {
@@ -82,10 +81,6 @@ impl Transport {
             return None;
         }
         let len = content_length(&response.headers).filter(|len| *len >= SPLICE_MIN_BYTES)?;
-        let untouched = ctx.pass.is_none()
-            && ctx.origin_digest.is_none()
-            && matches!(ctx.body, BodyPlan::Forward)
-            && ctx.rest_parts.is_empty();
         let ServerSession::H1(h1) = session.as_downstream() else { return None };
         let accountable = ClientConnection::of(h1.stream()).is_some();
         let way = match from {
