@@ -88,7 +88,10 @@ pub(crate) struct CacheBody {
     /// The next byte of the object to send, and one past the last.
     at: u64,
     end: u64,
-    fetch: Fetch,
+    /// The route's name, for the metrics.
+    route: String,
+    /// How missing slices are fetched; `None` for a representation, which is not.
+    fetch: Option<Fetch>,
     /// Where the bytes of the slice holding `at` come from.
     current: Option<Source>,
 }
@@ -117,11 +120,19 @@ pub(crate) enum Segment {
     File { file: Arc<File>, offset: u64, len: u64 },
 }
 
+impl std::fmt::Debug for CacheBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheBody")
+            .field("at", &self.at)
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
 impl CacheBody {
-    /// The body of `range` of `version`. The fetch of its first missing slice (and the run of
-    /// missing slices after it) starts at once, so that its bytes are on their way before the
-    /// header goes out; later runs start as the body reaches them, so that a large answer fetches
-    /// at the pace it is read rather than all at once.
+    /// The body of `range` of `version`, and whether reading it fetches, waits on fetches of
+    /// others, or neither. The fetches start as the body reaches the slices they are for, so that
+    /// a large answer fetches at the pace it is read, and an answer not read fetches nothing.
     pub(super) fn new(
         inner: Arc<Inner>,
         version: Arc<Version>,
@@ -130,23 +141,47 @@ impl CacheBody {
     ) -> (Self, Started) {
         let first = range.start() / version.slice_size;
         let last = (range.end() - 1) / version.slice_size;
-        let mut started = Started::Nothing;
-        for index in first..=last {
-            let id = version.slice_id(index);
-            if inner.store.has(id) {
-                continue;
+        let missing =
+            (first..=last).map(|index| version.slice_id(index)).find(|id| !inner.store.has(*id));
+        let started = match missing {
+            None => Started::Nothing,
+            Some(id)
+                if inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&id) =>
+            {
+                Started::Waits
             }
-            let claimed =
-                inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&id);
-            if !claimed && start_run(&inner, &version, index, last, &fetch) {
-                started = Started::Fill;
-                break;
-            }
-            started = Started::Waits;
-        }
-        let body =
-            Self { inner, version, at: range.start(), end: range.end(), fetch, current: None };
+            Some(_) => Started::Fill,
+        };
+        let route = fetch.route.name.clone();
+        let body = Self {
+            inner,
+            version,
+            at: range.start(),
+            end: range.end(),
+            route,
+            fetch: Some(fetch),
+            current: None,
+        };
         (body, started)
+    }
+
+    /// The body of `range` of `version`, every slice of which is in the store: a representation's,
+    /// which nothing fetches (a slice evicted meanwhile cuts the answer).
+    pub(super) fn stored(
+        inner: Arc<Inner>,
+        version: Arc<Version>,
+        range: ByteRange,
+        route: &str,
+    ) -> Self {
+        Self {
+            inner,
+            version,
+            at: range.start(),
+            end: range.end(),
+            route: route.to_owned(),
+            fetch: None,
+            current: None,
+        }
     }
 
     /// Whether every byte has been read.
@@ -269,7 +304,9 @@ impl CacheBody {
                 }
                 Source::Origin { mut exchange, left } => {
                     if left == 0 {
-                        self.fetch.origin.release(*exchange).await;
+                        if let Some(fetch) = &self.fetch {
+                            fetch.origin.release(*exchange).await;
+                        }
                         continue;
                     }
                     let chunk =
@@ -293,7 +330,7 @@ impl CacheBody {
 
     fn advance(&mut self, len: u64) {
         self.at += len;
-        self.inner.metrics.cache_served(&self.fetch.route.name, len);
+        self.inner.metrics.cache_served(&self.route, len);
     }
 
     /// Where slice `index` is read from: its complete file (checked against its CRC the first
@@ -316,8 +353,15 @@ impl CacheBody {
                     progress: fill.progress.subscribe(),
                 });
             }
+            let Some(fetch) = &self.fetch else {
+                return Err(Error::explain(
+                    ErrorType::ReadError,
+                    "a slice of a cached representation was evicted while it was read",
+                )
+                .into_up());
+            };
             let last = (self.end - 1) / self.version.slice_size;
-            if !start_run(&self.inner, &self.version, index, last, &self.fetch)
+            if !start_run(&self.inner, &self.version, index, last, fetch)
                 && !self.inner.store.has(id)
             {
                 let claimed = self
@@ -364,12 +408,13 @@ impl CacheBody {
 
     /// `range` of the version, from the origin, past the cache.
     async fn origin_range(&self, range: ByteRange) -> Result<Box<Exchange>> {
-        let upstream = &self.fetch.route.upstream;
+        let Some(fetch) = &self.fetch else { return Err(fill_failed(FillFailure::Disk)) };
+        let upstream = &fetch.route.upstream;
         let replica = upstream.choose();
-        let mut request = RequestHeader::clone(&self.fetch.base);
+        let mut request = RequestHeader::clone(&fetch.base);
         request.insert_header(http::header::HOST, upstream.host_header(replica))?;
         let version = (self.version.etag.as_str(), self.version.len);
-        match self.fetch.origin.fetch_range(upstream, replica, request, range, version).await {
+        match fetch.origin.fetch_range(upstream, replica, request, range, version).await {
             Ok(exchange) => Ok(Box::new(exchange)),
             Err(FetchError::Changed) => {
                 self.inner.changed(&self.version);
@@ -425,27 +470,10 @@ fn start_run(
         for index in
             first..=last.min(first + RUN_SLICES - 1).min(version.slices().saturating_sub(1))
         {
-            let id = version.slice_id(index);
-            if fills.contains_key(&id) || inner.store.has(id) {
-                break;
+            match claim(inner, &mut fills, version, index) {
+                Some(claimed) => run.push(claimed),
+                None => break,
             }
-            let len = version.slice_range(index).len();
-            let Some(evicted) = inner.store.reserve(len) else { break };
-            inner.metrics.cache_evicted(evicted);
-            let created = inner.store.create_part(id);
-            let (file, part) = match created {
-                Ok(created) => created,
-                Err(e) => {
-                    inner.store.unreserve(len);
-                    inner.write_failed(&e);
-                    break;
-                }
-            };
-            let file = Arc::new(file);
-            let (progress, _) = watch::channel(Progress::Writing(0));
-            let fill = Arc::new(Fill { file: Arc::clone(&file), progress });
-            fills.insert(id, Arc::clone(&fill));
-            run.push((id, fill, part));
         }
     }
     if run.is_empty() {
@@ -462,12 +490,141 @@ fn start_run(
     true
 }
 
+/// A slice being written: what it is, its readers' view of it, its `.part` file.
+type Claimed = (SliceId, Arc<Fill>, PathBuf);
+
+/// Claims slice `index` of `version` for writing (under the lock of `fills`): room reserved, its
+/// `.part` file made, its readers able to find it. `None` when it is complete or claimed
+/// already, or the cache cannot take it.
+fn claim(
+    inner: &Inner,
+    fills: &mut HashMap<SliceId, Arc<Fill>>,
+    version: &Version,
+    index: u64,
+) -> Option<Claimed> {
+    let id = version.slice_id(index);
+    if fills.contains_key(&id) || inner.store.has(id) {
+        return None;
+    }
+    let len = version.slice_range(index).len();
+    let evicted = inner.store.reserve(len)?;
+    inner.metrics.cache_evicted(evicted);
+    let (file, part) = match inner.store.create_part(id) {
+        Ok(created) => created,
+        Err(e) => {
+            inner.store.unreserve(len);
+            inner.write_failed(&e);
+            return None;
+        }
+    };
+    let (progress, _) = watch::channel(Progress::Writing(0));
+    let fill = Arc::new(Fill { file: Arc::new(file), progress });
+    fills.insert(id, Arc::clone(&fill));
+    Some((id, fill, part))
+}
+
+/// A claimed slice written whole (`len` bytes of CRC32 `crc`): into the store, its readers told.
+fn complete(inner: &Inner, (id, fill, part): Claimed, len: u64, crc: u32) {
+    let completed = inner.store.complete(id, &fill.file, &part, len, crc);
+    inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    let progress = match completed {
+        Ok(()) => Progress::Done,
+        Err(e) => {
+            inner.store.unreserve(len);
+            inner.write_failed(&e);
+            let _ = std::fs::remove_file(&part);
+            Progress::Failed(FillFailure::Disk)
+        }
+    };
+    fill.progress.send_replace(progress);
+}
+
+/// A claimed slice that will not be written whole: given up, its readers told why.
+fn abandon(inner: &Inner, (id, fill, part): Claimed, len: u64, failure: FillFailure) {
+    inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    let _ = std::fs::remove_file(&part);
+    inner.store.unreserve(len);
+    fill.progress.send_replace(Progress::Failed(failure));
+}
+
+/// Keeps the whole slices of a representation that a route's stages make while they answer a
+/// request: what the next request for them reads instead of running the stages again. Fed the
+/// stages' output in order from output byte `at`; a slice it does not see from its first byte,
+/// or that another writer or fetch has, it lets pass.
+pub(crate) struct OutputWriter {
+    inner: Arc<Inner>,
+    version: Arc<Version>,
+    at: u64,
+    /// The slice being written, its bytes so far and their CRC.
+    current: Option<(Claimed, u64, crc32fast::Hasher)>,
+    /// A write failed: nothing more is kept.
+    broken: bool,
+}
+
+impl std::fmt::Debug for OutputWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutputWriter").field("at", &self.at).finish_non_exhaustive()
+    }
+}
+
+impl OutputWriter {
+    pub(super) fn new(inner: Arc<Inner>, version: Arc<Version>, at: u64) -> Self {
+        Self { inner, version, at, current: None, broken: false }
+    }
+
+    /// The next output bytes.
+    pub(crate) fn push(&mut self, mut chunk: &[u8]) {
+        while !chunk.is_empty() && !self.broken && self.at < self.version.len {
+            let index = self.at / self.version.slice_size;
+            let slice = self.version.slice_range(index);
+            if self.current.is_none() && self.at == slice.start() {
+                let mut fills = self.inner.fills.map.lock().unwrap_or_else(|p| p.into_inner());
+                self.current = claim(&self.inner, &mut fills, &self.version, index)
+                    .map(|c| (c, 0, crc32fast::Hasher::new()));
+            }
+            let take =
+                usize::try_from(slice.end() - self.at).unwrap_or(usize::MAX).min(chunk.len());
+            let (bytes, rest) = chunk.split_at(take);
+            chunk = rest;
+            self.at += take as u64;
+            let Some((claimed, written, crc)) = self.current.as_mut() else { continue };
+            if let Err(e) = claimed.1.file.write_all_at(bytes, HEADER_LEN + *written) {
+                self.inner.write_failed(&e);
+                self.broken = true;
+                if let Some((claimed, _, _)) = self.current.take() {
+                    abandon(&self.inner, claimed, slice.len(), FillFailure::Disk);
+                }
+                return;
+            }
+            crc.update(bytes);
+            *written += take as u64;
+            claimed.1.progress.send_replace(Progress::Writing(*written));
+            if *written == slice.len() {
+                if let Some((claimed, len, crc)) = self.current.take() {
+                    complete(&self.inner, claimed, len, crc.finalize());
+                }
+                self.inner.metrics.cache_disk(self.inner.store.used_bytes());
+            }
+        }
+    }
+}
+
+impl Drop for OutputWriter {
+    /// A pass that ends (or is cut) inside a slice leaves that slice unwritten.
+    fn drop(&mut self) {
+        if let Some((claimed, _, _)) = self.current.take() {
+            let len = self.version.slice_range(claimed.0.index).len();
+            abandon(&self.inner, claimed, len, FillFailure::Origin);
+        }
+    }
+}
+
 /// A run of claimed slices, fetched with one origin request (continued where it breaks).
 struct RunFill {
     inner: Arc<Inner>,
     version: Arc<Version>,
     fetch: Fetch,
-    run: std::collections::VecDeque<(SliceId, Arc<Fill>, PathBuf)>,
+    run: std::collections::VecDeque<Claimed>,
 }
 
 impl RunFill {
@@ -537,19 +694,9 @@ impl RunFill {
 
     /// The first slice of the run is written whole: into the store, and its readers told.
     fn complete_front(&mut self, len: u64, crc: u32) {
-        let Some((id, fill, part)) = self.run.pop_front() else { return };
-        let completed = self.inner.store.complete(id, &fill.file, &part, len, crc);
-        self.inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        let progress = match completed {
-            Ok(()) => Progress::Done,
-            Err(e) => {
-                self.inner.store.unreserve(len);
-                self.inner.write_failed(&e);
-                let _ = std::fs::remove_file(&part);
-                Progress::Failed(FillFailure::Disk)
-            }
-        };
-        fill.progress.send_replace(progress);
+        if let Some(claimed) = self.run.pop_front() {
+            complete(&self.inner, claimed, len, crc);
+        }
     }
 
     /// `range` of the version from the origin, pinned with `If-Match`, within the route's
@@ -599,12 +746,9 @@ impl RunFill {
             warn!(route = %self.fetch.route.name, ?failure, "a cache fill failed: its slices stay missing");
         }
         self.inner.metrics.cache_fill_failed(&self.fetch.route.name);
-        let mut fills = self.inner.fills.map.lock().unwrap_or_else(|p| p.into_inner());
-        for (id, fill, part) in self.run {
-            fills.remove(&id);
-            let _ = std::fs::remove_file(&part);
-            self.inner.store.unreserve(self.version.slice_range(id.index).len());
-            fill.progress.send_replace(Progress::Failed(failure));
+        for claimed in self.run {
+            let len = self.version.slice_range(claimed.0.index).len();
+            abandon(&self.inner, claimed, len, failure);
         }
     }
 }

@@ -49,7 +49,7 @@ use crate::config::{CacheConfig, Revalidate, RouteCache};
 use crate::routes::Route;
 use crate::routes::origin_client::OriginClient;
 use fill::Fills;
-pub(crate) use fill::{CacheBody, Segment};
+pub(crate) use fill::{CacheBody, OutputWriter, Segment};
 use store::{SliceId, SliceStore, VersionKey};
 
 /// How long an object whose answers may not be cached is sent straight to its origin before
@@ -121,6 +121,8 @@ pub(crate) enum CacheAnswer {
 pub(crate) struct Version {
     key: VersionKey,
     upstream: String,
+    /// The upstream target (path and query) of the object; for a transformed representation of
+    /// it, followed by a space and the chain's identity (a target holds no space).
     target: String,
     /// Strong, quotes included.
     etag: String,
@@ -366,6 +368,67 @@ impl SliceCache {
         CacheAnswer::Served { header: Box::new(header), body: Some(Box::new(body)), outcome }
     }
 
+    /// A transformed representation of an object as the cache keeps it: `etag` (the
+    /// representation's) and `len` (its output length), made by the chain `identity` from
+    /// `upstream`'s `target`, answered with the fields `headers`. Known already, or recorded now.
+    pub(crate) fn representation(
+        &self,
+        (upstream, target, identity): (&str, &str, &str),
+        etag: &str,
+        len: u64,
+        headers: &HeaderMap,
+    ) -> Arc<Version> {
+        let inner = &self.inner;
+        let object = (upstream.to_owned(), format!("{target} {identity}"));
+        let known = inner.objects.lock().unwrap_or_else(|p| p.into_inner()).get(&object).cloned();
+        if let Some(Known::Version(version)) = known
+            && version.etag == etag
+            && version.len == len
+        {
+            return version;
+        }
+        let now = SystemTime::now();
+        let headers = stored_fields(headers);
+        let version = Arc::new(Version {
+            key: VersionKey::of(&object.0, &object.1, etag, inner.slice_size),
+            upstream: object.0.clone(),
+            target: object.1.clone(),
+            etag: etag.to_owned(),
+            len,
+            slice_size: inner.slice_size,
+            freshness: Freshness::of(&headers, now, now),
+            validators: validators_of(&headers),
+            headers,
+        });
+        inner.keep(&object, Arc::clone(&version), None);
+        version
+    }
+
+    /// `range` of a representation, when every slice of it is in the cache: a body that reads
+    /// them (and fetches nothing: a representation is made by its route's stages, not fetched).
+    pub(crate) fn cached_output(
+        &self,
+        version: &Arc<Version>,
+        range: ByteRange,
+        route: &str,
+    ) -> Option<Box<CacheBody>> {
+        if range.is_empty() || range.end() > version.len {
+            return None;
+        }
+        let first = range.start() / version.slice_size;
+        let last = (range.end() - 1) / version.slice_size;
+        let complete = (first..=last).all(|index| self.inner.store.has(version.slice_id(index)));
+        complete.then(|| {
+            Box::new(CacheBody::stored(Arc::clone(&self.inner), Arc::clone(version), range, route))
+        })
+    }
+
+    /// A writer of a representation's slices, for the output bytes of a pass that starts at
+    /// output byte `at`: it keeps every whole slice the pass makes.
+    pub(crate) fn output_writer(&self, version: &Arc<Version>, at: u64) -> fill::OutputWriter {
+        fill::OutputWriter::new(Arc::clone(&self.inner), Arc::clone(version), at)
+    }
+
     /// What the cache holds of the objects `selected` picks: each one's version, length and
     /// complete slices.
     pub(crate) fn listing(&self, selected: &Selection) -> Vec<CachedObject> {
@@ -376,7 +439,8 @@ impl SliceCache {
             .filter_map(|(_, known)| match known {
                 Known::Version(v) => Some(CachedObject {
                     upstream: v.upstream.clone(),
-                    target: v.target.clone(),
+                    target: v.target.split(' ').next().unwrap_or_default().to_owned(),
+                    representation: v.target.split_once(' ').map(|(_, chain)| chain.to_owned()),
                     etag: v.etag.clone(),
                     len: v.len,
                     slice_size: v.slice_size,
@@ -420,6 +484,7 @@ pub(crate) enum Selection {
 
 impl Selection {
     fn picks(&self, (upstream, target): &(String, String)) -> bool {
+        let target = target.split(' ').next().unwrap_or_default();
         match self {
             Self::Object { upstream: u, path } => {
                 u == upstream
@@ -439,6 +504,9 @@ impl Selection {
 pub(crate) struct CachedObject {
     pub(crate) upstream: String,
     pub(crate) target: String,
+    /// For a transformed representation, the identity of the chain that made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) representation: Option<String>,
     pub(crate) etag: String,
     pub(crate) len: u64,
     pub(crate) slice_size: u64,

@@ -85,6 +85,11 @@ pub struct RequestCtx {
     pub(super) transport: Transport,
     /// What the slice cache did for the request, on a route that uses it.
     pub(super) cache: Option<crate::cache::Outcome>,
+    /// A transformed representation's bytes from the cache: the answer's body, the stages not
+    /// run.
+    pub(super) cached_output: Option<Box<crate::cache::CacheBody>>,
+    /// Keeps the whole slices of the representation the stages make, for the next request.
+    pub(super) output_writer: Option<crate::cache::OutputWriter>,
     /// How the client's If-Range, when it is a date, goes upstream.
     pub(super) if_range_date: IfRangeDate,
     /// The ranges of a multipart answer are fetched apart, in stretches this far apart at least.
@@ -151,6 +156,8 @@ impl Default for RequestCtx {
             spliced: 0,
             transport: Transport::default(),
             cache: None,
+            cached_output: None,
+            output_writer: None,
             if_range_date: IfRangeDate::NotADate,
             part_gap: None,
             rest_parts: Vec::new(),

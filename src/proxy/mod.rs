@@ -645,6 +645,9 @@ impl ProxyHttp for Proxy {
                 }
             }
         }
+        if let (Some(writer), Some(output)) = (ctx.output_writer.as_mut(), body.as_ref()) {
+            writer.push(output);
+        }
         match &mut ctx.body {
             BodyPlan::Forward => {}
             BodyPlan::Window(window) => *body = body.take().and_then(|chunk| window.cut(chunk)),

@@ -128,6 +128,12 @@ impl Proxy {
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         self.upstream_response_filter(session, &mut response, ctx).await?;
         self.response_filter(session, &mut response, ctx).await?;
+        // A transformed representation the cache holds: its bytes, not the origin's (which a
+        // cache body fetches only as it is read: nothing, then).
+        let body = match ctx.cached_output.take() {
+            Some(output) => Some(UpstreamBody::Cache(output)),
+            None => body,
+        };
         let head_only = session.req_header().method == Method::HEAD;
         let mut pump = Pump {
             client: Arc::clone(&self.origin_client),

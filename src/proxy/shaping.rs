@@ -1,6 +1,7 @@
 //! The client's answer shaped from the upstream's: the transformed representation's, the observed
 //! one's, multipart bodies, refusals of answers that cannot be made correct.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
@@ -21,6 +22,7 @@ use super::answer::{answer_without_body, empty_answer, refuse_changed, set_parti
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
 use super::plan::{PART_GAP, covering};
+use crate::cache::{CacheBody, Outcome, OutputWriter, SliceCache, Version};
 use crate::fingerprint::fingerprint;
 use crate::range::{Asked, ClientRange, Shape, shape_response};
 use crate::representation::{
@@ -271,10 +273,45 @@ impl Proxy {
                 );
             }
         };
+        // The representation's bytes, when the cache keeps them all: the stages need not run.
+        if let Some(hit) = self.cached_representation(ctx, route, etag.as_deref(), output_len) {
+            match hit.cached_output(plan.output(), &route.name) {
+                Some(output) => {
+                    ctx.cached_output = Some(output);
+                    ctx.cache = Some(Outcome::Hit);
+                    response.insert_header("x-rangeway-cache", Outcome::Hit.name())?;
+                    return Ok(());
+                }
+                None => ctx.output_writer = Some(hit.writer(plan.output().start())),
+            }
+        }
+        // The stages make this answer: whatever the cache did for the origin's bytes, the
+        // answer's own did not come from it.
+        response.remove_header("x-rangeway-cache");
         let pass = ChainPass::start(&route.chain, &plan, &object, known, stream.start())
             .map_err(|e| Error::because(ErrorType::InternalError, "starting the middleware", e))?;
         ctx.pass = Some(pass);
         Ok(())
+    }
+
+    /// The slice cache's view of a transformed representation (`etag`, `len`), on a route that
+    /// transforms through the cache, of an object whose own answer the cache keeps (one an origin
+    /// says a shared cache may not keep, none of its representations may either).
+    fn cached_representation(
+        &self,
+        ctx: &RequestCtx,
+        route: &Route,
+        etag: Option<&str>,
+        len: Option<u64>,
+    ) -> Option<CachedRepresentation> {
+        let (cache, etag, len) = (self.cache.as_ref()?, etag?, len?);
+        let kept = matches!(ctx.cache, Some(outcome) if !matches!(outcome, Outcome::Bypass(_)));
+        if !kept || route.cache.is_none() || route.chain.is_observing_only() {
+            return None;
+        }
+        let made_by = (route.upstream.name(), ctx.upstream_target.as_str(), route.chain.identity());
+        let version = cache.representation(made_by, etag, len, &http::HeaderMap::new());
+        Some(CachedRepresentation { cache: Arc::clone(cache), version })
     }
 
     /// Shows the response in the admin API while it is in flight, when it delivers to a download.
@@ -332,6 +369,22 @@ impl Proxy {
         ctx.served_range = format!("multipart ({} ranges)", ranges.len());
         ctx.body = BodyPlan::Multipart(Box::new(multipart));
         Ok(())
+    }
+}
+
+/// A representation the cache keeps, or will.
+struct CachedRepresentation {
+    cache: Arc<SliceCache>,
+    version: Arc<Version>,
+}
+
+impl CachedRepresentation {
+    fn cached_output(&self, range: ByteRange, route: &str) -> Option<Box<CacheBody>> {
+        self.cache.cached_output(&self.version, range, route)
+    }
+
+    fn writer(&self, at: u64) -> OutputWriter {
+        self.cache.output_writer(&self.version, at)
     }
 }
 
