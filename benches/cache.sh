@@ -6,7 +6,10 @@
 #     REPS times each, alternating: MB/s delivered, p99, the proxy's CPU seconds per GB;
 #  2. origin egress: COLD_CLIENTS clients at once, each asking three random ranges (up to 4 MiB)
 #     of a cold COLD_MIB object, through an empty cache: the bytes the origin sent, as a multiple
-#     of the object's size.
+#     of the object's size;
+#  3. (printed before 2) the warm object through rangeway's routes with stages — gzip level 6,
+#     checksum + aes128gcm — whose output the cache keeps, beside its passthrough route: MB/s
+#     and the share of passthrough's.
 #
 #   bash benches/cache.sh                      (SIZE_MIB=10 HIT_CONC=100 DURATION=10 REPS=3
 #                                               COLD_MIB=1024 COLD_CLIENTS=100)
@@ -57,11 +60,18 @@ CONF
 start_nginx "$work/origin" taskset -c "$CLIENT_CPU"
 wait_port "$origin_port"
 
-# rangeway_cache NAME: a rangeway with a slice cache of its own in $work/NAME; sets $port, $pid.
+# rangeway_cache NAME: a rangeway with a slice cache of its own in $work/NAME, and routes with
+# stages (/gzip6/: gzip level 6; /aes/: checksum and aes128gcm); sets $port, $pid.
+"$bin" keygen > "$work/key"
 rangeway_cache() {
     port=$(free_port)
     mkdir -p "$work/$1"
     { rangeway_conf "$port" "$origin_port"
+      printf '[[routes]]\npath_prefix = "/gzip6/"\nupstream = "origin"\nstrip_prefix = true\n'
+      printf '  [[routes.middleware]]\n  kind = "gzip"\n  level = 6\n'
+      printf '[[routes]]\npath_prefix = "/aes/"\nupstream = "origin"\nstrip_prefix = true\n'
+      printf '  [[routes.middleware]]\n  kind = "checksum"\n'
+      printf '  [[routes.middleware]]\n  kind = "aes128gcm"\n  key_file = "%s"\n' "$work/key"
       printf '[cache]\ndir = "%s"\nmax_size = "%dMiB"\nslice_size = "4MiB"\n' \
           "$work/$1/slices" $((2 * COLD_MIB + 1024)); } > "$work/$1/rangeway.toml"
     RUST_LOG=warn start_bg taskset -c "$PROXY_CPU" "$bin" serve --config "$work/$1/rangeway.toml" \
@@ -158,6 +168,40 @@ for t in "${targets[@]}"; do
         "$(tr ' ' '\n' <<<"${speeds[$t]}" | grep . | median)" \
         "$(tr ' ' '\n' <<<"${p99s[$t]}" | grep . | median)" \
         "$(tr ' ' '\n' <<<"${cpus[$t]}" | grep . | median)"
+done
+
+echo "3. warm representations: the same object through rangeway's routes with stages, $HIT_CONC connections"
+# gzip's first pass learns its block index, the second keeps its slices; aes128gcm's first keeps.
+for route in gzip6 aes; do
+    for _ in 1 2 3; do curl -s -o /dev/null "http://127.0.0.1:${ports[rangeway]}/$route/hot.bin"; done
+    hit=$(curl -s -o /dev/null -D - "http://127.0.0.1:${ports[rangeway]}/$route/hot.bin" | tr -d '\r' |
+        awk -F': ' 'tolower($1) == "x-rangeway-cache" { print $2 }')
+    [[ $hit == hit ]] || { echo "/$route/ is not answered from the cache ($hit)" >&2; exit 1; }
+done
+declare -A rspeeds rcpus
+for rep in $(seq "$REPS"); do
+    line="run $rep:"
+    for route in passthrough gzip6 aes; do
+        path=/hot.bin; [[ $route == passthrough ]] || path=/$route/hot.bin
+        before=$(cpu_seconds "${procs[rangeway]}")
+        out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$HIT_CONC" -d"${DURATION}s" --timeout 60s \
+            -s benches/load/wrk.lua "http://127.0.0.1:${ports[rangeway]}$path" | grep '^WRK')
+        after=$(cpu_seconds "${procs[rangeway]}")
+        bytes=$(sed 's/.*bytes=\([0-9]*\).*/\1/' <<<"$out")
+        us=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$out")
+        mbs=$(awk -v b="$bytes" -v u="$us" 'BEGIN { printf "%.0f", b / u }')
+        rspeeds[$route]+="$mbs "
+        rcpus[$route]+="$(awk -v a="$after" -v b="$before" -v n="$bytes" 'BEGIN { printf "%.3f", (a - b) / (n / 1e9) }') "
+        line+=" $route $mbs MB/s"
+    done
+    echo "$line"
+done
+pass=$(tr ' ' '\n' <<<"${rspeeds[passthrough]}" | grep . | median)
+printf '%-12s %10s %16s %14s\n' route "MB/s" "of passthrough" "CPU s/GB"
+for route in passthrough gzip6 aes; do
+    m=$(tr ' ' '\n' <<<"${rspeeds[$route]}" | grep . | median)
+    printf '%-12s %10s %15.0f%% %14s\n' "$route" "$m" "$(awk -v m="$m" -v p="$pass" 'BEGIN { print 100 * m / p }')" \
+        "$(tr ' ' '\n' <<<"${rcpus[$route]}" | grep . | median)"
 done
 
 echo "2. origin egress: $COLD_CLIENTS clients at once, three random ranges each, a cold ${COLD_MIB} MiB object"
