@@ -13,7 +13,7 @@ use support::data::test_bytes;
 use support::http::{Response, get, head};
 use support::nginx::{Nginx, NginxOptions};
 use support::origin::{Behaviour, Faults, Origin};
-use support::proxy::{Proxy, ProxyProcess};
+use support::proxy::{Instance, Proxy, ProxyProcess};
 use support::tmp::TempDir;
 
 const MIB: usize = 1024 * 1024;
@@ -553,4 +553,85 @@ fn transformed_representations_are_made_once() {
         let label = format!("route=\"{route}\",transport=\"sendfile\"");
         assert!(proxy.metric_at_least("rangeway_transport_total", &label, 2) >= 2, "{route}");
     }
+}
+
+/// RFC 9111 freshness: a stale version is validated with a conditional HEAD (a 304 keeps its
+/// slices and refreshes its fields), and a route that validates every new download asks each
+/// time while a resume of a session is served from the version it began on.
+#[test]
+fn stale_versions_are_validated_and_routes_may_validate_every_download() {
+    let origin = Origin::start();
+    let object = test_bytes(2 * MIB + 3, 90);
+    origin.put_with_headers("/fresh.bin", object.clone(), &[("Cache-Control", "max-age=1")]);
+    let cache = TempDir::new("cache-fresh-dir");
+    let body = format!(
+        "{}\n[[routes]]\npath_prefix = \"/strict/\"\nupstream = \"origin\"\nstrip_prefix = true\n\
+         cache = {{ revalidate = \"each-download\" }}\n",
+        config(&origin.base_url(), cache.path(), "64MiB")
+    );
+    let proxy = Proxy::start(&body);
+    let url = proxy.url("/fresh.bin");
+    assert!(get(&url, &[]).body == object);
+    let fresh = get(&url, &[]);
+    assert_eq!(fresh.header("x-rangeway-cache"), Some("hit"));
+    let age: u64 = fresh.header("age").and_then(|a| a.parse().ok()).expect("an Age");
+    assert!(age <= 1, "{age}");
+    std::thread::sleep(Duration::from_millis(1500)); // the version's max-age running out
+    origin.clear_requests();
+    let validated = get(&url, &[]);
+    assert!(validated.body == object);
+    assert_eq!(validated.header("x-rangeway-cache"), Some("revalidated"));
+    let asked: Vec<String> = origin.requests().iter().map(|r| r.method.clone()).collect();
+    assert_eq!(asked, ["HEAD"], "one conditional HEAD, no body");
+    assert!(origin.requests()[0].header("if-none-match").is_some());
+
+    // Every new download on the strict route is validated; a resume pinned to the version is not.
+    let strict = proxy.url("/strict/fresh.bin");
+    for _ in 0..2 {
+        origin.clear_requests();
+        let answer = get(&strict, &[]);
+        assert!(answer.body == object);
+        assert_eq!(answer.header("x-rangeway-cache"), Some("revalidated"));
+        assert_eq!(origin.requests().len(), 1);
+    }
+    let etag = get(&strict, &[("Range", "bytes=0-0")]).header("etag").expect("an ETag").to_owned();
+    origin.clear_requests();
+    let pinned = get(&strict, &[("Range", "bytes=10-19"), ("If-Range", &etag)]);
+    assert_eq!(pinned.body, &object[10..20]);
+    assert_eq!(pinned.header("x-rangeway-cache"), Some("hit"));
+    assert!(origin.requests().is_empty(), "a resume is served from its version");
+}
+
+/// A slice damaged on disk while rangeway was down is found by its CRC the first time it is read:
+/// deleted, counted, fetched again — never served.
+#[test]
+fn a_slice_damaged_at_rest_is_never_served() {
+    let root = TempDir::new("cache-rot-root");
+    let cache = TempDir::new("cache-rot-dir");
+    let object = test_bytes(3 * MIB, 91);
+    put_file(root.path(), "rot.bin", &object);
+    let nginx = Nginx::start(NginxOptions::serving(root.path()));
+    let body = config(&nginx.base_url(), cache.path(), "64MiB");
+    let first = ProxyProcess::start(&body);
+    assert!(get(&first.url("/rot.bin"), &[]).body == object);
+    drop(first);
+    // Flip a byte in the middle of every slice.
+    let slices: Vec<_> = walk(cache.path())
+        .into_iter()
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.parse::<u64>().is_ok())
+        })
+        .collect();
+    assert_eq!(slices.len(), 3);
+    for slice in &slices {
+        let mut bytes = std::fs::read(slice).expect("read");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(slice, bytes).expect("write");
+    }
+    let second = ProxyProcess::start(&body);
+    let fetched_before = body_bytes(&nginx);
+    assert!(get(&second.url("/rot.bin"), &[]).body == object, "the object, not the damage");
+    assert_eq!(second.metric("rangeway_cache_corrupt_slices_total", ""), 3);
+    assert_eq!(body_bytes(&nginx) - fetched_before, object.len() as u64, "fetched again");
 }
