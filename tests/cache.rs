@@ -176,18 +176,18 @@ impl Rng {
     }
 }
 
-/// 100 clients at once, each asking ranges of a cold object, and aria2c with 16 connections:
+/// 100 clients at once, each asking ranges of a cold 1 GiB object, and aria2c with 16 connections:
 /// every answer exact, and the origin sends each byte about once (a slice's worth more at most).
 #[test]
 fn concurrent_cold_clients_fetch_each_slice_once() {
     let root = TempDir::new("cache-many-root");
     let cache = TempDir::new("cache-many-dir");
     let work = TempDir::new("cache-many-work");
-    let len = 48 * MIB + 4321;
+    let len = 1024 * MIB + 4321;
     let object = std::sync::Arc::new(test_bytes(len, 83));
     put_file(root.path(), "many.bin", &object);
     let nginx = Nginx::start(NginxOptions::serving(root.path()));
-    let proxy = Proxy::start(&config(&nginx.base_url(), cache.path(), "256MiB"));
+    let proxy = Proxy::start(&config(&nginx.base_url(), cache.path(), "2GiB"));
     let url = proxy.url("/many.bin");
 
     let aria2 = {
