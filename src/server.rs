@@ -24,6 +24,7 @@ use crate::admin::live::LiveResponses;
 use crate::admin::metrics::Metrics;
 use crate::admission::Admission;
 use crate::cache::SliceCache;
+use crate::config::TlsConfig;
 use crate::config::{Config, HttpUpstream, IdKeySource, UpstreamKind};
 use crate::fingerprint::FingerprintKey;
 use crate::origin::dir::{self, DirOrigin};
@@ -32,6 +33,9 @@ use crate::routes::health::HealthChecks;
 use crate::routes::upstream::{ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError};
 use crate::routes::{Route, RouteSwitch, RouteTable};
 use crate::state::{self, StoreError};
+use crate::tls::{Certificates, SniResolver};
+use pingora_core::listeners::tls::Acceptor;
+use pingora_rustls::{ResolvesServerCert, ServerConfig};
 
 /// Why rangeway could not start. Config problems are caught earlier by `Config::load`; these are
 /// the ones only the machine can tell (files, sockets).
@@ -61,6 +65,8 @@ pub enum StartError {
         "{key}: cannot listen on {addr}: {source} — stop what listens there, or choose another address"
     )]
     Listen { key: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 /// What a started server listens on.
@@ -88,6 +94,8 @@ pub struct Built {
     pub routes: Arc<RouteSwitch>,
     /// The `dir` upstreams served, by name: their services cannot change while running.
     pub dirs: BTreeMap<String, DirService>,
+    /// What the TLS listeners present, which a reload replaces.
+    pub certificates: Option<Arc<SniResolver>>,
 }
 
 /// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
@@ -182,8 +190,29 @@ pub fn build(
         id_key,
     )
     .with_cache(cache.clone());
-    let proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
+    let mut proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
+    proxy.h2_options = Some(h2_options());
     let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics));
+    // The TLS listeners: plain TCP to pingora, the handshake made by the admission (within the
+    // client limits), the same proxy behind. A service of their own, so with worker threads of
+    // their own.
+    let certificates = match &config.tls {
+        Some(tls) => {
+            let resolver = Arc::new(SniResolver::new(certificates(tls)?));
+            let acceptor = Acceptor::from_server_config(tls_server_config(tls, &resolver));
+            let mut tls_service =
+                Service::new("rangeway tls".to_owned(), admission.with_tls(acceptor));
+            for addr in &tls.listen {
+                tls_service.add_tcp(&addr.to_string());
+            }
+            server.add_service(tls_service);
+            for warning in tls.warnings(std::time::SystemTime::now()) {
+                warn!("{warning}");
+            }
+            Some(resolver)
+        }
+        None => None,
+    };
     let mut proxy_service = Service::new("rangeway proxy".to_owned(), admission);
     proxy_service.add_tcp(&config.server.listen.to_string());
     server.add_service(proxy_service);
@@ -211,7 +240,49 @@ pub fn build(
         metrics,
         routes: routes_in_force,
         dirs,
+        certificates,
     })
+}
+
+/// The certificates `tls` names, loaded again (a reload's, or the start's after the check).
+fn certificates(tls: &TlsConfig) -> Result<Certificates, StartError> {
+    let loaded = tls
+        .certificates
+        .iter()
+        .map(|certificate| crate::tls::load(&certificate.files))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StartError::Tls(e.to_string()))?;
+    Certificates::new(&loaded, tls.default)
+        .ok_or_else(|| StartError::Tls("no certificate to serve".to_owned()))
+}
+
+/// What the TLS listeners accept: TLS 1.2 and 1.3 with rustls's cipher suites (AES-GCM and
+/// ChaCha20-Poly1305, ECDHE only), the certificate `resolver` picks, ALPN `h2` (when on) then
+/// `http/1.1`.
+fn tls_server_config(tls: &TlsConfig, resolver: &Arc<SniResolver>) -> Arc<ServerConfig> {
+    pingora_rustls::install_default_crypto_provider();
+    let versions = [&pingora_rustls::version::TLS12, &pingora_rustls::version::TLS13];
+    let mut config = ServerConfig::builder_with_protocol_versions(&versions)
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::clone(resolver) as Arc<dyn ResolvesServerCert>);
+    config.alpn_protocols = match tls.h2 {
+        true => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        false => vec![b"http/1.1".to_vec()],
+    };
+    Arc::new(config)
+}
+
+/// HTTP/2 with clients: pingora's bounded defaults (100 streams a connection, 64 KiB of
+/// header list), plus bounds on what resets cost (rapid reset, CVE-2023-44487: streams a client
+/// opens and resets at once each cost a little, and too many pending end the connection) and on
+/// each stream's send buffer (a download's stream holds up to 1 MiB the client has not taken).
+fn h2_options() -> pingora_core::protocols::http::v2::server::H2Options {
+    let mut options = pingora_core::protocols::http::v2::server::default_h2_options();
+    options
+        .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(Some(256))
+        .max_send_buffer_size(1 << 20);
+    options
 }
 
 /// A `dir` upstream's folder, and the socket of the service that serves it.
@@ -285,9 +356,13 @@ fn build_routes(
         )
         .map_err(|source| StartError::Route { index, source })?;
         built.s3_client_keys = route.s3_client_keys.clone();
+        built.s3_presigned_grace = route.s3_presigned_grace;
         built.upstream_resume = route.upstream_resume;
         built.s3_response_overrides = route.s3_response_overrides;
         built.cache = route.cache;
+        built.signed_links = route.signed_links.clone();
+        built.download_limits = route.download_limits;
+        built.rate_limit = route.rate_limit.clone();
         if built.cache.is_some() {
             metrics.cache_route(&built.name);
         }
@@ -317,10 +392,14 @@ fn replica_spec(http: &HttpUpstream) -> ReplicaSpec {
 /// still up (answering /healthz): so it is tried here first, and a taken or foreign address is an
 /// error at start. (Taken over with `--upgrade`, they are the running process's.)
 fn can_listen(config: &Config) -> Result<(), StartError> {
+    let tls = config.tls.iter().flat_map(|tls| tls.listen.iter().map(|addr| ("tls.listen", *addr)));
     for (key, addr) in [
         ("server.listen", config.server.listen),
         ("server.admin_listen", config.server.admin_listen),
-    ] {
+    ]
+    .into_iter()
+    .chain(tls)
+    {
         std::net::TcpListener::bind(addr).map_err(|source| StartError::Listen {
             key,
             addr,
@@ -350,6 +429,7 @@ pub fn run(
         dirs: built.dirs,
         routes: built.routes,
         metrics: Arc::clone(&built.metrics),
+        certificates: built.certificates,
     };
     reloader.watch_hangups();
     let watch = DrainOnTerminate { metrics: built.metrics, grace: config.server.grace_period };
@@ -371,6 +451,7 @@ struct Reloader {
     dirs: BTreeMap<String, DirService>,
     routes: Arc<RouteSwitch>,
     metrics: Arc<Metrics>,
+    certificates: Option<Arc<SniResolver>>,
 }
 
 impl Reloader {
@@ -449,6 +530,24 @@ impl Reloader {
         };
         let count = config.routes.len();
         self.routes.replace(table);
+        // The certificates, read again whether or not their paths changed (a renewal rewrites
+        // the files): new handshakes present them, connections made keep theirs.
+        if let (Some(resolver), Some(tls)) = (&self.certificates, &config.tls) {
+            match certificates(tls) {
+                Ok(loaded) => {
+                    resolver.replace(loaded);
+                    let names = tls.certificates.iter().flat_map(|c| &c.names);
+                    let names = names.map(String::as_str).collect::<Vec<_>>().join(", ");
+                    info!(config = %source, names, "SIGHUP: new TLS handshakes get the certificates read now");
+                    for warning in tls.warnings(std::time::SystemTime::now()) {
+                        warn!("{warning}");
+                    }
+                }
+                Err(e) => {
+                    warn!(config = %source, error = %e, "SIGHUP: the certificates cannot be loaded; the running ones stay")
+                }
+            }
+        }
         for part in restart_only_changes(&self.running, &config) {
             warn!(config = %source, "SIGHUP: {part} changed, which takes effect at the next restart");
         }
@@ -473,6 +572,11 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("the client limits of [server]", a.client_limits != b.client_limits),
         ("[state]", running.state != new.state),
         ("[cache]", running.cache != new.cache),
+        (
+            "tls.listen or tls.h2",
+            running.tls.as_ref().map(|t| (&t.listen, t.h2))
+                != new.tls.as_ref().map(|t| (&t.listen, t.h2)),
+        ),
     ]
     .into_iter()
     .filter_map(|(part, changed)| changed.then_some(part))

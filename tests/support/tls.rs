@@ -25,8 +25,7 @@ pub(crate) struct TlsFiles {
 /// a server uses its files.
 #[derive(Debug)]
 pub(crate) struct TestPki {
-    // Only held: dropping it removes the files.
-    _dir: TempDir,
+    dir: TempDir,
     ca: TlsFiles,
     other_ca: TlsFiles,
     localhost: TlsFiles,
@@ -57,7 +56,75 @@ impl TestPki {
         let localhost =
             make_leaf(&dir, "localhost", &ca, "localhost", "DNS:localhost, IP:127.0.0.1");
         let wrong_name = make_leaf(&dir, "wrong-name", &ca, "wrong.example", "DNS:wrong.example");
-        TestPki { _dir: dir, ca, other_ca, localhost, wrong_name }
+        TestPki { dir, ca, other_ca, localhost, wrong_name }
+    }
+
+    /// Another server certificate from [`Self::ca_cert`], made now: its files are named `name`,
+    /// its subject's CN is `name`, its subjectAltName `san` (`DNS:a.example, DNS:*.b.example`),
+    /// valid until `days` days from now (negative: expired).
+    pub(crate) fn leaf(&self, name: &str, san: &str, days: i32) -> TlsFiles {
+        make_leaf_for(&self.dir, name, &self.ca, name, san, days)
+    }
+
+    /// An OCSP response from [`Self::ca_cert`], signed with its key, saying that `leaf` (which it
+    /// signed) is good for a week: the DER file a server staples.
+    pub(crate) fn ocsp_response(&self, leaf: &TlsFiles) -> PathBuf {
+        let name = leaf.cert.file_stem().and_then(|s| s.to_str()).expect("a named certificate");
+        let serial = Command::new("openssl")
+            .args(["x509", "-noout", "-serial", "-in"])
+            .arg(&leaf.cert)
+            .output()
+            .expect("run openssl");
+        let serial = String::from_utf8_lossy(&serial.stdout);
+        let serial = serial.trim().trim_start_matches("serial=");
+        // The responder's database: one valid certificate, by serial.
+        let index = self.dir.join(format!("{name}.ocsp-index"));
+        std::fs::write(&index, format!("V\t301231235959Z\t\t{serial}\tunknown\t/CN={name}\n"))
+            .expect("write the OCSP index");
+        let request = self.dir.join(format!("{name}.ocsp-request"));
+        let response = self.dir.join(format!("{name}.ocsp"));
+        let mut ask = Command::new("openssl");
+        ask.args(["ocsp", "-no_nonce", "-issuer"])
+            .arg(&self.ca.cert)
+            .arg("-cert")
+            .arg(&leaf.cert)
+            .arg("-reqout")
+            .arg(&request);
+        run(ask);
+        let mut answer = Command::new("openssl");
+        answer
+            .args(["ocsp", "-ndays", "7", "-index"])
+            .arg(&index)
+            .arg("-rsigner")
+            .arg(&self.ca.cert)
+            .arg("-rkey")
+            .arg(&self.ca.key)
+            .arg("-CA")
+            .arg(&self.ca.cert)
+            .arg("-reqin")
+            .arg(&request)
+            .arg("-respout")
+            .arg(&response);
+        run(answer);
+        response
+    }
+
+    /// A server certificate signed by an intermediate CA that [`Self::ca_cert`] signed: its
+    /// certificate file holds the leaf, then the intermediate (the chain a server sends).
+    pub(crate) fn chained(&self, name: &str, san: &str) -> TlsFiles {
+        let intermediate = make_leaf_for(
+            &self.dir,
+            &format!("{name}-intermediate"),
+            &self.ca,
+            "rangeway test intermediate CA",
+            "",
+            3650,
+        );
+        let leaf = make_leaf_for(&self.dir, name, &intermediate, name, san, 3650);
+        let mut chain = std::fs::read(&leaf.cert).expect("read the leaf");
+        chain.extend(std::fs::read(&intermediate.cert).expect("read the intermediate"));
+        std::fs::write(&leaf.cert, chain).expect("write the chain");
+        leaf
     }
 
     /// The CA certificate that signed [`Self::localhost`] and [`Self::wrong_name`]: the trust
@@ -100,7 +167,23 @@ fn make_ca(dir: &TempDir, name: &str, common_name: &str) -> TlsFiles {
 }
 
 fn make_leaf(dir: &TempDir, name: &str, ca: &TlsFiles, common_name: &str, san: &str) -> TlsFiles {
-    let extensions = format!("{LEAF_EXTENSIONS}subjectAltName = {san}\n");
+    make_leaf_for(dir, name, ca, common_name, san, 3650)
+}
+
+/// A certificate `ca` signs: a server's for the names of `san`, or (`san` empty) an intermediate
+/// CA's.
+fn make_leaf_for(
+    dir: &TempDir,
+    name: &str,
+    ca: &TlsFiles,
+    common_name: &str,
+    san: &str,
+    days: i32,
+) -> TlsFiles {
+    let extensions = match san {
+        "" => CA_EXTENSIONS.to_owned() + "authorityKeyIdentifier = keyid:always\n",
+        san => format!("{LEAF_EXTENSIONS}subjectAltName = {san}\n"),
+    };
     let config = write_config(dir, name, common_name, &extensions);
     let files = files(dir, name);
     let csr = dir.join(format!("{name}.csr"));
@@ -117,7 +200,7 @@ fn make_leaf(dir: &TempDir, name: &str, ca: &TlsFiles, common_name: &str, san: &
     // `x509 -req` copies no extensions from the request; they come from the config's `ext`
     // section, so the SAN and key usages are exactly the ones written above.
     let mut sign = Command::new("openssl");
-    sign.args(["x509", "-req", "-extensions", "ext", "-sha256", "-days", "3650"])
+    sign.args(["x509", "-req", "-extensions", "ext", "-sha256", "-days", &days.to_string()])
         .args(["-set_serial", &serial()])
         .arg("-in")
         .arg(&csr)
