@@ -7,6 +7,10 @@
 //! connections (more than the limit are answered 503 and closed), and wraps each connection's
 //! stream so that a request header not complete within `client_header_timeout` of its first byte
 //! ends the connection.
+//!
+//! On TLS listeners it also makes the TLS handshake, after the connection was counted and within
+//! the same deadline: pingora's own listeners would give a handshake 60 s, count it nowhere, and
+//! log each failed one (every scanner's) at ERROR.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -20,14 +24,16 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora_core::apps::ServerApp;
+use pingora_core::listeners::tls::Acceptor;
 use pingora_core::protocols::l4::socket::SocketAddr;
+use pingora_core::protocols::l4::stream::Stream as TcpStream;
 use pingora_core::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
     UniqueIDType,
 };
 use pingora_core::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::admin::metrics::Metrics;
 use crate::config::ClientLimits;
@@ -49,11 +55,52 @@ pub struct Admission<A> {
     limits: ClientLimits,
     open: Arc<Mutex<HashMap<IpAddr, usize>>>,
     metrics: Arc<Metrics>,
+    /// On TLS listeners: what makes each connection's handshake.
+    tls: Option<Arc<Acceptor>>,
 }
 
 impl<A> Admission<A> {
     pub fn new(inner: A, limits: ClientLimits, metrics: Arc<Metrics>) -> Self {
-        Self { inner: Arc::new(inner), limits, open: Arc::default(), metrics }
+        Self { inner: Arc::new(inner), limits, open: Arc::default(), metrics, tls: None }
+    }
+
+    /// The same application and per-address counts, for TLS listeners: each connection's
+    /// handshake made with `acceptor` first.
+    pub fn with_tls(&self, acceptor: Acceptor) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            limits: self.limits,
+            open: Arc::clone(&self.open),
+            metrics: Arc::clone(&self.metrics),
+            tls: Some(Arc::new(acceptor)),
+        }
+    }
+
+    /// The TLS connection over `stream`, or `None` (counted, logged at debug) when its handshake
+    /// fails or takes longer than `client_header_timeout`.
+    async fn handshake(&self, acceptor: &Acceptor, stream: Stream) -> Option<Stream> {
+        // A TLS listener's connections are TCP streams, as pingora's listener made them.
+        let tcp = match stream.into_any().downcast::<TcpStream>() {
+            Ok(tcp) => *tcp,
+            Err(_) => {
+                warn!("a TLS listener's connection is not a TCP stream: closed");
+                return None;
+            }
+        };
+        let peer = tcp.get_socket_digest().and_then(|digest| digest.peer_addr().cloned());
+        match tokio::time::timeout(self.limits.header_timeout, acceptor.tls_handshake(tcp)).await {
+            Ok(Ok(tls)) => Some(Box::new(tls)),
+            Ok(Err(e)) => {
+                self.metrics.connection_refused("tls_handshake");
+                debug!(client = ?peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                self.metrics.connection_refused("header_timeout");
+                debug!(client = ?peer, "TLS handshake slower than client_header_timeout");
+                None
+            }
+        }
     }
 
     /// A place for a connection from `ip`, or `None` when its address has all it may have.
@@ -89,8 +136,11 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
                 self.metrics.connection_refused("per_client_limit");
                 // Counted, and only at debug: a client over its limit must not flood the log.
                 debug!(client = ?ip, limit = self.limits.max_connections_per_client, "refused a connection: its address has as many open as max_connections_per_client allows");
-                let _ = stream.write_all(TOO_MANY).await;
-                let _ = stream.flush().await;
+                // A TLS client would read an answer in plain text as a broken handshake.
+                if self.tls.is_none() {
+                    let _ = stream.write_all(TOO_MANY).await;
+                    let _ = stream.flush().await;
+                }
                 let _ = AsyncWriteExt::shutdown(&mut stream).await;
                 return None;
             }
@@ -98,8 +148,15 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
             // Not over TCP (a Unix socket): one local peer, nothing to count.
             None => None,
         };
-        let watched =
+        let stream = match &self.tls {
+            Some(acceptor) => self.handshake(acceptor, stream).await?,
+            None => stream,
+        };
+        let mut watched =
             ClientConnection::new(stream, self.limits.header_timeout, slot, &self.metrics);
+        if matches!(watched.inner.selected_alpn_proto(), Some(ALPN::H2)) {
+            watched.phase = Phase::Frames;
+        }
         self.inner.process_new(Box::new(watched), shutdown).await
     }
 
@@ -136,6 +193,8 @@ enum Phase {
     Request,
     /// A response is being written; the next byte read begins the next request header.
     Response,
+    /// HTTP/2: frames, not a text header to time (h2 bounds its own header lists and streams).
+    Frames,
 }
 
 /// A client connection whose request headers must each arrive within a deadline.
@@ -208,6 +267,9 @@ impl ClientConnection {
         if bytes.is_empty() {
             return;
         }
+        if self.phase == Phase::Frames {
+            return;
+        }
         if self.phase == Phase::Response {
             self.phase = Phase::Header;
             self.line_ended = false;
@@ -233,6 +295,15 @@ impl ClientConnection {
                 _ => self.line_ended = false,
             }
         }
+    }
+
+    /// A write: whatever was read, the request has been taken and its answer is going out. (On
+    /// HTTP/2 there is no header to time, ever.)
+    fn answering(&mut self) {
+        if self.phase != Phase::Frames {
+            self.phase = Phase::Response;
+        }
+        self.started = None;
     }
 
     fn late(&self) -> io::Error {
@@ -274,9 +345,7 @@ impl AsyncWrite for ClientConnection {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        // Whatever was read, the request has been taken: the answer is going out.
-        this.phase = Phase::Response;
-        this.started = None;
+        this.answering();
         match this.take_sent_aside(buf.len()) {
             0 => Pin::new(&mut this.inner).poll_write(cx, buf),
             taken => Poll::Ready(Ok(taken)),
@@ -297,8 +366,7 @@ impl AsyncWrite for ClientConnection {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.phase = Phase::Response;
-        this.started = None;
+        this.answering();
         let first = bufs.iter().find(|buf| !buf.is_empty()).map_or(0, |buf| buf.len());
         match this.take_sent_aside(first) {
             0 => Pin::new(&mut this.inner).poll_write_vectored(cx, bufs),

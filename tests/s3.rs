@@ -17,8 +17,10 @@ use support::data::test_bytes;
 use support::http::{Response, get, head, head_until};
 use support::multipart::parts;
 use support::origin::{Behaviour, Origin};
+use support::ports::free_port;
 use support::proxy::{Proxy, ProxyProcess};
 use support::s3::{ACCESS_KEY, S3Server, SECRET_KEY, credentials_file};
+use support::tls::TestPki;
 use support::tmp::TempDir;
 
 const BUCKET: &str = "releases";
@@ -243,16 +245,18 @@ fn a_client_signature_is_not_passed_on_and_s3_errors_are_explained() {
 }
 
 fn boto3(endpoint: &str, command: &str, key: &str, file: Option<&Path>) -> serde_json::Value {
-    boto3_as((ACCESS_KEY, SECRET_KEY), endpoint, command, key, file)
+    boto3_as((ACCESS_KEY, SECRET_KEY), endpoint, command, key, file, &[])
 }
 
-/// Runs tests/s3_clients.py signing with `key` (id, secret).
+/// Runs tests/s3_clients.py signing with `key` (id, secret), with `env` added to its
+/// environment (`AWS_CA_BUNDLE` for an https endpoint).
 fn boto3_as(
     (key_id, secret): (&str, &str),
     endpoint: &str,
     command: &str,
     key: &str,
     file: Option<&Path>,
+    env: &[(&str, &str)],
 ) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/s3_clients.py");
     let mut python = Command::new("python3");
@@ -264,7 +268,8 @@ fn boto3_as(
         .env("AWS_ACCESS_KEY_ID", key_id)
         .env("AWS_SECRET_ACCESS_KEY", secret)
         .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_CONFIG_FILE", "/dev/null");
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .envs(env.iter().copied());
     let out = run(python, Duration::from_secs(120));
     out.assert_success();
     serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
@@ -327,6 +332,34 @@ fn boto3_and_the_aws_cli_download_through_rangeway() {
         assert_eq!(part.status, 206, "{range}");
         assert_eq!(part.header("x-amz-checksum-crc32"), None, "{range}");
     }
+}
+
+#[test]
+fn boto3_downloads_through_an_s3_route_over_https() {
+    let pki = TestPki::new();
+    let server = S3Server::start();
+    server.bucket(BUCKET);
+    let object = test_bytes(3 * 1024 * 1024 + 5, 12);
+    server.put(BUCKET, "over/tls.bin", &object);
+    let work = TempDir::new("s3-https");
+    let port = free_port();
+    let tls = format!(
+        "[tls]\nlisten = \"127.0.0.1:{port}\"\n[[tls.certificates]]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        pki.localhost().cert.display(),
+        pki.localhost().key.display()
+    );
+    let config = s3_config(&server, &credentials_file(&work, ACCESS_KEY, SECRET_KEY), "")
+        .replace("path_prefix = \"/s3/\"", &format!("path_prefix = \"/{BUCKET}/\""));
+    let _proxy = started(&format!("{tls}{config}"));
+    let endpoint = format!("https://localhost:{port}");
+    let ca = pki.ca_cert().to_str().expect("a UTF-8 path");
+    let trust = [("AWS_CA_BUNDLE", ca)];
+    let head = boto3_as((ACCESS_KEY, SECRET_KEY), &endpoint, "head", "over/tls.bin", None, &trust);
+    assert_eq!(head["length"].as_u64(), Some(object.len() as u64));
+    // Ranged parts of 1 MiB on 4 connections, each verified against the test CA.
+    let file = work.join("tls.bin");
+    boto3_as((ACCESS_KEY, SECRET_KEY), &endpoint, "download", "over/tls.bin", Some(&file), &trust);
+    assert_eq!(sha256_file(&file), sha256_hex(&object), "boto3 over https");
 }
 
 #[test]
@@ -497,13 +530,16 @@ fn a_route_with_client_keys_serves_only_requests_signed_with_one() {
         "download",
         "private/a b.bin",
         Some(&file),
+        &[],
     );
     assert_eq!(sha256_file(&file), sha256_hex(&object));
 
     // The wrong secret, an unknown key, no signature: 403 with S3's code, and nothing fetched.
-    let wrong = boto3_as(("AKIDCLIENT1", "guess"), &endpoint, "get-error", "private/a b.bin", None);
+    let wrong =
+        boto3_as(("AKIDCLIENT1", "guess"), &endpoint, "get-error", "private/a b.bin", None, &[]);
     assert_eq!(wrong["error"], "SignatureDoesNotMatch");
-    let unknown = boto3_as(("AKIDNOBODY", "x"), &endpoint, "get-error", "private/a b.bin", None);
+    let unknown =
+        boto3_as(("AKIDNOBODY", "x"), &endpoint, "get-error", "private/a b.bin", None, &[]);
     assert_eq!(unknown["error"], "InvalidAccessKeyId");
     let unsigned = get(&proxy.url(&format!("/{BUCKET}/private/a%20b.bin")), &[]);
     assert_eq!(unsigned.status, 403);
@@ -585,4 +621,79 @@ fn an_s3_route_through_the_slice_cache() {
     let fetched = proxy.metric("rangeway_cache_origin_bytes_total", "");
     assert_eq!(fetched, object.len() as u64, "each byte from S3 once");
     assert!(served >= fetched + 100, "{served} served, {fetched} fetched");
+}
+
+#[test]
+fn presigned_urls_from_boto3_and_a_resume_past_their_expiry() {
+    let server = S3Server::start();
+    server.bucket(BUCKET);
+    let object = test_bytes(20 << 20, 14);
+    server.put(BUCKET, "private/big.bin", &object);
+    let work = TempDir::new("s3-presigned");
+    let keys = work.join("clients");
+    std::fs::write(&keys, "AKIDCLIENT1 client/secret+1\n").expect("keys");
+    let config = s3_config(&server, &credentials_file(&work, ACCESS_KEY, SECRET_KEY), "")
+        .replace("path_prefix = \"/s3/\"", &format!("path_prefix = \"/{BUCKET}/\""))
+        .replace(
+            "strip_prefix = true\n",
+            &format!(
+                "strip_prefix = true\ns3_client_keys_file = \"{}\"\ns3_presigned_grace = \"1h\"\n",
+                keys.display()
+            ),
+        );
+    let proxy = started(&config);
+    let endpoint = proxy.url("");
+    let client = ("AKIDCLIENT1", "client/secret+1");
+    let presign = |seconds: &str| {
+        let made = boto3_as(
+            client,
+            &endpoint,
+            "presign",
+            "private/big.bin",
+            Some(Path::new(seconds)),
+            &[],
+        );
+        made["url"].as_str().expect("a URL").to_owned()
+    };
+    let curl = |args: &[&str]| {
+        let mut command = Command::new("curl");
+        command.arg("-sS").args(args);
+        run(command, Duration::from_secs(120))
+    };
+
+    // Good: the whole object, byte-exact; nothing of the signature reaches the store.
+    let url = presign("3600");
+    assert!(url.contains("X-Amz-Signature="), "{url}");
+    let file = work.join("whole.bin");
+    let whole = curl(&["-w", "%{http_code}", "-o", file.to_str().unwrap(), &url]);
+    assert_eq!(whole.stdout, "200", "{whole}");
+    assert_eq!(sha256_file(&file), sha256_hex(&object));
+    // Tampered: the key, the lifetime, the signature.
+    let signature = url.rsplit_once("X-Amz-Signature=").unwrap().1.to_owned();
+    for (tampered, code) in [
+        (url.replace("X-Amz-Expires=3600", "X-Amz-Expires=7200"), "SignatureDoesNotMatch"),
+        (url.replace(&signature, &"0".repeat(64)), "SignatureDoesNotMatch"),
+        (url.replace("AKIDCLIENT1", "AKIDNOBODY"), "InvalidAccessKeyId"),
+        (url.replace("big.bin", "other.bin"), "SignatureDoesNotMatch"),
+    ] {
+        let refused = curl(&["-w", "%{http_code}", &tampered]);
+        assert!(refused.stdout.ends_with("403"), "{tampered}: {refused}");
+        assert!(refused.stdout.contains(&format!("<Code>{code}</Code>")), "{refused}");
+    }
+
+    // A URL good for 2 s: a download begun with it, stopped part way, resumes after it expired.
+    let url = presign("2");
+    let file = work.join("resumed.bin");
+    let started = curl(&["--limit-rate", "500K", "-m", "1", "-o", file.to_str().unwrap(), &url]);
+    assert_eq!(started.code(), Some(28), "cut by -m 1: {started}");
+    // The delay is the point: the URL runs out.
+    std::thread::sleep(Duration::from_secs(3));
+    let fresh = curl(&["-w", "%{http_code}", &url]);
+    assert!(fresh.stdout.ends_with("403"), "{fresh}");
+    assert!(fresh.stdout.contains("Request has expired"), "{fresh}");
+    let resumed = curl(&["-C", "-", "-w", "%{http_code}", "-o", file.to_str().unwrap(), &url]);
+    assert_eq!(resumed.stdout, "206", "{resumed}");
+    assert_eq!(sha256_file(&file), sha256_hex(&object), "resumed past the URL's expiry");
+    assert_eq!(proxy.metric("rangeway_resumed_past_expiry_total", "by=\"presigned\""), 1);
+    assert_eq!(proxy.metric("rangeway_s3_clients_refused_total", "reason=\"expired\""), 1);
 }

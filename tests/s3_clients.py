@@ -1,6 +1,6 @@
 """boto3, as S3 users run it, for tests/s3.rs.
 
-    python3 tests/s3_clients.py ENDPOINT COMMAND BUCKET KEY [FILE]
+    python3 tests/s3_clients.py ENDPOINT COMMAND BUCKET KEY [FILE | SECONDS]
 
 ENDPOINT is the S3 server itself (to upload) or rangeway (to download). Credentials come from the
 environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY). Prints one JSON object.
@@ -18,6 +18,8 @@ MiB = 1024 * 1024
 
 def client(endpoint):
     config = botocore.config.Config(
+        # Presigned URLs too are SigV4 (boto3 would make SigV2 ones for a custom endpoint).
+        signature_version="s3v4",
         s3={"addressing_style": "path"},
         retries={"max_attempts": 1, "mode": "standard"},
         connect_timeout=5,
@@ -51,6 +53,12 @@ def main():
     elif command == "head":
         head = s3.head_object(Bucket=bucket, Key=key)
         print(json.dumps({"length": head["ContentLength"], "etag": head["ETag"]}))
+    elif command == "presign":
+        # FILE is the URL's lifetime in seconds here.
+        url = s3.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=int(path)
+        )
+        print(json.dumps({"url": url}))
     elif command == "get-error":
         try:
             s3.get_object(Bucket=bucket, Key=key)

@@ -4,14 +4,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::read::{Ctx, Field, Read, read_small_file};
+use super::keyfile::KeyFile;
+use super::read::{Ctx, Field, Read, read_text};
 use super::secret::{self, Secret, SecretKey};
 use super::upstream::HttpUpstream;
 
 const DEFAULT_REGION: &str = "us-east-1";
-/// A shared credentials file is a few lines; the cap only stops a mistyped path to a huge file.
-const MAX_CREDENTIALS_FILE_LEN: u64 = 1 << 20;
-
 /// An S3-compatible origin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -62,6 +60,14 @@ pub struct S3ClientKeys {
 }
 
 impl S3ClientKeys {
+    /// The keys `(access key id, secret)`, for tests.
+    #[cfg(test)]
+    pub(crate) fn of(pairs: &[(&str, &str)]) -> Self {
+        let keys =
+            pairs.iter().map(|(id, secret)| ((*id).to_owned(), Secret::new((*secret).to_owned())));
+        Self { keys: keys.collect() }
+    }
+
     /// The secret of `access_key_id`, if the route admits it.
     pub fn secret(&self, access_key_id: &str) -> Option<&Secret> {
         self.keys.get(access_key_id)
@@ -75,56 +81,21 @@ impl std::fmt::Debug for S3ClientKeys {
     }
 }
 
-/// Reads `s3_client_keys_file`: one `ACCESS_KEY_ID SECRET` pair per line, `#` comments. Problems
-/// name the line, never a value.
+/// Reads `s3_client_keys_file`: one `ACCESS_KEY_ID SECRET` pair per line.
 pub(super) fn read_client_keys(ctx: &mut Ctx<'_>, field: Field) -> Read<S3ClientKeys> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let file = field.string(ctx, "\"/etc/rangeway/s3-clients\"")?;
-    let fix = "write one `ACCESS_KEY_ID SECRET` pair per line (generate them, e.g. with \
-               `openssl rand -hex 10` and `openssl rand -base64 30`)";
-    let text = match read_text(&file) {
-        Ok(text) => text,
-        Err(problem) => {
-            let fix = "point s3_client_keys_file at a readable file of client keys";
-            return Err(ctx.report(&path, &origin, problem, fix));
-        }
+    let kind = KeyFile {
+        example: "\"/etc/rangeway/s3-clients\"",
+        pair: "an `ACCESS_KEY_ID SECRET`",
+        fix: "write one `ACCESS_KEY_ID SECRET` pair per line (generate them, e.g. with \
+              `openssl rand -hex 10` and `openssl rand -base64 30`)",
+        unreadable_fix: "point s3_client_keys_file at a readable file of client keys",
+        check: |id, secret| {
+            (!printable(id) || !printable(secret))
+                .then(|| "is not an `ACCESS_KEY_ID SECRET` pair".to_owned())
+        },
     };
-    let mut keys = BTreeMap::new();
-    for (number, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let mut words = line.split_whitespace();
-        let problem = match (words.next(), words.next(), words.next()) {
-            (Some(id), Some(secret), None) if printable(id) && printable(secret) => {
-                if keys.insert(id.to_owned(), Secret::new(secret.to_owned())).is_some() {
-                    Some("repeats an access key id")
-                } else {
-                    None
-                }
-            }
-            _ => Some("is not an `ACCESS_KEY_ID SECRET` pair"),
-        };
-        if let Some(problem) = problem {
-            return Err(ctx.report(
-                &path,
-                &origin,
-                format!("line {} of {file:?} {problem}", number + 1),
-                fix,
-            ));
-        }
-    }
-    if keys.is_empty() {
-        return Err(ctx.report(&path, &origin, format!("{file:?} holds no keys"), fix));
-    }
-    Ok(S3ClientKeys { keys })
-}
-
-/// A credentials or key file: small, regular, UTF-8.
-fn read_text(file: &str) -> Result<String, String> {
-    let bytes = read_small_file(file, MAX_CREDENTIALS_FILE_LEN)?;
-    String::from_utf8(bytes).map_err(|_| format!("{file:?} is not UTF-8 text"))
+    let keys = super::keyfile::read(ctx, field, &kind)?;
+    Ok(S3ClientKeys { keys: keys.into_iter().collect() })
 }
 
 /// The keys of an S3 upstream, taken out of its table before they are read.

@@ -16,14 +16,17 @@ pub(crate) struct S3Server {
     child: Child,
     port: u16,
     root: TempDir,
+    /// Holds s3s-fs's log; removed with the server.
+    _logs: TempDir,
 }
 
 impl S3Server {
     /// Starts s3s-fs with [`ACCESS_KEY`]/[`SECRET_KEY`] and waits until it listens.
     pub(crate) fn start() -> S3Server {
         let root = TempDir::new("s3-root");
+        let logs = TempDir::new("s3-log");
         let port = free_port();
-        let log = std::fs::File::create(root.path().with_extension("log")).expect("s3s-fs log");
+        let log = std::fs::File::create(logs.join("s3s-fs.log")).expect("s3s-fs log");
         let child = Command::new(s3s_fs())
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
@@ -34,7 +37,7 @@ impl S3Server {
             .expect("start s3s-fs (scripts/deps.sh installs it)");
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         wait_for_port(addr, Duration::from_secs(20)).expect("s3s-fs listens");
-        S3Server { child, port, root }
+        S3Server { child, port, root, _logs: logs }
     }
 
     /// `http://127.0.0.1:PORT`.
