@@ -26,11 +26,8 @@ COLD_MIB=${COLD_MIB:-1024}
 COLD_CLIENTS=${COLD_CLIENTS:-100}
 PROXY_CPU=${PROXY_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
-bash scripts/deps.sh --bench >/dev/null
-cargo build --release --bin rangeway >/dev/null
 source benches/lib.sh
-bin="$(release_dir)/rangeway"
-bench_init rangeway-cache-bench
+bench_setup rangeway-cache-bench
 
 mkdir -p "$work/root" "$work/origin"
 fill_object "$work/root/hot.bin" $((SIZE_MIB << 20))
@@ -124,11 +121,6 @@ origin_bytes() {
     awk '{ s += $1 } END { print s + 0 }' "$work/origin/access.log"
 }
 
-# CPU seconds (user + system) of process $1 so far.
-cpu_seconds() {
-    awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"
-}
-
 want_hot=$(sha256sum < "$work/root/hot.bin" | cut -d' ' -f1)
 declare -A ports procs
 rangeway_cache rangeway; ports[rangeway]=$port; procs[rangeway]=$pid
@@ -147,14 +139,8 @@ for rep in $(seq "$REPS"); do
     line="run $rep:"
     for t in "${targets[@]}"; do
         before=$(cpu_seconds "${procs[$t]}")
-        out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$HIT_CONC" -d"${DURATION}s" --timeout 60s \
-            -s benches/load/wrk.lua "http://127.0.0.1:${ports[$t]}/hot.bin" | grep '^WRK')
+        wrk_download "$HIT_CONC" "$DURATION" "http://127.0.0.1:${ports[$t]}/hot.bin"
         after=$(cpu_seconds "${procs[$t]}")
-        bytes=$(sed 's/.*bytes=\([0-9]*\).*/\1/' <<<"$out")
-        us=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$out")
-        p99=$(sed 's/.*p99_us=\([0-9]*\).*/\1/' <<<"$out")
-        errors=$(grep -o '_errors=[0-9]*\|timeouts=[0-9]*' <<<"$out" | cut -d= -f2 | awk '{ s += $1 } END { print s + 0 }')
-        [[ $errors == 0 ]] || { echo "$t: $out" >&2; exit 1; }
         mbs=$(awk -v b="$bytes" -v u="$us" 'BEGIN { printf "%.0f", b / u }')
         cpu=$(awk -v a="$after" -v b="$before" -v n="$bytes" 'BEGIN { printf "%.3f", (a - b) / (n / 1e9) }')
         speeds[$t]+="$mbs "; p99s[$t]+="$((p99 / 1000)) "; cpus[$t]+="$cpu "
@@ -184,11 +170,8 @@ for rep in $(seq "$REPS"); do
     for route in passthrough gzip6 aes; do
         path=/hot.bin; [[ $route == passthrough ]] || path=/$route/hot.bin
         before=$(cpu_seconds "${procs[rangeway]}")
-        out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$HIT_CONC" -d"${DURATION}s" --timeout 60s \
-            -s benches/load/wrk.lua "http://127.0.0.1:${ports[rangeway]}$path" | grep '^WRK')
+        wrk_download "$HIT_CONC" "$DURATION" "http://127.0.0.1:${ports[rangeway]}$path"
         after=$(cpu_seconds "${procs[rangeway]}")
-        bytes=$(sed 's/.*bytes=\([0-9]*\).*/\1/' <<<"$out")
-        us=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$out")
         mbs=$(awk -v b="$bytes" -v u="$us" 'BEGIN { printf "%.0f", b / u }')
         rspeeds[$route]+="$mbs "
         rcpus[$route]+="$(awk -v a="$after" -v b="$before" -v n="$bytes" 'BEGIN { printf "%.3f", (a - b) / (n / 1e9) }') "

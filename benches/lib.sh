@@ -4,6 +4,16 @@
 #
 #   source benches/lib.sh; bench_init rangeway-bench   # sets $work, $pids and the EXIT trap
 
+# bench_setup NAME: what a bench of the release build does first — the bench tools installed,
+# rangeway built, $bin set to it — then bench_init NAME. Run from the repository's root.
+bench_setup() {
+    bash scripts/deps.sh --bench >/dev/null
+    cargo build --release --bin rangeway >/dev/null
+    # RANGEWAY_BIN: another build to measure (an A/B of a change).
+    bin=${RANGEWAY_BIN:-"$(release_dir)/rangeway"}
+    bench_init "$1"
+}
+
 # Every process a bench starts goes into $pids; the trap stops them (and their children: nginx
 # masters take their workers down on SIGTERM) and removes the scratch directory.
 bench_init() {
@@ -40,6 +50,25 @@ wait_port() {
     done
     echo "nothing listens on 127.0.0.1:$1 after ${2:-10} s" >&2
     return 1
+}
+
+# cpu_seconds PID: the CPU seconds (user + system) process PID has used so far.
+cpu_seconds() {
+    awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"
+}
+
+# wrk_download CONNECTIONS SECONDS URL: wrk (one thread, on $CLIENT_CPU or CPU 1) downloading URL
+# over CONNECTIONS for SECONDS with benches/load/wrk.lua; sets $bytes, $us (the run's length) and
+# $p99 (µs), and fails the bench if any request failed.
+wrk_download() {
+    local out errors
+    out=$(taskset -c "${CLIENT_CPU:-1}" wrk -t1 -c"$1" -d"${2}s" --timeout 120s \
+        -s benches/load/wrk.lua "$3" | grep '^WRK')
+    bytes=$(sed 's/.*bytes=\([0-9]*\).*/\1/' <<<"$out")
+    us=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$out")
+    p99=$(sed 's/.*p99_us=\([0-9]*\).*/\1/' <<<"$out")
+    errors=$(grep -o '_errors=[0-9]*\|timeouts=[0-9]*' <<<"$out" | cut -d= -f2 | awk '{ s += $1 } END { print s + 0 }')
+    [[ $errors == 0 ]] || { echo "$3: $out" >&2; return 1; }
 }
 
 # Median of the numbers on stdin, one per line.
@@ -89,6 +118,16 @@ $(nginx_http_common "$1")
   server { listen 127.0.0.1:$2 backlog=4096; root $3; location / { } }
 }
 CONF
+}
+
+# start_origin CPU [WORKER_CONNECTIONS]: the nginx origin a bench proxies to, serving $work/root
+# (configured in $work/origin) on a free port, set in $origin_port, pinned to CPU; it accepts
+# connections once this returns.
+start_origin() {
+    origin_port=$(free_port)
+    origin_nginx_conf "$work/origin" "$origin_port" "$work/root" "${2:-1024}"
+    start_nginx "$work/origin" taskset -c "$1"
+    wait_port "$origin_port"
 }
 
 # release_dir: where cargo puts release builds, as an absolute path (CARGO_TARGET_DIR may be

@@ -80,7 +80,6 @@ rangeway_pid=$last_pid
 wait_port "$nginx_port"
 wait_port "$proxy_port"
 
-cpu_seconds() { awk '{ print ($14 + $15) / 100 }' "/proc/$rangeway_pid/stat"; }
 speed() { curl -s -o /dev/null -w '%{speed_download}' "$1" | awk '{ printf "%.0f", $1 / 1e6 }'; }
 
 # One pass per gzip route first: it builds the block index (the first response streams chunked).
@@ -99,9 +98,9 @@ for route in "${routes[@]}"; do cpu[$route]=0; done
 for i in $(seq "$runs"); do
   line="run $i:"
   for route in "${routes[@]}"; do
-    before=$(cpu_seconds)
+    before=$(cpu_seconds "$rangeway_pid")
     s=$(speed "$(url_of "$route")")
-    cpu[$route]=$(awk -v a="$(cpu_seconds)" -v b="$before" -v c="${cpu[$route]}" 'BEGIN { print c + a - b }')
+    cpu[$route]=$(awk -v a="$(cpu_seconds "$rangeway_pid")" -v b="$before" -v c="${cpu[$route]}" 'BEGIN { print c + a - b }')
     speeds[$route]="${speeds[$route]:-} $s"
     line="$line $route $s"
   done

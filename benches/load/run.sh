@@ -50,9 +50,13 @@ WRK_TIMEOUT=${WRK_TIMEOUT:-60}             # seconds: wrk counts slower requests
                                            # must exceed the slowest expected response (a 10 MiB
                                            # gzip body among 100 is ~13 s here)
 OUT=${OUT:-benches/results}                # where the report goes (relative to the repo)
+RANGEWAY_BIN=${RANGEWAY_BIN:-}             # another rangeway binary to run (an A/B of a change)
 PROFILE=${PROFILE:-}                       # perf: sample rangeway during its first run of each
                                            # workload; callgrind: run rangeway under valgrind
-                                           # (slow: figures meaningless); profile beside report
+                                           # (slow: figures meaningless); counts: system calls
+                                           # and context switches per GB of every proxy in its
+                                           # first run (perf trace: that run's CPU is inflated,
+                                           # the medians of REPS >= 3 are not); profile beside report
 
 command_line="PRESET=$PRESET DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP LARGE_MIB=$LARGE_MIB"
 command_line+=" LARGE_CONC=$LARGE_CONC SMALL_BYTES=$SMALL_BYTES SMALL_CONC=$SMALL_CONC"
@@ -60,6 +64,7 @@ command_line+=" RESUME_MIB=$RESUME_MIB RESUME_RANGE_KIB=$RESUME_RANGE_KIB RESUME
 command_line+=" WORKLOADS='$WORKLOADS' PROXIES='$PROXIES' NGINX_BUFFERS='$NGINX_BUFFERS'"
 command_line+=" HAPROXY_SPLICE=$HAPROXY_SPLICE PROXY_CPU=$PROXY_CPU CLIENT_CPU=$CLIENT_CPU"
 command_line+=" WRK_THREADS=$WRK_THREADS WRK_TIMEOUT=$WRK_TIMEOUT${PROFILE:+ PROFILE=$PROFILE}"
+command_line+="${RANGEWAY_BIN:+ RANGEWAY_BIN=$RANGEWAY_BIN}"
 command_line+=" bash benches/load/run.sh"
 
 # ---- tools, build -----------------------------------------------------------------------------
@@ -68,13 +73,13 @@ echo "building rangeway and the pingora floor (release)..."
 cargo build --release --bin rangeway --example pingora-floor >/dev/null
 source benches/lib.sh
 release=$(release_dir)
-bin="$release/rangeway"
+bin=${RANGEWAY_BIN:-"$release/rangeway"}
 bench_init rangeway-load
 case $PROFILE in
     '') ;;
-    perf) command -v perf >/dev/null || { echo "PROFILE=perf: no perf (apt-get install linux-perf)" >&2; exit 2; } ;;
+    perf | counts) command -v perf >/dev/null || { echo "PROFILE=$PROFILE: no perf (apt-get install linux-perf)" >&2; exit 2; } ;;
     callgrind) command -v valgrind >/dev/null || { echo "PROFILE=callgrind: no valgrind (apt-get install valgrind)" >&2; exit 2; } ;;
-    *) echo "PROFILE is perf or callgrind, not '$PROFILE'" >&2; exit 2 ;;
+    *) echo "PROFILE is perf, counts or callgrind, not '$PROFILE'" >&2; exit 2 ;;
 esac
 # 500 clients plus 500 upstream connections per proxy: well above the default 1024 descriptors.
 # Raise the soft limit as far as the hard one allows (containers often cap it); the servers are
@@ -341,6 +346,12 @@ measure() { # WORKLOAD TARGET REP
             -- sleep "$DURATION" 2>/dev/null &
         perf_pid=$!
     fi
+    # Every proxy's system calls (all its threads) and context switches over its first run.
+    if [[ $PROFILE == counts && -n $pid && $3 == 1 ]]; then
+        { perf stat -x, -e sched:sched_switch -p "$pid" -o "$work/switches-$1-$2.csv" -- sleep "$DURATION" &
+          perf trace -s -p "$pid" -o "$work/syscalls-$1-$2.txt" -- sleep "$DURATION"; wait; } 2>/dev/null &
+        perf_pid=$!
+    fi
     line=$(wrk_run "$1" "$2" "$DURATION")
     [[ -z $perf_pid ]] || wait "$perf_pid" || true
     t1=$(date +%s.%N)
@@ -423,6 +434,26 @@ case $PROFILE in
             perf report -i "$data" --stdio --no-children --sort symbol --percent-limit 5 \
                 -g caller,2,callee,function,percent --max-stack 24 2>/dev/null |
                 tidy | head -120 || true
+            echo
+        done > "$profile"
+        ;;
+    counts)
+        # perf trace -s prints a table per thread: summed here per system call, then per GB moved
+        # in the same run (rep 1's bytes, from the raw rows).
+        for summary in "$work"/syscalls-*.txt; do
+            [[ -e $summary ]] || continue
+            name=$(basename "$summary" .txt); name=${name#syscalls-}
+            workload=${name%%-*}; target=${name#*-}
+            gb=$(awk -F'\t' -v w="$workload" -v t="$target" '$1 == w && $2 == t && $3 == 1 { print $12 / 1e9 }' "$raw")
+            switches=$(awk -F, '/sched_switch/ { print $1 }' "$work/switches-$name.csv")
+            echo "== $workload, $target: $gb GB in the first run; per GB:"
+            calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4 }' "$summary"; }
+            calls | awk -v gb="$gb" -v sw="$switches" '{ total += $2 } END {
+                printf "  %-22s %10.0f\n  %-22s %10.0f\n", "context switches", sw / gb, "system calls", total / gb }'
+            # mawk (Debian's awk) has no sort: per call, summed, then sort(1).
+            calls | awk -v gb="$gb" '{ n[$1] += $2; ms[$1] += $3 } END {
+                for (c in n) printf "    %-20s %10.0f  (%.0f ms in the call)\n", c, n[c] / gb, ms[c] / gb }' |
+                sort -k2,2nr | head -10
             echo
         done > "$profile"
         ;;

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# What CLIENTS concurrent downloads hold in memory, per route: a fresh rangeway for each route
+# (passthrough, checksum+aes128gcm), CLIENTS wrk connections downloading a SIZE_MIB object for
+# DURATION seconds, in front of one nginx origin. Prints rangeway's resident memory idle (after
+# one download), its peak under load (VmHWM), what that is per download, MB/s and CPU s/GB.
+#
+#   bash benches/memory.sh     (CLIENTS=100 SIZE_MIB=10 DURATION=10)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CLIENTS=${CLIENTS:-100}
+SIZE_MIB=${SIZE_MIB:-10}
+DURATION=${DURATION:-10}
+source benches/lib.sh
+bench_setup rangeway-memory-bench
+
+mkdir -p "$work/root" "$work/origin"
+fill_object "$work/root/obj.bin" $((SIZE_MIB << 20))
+start_origin 1 8192
+"$bin" keygen > "$work/key"
+
+kib() { awk -v field="$2:" '$1 == field { print $2 }' "/proc/$1/status"; }
+
+printf '%-18s %8s %10s %14s %10s %10s\n' route "idle MiB" "peak MiB" "KiB/download" "MB/s" "CPU s/GB"
+for route in passthrough checksum+aes128gcm; do
+    port=$(free_port)
+    { rangeway_conf "$port" "$origin_port"
+      printf '[[routes]]\npath_prefix = "/aes/"\nupstream = "origin"\nstrip_prefix = true\n'
+      printf '  [[routes.middleware]]\n  kind = "checksum"\n  [[routes.middleware]]\n  kind = "aes128gcm"\n'
+      printf '  key_file = "%s"\n' "$work/key"; } > "$work/rangeway.toml"
+    ulimit -n "$(ulimit -Hn)"
+    RUST_LOG=warn start_bg taskset -c 0 "$bin" serve --config "$work/rangeway.toml" >"$work/rangeway.log" 2>&1
+    pid=$last_pid
+    wait_port "$port"
+    path=/obj.bin
+    [[ $route == passthrough ]] || path=/aes/obj.bin
+    curl -sf -o /dev/null "http://127.0.0.1:$port$path"
+    idle=$(kib "$pid" VmRSS)
+    before=$(cpu_seconds "$pid")
+    wrk_download "$CLIENTS" "$DURATION" "http://127.0.0.1:$port$path"
+    after=$(cpu_seconds "$pid")
+    peak=$(kib "$pid" VmHWM)
+    awk -v r="$route" -v i="$idle" -v p="$peak" -v c="$CLIENTS" -v b="$bytes" -v u="$us" \
+        -v cpu="$(awk -v a="$after" -v b="$before" 'BEGIN { print a - b }')" \
+        'BEGIN { printf "%-18s %8.1f %10.1f %14.0f %10.0f %10.3f\n", r, i / 1024, p / 1024, (p - i) / c, b / u, cpu / (b / 1e9) }'
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+done
