@@ -314,15 +314,24 @@ fn an_object_replaced_while_it_fills_never_mixes_versions() {
 /// being written are gone, what is served is exact.
 #[test]
 fn a_kill_during_fills_leaves_nothing_torn() {
-    let root = TempDir::new("cache-kill-root");
+    let origin = Origin::start();
     let cache = TempDir::new("cache-kill-dir");
     let len = 4 * MIB + 3;
     let objects: Vec<Vec<u8>> = (0..10).map(|i| test_bytes(len, 100 + i)).collect();
     for (i, object) in objects.iter().enumerate() {
-        put_file(root.path(), &format!("o{i}.bin"), object);
+        origin.put_with_headers(
+            &format!("/o{i}.bin"),
+            object.clone(),
+            &[("Cache-Control", "max-age=3600")],
+        );
     }
-    let nginx = Nginx::start(NginxOptions::serving(root.path()));
-    let body = config(&nginx.base_url(), cache.path(), "256MiB");
+    // A slow origin keeps the fills under way when the kill comes: with a fast one they could
+    // all have ended, and the test would show nothing.
+    origin.set_global_behaviour(Behaviour::Slow {
+        chunk: 64 * 1024,
+        delay: Duration::from_millis(25),
+    });
+    let body = config(&origin.base_url(), cache.path(), "256MiB");
     let first = ProxyProcess::start(&body);
     let clients: Vec<_> = (0..50)
         .map(|i| {
@@ -333,14 +342,16 @@ fn a_kill_during_fills_leaves_nothing_torn() {
         })
         .collect();
     // Some slices complete, others half written.
-    support::wait::until("bytes in the cache", Duration::from_secs(10), || {
-        (dir_bytes(cache.path()) > 4 * MIB as u64).then_some(())
+    support::wait::until("whole slices and slices being written", Duration::from_secs(20), || {
+        (dir_bytes(cache.path()) > 2 * MIB as u64 && !files_named(cache.path(), ".part").is_empty())
+            .then_some(())
     });
     first.signal("KILL");
     for client in clients {
         let _ = client.join();
     }
     drop(first);
+    origin.set_global_behaviour(Behaviour::Normal);
     let torn = files_named(cache.path(), ".part").len();
     assert!(torn > 0, "the kill left slices half written (else this test shows nothing)");
     let second = ProxyProcess::start(&body);

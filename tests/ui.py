@@ -2,7 +2,8 @@
 
 Playwright for Python launches the system chromium by path, so none of Playwright's own browser
 builds is needed. The one argument is JSON: the page's URL, the admin token to type in, the id
-of a download under way, the ids of one with a hostile id and of one with a gap, where to save a
+of the download to watch, the ids of one with a hostile id and of one with a gap, a file to create
+once the page shows downloads (tests/ui.rs starts the watched one then), where to save a
 screenshot and chromium's path. Prints one JSON object; tests/ui.rs makes the assertions. A wait
 that runs out fails with the page's last state on stderr.
 """
@@ -66,6 +67,11 @@ def main():
         without_token = page.text_content("#status")
         page.fill("#token", args["token"])
         page.click("#token-form button[type=submit]")
+        # The watched download starts only once the page is up: started earlier, on a loaded
+        # machine, it could be over before the page first looked.
+        page.wait_for_function(f"() => ({READ_ROW})({json.dumps(args['hostile'])}) !== null", timeout=WAIT_MS)
+        with open(args["ready"], "w", encoding="utf-8"):
+            pass
 
         first = row_when("row.state === 'active' && row.delivered > 0")
         second = row_when("row.delivered > extra[0]", first["delivered"])

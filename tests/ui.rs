@@ -25,8 +25,8 @@ const TOKEN: &str = "ui-test-token-5f1e0c";
 const TOKEN_VAR: &str = "RANGEWAY_UI_TEST_TOKEN";
 
 const LEN: usize = 16 * 1024 * 1024;
-/// About 1 MiB/s: the whole object in ~13 s, in one response, long enough for the browser to start
-/// and look twice on a loaded machine; the page shows the response's progress while it lasts.
+/// About 1 MiB/s: the whole object in ~16 s, in one response, started once the page is up, long
+/// enough for it to look twice on a loaded machine; the page shows the response's progress while it lasts.
 const SLOW: Behaviour = Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) };
 
 /// A download id made to be markup: the page must show it as text.
@@ -79,11 +79,7 @@ fn the_page_shows_a_download_making_progress() {
         assert_eq!(piece.status, 206);
     }
     let work = TempDir::new("ui");
-    let download = {
-        let curl = curl_download("watched-1", &proxy.url("/big.bin"), &work.join("big.bin"));
-        thread::spawn(move || run(curl, CLIENT_TIMEOUT))
-    };
-
+    let ready = work.join("page-ready");
     let screenshot = screenshot_path();
     std::fs::create_dir_all(screenshot.parent().expect("a folder")).expect("artifact folder");
     let _ = std::fs::remove_file(&screenshot);
@@ -93,6 +89,7 @@ fn the_page_shows_a_download_making_progress() {
         "watch": "watched-1",
         "hostile": HOSTILE_ID,
         "gappy": "gappy",
+        "ready": ready,
         "screenshot": screenshot,
         "chromium": CHROMIUM,
     });
@@ -100,7 +97,16 @@ fn the_page_shows_a_download_making_progress() {
     browser.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui.py"));
     browser.arg(page_args.to_string());
     let started = Instant::now();
-    let browsing = run(browser, CLIENT_TIMEOUT);
+    let browsing = thread::spawn(move || run(browser, CLIENT_TIMEOUT));
+    // A browser that failed before the page was up is reported by its own run below.
+    support::wait::until("the page showing downloads", CLIENT_TIMEOUT, || {
+        (ready.exists() || browsing.is_finished()).then_some(())
+    });
+    let download = {
+        let curl = curl_download("watched-1", &proxy.url("/big.bin"), &work.join("big.bin"));
+        thread::spawn(move || run(curl, CLIENT_TIMEOUT))
+    };
+    let browsing = browsing.join().expect("the browser thread");
     browsing.assert_success();
     println!("the browser's run took {:?}", started.elapsed());
     let seen: Value = serde_json::from_str(&browsing.stdout).expect("the script's JSON");
