@@ -6,7 +6,8 @@
 #   scripts/deps.sh --test    and testing it (scripts/test): the real servers and clients the
 #                             integration tests drive (nginx, redis-server, curl, wget, aria2c,
 #                             openssl, gzip, python3, chromium and a font for it to draw with,
-#                             haproxy to check deploy/balancer), the
+#                             haproxy to check deploy/balancer, h2load for many HTTP/2
+#                             streams on one connection), the
 #                             Python modules tests call (PyYAML; http_ece, the independent RFC 8188
 #                             implementation the aes128gcm interop test runs; Playwright, which
 #                             drives chromium in tests/ui.rs; boto3 and the AWS CLI), and s3s-fs,
@@ -78,6 +79,10 @@ if [[ $testing == true ]]; then
     need chromium chromium
     # tests/deploy.rs checks deploy/balancer/haproxy.cfg with haproxy itself.
     need haproxy haproxy
+    # tests/get.rs: a real forward proxy (CONNECT tunnels) for rangeway get's https_proxy.
+    need tinyproxy tinyproxy
+    # tests/tls.rs: h2load opens many HTTP/2 streams on one TLS connection.
+    need nghttp2-client h2load
     # Without a font, chromium draws the live downloads page's text as empty boxes in screenshots.
     if [[ ! -s /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]]; then
         missing+=(fonts-dejavu-core)

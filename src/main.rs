@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use rangeway::config::{Config, ConfigErrors};
 use rangeway::server;
-use rangeway_middleware::aes128gcm::{self, Decryptor};
+use rangeway_get::Decrypting;
+use rangeway_middleware::aes128gcm;
 use rangeway_middleware::chain::StageRegistry;
 
 /// rangeway — a reverse proxy that makes every download resumable at any byte.
@@ -48,6 +49,37 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         key_file: PathBuf,
     },
+    /// Print a signed link to PATH for the route of the config that serves it (a route with
+    /// `[routes.signed_links]`), signed with its newest key: the path and query to give out.
+    Sign {
+        /// The TOML config; without it, the embedded default.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// The path clients will ask for, e.g. /files/release.iso.
+        path: String,
+        /// How long new downloads may begin with the link: 30m, 24h, 7d...
+        #[arg(long, value_name = "DURATION", default_value = "24h")]
+        expires_in: String,
+        /// Only clients at this address or in this prefix may use it (192.0.2.7, 192.0.2.0/24).
+        #[arg(long, value_name = "PREFIX")]
+        client: Option<String>,
+        /// The download id the link is for: a resume past the expiry is that download's only.
+        #[arg(long, value_name = "ID")]
+        download_id: Option<String>,
+        /// The host the link is for, when routes are chosen by host.
+        #[arg(long)]
+        host: Option<String>,
+        /// Sign with this key of the route's keys file rather than the newest.
+        #[arg(long, value_name = "ID")]
+        key_id: Option<String>,
+    },
+    /// Download URL to a file, resumably: in parallel pieces, never splicing two versions of an
+    /// object, and verified against the digests the server publishes (docs/get.md).
+    ///
+    /// Exit codes: 0 done; 1 network failures past --retry-for; 2 bad arguments; 3 a digest does
+    /// not match; 4 the server answered other than asked; 5 a local file error; 6 an HTTP error
+    /// answer (404, 403...); 7 --decrypt or --gunzip failed.
+    Get(rangeway_get::GetArgs),
     /// Validate a config, report every problem at once, and exit (0 when it is good).
     Check {
         /// The TOML config; without it, the embedded default is checked.
@@ -72,6 +104,30 @@ fn main() -> ExitCode {
             }
         },
         Command::Decrypt { key_file } => decrypt(&key_file),
+        Command::Get(args) => match rangeway_get::run(&args) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rangeway get: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        },
+        Command::Sign { config, path, expires_in, client, download_id, host, key_id } => {
+            let loaded = match load(config.as_deref(), &registry) {
+                Ok(loaded) => loaded,
+                Err(errors) => return config_failure(config.as_deref(), &errors),
+            };
+            let request = SignRequest { path, expires_in, client, download_id, host, key_id };
+            match sign(&loaded, &request) {
+                Ok(link) => {
+                    println!("{link}");
+                    ExitCode::SUCCESS
+                }
+                Err(problem) => {
+                    eprintln!("rangeway sign: {problem}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Check { config } => match load(config.as_deref(), &registry) {
             Ok(loaded) => {
                 println!(
@@ -80,6 +136,10 @@ fn main() -> ExitCode {
                     loaded.upstreams.len(),
                     loaded.routes.len()
                 );
+                let now = std::time::SystemTime::now();
+                for warning in loaded.tls.iter().flat_map(|tls| tls.warnings(now)) {
+                    println!("warning: {warning}");
+                }
                 ExitCode::SUCCESS
             }
             Err(errors) => config_failure(config.as_deref(), &errors),
@@ -111,9 +171,9 @@ fn load(path: Option<&Path>, registry: &StageRegistry) -> Result<Config, ConfigE
     Ok(config)
 }
 
-/// `rangeway decrypt`: stdin through a [`Decryptor`] to stdout, one read buffer at a time.
+/// `rangeway decrypt`: stdin through a [`Decrypting`] reader to stdout, in constant memory.
 fn decrypt(key_file: &Path) -> ExitCode {
-    use std::io::{Read as _, Write as _};
+    use std::io::Write as _;
     let keys = match aes128gcm::read_key_file(key_file) {
         Ok(keys) => keys,
         Err(e) => {
@@ -121,43 +181,73 @@ fn decrypt(key_file: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut decryptor = Decryptor::new(&keys);
-    let (mut stdin, mut stdout) = (std::io::stdin().lock(), std::io::stdout().lock());
-    let mut input = vec![0; 256 << 10];
-    let mut output = Vec::with_capacity(input.len());
-    loop {
-        let read = match stdin.read(&mut input) {
-            Ok(0) => break,
-            Ok(read) => read,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                eprintln!("rangeway decrypt: reading stdin: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let pushed = decryptor.push(&input[..read], &mut output);
-        if let Err(e) = stdout.write_all(&output) {
-            eprintln!("rangeway decrypt: writing stdout: {e}");
-            return ExitCode::FAILURE;
-        }
-        output.clear();
-        if let Err(e) = pushed {
-            eprintln!("rangeway decrypt: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    let finished = decryptor.finish(&mut output);
-    if let Err(e) = stdout.write_all(&output).and_then(|()| stdout.flush()) {
-        eprintln!("rangeway decrypt: writing stdout: {e}");
-        return ExitCode::FAILURE;
-    }
-    match finished {
+    let mut plaintext = Decrypting::new(std::io::stdin().lock(), &keys);
+    let mut stdout = std::io::stdout().lock();
+    match std::io::copy(&mut plaintext, &mut stdout).and_then(|_| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rangeway decrypt: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// What `rangeway sign` was asked for.
+struct SignRequest {
+    path: String,
+    expires_in: String,
+    client: Option<String>,
+    download_id: Option<String>,
+    host: Option<String>,
+    key_id: Option<String>,
+}
+
+/// The signed path and query for `request`, or what is wrong with it.
+fn sign(config: &Config, request: &SignRequest) -> Result<String, String> {
+    use rangeway::request_path::NormalizedPath;
+    let path = NormalizedPath::parse(&request.path)
+        .map_err(|e| format!("{}: {e} — give the path clients ask for", request.path))?;
+    let lifetime = rangeway::config::parse_duration(&request.expires_in)
+        .map_err(|e| format!("--expires-in {}: {e}", request.expires_in))?;
+    let host = request.host.as_deref().map(str::to_ascii_lowercase);
+    let route = config
+        .routes
+        .iter()
+        .filter_map(|route| Some((route, NormalizedPath::parse(&route.path_prefix).ok()?)))
+        .filter(|(route, prefix)| {
+            rangeway::routes::takes(route.host.as_deref(), prefix, host.as_deref(), &path)
+        })
+        .min_by_key(|(route, prefix)| rangeway::routes::precedence(route.host.as_deref(), prefix))
+        .map(|(route, _)| route)
+        .ok_or_else(|| format!("no route serves {path} — check the path (and --host)"))?;
+    let signed = route.signed_links.as_ref().ok_or_else(|| {
+        format!(
+            "the route {} serves {path} without signed links — add [routes.signed_links] to it",
+            route.path_prefix
+        )
+    })?;
+    if let Some(client) = request.client.as_deref().filter(|c| !rangeway::links::is_prefix(c)) {
+        return Err(format!("--client {client}: give an address or a prefix (192.0.2.0/24)"));
+    }
+    let key_id = request.key_id.as_deref().unwrap_or(signed.keys.newest());
+    let expires = rangeway::state::unix_now().saturating_add(lifetime.as_secs());
+    let terms = rangeway::links::LinkTerms {
+        expires,
+        client: request.client.clone(),
+        id: request.download_id.clone(),
+    };
+    let query = rangeway::links::sign(&signed.keys, key_id, &path.to_string(), &terms)
+        .ok_or_else(|| format!("--key-id {key_id}: the route's keys file has no such key"))?;
+    // The path as a URL writes it; its signature is over the decoded path, as clients send it
+    // encoded one way or another.
+    const KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'/')
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    let written = percent_encoding::utf8_percent_encode(&path.to_string(), KEEP).to_string();
+    Ok(format!("{written}?{query}"))
 }
 
 fn source_name(path: Option<&Path>) -> String {

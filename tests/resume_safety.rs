@@ -172,17 +172,24 @@ fn wget_and_aria2c_never_splice_through_rangeway() {
     };
     interrupted(wget(false));
     let mut aria = Command::new("aria2c");
-    // Saving its control file every second is what lets aria2c resume after being killed.
+    // Saving its control file every second is what lets aria2c resume after being killed: it is
+    // stopped once the file is there (a fixed delay could stop a slow-starting aria2c before).
     aria.args(["-x2", "-s2", "-k1M", "--auto-save-interval=1", "--auto-file-renaming=false", "-d"])
         .arg(work.path())
-        .args(["-o", "aria.bin", &url]);
-    interrupted(aria);
+        .args(["-o", "aria.bin", &url])
+        .stdout(std::process::Stdio::null());
+    let mut aria = aria.spawn().expect("spawn aria2c");
+    let control = work.join("aria.bin.aria2");
+    support::wait::until("aria2c's control file", Duration::from_secs(20), || {
+        control.exists().then_some(())
+    });
+    let _ = aria.kill();
+    let _ = aria.wait();
     origin.set_global_behaviour(Behaviour::Normal);
     wait_recorded(&proxy, 2);
     let len = std::fs::metadata(&file).map_or(0, |m| m.len()) as usize;
     assert!(len < LEN, "wget must hold part of the object ({len})");
     // aria2c preallocates its file; its control file says the download is unfinished.
-    let control = work.join("aria.bin.aria2");
     assert!(control.exists(), "aria2c must have stopped part-way");
 
     origin.put("/obj.bin", v2.clone());

@@ -24,6 +24,12 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     upstream_ignored_range: IntCounterVec,
     resumes_refused: IntCounterVec,
+    links_refused: IntCounterVec,
+    resumed_past_expiry: IntCounterVec,
+    s3_clients_refused: IntCounterVec,
+    downloads_limited: IntCounterVec,
+    shaped_bytes: IntCounterVec,
+    shaped_seconds: prometheus::CounterVec,
     origin_digest_mismatches: IntCounterVec,
     middleware_errors: IntCounterVec,
     upstream_resumes: IntCounterVec,
@@ -157,6 +163,54 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
+        let links_refused = IntCounterVec::new(
+            Opts::new(
+                "rangeway_links_refused_total",
+                "Requests refused on routes that need signed links, by reason: missing, malformed, unknown_key, bad_signature, other_client (403), expired (410: a new download, or a resume past the grace period).",
+            ),
+            &["route", "reason"],
+        )
+        .expect("valid metric");
+        let resumed_past_expiry = IntCounterVec::new(
+            Opts::new(
+                "rangeway_resumed_past_expiry_total",
+                "Resumes served, within the route's grace, of a download begun before what authorized it expired, by what that was: link (a signed link), presigned (a presigned S3 URL).",
+            ),
+            &["route", "by"],
+        )
+        .expect("valid metric");
+        let s3_clients_refused = IntCounterVec::new(
+            Opts::new(
+                "rangeway_s3_clients_refused_total",
+                "Requests refused (403) on routes with s3_client_keys_file, by reason: unsigned, malformed, unknown_key, skewed, mismatch, expired (a presigned URL past its expiry, and not a resume within the grace).",
+            ),
+            &["route", "reason"],
+        )
+        .expect("valid metric");
+        let downloads_limited = IntCounterVec::new(
+            Opts::new(
+                "rangeway_downloads_limited_total",
+                "Downloads refused (429) before the origin was asked, by the limit they would have broken: per_client, per_route ([routes.download_limits]).",
+            ),
+            &["route", "limit"],
+        )
+        .expect("valid metric");
+        let shaped_bytes = IntCounterVec::new(
+            Opts::new(
+                "rangeway_shaped_bytes_total",
+                "Body bytes sent paced by a route's rate limit (after the fast start).",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
+        let shaped_seconds = prometheus::CounterVec::new(
+            Opts::new(
+                "rangeway_shaped_seconds_total",
+                "Time responses waited for their turn under a route's rate limits.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
         let origin_digest_mismatches = IntCounterVec::new(
             Opts::new(
                 "rangeway_origin_digest_mismatches_total",
@@ -192,7 +246,7 @@ impl Metrics {
         let connections_refused = IntCounterVec::new(
             Opts::new(
                 "rangeway_client_connections_refused_total",
-                "Client connections ended by a limit, by reason: per_client_limit (more open from one address than max_connections_per_client), header_timeout (a request header slower than client_header_timeout).",
+                "Client connections ended by a limit, by reason: per_client_limit (more open from one address than max_connections_per_client), header_timeout (a request header, or a TLS handshake, slower than client_header_timeout), tls_handshake (a TLS handshake that failed: a version, cipher or certificate the client would not take, or not TLS at all).",
             ),
             &["reason"],
         )
@@ -219,6 +273,12 @@ impl Metrics {
             Box::new(upstream_errors.clone()),
             Box::new(upstream_ignored_range.clone()),
             Box::new(resumes_refused.clone()),
+            Box::new(links_refused.clone()),
+            Box::new(resumed_past_expiry.clone()),
+            Box::new(s3_clients_refused.clone()),
+            Box::new(downloads_limited.clone()),
+            Box::new(shaped_bytes.clone()),
+            Box::new(shaped_seconds.clone()),
             Box::new(origin_digest_mismatches.clone()),
             Box::new(middleware_errors.clone()),
             Box::new(upstream_resumes.clone()),
@@ -246,6 +306,12 @@ impl Metrics {
             upstream_errors,
             upstream_ignored_range,
             resumes_refused,
+            links_refused,
+            resumed_past_expiry,
+            s3_clients_refused,
+            downloads_limited,
+            shaped_bytes,
+            shaped_seconds,
             origin_digest_mismatches,
             middleware_errors,
             upstream_resumes,
@@ -288,6 +354,30 @@ impl Metrics {
         self.resumes_refused.with_label_values(&[route]).inc();
     }
 
+    /// A request a signed-link route refused, by `reason` (`LinkError::reason`, or `expired`).
+    pub fn link_refused(&self, route: &str, reason: &str) {
+        self.links_refused.with_label_values(&[route, reason]).inc();
+    }
+
+    /// A resume let through an expired authorization (`by`: `link` or `presigned`).
+    pub fn resumed_past_expiry(&self, route: &str, by: &str) {
+        self.resumed_past_expiry.with_label_values(&[route, by]).inc();
+    }
+
+    pub fn s3_client_refused(&self, route: &str, reason: &str) {
+        self.s3_clients_refused.with_label_values(&[route, reason]).inc();
+    }
+
+    /// What a paced response cost: `bytes` shaped, `waited` for turns.
+    pub fn shaped(&self, route: &str, bytes: u64, waited: std::time::Duration) {
+        self.shaped_bytes.with_label_values(&[route]).inc_by(bytes);
+        self.shaped_seconds.with_label_values(&[route]).inc_by(waited.as_secs_f64());
+    }
+
+    pub fn download_limited(&self, route: &str, limit: &str) {
+        self.downloads_limited.with_label_values(&[route, limit]).inc();
+    }
+
     pub fn origin_digest_mismatch(&self, route: &str) {
         self.origin_digest_mismatches.with_label_values(&[route]).inc();
     }
@@ -310,7 +400,8 @@ impl Metrics {
         self.upstream_resumes.with_label_values(&[route, outcome]).inc();
     }
 
-    /// A client connection ended by a limit: `per_client_limit` or `header_timeout`.
+    /// A client connection ended by a limit: `per_client_limit`, `header_timeout` or
+    /// `tls_handshake`.
     pub fn connection_refused(&self, reason: &str) {
         self.connections_refused.with_label_values(&[reason]).inc();
     }

@@ -44,12 +44,17 @@ mod cache;
 mod chains;
 mod errors;
 mod host;
+mod keyfile;
+mod limits;
+mod links;
+mod rate;
 mod read;
 mod route;
 mod s3;
 mod secret;
 mod server;
 mod state;
+mod tls;
 mod tree;
 mod units;
 mod upstream;
@@ -60,11 +65,15 @@ use std::path::Path;
 
 pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use errors::{ConfigError, ConfigErrors};
+pub use limits::{Count, DownloadLimits};
+pub use links::SignedLinks;
+pub use rate::RateLimit;
 pub use route::{MiddlewareSpec, RouteConfig, UpstreamResume};
 pub use s3::{Addressing, S3ClientKeys, S3Credentials, S3Upstream};
 pub use secret::Secret;
 pub use server::{AdminToken, ClientLimits, ServerConfig};
 pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
+pub use tls::{TlsCertificate, TlsConfig};
 pub use units::{UnitError, parse_duration, parse_size};
 pub use upstream::{HealthCheck, HttpUpstream, UpstreamConfig, UpstreamKind};
 
@@ -87,6 +96,8 @@ pub struct Config {
     pub state: StateConfig,
     /// `[cache]`, when there is one.
     pub cache: Option<CacheConfig>,
+    /// `[tls]`, when there is one.
+    pub tls: Option<TlsConfig>,
     /// By name.
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     /// In file order, at least one; no two share a host and a prefix.
@@ -150,6 +161,7 @@ impl Config {
         let server = server::read(ctx, top.take("server").map(|f| f.node));
         let state = state::read(ctx, top.take("state").map(|f| f.node));
         let cache = cache::read(ctx, top.take("cache").map(|f| f.node));
+        let tls = tls::read(ctx, top.take("tls").map(|f| f.node), server.as_ref().ok());
         let (upstreams, declared) = upstream::read_all(ctx, top.take("upstreams").map(|f| f.node));
         let folders = upstreams.as_ref().map_or_else(
             |_| BTreeSet::new(),
@@ -171,6 +183,7 @@ impl Config {
             server: server?,
             state: state?,
             cache: cache?,
+            tls: tls?,
             upstreams: upstreams?,
             routes: routes?,
         })

@@ -76,6 +76,15 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// A credentials or key file is a few lines; the cap only stops a mistyped path to a huge file.
+const MAX_TEXT_FILE_LEN: u64 = 1 << 20;
+
+/// A credentials or key file: small (at most 1 MiB), regular, UTF-8.
+pub(super) fn read_text(file: &str) -> Result<String, String> {
+    let bytes = read_small_file(file, MAX_TEXT_FILE_LEN)?;
+    String::from_utf8(bytes).map_err(|_| format!("{file:?} is not UTF-8 text"))
+}
+
 /// The contents of a small file a config value names (a CA bundle, a credentials file), or what
 /// is wrong with it. Only regular files: a FIFO without a writer would block the load forever,
 /// and a device such as `/dev/zero` has no end. Read through `take`, as a file may grow.

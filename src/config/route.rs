@@ -10,6 +10,8 @@ use super::s3::{self, S3ClientKeys};
 use super::tree::{Kind, Node, Origin};
 
 const MAX_PATH_PREFIX_LEN: usize = 1024;
+/// How long a download begun with a presigned URL may resume after it expired, by default.
+const DEFAULT_PRESIGNED_GRACE: Duration = Duration::from_secs(24 * 3600);
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
 
 /// One `[[routes]]`.
@@ -31,6 +33,9 @@ pub struct RouteConfig {
     /// `s3_client_keys_file`: when set, only requests signed (SigV4) with one of these keys are
     /// served; others get 403.
     pub s3_client_keys: Option<S3ClientKeys>,
+    /// `s3_presigned_grace`: how long after a presigned URL expired a download begun with it
+    /// may still resume. Default 24h.
+    pub s3_presigned_grace: Duration,
     /// `[routes.upstream_resume]`: continue a response whose origin fails mid-body. On, with
     /// the defaults, unless `upstream_resume = false`.
     pub upstream_resume: Option<UpstreamResume>,
@@ -42,6 +47,12 @@ pub struct RouteConfig {
     /// `cache`: how the route uses `[cache]`; `None`: it does not. Without the key, on when there
     /// is a `[cache]` and the route's upstream is not a local folder.
     pub cache: Option<RouteCache>,
+    /// `[routes.signed_links]`: when set, only signed links are served (`crate::links`).
+    pub signed_links: Option<super::links::SignedLinks>,
+    /// `[routes.download_limits]`: how many downloads may be under way at once.
+    pub download_limits: Option<super::limits::DownloadLimits>,
+    /// `[routes.rate_limit]`: how fast responses go out.
+    pub rate_limit: Option<super::rate::RateLimit>,
 }
 
 /// What a route's defaults depend on outside it.
@@ -231,6 +242,20 @@ fn read_one(
     }
     let s3_client_keys =
         table.take("s3_client_keys_file").map(|f| s3::read_client_keys(ctx, f)).transpose();
+    let s3_presigned_grace = match table.take("s3_presigned_grace") {
+        None => Ok(DEFAULT_PRESIGNED_GRACE),
+        Some(field) if matches!(s3_client_keys, Ok(None)) => Err(ctx.report(
+            &field.path,
+            field.origin(),
+            "has no effect without s3_client_keys_file",
+            "add s3_client_keys_file, or remove this key",
+        )),
+        Some(field) => field.duration(
+            ctx,
+            Duration::ZERO..=Duration::from_secs(30 * 24 * 3600),
+            "from \"0s\" to \"30d\"",
+        ),
+    };
     // On unless a route turns it off: a body its origin breaks off is otherwise a broken
     // download, as through any other proxy.
     let upstream_resume = table
@@ -238,6 +263,10 @@ fn read_one(
         .map_or(Ok(Some(UpstreamResume::default())), |f| read_upstream_resume(ctx, f));
     let s3_response_overrides =
         table.take("s3_response_overrides").map_or(Ok(false), |f| f.boolean(ctx));
+    let signed_links = table.take("signed_links").map(|f| super::links::read(ctx, f)).transpose();
+    let download_limits =
+        table.take("download_limits").map(|f| super::limits::read(ctx, f)).transpose();
+    let rate_limit = table.take("rate_limit").map(|f| super::rate::read(ctx, f)).transpose();
     let cache_field = table.take("cache");
     let cache = match (&cache_field, around.cache) {
         (Some(field), false) => Err(ctx.report(
@@ -264,9 +293,13 @@ fn read_one(
             strip_prefix: strip_prefix?,
             middleware: middleware?,
             s3_client_keys: s3_client_keys?,
+            s3_presigned_grace: s3_presigned_grace?,
             upstream_resume: upstream_resume?,
             s3_response_overrides: s3_response_overrides?,
             cache: cache?,
+            signed_links: signed_links?,
+            download_limits: download_limits?,
+            rate_limit: rate_limit?,
         })
     });
     (claim, route)

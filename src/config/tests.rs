@@ -648,7 +648,10 @@ fn bad_top_level() {
     );
     expect_errors(
         &format!("verbose = true\n{UPSTREAMS}{ROUTE}"),
-        &[("verbose", "remove it; the top level takes: server, state, cache, upstreams, routes")],
+        &[(
+            "verbose",
+            "remove it; the top level takes: server, state, cache, tls, upstreams, routes",
+        )],
     );
     expect_errors(
         &format!("server = \"x\"\n{UPSTREAMS}{ROUTE}"),
@@ -1851,4 +1854,187 @@ fn cache_section_and_routes() {
         &format!("{cache}{UPSTREAMS}{ROUTE}cache = {{ revalidate = \"never\" }}\n"),
         &[("routes[0].cache.revalidate", "is not a revalidation policy")],
     );
+}
+
+#[test]
+fn tls_section_errors() {
+    let absent = Temp::path("absent.pem");
+    let certificate = |extra: &str| {
+        format!("[[tls.certificates]]\ncert_file = {0}\nkey_file = {0}\n{extra}", absent.toml())
+    };
+    let unreadable = "No such file or directory";
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (
+            "[tls]\n".to_owned(),
+            vec![("tls.listen", "is missing"), ("tls.certificates", "is missing")],
+        ),
+        (
+            format!("[tls]\nlisten = []\n{}", certificate("")),
+            vec![("tls.listen", "is empty"), ("tls.certificates[0]", unreadable)],
+        ),
+        (
+            // server.listen's default, and one address twice.
+            format!(
+                "[tls]\nlisten = [\"127.0.0.1:8080\", \"0.0.0.0:8443\", \"0.0.0.0:8443\"]\n{}",
+                certificate("")
+            ),
+            vec![
+                ("tls.listen[0]", "is server.listen already"),
+                ("tls.listen[2]", "is listed twice"),
+                ("tls.certificates[0]", unreadable),
+            ],
+        ),
+        (
+            format!("[tls]\nlisten = \"127.0.0.1:9090\"\nh2 = \"yes\"\n{}", certificate("")),
+            vec![
+                ("tls.listen", "is server.admin_listen already"),
+                ("tls.h2", "expected a boolean"),
+                ("tls.certificates[0]", unreadable),
+            ],
+        ),
+        (
+            "[tls]\nlisten = \"0.0.0.0:8443\"\ncertificates = []\n".to_owned(),
+            vec![("tls.certificates", "expected a non-empty list")],
+        ),
+        (
+            "[tls]\nlisten = \"0.0.0.0:8443\"\n[[tls.certificates]]\nocsp = 1\n".to_owned(),
+            vec![
+                ("tls.certificates[0].ocsp", "unknown key"),
+                ("tls.certificates[0].cert_file", "is missing"),
+                ("tls.certificates[0].key_file", "is missing"),
+            ],
+        ),
+    ];
+    for (section, expected) in cases {
+        expect_errors(&format!("{section}{UPSTREAMS}{ROUTE}"), &expected);
+    }
+}
+
+#[test]
+fn signed_links_of_a_route() {
+    let keys = Temp::file("link-keys", b"# rotated monthly\n2026-11 0123456789abcdef0123456789abcdef\n2026-12 fedcba9876543210fedcba9876543210\n");
+    let section = |body: &str| format!("{UPSTREAMS}{ROUTE}[routes.signed_links]\n{body}");
+    let config = load_ok(&section(&format!("keys_file = {}\ngrace = \"2h\"\n", keys.toml())));
+    let signed = config.routes[0].signed_links.as_ref().expect("signed links");
+    assert_eq!((signed.keys.newest(), signed.grace), ("2026-12", Duration::from_secs(7200)));
+    let default = load_ok(&section(&format!("keys_file = {}\n", keys.toml())));
+    assert_eq!(
+        default.routes[0].signed_links.as_ref().map(|s| s.grace),
+        Some(Duration::from_secs(86_400))
+    );
+
+    let short = Temp::file("short-keys", b"k1 too-short\n");
+    let twice = Temp::file(
+        "twice-keys",
+        b"k1 0123456789abcdef0123456789abcdef\nk1 0123456789abcdef0123456789abcdeX\n",
+    );
+    let badid = Temp::file("badid-keys", b"k/1 0123456789abcdef0123456789abcdef\n");
+    let empty = Temp::file("empty-keys", b"# nothing yet\n");
+    let path = "routes[0].signed_links.keys_file";
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (section(""), vec![(path, "is missing")]),
+        (section(&format!("keys_file = {}\n", short.toml())), vec![(path, "line 1")]),
+        (section(&format!("keys_file = {}\n", twice.toml())), vec![(path, "repeats a key id")]),
+        (section(&format!("keys_file = {}\n", badid.toml())), vec![(path, "key id of other than")]),
+        (section(&format!("keys_file = {}\n", empty.toml())), vec![(path, "holds no keys")]),
+        (
+            section(&format!("keys_file = {}\ngrace = \"90d\"\nttl = 1\n", keys.toml())),
+            vec![
+                ("routes[0].signed_links.grace", "out of range"),
+                ("routes[0].signed_links.ttl", "unknown key"),
+            ],
+        ),
+    ];
+    for (text, expected) in cases {
+        expect_errors(&text, &expected);
+    }
+    // A secret is never repeated in an error.
+    let errors =
+        load_err(&section(&format!("keys_file = {}\n", short.toml())), &Env::default(), &kinds());
+    assert!(!errors.to_string().contains("too-short"), "{errors}");
+}
+
+#[test]
+fn download_limits_of_a_route() {
+    let section = |body: &str| format!("{UPSTREAMS}{ROUTE}[routes.download_limits]\n{body}");
+    let config = load_ok(&section("per_client = 10\nper_route = 1000\n"));
+    let limits = config.routes[0].download_limits.expect("limits");
+    assert_eq!(
+        (limits.per_client, limits.per_route, limits.count),
+        (Some(10), Some(1000), Count::Download)
+    );
+    let each = load_ok(&section("per_route = 5\ncount = \"request\"\n"));
+    assert_eq!(
+        each.routes[0].download_limits.map(|l| (l.per_client, l.count)),
+        Some((None, Count::Request))
+    );
+    assert_eq!(load_ok(&format!("{UPSTREAMS}{ROUTE}")).routes[0].download_limits, None);
+    let path = "routes[0].download_limits";
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (section(""), vec![(path, "sets no limit")]),
+        (
+            section("per_client = 0\n"),
+            vec![("routes[0].download_limits.per_client", "out of range")],
+        ),
+        (
+            section("per_route = 1\ncount = \"connection\"\nper_ip = 1\n"),
+            vec![
+                ("routes[0].download_limits.count", "is not what a limit counts"),
+                ("routes[0].download_limits.per_ip", "unknown key"),
+            ],
+        ),
+    ];
+    for (text, expected) in cases {
+        expect_errors(&text, &expected);
+    }
+}
+
+#[test]
+fn presigned_grace() {
+    let keys = Temp::file("clients-grace", b"AKIDONE secret/one\n");
+    let route = format!("{UPSTREAMS}{ROUTE}s3_client_keys_file = {}\n", keys.toml());
+    assert_eq!(load_ok(&route).routes[0].s3_presigned_grace, Duration::from_secs(86_400));
+    let config = load_ok(&format!("{route}s3_presigned_grace = \"2h\"\n"));
+    assert_eq!(config.routes[0].s3_presigned_grace, Duration::from_secs(7200));
+    expect_errors(
+        &format!("{UPSTREAMS}{ROUTE}s3_presigned_grace = \"2h\"\n"),
+        &[("routes[0].s3_presigned_grace", "has no effect without s3_client_keys_file")],
+    );
+    expect_errors(
+        &format!("{route}s3_presigned_grace = \"31d\"\n"),
+        &[("routes[0].s3_presigned_grace", "out of range")],
+    );
+}
+
+#[test]
+fn rate_limits_of_a_route() {
+    let section = |body: &str| format!("{UPSTREAMS}{ROUTE}[routes.rate_limit]\n{body}");
+    let config = load_ok(&section(
+        "rate = \"2MiB\"\nafter = \"4MiB\"\nper_client = 10485760\nper_route = \"100MiB\"\norigin_header = \"X-Accel-Limit-Rate\"\n",
+    ));
+    let limit = config.routes[0].rate_limit.as_ref().expect("a rate limit");
+    assert_eq!(
+        (limit.rate, limit.after, limit.per_client, limit.per_route),
+        (Some(2 << 20), 4 << 20, Some(10 << 20), Some(100 << 20))
+    );
+    assert_eq!(
+        limit.origin_header.as_ref().map(http::HeaderName::as_str),
+        Some("x-accel-limit-rate")
+    );
+    assert_eq!(load_ok(&format!("{UPSTREAMS}{ROUTE}")).routes[0].rate_limit, None);
+    let path = "routes[0].rate_limit";
+    let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (section("after = \"1MiB\"\n"), vec![(path, "sets no rate")]),
+        (section("rate = \"100\"\n"), vec![("routes[0].rate_limit.rate", "out of range")]),
+        (
+            section("rate = \"1MiB\"\norigin_header = \"bad header\"\nburst = 1\n"),
+            vec![
+                ("routes[0].rate_limit.origin_header", "is not a header name"),
+                ("routes[0].rate_limit.burst", "unknown key"),
+            ],
+        ),
+    ];
+    for (text, expected) in cases {
+        expect_errors(&text, &expected);
+    }
 }

@@ -7,6 +7,7 @@ use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 use rangeway_middleware::rfc9110::unsatisfied_content_range;
+use std::time::{Duration, UNIX_EPOCH};
 use tracing::info;
 
 use super::Proxy;
@@ -14,8 +15,40 @@ use super::context::{BodyPlan, RequestCtx};
 use super::download::{DOWNLOAD_ID, DownloadId};
 use super::hop_by_hop::VIA;
 use super::origin_digest::ORIGIN_DIGEST_MISMATCH;
+use super::under_way::Limit;
 use crate::config::ClientLimits;
 use crate::range::Shape;
+
+/// An authorization that ran out: served only for a resume, within the route's grace, of a
+/// download that began before it expired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lapsed {
+    /// A signed link (`crate::links`).
+    Link { expires: u64 },
+    /// A presigned S3 URL (`crate::s3::verify`).
+    Presigned { expires: u64 },
+}
+
+impl Lapsed {
+    /// Unix seconds.
+    pub(super) fn expires(self) -> u64 {
+        match self {
+            Self::Link { expires } | Self::Presigned { expires } => expires,
+        }
+    }
+
+    /// Its name in `rangeway_resumed_past_expiry_total{by}`.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Link { .. } => "link",
+            Self::Presigned { .. } => "presigned",
+        }
+    }
+}
+
+/// When a client refused by a download limit is told to try again, in seconds: long enough
+/// not to be a busy loop, short against a download's length.
+const RETRY_LIMITED: &str = "5";
 
 /// `X-Rangeway-Error` of a refused resume whose client may hold any of several versions.
 pub(super) const AMBIGUOUS_RESUME: &str = "several versions of the object were sent under this download id; download it again from \
@@ -183,6 +216,61 @@ pub(super) fn error_kind(e: &Error) -> &'static str {
 }
 
 impl Proxy {
+    /// Refuses a download past its route's concurrent-download limits (429), before the origin
+    /// is asked.
+    pub(super) async fn refuse_limited(
+        &self,
+        session: &mut Session,
+        ctx: &RequestCtx,
+        limit: Limit,
+    ) -> Result<bool> {
+        self.metrics.download_limited(ctx.route_name(), limit.name());
+        let message = match limit {
+            Limit::PerClient(most) => format!(
+                "rangeway: your address has {most} downloads under way here, the most it may; \
+                 start this one when one of them has finished\n"
+            ),
+            Limit::PerRoute(most) => format!(
+                "rangeway: {most} downloads are under way here, the most there may be; try again \
+                 in a moment\n"
+            ),
+        };
+        let retry = [(header::RETRY_AFTER, RETRY_LIMITED)];
+        respond(session, StatusCode::TOO_MANY_REQUESTS, &message, &retry).await?;
+        Ok(true)
+    }
+
+    /// Refuses a genuine authorization that expired: a new download, or a resume of one that
+    /// did not begin before the expiry or comes after the grace period. A signed link's is 410;
+    /// a presigned URL's is S3's own answer, 403 `AccessDenied`, which SDKs know.
+    pub(super) async fn refuse_lapsed(
+        &self,
+        session: &mut Session,
+        route: &str,
+        lapse: Lapsed,
+    ) -> Result<bool> {
+        let expired = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(lapse.expires()));
+        match lapse {
+            Lapsed::Link { .. } => {
+                self.metrics.link_refused(route, "expired");
+                let message = format!(
+                    "rangeway: this link expired on {expired}; ask whoever gave it to you for a \
+                     new one. (A download begun before then may still be resumed for a while, \
+                     from where it stopped.)\n"
+                );
+                respond(session, StatusCode::GONE, &message, &[]).await?;
+            }
+            Lapsed::Presigned { .. } => {
+                self.metrics.s3_client_refused(route, "expired");
+                let message = format!("Request has expired (on {expired})");
+                let document = crate::s3::error::document("AccessDenied", &message);
+                let xml = [(header::CONTENT_TYPE, "application/xml")];
+                respond(session, StatusCode::FORBIDDEN, &document, &xml).await?;
+            }
+        }
+        Ok(true)
+    }
+
     /// Refuses, before asking the origin, a bare resume whose client may hold any of several
     /// versions sent under its download id (see `DownloadSession::resumable`): 412, with a body
     /// that says how to download it so that it can be resumed.

@@ -57,6 +57,10 @@ pub struct RequestCtx {
     pub(super) upstream_header: Option<Duration>,
     pub(super) refusal: Option<&'static str>,
     pub(super) _active: Option<ActiveDownload>,
+    /// The download's place under its route's concurrent-download limits, held to the end.
+    pub(super) under_way: Option<super::under_way::Place>,
+    /// On a route with a rate limit: how its body is paced.
+    pub(super) pacer: Option<super::pace::Pacer>,
     pub(super) download: Option<DownloadCtx>,
     pub(super) origin_digest: Option<OriginDigestCheck>,
     /// On a route with middleware: what the store knows of the object and its stages.
@@ -142,6 +146,8 @@ impl Default for RequestCtx {
             upstream_header: None,
             refusal: None,
             _active: None,
+            under_way: None,
+            pacer: None,
             download: None,
             origin_digest: None,
             known: None,

@@ -17,12 +17,14 @@ pub mod download;
 mod hop_by_hop;
 mod negotiation;
 mod origin_digest;
+mod pace;
 mod plan;
 mod relay;
 mod s3;
 mod shaping;
 mod splice;
 mod transport;
+mod under_way;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -46,14 +48,17 @@ use crate::admin::metrics::Metrics;
 use crate::cache::{Outcome, SliceCache};
 use crate::config::ClientLimits;
 use crate::fingerprint::FingerprintKey;
+use crate::links;
 use crate::range::{Asked, ClientRange, IfRangeDate, Shape, shape_response};
 use crate::representation::{StoredFacts, version_key};
 use crate::request_path::NormalizedPath;
 use crate::routes::origin_client::OriginClient;
 use crate::routes::{RouteSwitch, request_host};
+use crate::s3::verify as s3_verify;
+use crate::state::unix_now;
 use crate::state::{DownloadSession, Resumable, StateStore};
 use answer::{
-    answer_without_body, error_answer, error_kind, header_over_limits, is_client_abort,
+    Lapsed, answer_without_body, error_answer, error_kind, header_over_limits, is_client_abort,
     refuse_changed, respond, set_partial,
 };
 use completion::{Completions, Unfinished};
@@ -81,6 +86,10 @@ pub struct Proxy {
     id_key: FingerprintKey,
     /// The slice cache, when one is configured and open.
     cache: Option<Arc<SliceCache>>,
+    /// The downloads under way, for routes with concurrent-download limits.
+    under_way: Arc<under_way::UnderWay>,
+    /// The rates shaped responses share (per client, per route).
+    rates: Arc<pace::SharedRates>,
 }
 
 impl Proxy {
@@ -106,6 +115,8 @@ impl Proxy {
             client_limits,
             id_key,
             cache: None,
+            under_way: Arc::default(),
+            rates: Arc::default(),
         }
     }
 
@@ -178,21 +189,62 @@ impl ProxyHttp for Proxy {
             respond(session, StatusCode::NOT_FOUND, "no route for this path\n", &[]).await?;
             return Ok(true);
         };
+        // What runs out — a signed link, a presigned S3 URL — is refused once expired, except a
+        // ranged GET within the route's grace of a download begun before the expiry (checked
+        // against the download's session below).
+        let now = unix_now();
+        let resume_within = |expires: u64, grace: Duration| {
+            req.method == Method::GET
+                && req.headers.contains_key(header::RANGE)
+                && now <= expires.saturating_add(grace.as_secs())
+        };
+        let mut lapsed = None;
         if let Some(keys) = &route.s3_client_keys {
             let target = req.uri.path_and_query().map_or("/", |p| p.as_str());
-            let checked = crate::s3::verify::verify(
-                keys,
-                req.method.as_str(),
-                target,
-                &req.headers,
-                SystemTime::now(),
-            );
-            if let Err(refusal) = checked {
-                info!(route = %route.name, code = refusal.code(), "refused an S3 client: {refusal}");
-                let document = crate::s3::error::document(refusal.code(), &refusal.to_string());
-                let xml = [(header::CONTENT_TYPE, "application/xml")];
-                respond(session, StatusCode::FORBIDDEN, &document, &xml).await?;
-                return Ok(true);
+            let (method, headers, clock) = (req.method.as_str(), &req.headers, SystemTime::now());
+            let checked = match s3_verify::is_presigned(target) {
+                true => s3_verify::verify_presigned(keys, method, target, headers, clock).map(Some),
+                false => s3_verify::verify(keys, method, target, headers, clock).map(|()| None),
+            };
+            match checked {
+                Err(refusal) => {
+                    info!(route = %route.name, code = refusal.code(), "refused an S3 client: {refusal}");
+                    self.metrics.s3_client_refused(&route.name, refusal.reason());
+                    let document = crate::s3::error::document(refusal.code(), &refusal.to_string());
+                    let xml = [(header::CONTENT_TYPE, "application/xml")];
+                    respond(session, StatusCode::FORBIDDEN, &document, &xml).await?;
+                    return Ok(true);
+                }
+                Ok(Some(presigned)) if now > presigned.expires => {
+                    let lapse = Lapsed::Presigned { expires: presigned.expires };
+                    if !resume_within(presigned.expires, route.s3_presigned_grace) {
+                        return self.refuse_lapsed(session, &route.name, lapse).await;
+                    }
+                    lapsed = Some(lapse);
+                }
+                Ok(_) => {}
+            }
+        }
+        let mut link = None;
+        if let Some(signed) = &route.signed_links {
+            let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+            match links::verify(&signed.keys, &path.to_string(), req.uri.query(), client_ip, now) {
+                Err(e) => {
+                    self.metrics.link_refused(&route.name, e.reason());
+                    let body = format!("{e}: ask whoever gave you the link for a new one\n");
+                    respond(session, StatusCode::FORBIDDEN, &body, &[]).await?;
+                    return Ok(true);
+                }
+                Ok(found) => {
+                    if found.expired {
+                        let lapse = Lapsed::Link { expires: found.terms.expires };
+                        if !resume_within(found.terms.expires, signed.grace) {
+                            return self.refuse_lapsed(session, &route.name, lapse).await;
+                        }
+                        lapsed = Some(lapse);
+                    }
+                    link = Some(found);
+                }
             }
         }
         let mut target = route.upstream_path(&path);
@@ -203,6 +255,7 @@ impl ProxyHttp for Proxy {
         }
         let query = req.uri.query().map(|query| match route.upstream.is_s3() {
             true => s3::upstream_query(query, route.s3_response_overrides),
+            false if link.is_some() => links::without_link(&download::without_download_id(query)),
             false => download::without_download_id(query),
         });
         if let Some(query) = query.filter(|q| !q.is_empty()) {
@@ -222,6 +275,10 @@ impl ProxyHttp for Proxy {
         let has_chain = !route.chain.stages().is_empty() && !ctx.coding_declined;
         // A bare resume the client may hold any of several versions for: refused below.
         let mut ambiguous = None;
+        // An expired authorization whose download did not begin before it expired: refused below.
+        let mut refused_lapse = None;
+        // A download past the route's concurrent-download limits: refused below.
+        let mut limited = None;
         if req.method == Method::GET || (has_chain && req.method == Method::HEAD) {
             // A content coding is another representation, with downloads of its own.
             let object = match route.chain.content_coding().filter(|_| has_chain) {
@@ -229,7 +286,11 @@ impl ProxyHttp for Proxy {
                 None => format!("{}|{path}", route.name),
             };
             let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
-            let DownloadId { id, derived } = download_id(req, client_ip, &object, &self.id_key);
+            // A link made for one download names it: the grace of its expiry is that download's.
+            let DownloadId { id, derived } = match link.as_ref().and_then(|l| l.terms.id.clone()) {
+                Some(bound) => DownloadId { id: bound, derived: false },
+                None => download_id(req, client_ip, &object, &self.id_key),
+            };
             let ranged = matches!(ctx.client_range, ClientRange::Bytes(_));
             // Resume safety only for a bare resume: explicit validators keep their RFC meaning.
             let bare_resume = ranged
@@ -246,6 +307,24 @@ impl ProxyHttp for Proxy {
             let (stored, record, facts) =
                 lookup.map_or((None, None, Vec::new()), |l| (l.session, l.object, l.facts));
             let stored = stored.filter(|_| ranged);
+            if let (Some(limits), true) = (&route.download_limits, req.method == Method::GET) {
+                match self.under_way.admit(
+                    &route.name,
+                    limits,
+                    client_ip,
+                    &format!("{id}|{object}"),
+                ) {
+                    Ok(place) => ctx.under_way = Some(place),
+                    Err(limit) => limited = Some(limit),
+                }
+            }
+            if let Some(lapse) = lapsed {
+                // Only the download that began before the expiry may go on.
+                let begun_before = stored.as_ref().is_some_and(|s| s.started_at <= lapse.expires());
+                if !begun_before {
+                    refused_lapse = Some(lapse);
+                }
+            }
             if ranged && !ctx.transforms() {
                 // Decided here, by the store's record of the object: see `IfRangeDate`.
                 let known = record.as_ref().map(|r| download::validators_of(&r.current));
@@ -297,6 +376,20 @@ impl ProxyHttp for Proxy {
         if let Some(download) = ambiguous {
             self.refuse_ambiguous(session, ctx, &download).await?;
             return Ok(true);
+        }
+        if let Some(limit) = limited {
+            ctx.download = None;
+            ctx.refusal = Some("too many downloads under way");
+            return self.refuse_limited(session, ctx, limit).await;
+        }
+        if let Some(lapse) = refused_lapse {
+            ctx.download = None;
+            ctx.refusal = Some("it expired before this download began");
+            let route = ctx.route_name().to_owned();
+            return self.refuse_lapsed(session, &route, lapse).await;
+        }
+        if let (Some(route), Some(lapse)) = (&ctx.route, lapsed) {
+            self.metrics.resumed_past_expiry(&route.name, lapse.name());
         }
         Ok(false)
     }
@@ -360,7 +453,15 @@ impl ProxyHttp for Proxy {
             .parse::<http::Uri>()
             .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
         upstream_request.set_uri(uri);
-        let original_host = upstream_request.headers.get(header::HOST).cloned();
+        // HTTP/2 names the host in the URI's authority, HTTP/1 in Host.
+        let original_host = match upstream_request.headers.get(header::HOST) {
+            Some(host) => Some(host.clone()),
+            None => session
+                .req_header()
+                .uri
+                .authority()
+                .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
+        };
         upstream_request.insert_header(header::HOST, route.upstream.host_header(ctx.replica))?;
         upstream_request.remove_header(&header::RANGE);
         let transforms = ctx.transforms();
@@ -407,7 +508,11 @@ impl ProxyHttp for Proxy {
                 };
             upstream_request.insert_header("x-forwarded-for", forwarded)?;
         }
-        upstream_request.insert_header("x-forwarded-proto", HeaderValue::from_static("http"))?;
+        let scheme = match session.digest().is_some_and(|d| d.ssl_digest.is_some()) {
+            true => "https",
+            false => "http",
+        };
+        upstream_request.insert_header("x-forwarded-proto", HeaderValue::from_static(scheme))?;
         if let Some(host) = original_host {
             upstream_request.insert_header("x-forwarded-host", host)?;
         }
@@ -754,22 +859,29 @@ impl ProxyHttp for Proxy {
         if let Some(outcome) = cache {
             self.metrics.cache_request(route, outcome);
         }
+        if let Some(pacer) = &ctx.pacer {
+            self.metrics.shaped(route, pacer.shaped, pacer.waited);
+        }
         let req = session.req_header();
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
         let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
         // Formatted only when the line is written (tracing evaluates fields of enabled events).
         let client = session.client_addr().map(tracing::field::display);
+        // The target as the client wrote it in HTTP/1 (HTTP/2 has the authority in the URI).
+        // A signed link's signature shortened: the log must not hold a usable link.
+        let path = links::redacted(req.uri.path_and_query().map_or("/", |p| p.as_str()));
+        let version = tracing::field::debug(req.version);
         match e {
             None => info!(
                 target: "rangeway::access",
-                route, method = %req.method, path = %req.uri, status,
+                route, method = %req.method, path = %path, version, status,
                 range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                 upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
                 transport, cache, client, refused = ctx.refusal,
             ),
             Some(e) if is_client_abort(e) => info!(
                 target: "rangeway::access",
-                route, method = %req.method, path = %req.uri, status,
+                route, method = %req.method, path = %path, version, status,
                 range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                 total_ms = elapsed.as_secs_f64() * 1000.0, transport, cache, client,
                 "client went away before the end of the response"
@@ -780,7 +892,7 @@ impl ProxyHttp for Proxy {
                 }
                 warn!(
                     target: "rangeway::access",
-                    route, method = %req.method, path = %req.uri, status,
+                    route, method = %req.method, path = %path, version, status,
                     range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                     upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
                     transport, cache, client, error = %e,

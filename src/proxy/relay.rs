@@ -36,6 +36,7 @@ use tracing::{info, warn};
 use super::Proxy;
 use super::context::RequestCtx;
 use super::hop_by_hop::strip_hop_by_hop;
+use super::pace::Pacer;
 use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
 use super::transport::BodyFrom;
@@ -88,6 +89,9 @@ impl Proxy {
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
         ctx.replica = route.upstream.choose();
         let mut request = session.req_header().clone();
+        // The relay speaks HTTP/1.1 to origins, whatever its client speaks; an HTTP/2 client's
+        // :authority becomes Host in upstream_request_filter, as every route sets it.
+        request.set_version(http::Version::HTTP_11);
         strip_hop_by_hop(&mut request);
         self.upstream_request_filter(session, &mut request, ctx).await?;
         // What other replicas, continuations and the stretches of a multipart answer fetched
@@ -150,13 +154,31 @@ impl Proxy {
                 .clone()
                 .zip(route.cache)
                 .map(|(cache, use_of)| (cache, use_of, client_authorized(session, &route))),
+            read_max: READ_BYTES,
         };
         let from = match &body {
             Some(UpstreamBody::Origin { exchange, .. }) => Some(BodyFrom::Origin(exchange)),
             Some(UpstreamBody::Cache(_)) => Some(BodyFrom::Cache),
             None => None,
         };
-        let kernel_way = from.and_then(|from| {
+        // A shaped body is written in paced steps by the relay, not handed to the kernel.
+        // The origin's rate field is for rangeway, not the client.
+        let origin_header = route.rate_limit.as_ref().and_then(|l| l.origin_header.as_ref());
+        let origin_rate = origin_header.and_then(|name| {
+            let value = response.headers.get(name)?.to_str().ok()?.trim().parse::<u64>().ok();
+            value.filter(|rate| *rate > 0)
+        });
+        if let Some(name) = origin_header {
+            response.remove_header(name);
+        }
+        ctx.pacer = route.rate_limit.as_ref().filter(|_| !head_only).and_then(|limit| {
+            let client = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+            Pacer::new(limit, origin_rate, self.rates.of(&route.name, client, limit))
+        });
+        if let Some(pacer) = &ctx.pacer {
+            pump.read_max = pacer.step().min(READ_BYTES);
+        }
+        let kernel_way = from.filter(|_| ctx.pacer.is_none()).and_then(|from| {
             ctx.transport.for_body(session, ctx.passes_body_untouched(), from, &response)
         });
         let mut body = match (kernel_way, body) {
@@ -192,7 +214,7 @@ impl Proxy {
         let mut held = Vec::new();
         let (mut held_len, mut pending) = (0, None);
         let done = loop {
-            match body.next_chunk().await {
+            match body.next_chunk(pump.read_max).await {
                 Ok(Some(chunk)) => {
                     held_len += chunk.len();
                     held.push(chunk);
@@ -239,13 +261,13 @@ impl Proxy {
                 return session.write_response_body(None, true).await;
             }
             for (i, body) in held.into_iter().enumerate() {
-                session.write_response_body(Some(body), i + 1 == out).await?;
+                write_out(session, ctx, Some(body), i + 1 == out).await?;
             }
             return Ok(());
         }
         session.write_response_header(Box::new(response), false).await?;
         for body in held {
-            session.write_response_body(Some(body), false).await?;
+            write_out(session, ctx, Some(body), false).await?;
         }
         // The upstream is read (and continued) by a task of its own while this one writes to the
         // client, so that both sides move at once, as in pingora's proxying.
@@ -496,10 +518,32 @@ impl Proxy {
         let mut body = chunk;
         self.response_body_filter(session, &mut body, end, ctx)?;
         if body.is_some() || end {
-            session.write_response_body(body, end).await?;
+            write_out(session, ctx, body, end).await?;
         }
         Ok(())
     }
+}
+
+/// Writes `body` to the client: at once, or on a shaped route paced in steps (`pace.rs`).
+async fn write_out(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    body: Option<Bytes>,
+    end: bool,
+) -> Result<()> {
+    let Some(pacer) = ctx.pacer.as_mut() else {
+        return session.write_response_body(body, end).await;
+    };
+    let Some(mut body) = body else {
+        return session.write_response_body(None, end).await;
+    };
+    while body.len() > pacer.step() {
+        let step = body.split_to(pacer.step());
+        pacer.wait(step.len()).await;
+        session.write_response_body(Some(step), false).await?;
+    }
+    pacer.wait(body.len()).await;
+    session.write_response_body(Some(body), end).await
 }
 
 /// Whether the client's own `Authorization` goes upstream with its request: not to an S3
@@ -626,9 +670,10 @@ enum UpstreamBody {
 }
 
 impl UpstreamBody {
-    async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+    /// The next chunk, of at most `max` bytes where rangeway reads the socket itself.
+    async fn next_chunk(&mut self, max: usize) -> Result<Option<Bytes>> {
         match self {
-            Self::Origin { exchange, source } => next_chunk(exchange, source).await,
+            Self::Origin { exchange, source } => next_chunk(exchange, source, max).await,
             Self::Cache(body) => body.next_chunk().await,
         }
     }
@@ -656,8 +701,13 @@ impl UpstreamBody {
     }
 }
 
-/// The next chunk of `exchange`'s body, read as `source` says; `None` at its end.
-async fn next_chunk(exchange: &mut Exchange, source: &mut BodySource) -> Result<Option<Bytes>> {
+/// The next chunk of `exchange`'s body, read as `source` says (at most `max` bytes when read
+/// from the socket directly); `None` at its end.
+async fn next_chunk(
+    exchange: &mut Exchange,
+    source: &mut BodySource,
+    max: usize,
+) -> Result<Option<Bytes>> {
     let BodySource::Direct(body) = source else {
         let chunk = exchange.session.read_response_body().await?;
         if chunk.is_some() && matches!(source, BodySource::Unread) {
@@ -668,7 +718,7 @@ async fn next_chunk(exchange: &mut Exchange, source: &mut BodySource) -> Result<
     if body.left == 0 {
         return Ok(None);
     }
-    let max = usize::try_from(body.left).unwrap_or(usize::MAX).min(READ_BYTES);
+    let max = usize::try_from(body.left).unwrap_or(usize::MAX).min(max);
     let chunk = body
         .socket
         .read(max, body.timeout)
@@ -703,6 +753,9 @@ struct Pump {
     /// The slice cache and how the route uses it, when it does: the stretches of a multipart
     /// answer are asked of it.
     cache: Option<(Arc<SliceCache>, RouteCache, bool)>,
+    /// The most read from the origin's socket at once: [`READ_BYTES`], or a paced body's step
+    /// (a shaped client would otherwise have the reader hold up to three large chunks for it).
+    read_max: usize,
 }
 
 impl Pump {
@@ -719,7 +772,7 @@ impl Pump {
         loop {
             let read = match pending.take() {
                 Some(broke) => Err(broke),
-                None => body.next_chunk().await,
+                None => body.next_chunk(self.read_max).await,
             };
             let piece = match read {
                 Ok(Some(chunk)) => {

@@ -30,12 +30,20 @@ pub struct Route {
     pub stage_keys: Vec<String>,
     /// When set, only requests signed with one of these keys are served.
     pub s3_client_keys: Option<S3ClientKeys>,
+    /// How long a download begun with a presigned URL may resume after it expired.
+    pub s3_presigned_grace: std::time::Duration,
     /// When set, a body its origin breaks off is continued (see `relay`).
     pub upstream_resume: Option<UpstreamResume>,
     /// Whether clients' `response-*` query parameters reach an S3 upstream.
     pub s3_response_overrides: bool,
     /// How the route uses the slice cache; `None`: it does not.
     pub cache: Option<crate::config::RouteCache>,
+    /// When set, only signed links are served.
+    pub signed_links: Option<crate::config::SignedLinks>,
+    /// When set, how many downloads may be under way at once.
+    pub download_limits: Option<crate::config::DownloadLimits>,
+    /// When set, how fast responses go out.
+    pub rate_limit: Option<crate::config::RateLimit>,
 }
 
 impl Route {
@@ -61,9 +69,13 @@ impl Route {
             stage_keys: stage_keys(&chain),
             chain,
             s3_client_keys: None,
+            s3_presigned_grace: std::time::Duration::ZERO,
             upstream_resume: None,
             s3_response_overrides: false,
             cache: None,
+            signed_links: None,
+            download_limits: None,
+            rate_limit: None,
         })
     }
 
@@ -102,20 +114,13 @@ pub struct RouteTable {
 
 impl RouteTable {
     pub fn new(mut routes: Vec<Route>) -> Self {
-        routes.sort_by_key(|r| (r.host.is_none(), std::cmp::Reverse(r.prefix.segments().len())));
+        routes.sort_by_key(|r| precedence(r.host.as_deref(), &r.prefix));
         Self { routes: routes.into_iter().map(Arc::new).collect() }
     }
 
     /// The route for a request to `host` (without port, any case) and `path`.
     pub fn find(&self, host: Option<&str>, path: &NormalizedPath) -> Option<&Arc<Route>> {
-        self.routes.iter().find(|route| {
-            let host_matches = match (&route.host, host) {
-                (None, _) => true,
-                (Some(want), Some(got)) => want.eq_ignore_ascii_case(got),
-                (Some(_), None) => false,
-            };
-            host_matches && path.starts_with(&route.prefix)
-        })
+        self.routes.iter().find(|route| takes(route.host.as_deref(), &route.prefix, host, path))
     }
 
     /// The route and path of the object the state store keys `key`: `{route name}|{path}`, as the
@@ -132,6 +137,28 @@ impl RouteTable {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.routes.iter()
     }
+}
+
+/// Which of the routes that take a request serves it: the first by this order — routes for a
+/// host before routes for any, then longer prefixes (in segments) before shorter.
+pub fn precedence(host: Option<&str>, prefix: &NormalizedPath) -> (bool, std::cmp::Reverse<usize>) {
+    (host.is_none(), std::cmp::Reverse(prefix.segments().len()))
+}
+
+/// Whether a route for `route_host` (`None`: any) and `prefix` takes a request to `host` and
+/// `path`.
+pub fn takes(
+    route_host: Option<&str>,
+    prefix: &NormalizedPath,
+    host: Option<&str>,
+    path: &NormalizedPath,
+) -> bool {
+    let host_matches = match (route_host, host) {
+        (None, _) => true,
+        (Some(want), Some(got)) => want.eq_ignore_ascii_case(got),
+        (Some(_), None) => false,
+    };
+    host_matches && path.starts_with(prefix)
 }
 
 /// The route table in force. A reload replaces it whole; a request keeps the table (and the

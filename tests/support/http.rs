@@ -186,6 +186,15 @@ impl Connection {
         read_response(&mut self.reader, &request.method)
     }
 
+    /// Sends `request` and reads only its response's status: the body is left unread, so the
+    /// response stays under way on the proxy's side (once the socket buffers are full) until
+    /// this connection is dropped.
+    pub(crate) fn start(&mut self, request: &RawRequest) -> io::Result<u16> {
+        let head = self.head(request);
+        self.reader.get_mut().write_all(head.as_bytes())?;
+        Ok(read_head(&mut self.reader)?.0)
+    }
+
     /// Sends every request at once, before reading any answer (HTTP/1.1 pipelining), then reads
     /// their responses in order.
     pub(crate) fn pipeline(&mut self, requests: &[RawRequest]) -> io::Result<Vec<Response>> {

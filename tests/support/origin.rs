@@ -376,7 +376,13 @@ fn read_line(reader: &mut impl BufRead) -> io::Result<Option<String>> {
 
 /// Writes the response; returns whether the connection may carry another request.
 fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> io::Result<bool> {
-    let path = request.target.split('?').next().unwrap_or_default();
+    // RFC 9112 §3.2.2: a server accepts a request target in absolute form (what a client sends
+    // a forward proxy), and serves its path.
+    let origin_form = match request.target.strip_prefix("http://") {
+        Some(rest) => &rest[rest.find('/').unwrap_or(rest.len())..],
+        None => request.target.as_str(),
+    };
+    let path = origin_form.split('?').next().unwrap_or_default();
     let (object, behaviour) = {
         let content = lock(&shared.content);
         let behaviour = content.behaviours.get(path).unwrap_or(&content.global).clone();

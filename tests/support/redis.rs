@@ -18,12 +18,12 @@ const BIND_ATTEMPTS: usize = 5;
 
 /// The `[state]` key that gives rangeway, with Redis, its download-id key: a file written once per
 /// test process, so that every instance a test starts derives the same ids, as one deployment's
-/// do.
+/// do. One file for all test processes (they write the same key), in the build's own scratch
+/// folder rather than the system's.
 pub(crate) fn id_key_line() -> String {
     static FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     let file = FILE.get_or_init(|| {
-        let file =
-            std::env::temp_dir().join(format!("rangeway-test-id-key-{}", std::process::id()));
+        let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("rangeway-test-id-key");
         std::fs::write(&file, "a-test-download-id-key-of-more-than-32-characters\n")
             .expect("write the id key file");
         file
