@@ -330,7 +330,7 @@ fn exchange(
             None => connector.connect(&target).map_err(failed)?,
         };
         let head = conn
-            .send(&Request { method: "GET", target: &target, headers: &headers })
+            .send(&Request { method: "GET", target: &target, headers: &headers, body: &[] })
             .map_err(failed)?;
         match head.status {
             200 | 206 | 416 => return Ok((target, conn, head)),

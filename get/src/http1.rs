@@ -59,11 +59,13 @@ pub(crate) struct Connection {
     keep_alive: bool,
 }
 
-/// A request: its method, target and header fields beyond Host.
+/// A request: its method, target, header fields beyond Host, and body (sent with its length
+/// when there is one).
 pub(crate) struct Request<'a> {
     pub(crate) method: &'a str,
     pub(crate) target: &'a Target,
     pub(crate) headers: &'a [(String, String)],
+    pub(crate) body: &'a [u8],
 }
 
 impl Connection {
@@ -115,9 +117,13 @@ impl Connection {
         for (name, value) in request.headers {
             head.push_str(&format!("{name}: {value}\r\n"));
         }
+        if !request.body.is_empty() {
+            head.push_str(&format!("Content-Length: {}\r\n", request.body.len()));
+        }
         head.push_str("\r\n");
         let stream = self.reader.get_mut();
         stream.write_all(head.as_bytes())?;
+        stream.write_all(request.body)?;
         stream.flush()?;
         let response = loop {
             let response = read_head(&mut self.reader)?;

@@ -15,6 +15,7 @@ mod download;
 mod error;
 mod http1;
 mod plan;
+mod post;
 mod progress;
 mod ranges;
 mod stream;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 pub use decode::Decrypting;
 pub use error::GetError;
+pub use post::{Posted, Poster};
 
 use crate::connect::{Connector, Proxies};
 use crate::control::{Control, with_suffix};
@@ -232,7 +234,7 @@ fn published_digests(
     version: &control::Version,
 ) -> Vec<Expected> {
     let Ok(mut connection) = connector.connect(target) else { return Vec::new() };
-    let Ok(head) = connection.send(&Request { method: "HEAD", target, headers }) else {
+    let Ok(head) = connection.send(&Request { method: "HEAD", target, headers, body: &[] }) else {
         return Vec::new();
     };
     if head.status == 200 && answer::same_version(&head, version) {
