@@ -55,6 +55,7 @@ mod secret;
 mod server;
 mod state;
 mod tls;
+mod traces;
 mod tree;
 mod units;
 mod upstream;
@@ -74,6 +75,7 @@ pub use secret::Secret;
 pub use server::{AdminToken, ClientLimits, ServerConfig};
 pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
 pub use tls::{TlsCertificate, TlsConfig};
+pub use traces::{LogConfig, LogFormat, TracesConfig};
 pub use units::{UnitError, parse_duration, parse_size};
 pub use upstream::{HealthCheck, HttpUpstream, UpstreamConfig, UpstreamKind};
 
@@ -98,6 +100,10 @@ pub struct Config {
     pub cache: Option<CacheConfig>,
     /// `[tls]`, when there is one.
     pub tls: Option<TlsConfig>,
+    /// `[traces]`, when there is one: traces are off without it.
+    pub traces: Option<TracesConfig>,
+    /// `[log]`.
+    pub log: LogConfig,
     /// By name.
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     /// In file order, at least one; no two share a host and a prefix.
@@ -162,6 +168,8 @@ impl Config {
         let state = state::read(ctx, top.take("state").map(|f| f.node));
         let cache = cache::read(ctx, top.take("cache").map(|f| f.node));
         let tls = tls::read(ctx, top.take("tls").map(|f| f.node), server.as_ref().ok());
+        let traces = traces::read(ctx, top.take("traces").map(|f| f.node));
+        let log = traces::read_log(ctx, top.take("log").map(|f| f.node));
         let (upstreams, declared) = upstream::read_all(ctx, top.take("upstreams").map(|f| f.node));
         let folders = upstreams.as_ref().map_or_else(
             |_| BTreeSet::new(),
@@ -184,6 +192,8 @@ impl Config {
             state: state?,
             cache: cache?,
             tls: tls?,
+            traces: traces?,
+            log: log?,
             upstreams: upstreams?,
             routes: routes?,
         })

@@ -278,6 +278,25 @@ impl Field {
         }
     }
 
+    /// A share from 0 to 1 (`0.01`; an integer 0 or 1 too).
+    pub(super) fn ratio(self, ctx: &mut Ctx<'_>, example: &str) -> Read<f64> {
+        let value = match (&self.node.kind, &self.node.origin) {
+            (Kind::Float(f), _) => Some(*f),
+            (Kind::Int(i), _) => Some(*i as f64),
+            (Kind::Str(s), Origin::Env(_)) => s.trim().parse::<f64>().ok(),
+            _ => return Err(self.wrong_type(ctx, "a number from 0 to 1", example)),
+        };
+        match value {
+            Some(v) if (0.0..=1.0).contains(&v) => Ok(v),
+            _ => Err(ctx.report(
+                &self.path,
+                &self.node.origin,
+                "is not a share from 0 to 1",
+                format!("write {} = {example} (1 %), from 0 (none) to 1 (all)", self.key),
+            )),
+        }
+    }
+
     /// A duration written with a unit (`"30s"`), within `range`; `bounds` says the range in words.
     pub(super) fn duration(
         self,

@@ -650,7 +650,7 @@ fn bad_top_level() {
         &format!("verbose = true\n{UPSTREAMS}{ROUTE}"),
         &[(
             "verbose",
-            "remove it; the top level takes: server, state, cache, tls, upstreams, routes",
+            "remove it; the top level takes: server, state, cache, tls, traces, log, upstreams, routes",
         )],
     );
     expect_errors(
@@ -1854,6 +1854,63 @@ fn cache_section_and_routes() {
         &format!("{cache}{UPSTREAMS}{ROUTE}cache = {{ revalidate = \"never\" }}\n"),
         &[("routes[0].cache.revalidate", "is not a revalidation policy")],
     );
+}
+
+#[test]
+fn traces_and_log_sections() {
+    let none = load_ok(&format!("{UPSTREAMS}{ROUTE}"));
+    assert_eq!((none.traces, none.log.format), (None, LogFormat::Text));
+    let text = format!(
+        "[traces]\nendpoint = \"http://127.0.0.1:4318/v1/traces\"\n\n[log]\nformat = \"json\"\n{UPSTREAMS}{ROUTE}"
+    );
+    let config = load_ok(&text);
+    let traces = config.traces.as_ref().expect("traces");
+    assert_eq!((traces.sampling, traces.service_name.as_str()), (1.0, "rangeway"));
+    assert_eq!(config.log.format, LogFormat::Json);
+    let text = format!(
+        "[traces]\nendpoint = \"https://otel.example/v1/traces\"\nsampling = 0.01\n\
+         service_name = \"edge\"\nresource = {{ \"deployment.environment\" = \"prod\" }}\n{UPSTREAMS}{ROUTE}"
+    );
+    let traces = load_ok(&text).traces.expect("traces");
+    assert_eq!((traces.sampling, traces.service_name.as_str()), (0.01, "edge"));
+    assert_eq!(traces.resource.get("deployment.environment").map(String::as_str), Some("prod"));
+    let env =
+        Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE), ("RANGEWAY__TRACES__SAMPLING", "0.5")]);
+    let overridden = load_with(
+        &format!("[traces]\nendpoint = \"http://c:4318/v1/traces\"\n{UPSTREAMS}{ROUTE}"),
+        &env,
+        &kinds(),
+    )
+    .expect("loads");
+    assert_eq!(overridden.traces.map(|t| t.sampling), Some(0.5));
+
+    // Every bad value at once, each named with its fix.
+    expect_errors(
+        &format!(
+            "[traces]\nendpoint = \"otel:4318\"\nsampling = 2\nservice_name = \" \"\n\
+             resource = {{ a = 1 }}\n\n[log]\nformat = \"yaml\"\n{UPSTREAMS}{ROUTE}"
+        ),
+        &[
+            ("traces.endpoint", "is not an http:// or https:// URL"),
+            ("traces.sampling", "is not a share from 0 to 1"),
+            ("traces.service_name", "is empty"),
+            ("traces.resource.a", "expected a string"),
+            ("log.format", "is not a log format"),
+        ],
+    );
+    expect_errors(
+        &format!("[traces]\nsampling = 0.1\n{UPSTREAMS}{ROUTE}"),
+        &[("traces.endpoint", "is missing")],
+    );
+    let leaked = load_err(
+        &format!(
+            "[traces]\nendpoint = \"http://user:hunter2@c:4318/v1/traces\"\n{UPSTREAMS}{ROUTE}"
+        ),
+        &Env::from_pairs([("RANGEWAY_ID_KEY", ID_KEY_VALUE)]),
+        &kinds(),
+    );
+    assert!(leaked.to_string().contains("holds credentials"), "{leaked}");
+    assert!(!leaked.to_string().contains("hunter2"), "a secret in an error: {leaked}");
 }
 
 #[test]
