@@ -10,7 +10,9 @@
 #                             streams on one connection), the
 #                             Python modules tests call (PyYAML; http_ece, the independent RFC 8188
 #                             implementation the aes128gcm interop test runs; Playwright, which
-#                             drives chromium in tests/ui.rs; boto3 and the AWS CLI), and s3s-fs,
+#                             drives chromium in tests/ui.rs; boto3 and the AWS CLI;
+#                             opentelemetry-proto, which decodes the traces rangeway exports in
+#                             tests/traces.rs), and s3s-fs,
 #                             the S3-compatible server tests/s3.rs runs
 #   scripts/deps.sh --bench   and the benchmarks: wrk, valgrind
 #
@@ -136,6 +138,9 @@ python_modules() {
     # and the AWS CLI (run as `python3 -m awscli`, so no PATH or pyenv shim is involved).
     py_module boto3 boto3 python3-boto3
     py_module awscli awscli awscli
+    # tests/traces.rs receives rangeway's OTLP export and decodes it with the OpenTelemetry
+    # project's own protobuf classes (Debian packages no collector).
+    py_module opentelemetry.proto.collector.trace.v1.trace_service_pb2 opentelemetry-proto
 }
 
 # tests/s3.rs runs a real S3-compatible server: s3s-fs (SigV4-checking, file-backed), built once

@@ -20,3 +20,4 @@ pub mod s3;
 pub mod server;
 pub mod state;
 pub mod tls;
+pub mod traces;

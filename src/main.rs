@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rangeway::config::{Config, ConfigErrors};
-use rangeway::server;
+use rangeway::config::{Config, ConfigErrors, LogFormat};
+use rangeway::{server, traces};
 use rangeway_get::Decrypting;
 use rangeway_middleware::aes128gcm;
 use rangeway_middleware::chain::StageRegistry;
@@ -90,7 +90,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    rangeway::logging::init();
+    // A server logs as its config says, once it is read; every other command as by default.
+    if !matches!(cli.command, Command::Serve { .. }) {
+        rangeway::logging::init(LogFormat::Text, None);
+    }
     let registry = StageRegistry::new();
     match cli.command {
         Command::Keygen => match aes128gcm::generate_key() {
@@ -147,8 +150,21 @@ fn main() -> ExitCode {
         Command::Serve { config, upgrade } => {
             let loaded = match load(config.as_deref(), &registry) {
                 Ok(loaded) => loaded,
-                Err(errors) => return config_failure(config.as_deref(), &errors),
+                Err(errors) => {
+                    rangeway::logging::init(LogFormat::Text, None);
+                    return config_failure(config.as_deref(), &errors);
+                }
             };
+            // Kept to the end: dropped, it sends the spans it still holds.
+            let (_exporting, tracer) = match loaded.traces.as_ref().map(traces::pipeline) {
+                Some(Ok((exporting, tracer))) => (Some(exporting), Some(tracer)),
+                Some(Err(e)) => {
+                    eprintln!("rangeway: cannot start: {e}");
+                    return ExitCode::FAILURE;
+                }
+                None => (None, None),
+            };
+            rangeway::logging::init(loaded.log.format, tracer);
             match server::run(&loaded, registry, config, upgrade) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -34,6 +34,7 @@ use crate::routes::upstream::{ReplicaSpec, Timeouts, TlsSettings, Upstream, Upst
 use crate::routes::{Route, RouteSwitch, RouteTable};
 use crate::state::{self, StoreError};
 use crate::tls::{Certificates, SniResolver};
+use crate::traces::Traces;
 use pingora_core::listeners::tls::Acceptor;
 use pingora_rustls::{ResolvesServerCert, ServerConfig};
 
@@ -189,7 +190,8 @@ pub fn build(
         config.server.client_limits,
         id_key,
     )
-    .with_cache(cache.clone());
+    .with_cache(cache.clone())
+    .with_traces(config.traces.as_ref().map(|traces| Traces::new(traces.sampling)));
     let mut proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
     proxy.h2_options = Some(h2_options());
     let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics));
@@ -572,6 +574,8 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("the client limits of [server]", a.client_limits != b.client_limits),
         ("[state]", running.state != new.state),
         ("[cache]", running.cache != new.cache),
+        ("[traces]", running.traces != new.traces),
+        ("[log]", running.log != new.log),
         (
             "tls.listen or tls.h2",
             running.tls.as_ref().map(|t| (&t.listen, t.h2))
@@ -654,6 +658,8 @@ fn watch_drain(metrics: Arc<Metrics>, grace: Duration, after: Duration) {
                 // pingora's grace period ends about now: its shutdown takes over.
                 () = sleep(grace) => return,
             }
+            // Spans still batched go out before the process ends (exit skips destructors).
+            crate::traces::flush();
             std::process::exit(0);
         });
     };

@@ -6,13 +6,14 @@ use std::fs::File;
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_http::RequestHeader;
 use rangeway_middleware::ByteRange;
 use tokio::sync::watch;
+use tracing::Instrument as _;
 use tracing::{info, warn};
 
 use super::store::{HEADER_LEN, OpenSlice, SliceId};
@@ -92,6 +93,8 @@ pub(crate) struct CacheBody {
     route: String,
     /// How missing slices are fetched; `None` for a representation, which is not.
     fetch: Option<Fetch>,
+    /// The time its reader waited on fills, for the trace of its request.
+    waits: FillWaits,
     /// Where the bytes of the slice holding `at` come from.
     current: Option<Source>,
 }
@@ -111,6 +114,50 @@ enum Source {
         exchange: Box<Exchange>,
         left: u64,
     },
+}
+
+/// The waits of one body's reader on fills, as one `cache.wait` span of its request's trace,
+/// from the first wait that held it up to the body's end.
+struct FillWaits {
+    /// The request's span; `Span::none()` when it is not traced, and then nothing is counted.
+    request: tracing::Span,
+    span: Option<tracing::Span>,
+    count: u64,
+    waited: Duration,
+}
+
+impl FillWaits {
+    fn within_current() -> Self {
+        Self { request: tracing::Span::current(), span: None, count: 0, waited: Duration::ZERO }
+    }
+
+    fn waited(&mut self, took: Duration) {
+        // A wait for bytes already written returns at once: not a wait on the fill.
+        if self.request.is_none() || took < Duration::from_micros(100) {
+            return;
+        }
+        let request = &self.request;
+        self.span.get_or_insert_with(|| {
+            tracing::info_span!(
+                target: crate::traces::TARGET,
+                parent: request,
+                "cache.wait",
+                rangeway.waits = tracing::field::Empty,
+                rangeway.waited_ms = tracing::field::Empty,
+            )
+        });
+        self.count += 1;
+        self.waited += took;
+    }
+}
+
+impl Drop for FillWaits {
+    fn drop(&mut self) {
+        if let Some(span) = &self.span {
+            span.record("rangeway.waits", crate::traces::int(self.count));
+            span.record("rangeway.waited_ms", self.waited.as_secs_f64() * 1000.0);
+        }
+    }
 }
 
 /// A piece of an answer's body: bytes, or a stretch of a complete slice's file that can go to
@@ -160,6 +207,7 @@ impl CacheBody {
             end: range.end(),
             route,
             fetch: Some(fetch),
+            waits: FillWaits::within_current(),
             current: None,
         };
         (body, started)
@@ -180,6 +228,7 @@ impl CacheBody {
             end: range.end(),
             route: route.to_owned(),
             fetch: None,
+            waits: FillWaits::within_current(),
             current: None,
         }
     }
@@ -250,10 +299,12 @@ impl CacheBody {
                     return Ok(Some(segment));
                 }
                 Source::Filling { id, file, mut progress } => {
+                    let waiting = Instant::now();
                     let state = *progress
                         .wait_for(|p| !matches!(p, Progress::Writing(n) if *n <= offset))
                         .await
                         .map_err(|_| fill_failed(FillFailure::Origin))?;
+                    self.waits.waited(waiting.elapsed());
                     match state {
                         Progress::Writing(written) => {
                             let want = want.min(written - offset);
@@ -486,7 +537,8 @@ fn start_run(
         fetch: fetch.clone(),
         run: run.into(),
     };
-    tokio::spawn(task.run());
+    // Its origin requests are in the trace of the request that started it, when it has one.
+    tokio::spawn(task.run().in_current_span());
     true
 }
 

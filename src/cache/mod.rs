@@ -650,8 +650,10 @@ impl Inner {
             let _ = head.insert_header(header::IF_NONE_MATCH, stale.etag.as_str());
         }
         let asked_at = SystemTime::now();
-        let exchange =
-            origin.send(&route.upstream, replica, head).await.map_err(|_| Bypass::Origin)?;
+        let exchange = origin
+            .send(&route.upstream, replica, head, "head")
+            .await
+            .map_err(|_| Bypass::Origin)?;
         let answered_at = SystemTime::now();
         let answer = exchange.session.response_header().cloned();
         origin.release(exchange).await;

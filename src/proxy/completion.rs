@@ -16,6 +16,7 @@ use http::header;
 use pingora_error::{Error, ErrorType, Result};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::ObjectVersion as StageObject;
+use tracing::Instrument as _;
 use tracing::{debug, info};
 
 use crate::representation::{ChainPass, StoredFacts, version_key};
@@ -73,7 +74,9 @@ impl Completions {
                 Ok(false) => debug!(route, %object, "the digests were complete already"),
                 Err(error) => debug!(route, %object, %error, "could not finish the digests"),
             }
-        });
+        }
+        // In the trace of the response that started it, when it has one.
+        .in_current_span());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {

@@ -56,6 +56,8 @@ pub struct RequestCtx {
     pub(super) upstream_asked: Option<Instant>,
     pub(super) upstream_header: Option<Duration>,
     pub(super) refusal: Option<&'static str>,
+    /// Its spans, when the request is traced.
+    pub(super) trace: Option<super::traced::RequestTrace>,
     pub(super) _active: Option<ActiveDownload>,
     /// The download's place under its route's concurrent-download limits, held to the end.
     pub(super) under_way: Option<super::under_way::Place>,
@@ -145,6 +147,7 @@ impl Default for RequestCtx {
             upstream_asked: None,
             upstream_header: None,
             refusal: None,
+            trace: None,
             _active: None,
             under_way: None,
             pacer: None,

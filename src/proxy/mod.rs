@@ -23,6 +23,7 @@ mod relay;
 mod s3;
 mod shaping;
 mod splice;
+mod traced;
 mod transport;
 mod under_way;
 
@@ -57,6 +58,7 @@ use crate::routes::{RouteSwitch, request_host};
 use crate::s3::verify as s3_verify;
 use crate::state::unix_now;
 use crate::state::{DownloadSession, Resumable, StateStore};
+use crate::traces::{self, Traces};
 use answer::{
     Lapsed, answer_without_body, error_answer, error_kind, header_over_limits, is_client_abort,
     refuse_changed, respond, set_partial,
@@ -69,6 +71,8 @@ use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
 use plan::{plan_parts, plan_upstream};
 use relay::Continuable;
 use shaping::{join, off_the_event_loop, remove_whole_object_checksums, upstream_stream};
+use traced::{RequestTrace, StoreCall, request_span, store_span};
+use tracing::Instrument as _;
 use transport::Transport;
 
 /// The proxy, built once from config and shared by every request.
@@ -90,6 +94,8 @@ pub struct Proxy {
     under_way: Arc<under_way::UnderWay>,
     /// The rates shaped responses share (per client, per route).
     rates: Arc<pace::SharedRates>,
+    /// Which requests are traced, when traces are on.
+    traces: Option<Traces>,
 }
 
 impl Proxy {
@@ -117,7 +123,14 @@ impl Proxy {
             cache: None,
             under_way: Arc::default(),
             rates: Arc::default(),
+            traces: None,
         }
+    }
+
+    /// The proxy, tracing requests as `traces` says (`None`: traces are off).
+    pub(crate) fn with_traces(mut self, traces: Option<Traces>) -> Self {
+        self.traces = traces;
+        self
     }
 
     /// The proxy, with the slice cache its routes use.
@@ -142,6 +155,9 @@ impl ProxyHttp for Proxy {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        if let Some(traces) = &self.traces {
+            ctx.trace = traces.start(&session.req_header().headers).map(RequestTrace::new);
+        }
         // A client that takes none of the response for this long is cut, rather than holding its
         // buffers and upstream connection indefinitely.
         session.set_write_timeout(Some(self.client_limits.write_timeout));
@@ -300,7 +316,8 @@ impl ProxyHttp for Proxy {
             // download and on routes whose stages learn. A store outage costs resume safety,
             // the resume hint and the digests, never the response (the store reports it, once).
             let lookup = if ranged || has_chain {
-                self.store.lookup(&id, &object, &route.stage_keys).await.ok()
+                let span = store_span(ctx.trace.as_ref(), StoreCall::Lookup);
+                self.store.lookup(&id, &object, &route.stage_keys).instrument(span).await.ok()
             } else {
                 None
             };
@@ -403,7 +420,8 @@ impl ProxyHttp for Proxy {
         if ctx.transport == Transport::Pingora {
             return Ok(true);
         }
-        self.relay(session, ctx).await?;
+        let span = request_span(ctx.trace.as_ref());
+        self.relay(session, ctx).instrument(span).await?;
         Ok(false)
     }
 
@@ -517,6 +535,12 @@ impl ProxyHttp for Proxy {
             upstream_request.insert_header("x-forwarded-host", host)?;
         }
         upstream_request.append_header(header::VIA, HeaderValue::from_static(VIA))?;
+        if let Some(trace) = ctx.trace.as_mut().filter(|_| ctx.transport == Transport::Pingora) {
+            // Before the request is signed; `traceparent` is never among the signed fields. (The
+            // relay makes its span as it sends: the cache may answer instead.)
+            let attempt = traces::origin_attempt(&trace.span, upstream_request, "first");
+            trace.first_origin = Some(attempt);
+        }
         route.upstream.authorize(upstream_request)
     }
 
@@ -530,6 +554,9 @@ impl ProxyHttp for Proxy {
             && let Some(route) = ctx.route.as_ref()
         {
             route.upstream.failed(ctx.replica);
+        }
+        if let Some(attempt) = ctx.trace.as_ref().and_then(|t| t.first_origin.as_ref()) {
+            attempt.record("http.response.status_code", traces::int(response.status.as_u16()));
         }
         if ctx.transforms() {
             // The version a resume may have is the transformed representation's ETag: checked in response_filter.
@@ -601,7 +628,9 @@ impl ProxyHttp for Proxy {
             // async_trait boxes, per response) kilobytes larger, all of it copied.
             if let Some(route) = route_arc.as_ref()
                 && let Ok(Some(complete_len)) =
-                    Box::pin(self.origin_client.length(&route.upstream, &ctx.upstream_target)).await
+                    Box::pin(self.origin_client.length(&route.upstream, &ctx.upstream_target))
+                        .instrument(request_span(ctx.trace.as_ref()))
+                        .await
             {
                 forwarded(response)?;
                 return answer_without_body(response, ctx, &Shape::Unsatisfiable { complete_len });
@@ -720,6 +749,8 @@ impl ProxyHttp for Proxy {
         }
         if let Some(pass) = ctx.pass.as_mut() {
             let chunk = body.take();
+            let stages_began =
+                ctx.trace.as_ref().map(|_| (Instant::now(), chunk.as_ref().map_or(0, Bytes::len)));
             let out = off_the_event_loop(pass.blocks(), || {
                 let out = match chunk {
                     Some(chunk) => pass.push(chunk),
@@ -730,6 +761,10 @@ impl ProxyHttp for Proxy {
                     (out, _) => out,
                 }
             });
+            if let (Some(trace), Some((began, bytes_in))) = (ctx.trace.as_mut(), stages_began) {
+                let bytes_out = out.as_ref().ok().and_then(Option::as_ref).map_or(0, Bytes::len);
+                trace.stages_ran(bytes_in, bytes_out, began.elapsed());
+            }
             match out {
                 Ok(out) => *body = out,
                 Err(error) => {
@@ -816,7 +851,8 @@ impl ProxyHttp for Proxy {
             let was_complete =
                 ctx.download.as_ref().and_then(|d| d.session.as_ref()).is_some_and(complete);
             // Completed by pieces: one response of the whole version showed the stages all of it.
-            if let Ok(session) = self.store.record(&delivery).await
+            let span = store_span(ctx.trace.as_ref(), StoreCall::Record);
+            if let Ok(session) = self.store.record(&delivery).instrument(span).await
                 && complete(&session)
                 && !was_complete
                 && delivery.range != ByteRange::whole(delivery.version.size)
@@ -846,6 +882,8 @@ impl ProxyHttp for Proxy {
                 target: ctx.upstream_target.clone(),
                 version,
             };
+            // Its requests to the origin are this response's: in its trace.
+            let _within = ctx.trace.as_ref().map(|trace| trace.span.enter());
             self.completions.start(Arc::clone(&self.store), unfinished);
         }
         let route = ctx.route_name();
@@ -871,19 +909,42 @@ impl ProxyHttp for Proxy {
         // A signed link's signature shortened: the log must not hold a usable link.
         let path = links::redacted(req.uri.path_and_query().map_or("/", |p| p.as_str()));
         let version = tracing::field::debug(req.version);
+        let trace_id = ctx.trace.as_ref().and_then(|trace| {
+            let span = &trace.span;
+            span.record("http.request.method", req.method.as_str());
+            span.record("url.path", &*path);
+            span.record("network.protocol.version", tracing::field::debug(req.version));
+            span.record("rangeway.route", route);
+            if let Some(download) = &ctx.download {
+                span.record("rangeway.download_id", download.id.as_str());
+            }
+            span.record("rangeway.range_asked", asked);
+            span.record("rangeway.range_served", ctx.served_range.as_str());
+            span.record("rangeway.transport", transport);
+            span.record("rangeway.cache", cache);
+            span.record("http.response.status_code", traces::int(status));
+            span.record("http.response.body.size", traces::int(sent));
+            if let Some(client) = session.client_addr() {
+                span.record("client.address", tracing::field::display(client));
+            }
+            if e.is_some() || status >= 500 {
+                span.record("otel.status_code", "ERROR");
+            }
+            traces::finish(span, &format!("{} {route}", req.method))
+        });
         match e {
             None => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %path, version, status,
                 range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                 upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
-                transport, cache, client, refused = ctx.refusal,
+                transport, cache, client, refused = ctx.refusal, trace_id,
             ),
             Some(e) if is_client_abort(e) => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %path, version, status,
                 range_asked = asked, range_served = %ctx.served_range, bytes = sent,
-                total_ms = elapsed.as_secs_f64() * 1000.0, transport, cache, client,
+                total_ms = elapsed.as_secs_f64() * 1000.0, transport, cache, client, trace_id,
                 "client went away before the end of the response"
             ),
             Some(e) => {
@@ -895,9 +956,11 @@ impl ProxyHttp for Proxy {
                     route, method = %req.method, path = %path, version, status,
                     range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                     upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
-                    transport, cache, client, error = %e,
+                    transport, cache, client, trace_id, error = %e,
                 )
             }
         }
+        // The request's spans end with its access line.
+        ctx.trace = None;
     }
 }

@@ -31,6 +31,7 @@ use pingora_proxy::{ProxyHttp, Session};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 use tokio::sync::mpsc::Sender;
+use tracing::Instrument as _;
 use tracing::{info, warn};
 
 use super::Proxy;
@@ -148,6 +149,7 @@ impl Proxy {
             base,
             parts: std::mem::take(&mut ctx.rest_parts).into(),
             at: stream.map_or(0, |s| s.start()),
+            attempt_from: stream.map_or(0, |s| s.start()),
             replica: ctx.replica,
             cache: self
                 .cache
@@ -272,7 +274,8 @@ impl Proxy {
         // The upstream is read (and continued) by a task of its own while this one writes to the
         // client, so that both sides move at once, as in pingora's proxying.
         let (pieces, mut received) = tokio::sync::mpsc::channel(RELAY_QUEUE);
-        tokio::spawn(pump.run(body, pending, pieces));
+        // Its continuations are this response's: in its trace, when it has one.
+        tokio::spawn(pump.run(body, pending, pieces).in_current_span());
         // While the origin is slow the client is watched, as pingora's proxying watches it: one
         // that hangs up ends the response at once, so that its download is recorded before the
         // client can come back to resume it.
@@ -428,6 +431,8 @@ impl Proxy {
         let pipe = Pipe::new().or_err(ErrorType::InternalError, "creating a pipe")?;
         let (start, started, mut attempts) = (pump.at, Instant::now(), 0);
         let mut sent = 0;
+        // Where the body of the exchange being spliced began, in `sent`: for its span.
+        let mut attempt_from = 0;
         let live = ctx.live.as_ref();
         let outcome = loop {
             let result = async {
@@ -466,17 +471,25 @@ impl Proxy {
             .await;
             match result {
                 Ok(()) => {
+                    exchange.ended(sent - attempt_from, "complete");
                     self.origin_client.release_read_past(exchange);
                     break Ok(());
                 }
                 Err(e) if *e.esource() == ErrorSource::Upstream => {
+                    exchange.ended(sent - attempt_from, "cut");
                     pump.at = start + sent;
                     match pump.continued(e, started, &mut attempts).await {
-                        Ok(next) => exchange = next,
+                        Ok(next) => {
+                            exchange = next;
+                            attempt_from = sent;
+                        }
                         Err(e) => break Err(e),
                     }
                 }
-                Err(e) => break Err(e),
+                Err(e) => {
+                    exchange.ended(sent - attempt_from, "client_gone");
+                    break Err(e);
+                }
             }
         };
         ctx.spliced = sent;
@@ -494,7 +507,14 @@ impl Proxy {
         base: Option<&RequestHeader>,
     ) -> Result<Exchange> {
         let upstream = &route.upstream;
-        let mut sent = self.origin_client.exchange(upstream, ctx.replica, request).await;
+        let mut sent = match ctx.trace.is_some() {
+            // Its span and `traceparent` (in the request's span, the relay's), then signed again.
+            true => self.origin_client.send(upstream, ctx.replica, request, "first").await,
+            false => {
+                let untraced = tracing::Span::none();
+                self.origin_client.exchange(upstream, ctx.replica, request, untraced).await
+            }
+        };
         while let (Err(_), Some(base)) = (&sent, base) {
             if !upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries) {
                 break;
@@ -502,7 +522,7 @@ impl Proxy {
             ctx.replica = upstream.choose();
             let mut request = base.clone();
             request.insert_header(header::HOST, upstream.host_header(ctx.replica))?;
-            sent = self.origin_client.send(upstream, ctx.replica, request).await;
+            sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
         }
         sent
     }
@@ -524,13 +544,22 @@ impl Proxy {
     }
 }
 
-/// Writes `body` to the client: at once, or on a shaped route paced in steps (`pace.rs`).
+/// Writes `body` to the client: at once, or on a shaped route paced in steps (`pace.rs`). A traced
+/// request counts the time the client held the writes up (pacing not included).
 async fn write_out(
     session: &mut Session,
     ctx: &mut RequestCtx,
     body: Option<Bytes>,
     end: bool,
 ) -> Result<()> {
+    if ctx.pacer.is_none()
+        && let Some(trace) = ctx.trace.as_mut()
+    {
+        let (began, len) = (Instant::now(), body.as_ref().map_or(0, Bytes::len));
+        let written = session.write_response_body(body, end).await;
+        trace.client_wrote(len, began.elapsed());
+        return written;
+    }
     let Some(pacer) = ctx.pacer.as_mut() else {
         return session.write_response_body(body, end).await;
     };
@@ -689,6 +718,13 @@ impl UpstreamBody {
         }
     }
 
+    /// Says in the origin exchange's span how it ended (see [`Exchange::ended`]).
+    fn ended(&mut self, bytes: u64, how: &'static str) {
+        if let Self::Origin { exchange, .. } = self {
+            exchange.ended(bytes, how);
+        }
+    }
+
     /// Gives an origin connection whose body was read to its end back to the pool.
     async fn release(self, client: &OriginClient) {
         match self {
@@ -749,6 +785,8 @@ struct Pump {
     parts: std::collections::VecDeque<ByteRange>,
     /// The next byte of the object the body brings.
     at: u64,
+    /// Where the body of the exchange being read began: its span counts the bytes from here.
+    attempt_from: u64,
     replica: usize,
     /// The slice cache and how the route uses it, when it does: the stretches of a multipart
     /// answer are asked of it.
@@ -780,6 +818,7 @@ impl Pump {
                     Piece::Chunk(chunk)
                 }
                 Ok(None) => {
+                    body.ended(self.at - self.attempt_from, "complete");
                     // Pooled before the client hears of the end: its next request may want it.
                     body.release(&self.client).await;
                     let Some(part) = self.parts.pop_front() else {
@@ -789,6 +828,7 @@ impl Pump {
                     match self.next_part(part).await {
                         Ok(next) => {
                             body = next;
+                            self.attempt_from = self.at;
                             if pieces.send(Piece::Skip(part.start())).await.is_err() {
                                 return;
                             }
@@ -802,16 +842,20 @@ impl Pump {
                 }
                 // The cache's fetches continue what they can: its error is final.
                 Err(broke) if matches!(body, UpstreamBody::Cache(_)) => Piece::Broken(broke),
-                Err(broke) => match self.continued(broke, started, &mut attempts).await {
-                    Ok(next) => {
-                        body = UpstreamBody::Origin {
-                            exchange: Box::new(next),
-                            source: BodySource::Unread,
-                        };
-                        continue;
+                Err(broke) => {
+                    body.ended(self.at - self.attempt_from, "cut");
+                    match self.continued(broke, started, &mut attempts).await {
+                        Ok(next) => {
+                            self.attempt_from = self.at;
+                            body = UpstreamBody::Origin {
+                                exchange: Box::new(next),
+                                source: BodySource::Unread,
+                            };
+                            continue;
+                        }
+                        Err(broke) => Piece::Broken(broke),
                     }
-                    Err(broke) => Piece::Broken(broke),
-                },
+                }
             };
             let broken = matches!(piece, Piece::Broken(_));
             // The client went away (its task dropped the receiver), or the body is over.

@@ -41,7 +41,7 @@ impl HealthChecks {
         let probes = (0..upstream.replica_count()).map(|replica| async move {
             let probe = async {
                 let request = upstream.request("GET", &check.path, replica)?;
-                let exchange = self.client.send(upstream, replica, request).await?;
+                let exchange = self.client.send(upstream, replica, request, "health").await?;
                 Ok::<_, Box<pingora_error::Error>>(
                     exchange.session.response_header().map(|r| r.status.as_u16()),
                 )

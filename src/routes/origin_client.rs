@@ -14,6 +14,7 @@ use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 
 use super::upstream::Upstream;
+use crate::traces;
 
 /// Why [`OriginClient::fetch_range`] has no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,9 +52,22 @@ impl std::fmt::Debug for OriginClient {
 pub(crate) struct Exchange {
     pub(crate) session: HttpSession,
     peer: Box<HttpPeer>,
+    /// Its `origin` span, when the response it is for is traced: it ends with the exchange.
+    attempt: tracing::Span,
 }
 
 impl Exchange {
+    /// Says in its span how the exchange ended — `bytes` of body read, and `how` (`complete`,
+    /// `cut`, `client_gone`) — and ends the span: a continuation's begins after it.
+    pub(crate) fn ended(&mut self, bytes: u64, how: &'static str) {
+        self.attempt.record("rangeway.bytes", traces::int(bytes));
+        self.attempt.record("rangeway.ended", how);
+        if how == "cut" {
+            self.attempt.record("otel.status_code", "ERROR");
+        }
+        self.attempt = tracing::Span::none();
+    }
+
     /// How long the connection may be silent, as configured for its upstream.
     pub(crate) fn read_timeout(&self) -> Option<std::time::Duration> {
         self.peer.options.read_timeout
@@ -66,29 +80,37 @@ impl OriginClient {
     }
 
     /// Sends `request` (made by [`Upstream::request`] for `replica`) to that replica of
-    /// `upstream`, signed when it is an S3 upstream, and reads the answer's header.
+    /// `upstream`, signed when it is an S3 upstream, and reads the answer's header. Within a
+    /// traced response (the current span), it is an `origin` span of that trace, `what` it is
+    /// for (`first`, `range`, `length`), and says so to the origin (`traceparent`).
     pub(crate) async fn send(
         &self,
         upstream: &Upstream,
         replica: usize,
         mut request: RequestHeader,
+        what: &'static str,
     ) -> Result<Exchange> {
+        let attempt = traces::origin_attempt(&tracing::Span::current(), &mut request, what);
         upstream.authorize(&mut request)?;
-        self.exchange(upstream, replica, request).await
+        self.exchange(upstream, replica, request, attempt).await
     }
 
-    /// Sends `request` as it is (already authorized) and reads the answer's header. A replica
-    /// that cannot be reached is passed over for a while (one that answers 5xx is, by whoever
-    /// reads the answer).
+    /// Sends `request` as it is (already authorized, its `traceparent` set for `attempt`, its
+    /// span) and reads the answer's header. A replica that cannot be reached is passed over for
+    /// a while (one that answers 5xx is, by whoever reads the answer).
     pub(crate) async fn exchange(
         &self,
         upstream: &Upstream,
         replica: usize,
         request: RequestHeader,
+        attempt: tracing::Span,
     ) -> Result<Exchange> {
+        let asked = std::time::Instant::now();
         let exchanged = async {
             let peer = upstream.peer(replica).await?;
-            let (stream, _) = self.transport.get_stream(peer.as_ref()).await?;
+            let (stream, reused) = self.transport.get_stream(peer.as_ref()).await?;
+            attempt.record("rangeway.connection_reused", reused);
+            attempt.record("rangeway.connect_ms", asked.elapsed().as_secs_f64() * 1000.0);
             let mut session =
                 HttpSession::H1(Http1Session::new_with_options(stream, peer.as_ref()));
             session.write_request_header(Box::new(request)).await?;
@@ -103,12 +125,22 @@ impl OriginClient {
                     break;
                 }
             }
-            Ok(Exchange { session, peer })
+            Ok(Exchange { session, peer, attempt: tracing::Span::none() })
         };
         let exchanged: Result<Exchange> = exchanged.await;
         if exchanged.is_err() {
             upstream.failed(replica);
+            attempt.record("rangeway.ended", "failed");
+            attempt.record("otel.status_code", "ERROR");
         }
+        let exchanged = exchanged.map(|mut exchange| {
+            if let Some(answer) = exchange.session.response_header() {
+                attempt.record("http.response.status_code", traces::int(answer.status.as_u16()));
+            }
+            attempt.record("rangeway.first_byte_ms", asked.elapsed().as_secs_f64() * 1000.0);
+            exchange.attempt = attempt;
+            exchange
+        });
         // The upstream's failure, as pingora marks those of its own proxying: it is answered and
         // counted as one (502/504, `rangeway_upstream_errors_total`).
         exchanged.map_err(|e| e.into_up())
@@ -138,7 +170,7 @@ impl OriginClient {
             request.remove_header(&name);
         }
         let exchange =
-            self.send(upstream, replica, request).await.map_err(|_| FetchError::Failed)?;
+            self.send(upstream, replica, request, "range").await.map_err(|_| FetchError::Failed)?;
         let Some(answer) = exchange.session.response_header() else {
             return Err(FetchError::Failed);
         };
@@ -171,7 +203,9 @@ impl OriginClient {
     /// Returns the connection of an exchange whose body was read to its end to the pool, when
     /// the origin keeps it open.
     pub(crate) async fn release(&self, exchange: Exchange) {
-        let Exchange { session: HttpSession::H1(mut session), peer } = exchange else { return };
+        let Exchange { session: HttpSession::H1(mut session), peer, .. } = exchange else {
+            return;
+        };
         session.respect_keepalive();
         if let Some(stream) = session.reuse().await {
             self.transport.release_stream(stream, peer.reuse_hash(), peer.options.idle_timeout);
@@ -182,7 +216,9 @@ impl OriginClient {
     /// reader (spliced, or read from the socket by rangeway: pingora saw only its first bytes)
     /// to the pool, when the origin keeps it open.
     pub(crate) fn release_read_past(&self, exchange: Exchange) {
-        let Exchange { session: HttpSession::H1(mut session), peer } = exchange else { return };
+        let Exchange { session: HttpSession::H1(mut session), peer, .. } = exchange else {
+            return;
+        };
         session.respect_keepalive();
         if session.will_keepalive() {
             let stream = session.into_inner();
@@ -195,7 +231,7 @@ impl OriginClient {
     pub(crate) async fn length(&self, upstream: &Upstream, target: &str) -> Result<Option<u64>> {
         let replica = upstream.choose();
         let request = upstream.request("HEAD", target, replica)?;
-        let exchange = self.send(upstream, replica, request).await?;
+        let exchange = self.send(upstream, replica, request, "length").await?;
         let length = exchange
             .session
             .response_header()
