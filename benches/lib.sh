@@ -58,12 +58,13 @@ cpu_seconds() {
 }
 
 # wrk_download CONNECTIONS SECONDS URL: wrk (one thread, on $CLIENT_CPU or CPU 1) downloading URL
-# over CONNECTIONS for SECONDS with benches/load/wrk.lua; sets $bytes, $us (the run's length) and
-# $p99 (µs), and fails the bench if any request failed.
+# over CONNECTIONS for SECONDS with benches/load/wrk.lua; sets $requests, $bytes (headers
+# included), $us (the run's length) and $p99 (µs), and fails the bench if any request failed.
 wrk_download() {
     local out errors
     out=$(taskset -c "${CLIENT_CPU:-1}" wrk -t1 -c"$1" -d"${2}s" --timeout 120s \
         -s benches/load/wrk.lua "$3" | grep '^WRK')
+    requests=$(sed 's/.*requests=\([0-9]*\).*/\1/' <<<"$out")
     bytes=$(sed 's/.*bytes=\([0-9]*\).*/\1/' <<<"$out")
     us=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$out")
     p99=$(sed 's/.*p99_us=\([0-9]*\).*/\1/' <<<"$out")

@@ -51,11 +51,11 @@ done
 declare -a rates=("" "" "") cpus=("" "" "") p99s=("" "" "")
 for round in $(seq "$rounds"); do
     line="round $round:"
-    for i in 0 1 2; do
+    # Each round starts with another setting: none is always measured right after another.
+    for i in $(( round % 3 )) $(( (round + 1) % 3 )) $(( (round + 2) % 3 )); do
         before=$(cpu_seconds "${procs[$i]}")
         wrk_download "$conns" "$seconds" "http://127.0.0.1:${ports[$i]}/small.bin"
         after=$(cpu_seconds "${procs[$i]}")
-        requests=$((bytes / 16))
         rate=$(awk -v r="$requests" -v us="$us" 'BEGIN { printf "%.0f", r / (us / 1e6) }')
         cpu=$(awk -v a="$after" -v b="$before" -v r="$requests" 'BEGIN { printf "%.1f", (a - b) * 1e6 / r }')
         rates[$i]+="$rate " cpus[$i]+="$cpu " p99s[$i]+="$p99 "
