@@ -81,6 +81,9 @@ fn responses_go_at_their_rate_after_a_fast_start_and_the_origin_may_only_lower_i
     let head = support::http::head(&proxy.url("/origin/lowered.bin"), &[]);
     assert_eq!(head.header("x-accel-limit-rate"), None);
     assert!(proxy.metric("rangeway_shaped_bytes_total", "route=\"/rate/\"") >= 6 << 20);
+    // Paced and still spliced: the kernel moved the untouched bodies, step by step.
+    let spliced = "route=\"/rate/\",transport=\"splice\"";
+    assert_eq!(proxy.metric_at_least("rangeway_transport_total", spliced, 1), 1);
 }
 
 #[test]
@@ -100,6 +103,8 @@ fn a_paced_body_has_no_bursts() {
     }
     let total: usize = arrivals.iter().map(|(_, n)| n).sum();
     assert!(total > 3 << 20, "the whole answer ({total})");
+    let spliced = proxy.metric_at_least("rangeway_spliced_bytes_total", "route=\"/\"", 3 << 20);
+    assert!(spliced >= 3 << 20, "paced and still spliced: {spliced} bytes");
     // Over every 100 ms window past the first step: at most twice the rate.
     let most = arrivals
         .iter()

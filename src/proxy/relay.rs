@@ -163,7 +163,6 @@ impl Proxy {
             Some(UpstreamBody::Cache(_)) => Some(BodyFrom::Cache),
             None => None,
         };
-        // A shaped body is written in paced steps by the relay, not handed to the kernel.
         // The origin's rate field is for rangeway, not the client.
         let origin_header = route.rate_limit.as_ref().and_then(|l| l.origin_header.as_ref());
         let origin_rate = origin_header.and_then(|name| {
@@ -180,9 +179,13 @@ impl Proxy {
         if let Some(pacer) = &ctx.pacer {
             pump.read_max = pacer.step().min(READ_BYTES);
         }
-        let kernel_way = from.filter(|_| ctx.pacer.is_none()).and_then(|from| {
-            ctx.transport.for_body(session, ctx.passes_body_untouched(), from, &response)
-        });
+        // A shaped origin body is spliced in paced steps; a shaped cache body goes through the
+        // relay's paced writer (sendfile has no steps).
+        let kernel_way = from
+            .filter(|from| ctx.pacer.is_none() || matches!(from, BodyFrom::Origin(_)))
+            .and_then(|from| {
+                ctx.transport.for_body(session, ctx.passes_body_untouched(), from, &response)
+            });
         let mut body = match (kernel_way, body) {
             (Some((way, client, len)), Some(UpstreamBody::Origin { exchange, .. })) => {
                 ctx.transport = way;
@@ -433,11 +436,16 @@ impl Proxy {
         let mut sent = 0;
         // Where the body of the exchange being spliced began, in `sent`: for its span.
         let mut attempt_from = 0;
+        // A shaped body is spliced in paced steps: the kernel still moves every byte.
+        let mut pacer = ctx.pacer.take();
         let live = ctx.live.as_ref();
         let outcome = loop {
             let result = async {
                 // The bytes that came with the header are in pingora's buffer: they go first.
                 if let Some(first) = exchange.session.read_response_body().await? {
+                    if let Some(pacer) = pacer.as_mut() {
+                        pacer.wait(first.len()).await;
+                    }
                     client
                         .write_all(&first, timeouts.write)
                         .await
@@ -453,13 +461,27 @@ impl Proxy {
                             "the origin connection cannot be spliced",
                         )
                     })?;
-                let left = len - sent;
-                let delivered = |n: usize| {
+                let mut left = len - sent;
+                let mut delivered = |n: usize| {
                     sent += n as u64;
                     live.inspect(|live| live.sent(n));
                 };
-                splice(&origin, client, &pipe, left, timeouts, delivered).await.map_err(|e| match e
-                {
+                let spliced = match pacer.as_mut() {
+                    None => splice(&origin, client, &pipe, left, timeouts, delivered).await,
+                    Some(pacer) => {
+                        let mut spliced = Ok(());
+                        while left > 0 && spliced.is_ok() {
+                            let step = left.min(pacer.step() as u64);
+                            pacer.wait(step as usize).await;
+                            spliced =
+                                splice(&origin, client, &pipe, step, timeouts, &mut delivered)
+                                    .await;
+                            left -= step;
+                        }
+                        spliced
+                    }
+                };
+                spliced.map_err(|e| match e {
                     SpliceError::Upstream(e) => {
                         Error::because(ErrorType::ReadError, "reading the body", e).into_up()
                     }
@@ -492,6 +514,7 @@ impl Proxy {
                 }
             }
         };
+        ctx.pacer = pacer;
         ctx.spliced = sent;
         outcome
     }
