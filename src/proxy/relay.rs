@@ -431,7 +431,7 @@ impl Proxy {
             read: exchange.read_timeout().unwrap_or(Duration::MAX),
             write: self.client_limits.write_timeout,
         };
-        let pipe = Pipe::lend().or_err(ErrorType::InternalError, "creating a pipe")?;
+        let pipe = Pipe::new().or_err(ErrorType::InternalError, "creating a pipe")?;
         let (start, started, mut attempts) = (pump.at, Instant::now(), 0);
         let mut sent = 0;
         // Where the body of the exchange being spliced began, in `sent`: for its span.

@@ -7,10 +7,8 @@
 //! Only for plain TCP or Unix sockets on both sides (TLS needs the bytes) and a body the client
 //! gets exactly as the origin sends it.
 
-use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -168,20 +166,6 @@ pub(super) struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
     capacity: usize,
-    /// Known to hold nothing: no splice through it is under way or stopped with bytes in it.
-    empty: AtomicBool,
-}
-
-/// The most spare pipes a thread keeps: as many as the bodies it splices at once, up to this.
-/// Each counts its size against the user's pipe quota (`/proc/sys/fs/pipe-user-pages-soft`,
-/// 64 MiB by default; 64 spares take 16 MiB of it), whether it holds bytes or not; past the
-/// quota new pipes keep the kernel's default size.
-const MOST_SPARE_PIPES: usize = 64;
-
-thread_local! {
-    /// Pipes whose last body went through whole, for the next: making one is four system calls
-    /// (the pipe, its size, closing its two ends) for every spliced response.
-    static SPARE_PIPES: RefCell<Vec<Pipe>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Pipe {
@@ -190,44 +174,7 @@ impl Pipe {
         // The size is a wish: past the user's pipe quota the kernel keeps the default.
         let capacity = rustix::pipe::fcntl_setpipe_size(&write, PIPE_BYTES)
             .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
-        Ok(Self { read, write, capacity, empty: AtomicBool::new(true) })
-    }
-
-    /// A pipe for one body: one of this thread's spares, or a new one. It goes back to the
-    /// spares when dropped empty.
-    pub(super) fn lend() -> io::Result<LentPipe> {
-        let spare = SPARE_PIPES.with(|spares| spares.borrow_mut().pop());
-        Ok(LentPipe(Some(match spare {
-            Some(pipe) => pipe,
-            None => Self::new()?,
-        })))
-    }
-}
-
-/// A pipe lent for one body (see [`Pipe::lend`]).
-#[derive(Debug)]
-pub(super) struct LentPipe(Option<Pipe>);
-
-impl std::ops::Deref for LentPipe {
-    type Target = Pipe;
-
-    fn deref(&self) -> &Pipe {
-        // Taken only by drop.
-        self.0.as_ref().expect("a lent pipe until it is dropped")
-    }
-}
-
-impl Drop for LentPipe {
-    fn drop(&mut self) {
-        // A pipe with bytes left in it would hand them to the next body: closed instead.
-        if let Some(pipe) = self.0.take().filter(|pipe| pipe.empty.load(Ordering::Relaxed)) {
-            SPARE_PIPES.with(|spares| {
-                let mut spares = spares.borrow_mut();
-                if spares.len() < MOST_SPARE_PIPES {
-                    spares.push(pipe);
-                }
-            });
-        }
+        Ok(Self { read, write, capacity })
     }
 }
 
@@ -261,8 +208,6 @@ pub(super) async fn splice(
     timeouts: Timeouts,
     mut delivered: impl FnMut(usize),
 ) -> Result<(), SpliceError> {
-    // Empty again only where it returns with nothing in it (not if this future is dropped).
-    pipe.empty.store(false, Ordering::Relaxed);
     let mut left = len;
     let mut in_pipe = 0usize;
     let mut upstream_error = None;
@@ -291,7 +236,6 @@ pub(super) async fn splice(
                     filled = from.wait_for(Interest::READABLE, timeouts.read, fill) => filled,
                     hung_up = to.hung_up(), if watch_client => {
                         if hung_up {
-                            pipe.empty.store(true, Ordering::Relaxed);
                             return Err(SpliceError::Downstream(io::ErrorKind::ConnectionReset.into()));
                         }
                         // It sent bytes (a pipelined request): they are not ours to read.
@@ -332,11 +276,9 @@ pub(super) async fn splice(
             since_yield = if waited { moved } else { since_yield + moved };
             delivered(moved);
         } else if let Some(e) = upstream_error {
-            pipe.empty.store(true, Ordering::Relaxed);
             return Err(SpliceError::Upstream(e));
         }
     }
-    pipe.empty.store(true, Ordering::Relaxed);
     Ok(())
 }
 
@@ -446,46 +388,6 @@ mod tests {
         let timeouts = Timeouts { read: Duration::from_secs(5), write: Duration::from_millis(100) };
         let result = splice(&from, &to, &Pipe::new().unwrap(), 8 << 20, timeouts, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
-    }
-
-    fn spare_pipes() -> usize {
-        SPARE_PIPES.with(|spares| spares.borrow().len())
-    }
-
-    /// A pipe a body went through whole is the next body's; one a client stopped reading left
-    /// bytes in is closed, never lent again. (Each tokio test has a thread of its own.)
-    #[tokio::test]
-    async fn only_a_pipe_left_empty_is_lent_again() {
-        let body = pattern(300_000);
-        let Ends { mut origin, mut client, upstream: _u, downstream: _d, from, to } = ends();
-        tokio::spawn(async move { origin.write_all(&body).await.unwrap() });
-        let reader = tokio::spawn(async move {
-            let mut got = vec![0; 300_000];
-            client.read_exact(&mut got).await.unwrap();
-            (client, got)
-        });
-        let pipe = Pipe::lend().unwrap();
-        splice(&from, &to, &pipe, 300_000, TIMEOUTS, |_| {}).await.unwrap();
-        let (_client, got) = reader.await.unwrap();
-        assert_eq!(got, pattern(300_000));
-        let fd = pipe.read.as_raw_fd();
-        drop(pipe);
-        assert_eq!(spare_pipes(), 1, "an empty pipe goes back");
-        let again = Pipe::lend().unwrap();
-        assert_eq!((again.read.as_raw_fd(), spare_pipes()), (fd, 0), "and is lent again");
-        drop(again);
-
-        let body = pattern(8 * 1024 * 1024);
-        let Ends { mut origin, client: _client, upstream: _u2, downstream: _d2, from, to } = ends();
-        tokio::spawn(async move {
-            let _ = origin.write_all(&body).await;
-        });
-        let timeouts = Timeouts { read: Duration::from_secs(5), write: Duration::from_millis(100) };
-        let stuck = Pipe::lend().unwrap();
-        let result = splice(&from, &to, &stuck, 8 << 20, timeouts, |_| {}).await;
-        assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
-        drop(stuck);
-        assert_eq!(spare_pipes(), 0, "a pipe with bytes in it is closed");
     }
 
     #[tokio::test]
