@@ -15,12 +15,26 @@ pub(crate) fn free_port() -> u16 {
     free_ports::<1>()[0]
 }
 
-/// `N` distinct free ports: all are held at once while they are chosen, so two calls in a row
-/// cannot hand out the same port twice.
+/// `N` distinct free ports, none handed out before in this test binary: a port released by one
+/// call is free again for the kernel to give the next, and a test that asks twice (a TLS port,
+/// then its config's own listeners) got the same port twice once.
 pub(crate) fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: [TcpListener; N] =
-        std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"));
-    listeners.map(|l| l.local_addr().expect("local address of a bound listener").port())
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // All held at once while they are chosen, so that they differ from each other too, and so
+    // do the ones passed over (held, the kernel cannot offer them again meanwhile).
+    let (mut held, mut passed_over) = (Vec::new(), Vec::new());
+    while held.len() < N {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local address of a bound listener").port();
+        if given.contains(&port) {
+            passed_over.push(listener);
+        } else {
+            given.push(port);
+            held.push((listener, port));
+        }
+    }
+    std::array::from_fn(|i| held[i].1)
 }
 
 /// Waits until something accepts TCP connections on `addr`.
