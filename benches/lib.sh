@@ -72,6 +72,11 @@ wrk_download() {
     [[ $errors == 0 ]] || { echo "$3: $out" >&2; return 1; }
 }
 
+# proc_kib PID FIELD: a kB field of /proc/PID/status (VmRSS, VmHWM), in KiB.
+proc_kib() {
+    awk -v field="$2:" '$1 == field { print $2 }' "/proc/$1/status"
+}
+
 # Median of the numbers on stdin, one per line.
 median() {
     sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'

@@ -18,8 +18,6 @@ fill_object "$work/root/obj.bin" $((SIZE_MIB << 20))
 start_origin 1 8192
 "$bin" keygen > "$work/key"
 
-kib() { awk -v field="$2:" '$1 == field { print $2 }' "/proc/$1/status"; }
-
 printf '%-18s %8s %10s %14s %10s %10s\n' route "idle MiB" "peak MiB" "KiB/download" "MB/s" "CPU s/GB"
 for route in passthrough checksum+aes128gcm; do
     port=$(free_port)
@@ -34,11 +32,11 @@ for route in passthrough checksum+aes128gcm; do
     path=/obj.bin
     [[ $route == passthrough ]] || path=/aes/obj.bin
     curl -sf -o /dev/null "http://127.0.0.1:$port$path"
-    idle=$(kib "$pid" VmRSS)
+    idle=$(proc_kib "$pid" VmRSS)
     before=$(cpu_seconds "$pid")
     wrk_download "$CLIENTS" "$DURATION" "http://127.0.0.1:$port$path"
     after=$(cpu_seconds "$pid")
-    peak=$(kib "$pid" VmHWM)
+    peak=$(proc_kib "$pid" VmHWM)
     awk -v r="$route" -v i="$idle" -v p="$peak" -v c="$CLIENTS" -v b="$bytes" -v u="$us" \
         -v cpu="$(awk -v a="$after" -v b="$before" 'BEGIN { print a - b }')" \
         'BEGIN { printf "%-18s %8.1f %10.1f %14.0f %10.0f %10.3f\n", r, i / 1024, p / 1024, (p - i) / c, b / u, cpu / (b / 1e9) }'

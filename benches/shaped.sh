@@ -21,10 +21,6 @@ mkdir -p "$work/root" "$work/origin"
 fill_object "$work/root/obj.bin" $((SIZE_MIB << 20))
 start_origin 1 8192
 
-peak_kib() {
-    awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"
-}
-
 printf '%-8s %-12s %10s %12s %14s\n' clients route "MB/s" "CPU s/GB" "peak RSS MiB"
 for clients in $CLIENTS; do
     for route in shaped passthrough; do
@@ -44,7 +40,7 @@ for clients in $CLIENTS; do
         after=$(cpu_seconds "$pid")
         mbs=$(awk -v b="$bytes" -v u="$us" 'BEGIN { printf "%.0f", b / u }')
         cpu=$(awk -v a="$after" -v b="$before" -v n="$bytes" 'BEGIN { printf "%.3f", (a - b) / (n / 1e9) }')
-        rss=$(awk -v k="$(peak_kib "$pid")" 'BEGIN { printf "%.0f", k / 1024 }')
+        rss=$(awk -v k="$(proc_kib "$pid" VmHWM)" 'BEGIN { printf "%.0f", k / 1024 }')
         printf '%-8s %-12s %10s %12s %14s\n' "$clients" "$route" "$mbs" "$cpu" "$rss"
         kill "$pid"; wait "$pid" 2>/dev/null || true
     done

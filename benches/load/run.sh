@@ -288,7 +288,7 @@ cpu_ticks() { [[ -n $1 ]] && awk '{ print $14 + $15 }' "/proc/$1/stat" || echo 0
 busy_ticks() { awk -v cpu="${1:-cpu}" '$1 == cpu { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 # CPU of this shell's reaped children (wrk, once it has exited and been waited for).
 children_ticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
-peak_rss_kb() { [[ -n $1 ]] && awk '/^VmHWM/ { print $2 }' "/proc/$1/status" || echo 0; }
+peak_rss_kb() { [[ -n $1 ]] && proc_kib "$1" VmHWM || echo 0; }
 # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0): a peak per run.
 reset_peak_rss() { [[ -z $1 ]] || echo 5 2>/dev/null > "/proc/$1/clear_refs" || true; }
 
