@@ -3,7 +3,8 @@
 # front of one nginx origin, one core each:
 #
 #  1. hits: a warm SIZE_MIB object downloaded whole by HIT_CONC connections for DURATION seconds,
-#     REPS times each, alternating: MB/s delivered, p99, the proxy's CPU seconds per GB;
+#     REPS times each, alternating: MB/s delivered, p99, the proxy's CPU seconds per GB, and the
+#     whole machine's (proxy, wrk and the idle origin: see machine_seconds in lib.sh for why);
 #  2. origin egress: COLD_CLIENTS clients at once, each asking three random ranges (up to 4 MiB)
 #     of a cold COLD_MIB object, through an empty cache: the bytes the origin sent, as a multiple
 #     of the object's size;
@@ -12,7 +13,7 @@
 #     and the share of passthrough's.
 #
 #   bash benches/cache.sh                      (SIZE_MIB=10 HIT_CONC=100 DURATION=10 REPS=3
-#                                               COLD_MIB=1024 COLD_CLIENTS=100)
+#                                               COLD_MIB=1024 COLD_CLIENTS=100 PARTS="1 3 2")
 #
 # Every answer is checked before anything is timed: a whole download through each cache, and the
 # cold clients' ranges, against the object's bytes.
@@ -26,6 +27,7 @@ COLD_MIB=${COLD_MIB:-1024}
 COLD_CLIENTS=${COLD_CLIENTS:-100}
 PROXY_CPU=${PROXY_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
+PARTS=${PARTS:-1 3 2}
 source benches/lib.sh
 bench_setup rangeway-cache-bench
 
@@ -127,6 +129,9 @@ rangeway_cache rangeway; ports[rangeway]=$port; procs[rangeway]=$pid
 nginx_cache nginx-cache; ports[nginx-cache]=$port; procs[nginx-cache]=$pid
 targets=(rangeway nginx-cache)
 
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+
+if part 1; then
 echo "1. hits: a warm ${SIZE_MIB} MiB object, $HIT_CONC connections, ${DURATION} s, $REPS runs each"
 for t in "${targets[@]}"; do
     for _ in 1 2; do   # the second download is the hit
@@ -134,28 +139,32 @@ for t in "${targets[@]}"; do
     done
     [[ $got == "$want_hot" ]] || { echo "$t served wrong bytes" >&2; exit 1; }
 done
-declare -A speeds p99s cpus
+declare -A speeds p99s cpus machine
 for rep in $(seq "$REPS"); do
     line="run $rep:"
     for t in "${targets[@]}"; do
-        before=$(cpu_seconds "${procs[$t]}")
+        before=$(cpu_seconds "${procs[$t]}"); machine_before=$(machine_seconds)
         wrk_download "$HIT_CONC" "$DURATION" "http://127.0.0.1:${ports[$t]}/hot.bin"
-        after=$(cpu_seconds "${procs[$t]}")
+        after=$(cpu_seconds "${procs[$t]}"); machine_after=$(machine_seconds)
         mbs=$(awk -v b="$bytes" -v u="$us" 'BEGIN { printf "%.0f", b / u }')
         cpu=$(awk -v a="$after" -v b="$before" -v n="$bytes" 'BEGIN { printf "%.3f", (a - b) / (n / 1e9) }')
-        speeds[$t]+="$mbs "; p99s[$t]+="$((p99 / 1000)) "; cpus[$t]+="$cpu "
+        all=$(awk -v a="$machine_after" -v b="$machine_before" -v n="$bytes" 'BEGIN { printf "%.3f", (a - b) / (n / 1e9) }')
+        speeds[$t]+="$mbs "; p99s[$t]+="$((p99 / 1000)) "; cpus[$t]+="$cpu "; machine[$t]+="$all "
         line+=" $t $mbs MB/s"
     done
     echo "$line"
 done
-printf '%-12s %10s %12s %14s\n' cache "MB/s" "p99 ms" "CPU s/GB"
+printf '%-12s %10s %12s %14s %18s\n' cache "MB/s" "p99 ms" "CPU s/GB" "machine CPU s/GB"
 for t in "${targets[@]}"; do
-    printf '%-12s %10s %12s %14s\n' "$t" \
+    printf '%-12s %10s %12s %14s %18s\n' "$t" \
         "$(tr ' ' '\n' <<<"${speeds[$t]}" | grep . | median)" \
         "$(tr ' ' '\n' <<<"${p99s[$t]}" | grep . | median)" \
-        "$(tr ' ' '\n' <<<"${cpus[$t]}" | grep . | median)"
+        "$(tr ' ' '\n' <<<"${cpus[$t]}" | grep . | median)" \
+        "$(tr ' ' '\n' <<<"${machine[$t]}" | grep . | median)"
 done
+fi
 
+if part 3; then
 echo "3. warm representations: the same object through rangeway's routes with stages, $HIT_CONC connections"
 # gzip's first pass learns its block index, the second keeps its slices; aes128gcm's first keeps.
 for route in gzip6 aes; do
@@ -187,6 +196,9 @@ for route in passthrough gzip6 aes; do
         "$(tr ' ' '\n' <<<"${rcpus[$route]}" | grep . | median)"
 done
 
+fi
+
+if part 2; then
 echo "2. origin egress: $COLD_CLIENTS clients at once, three random ranges each, a cold ${COLD_MIB} MiB object"
 cat > "$work/cold.py" <<'PY'
 import hashlib, random, sys, threading, urllib.request
@@ -219,3 +231,4 @@ for t in "${targets[@]}"; do
     sent=$((after - before))
     printf '%-12s %16s %13.2fx\n' "$t" "$sent" "$(awk -v s="$sent" -v o=$((COLD_MIB << 20)) 'BEGIN { print s / o }')"
 done
+fi

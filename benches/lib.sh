@@ -57,6 +57,15 @@ cpu_seconds() {
     awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"
 }
 
+# machine_seconds: the CPU seconds every core has spent busy (user, nice, system, irq, softirq)
+# since boot. On loopback the kernel's TCP work for a byte (segmenting, delivering, waking the
+# reader, freeing) runs in whichever process's context pushes it — the sender's system call, or
+# the receiver's when its ACK releases more — so a proxy's own CPU time can rise or fall with
+# when its client reads; the machine's total, with the same client and origin, cannot.
+machine_seconds() {
+    awk -v hz="$(getconf CLK_TCK)" '$1 == "cpu" { print ($2 + $3 + $4 + $7 + $8) / hz }' /proc/stat
+}
+
 # wrk_download CONNECTIONS SECONDS URL: wrk (one thread, on $CLIENT_CPU or CPU 1) downloading URL
 # over CONNECTIONS for SECONDS with benches/load/wrk.lua; sets $requests, $bytes (headers
 # included), $us (the run's length) and $p99 (µs), and fails the bench if any request failed.
