@@ -11,6 +11,7 @@ use support::data::test_bytes;
 use support::http::{Connection, RawRequest};
 use support::origin::Origin;
 use support::proxy::Proxy;
+use support::redis::RedisServer;
 use support::tmp::TempDir;
 use support::wait::{WITHIN, until};
 
@@ -106,4 +107,49 @@ fn the_pieces_of_one_download_count_once_and_routes_have_their_own_limit() {
     drop(stalled);
     let after = support::http::get_until(&proxy.url("/route/other.bin"), |r| r.status != 429);
     assert_eq!(after.status, 200, "the place came free when the stalled client went away");
+}
+
+/// Behind a load balancer that spreads a client's connections, instances sharing Redis count
+/// together: a client at its limit on one instance is refused on the other, a download under
+/// way on one is the same download on the other, a place freed on one is free on both, and with
+/// Redis gone each instance's own count decides (never a 5xx).
+#[test]
+fn instances_sharing_redis_count_downloads_together() {
+    let origin = Origin::start();
+    let objects: Vec<Vec<u8>> = (0..4).map(|n| test_bytes(16 << 20, 80 + n)).collect();
+    for (n, object) in objects.iter().enumerate() {
+        origin.put(&format!("/{n}.bin"), object.clone());
+    }
+    let mut redis = RedisServer::start();
+    let body =
+        format!("{}\n{}", limited(&origin, &[("/", "per_client = 2")]), redis.state_section());
+    let (a, b) = (Proxy::start(&body), Proxy::start(&body));
+    // Two downloads under way on a, their clients not reading: they stay under way.
+    let stalled = |n: usize| {
+        let mut connection = Connection::open(a.addr()).expect("connect");
+        let request =
+            RawRequest::get(&format!("/{n}.bin")).header("X-Download-Id", &format!("download-{n}"));
+        assert_eq!(connection.start(&request).expect("the head"), 200);
+        connection
+    };
+    let (zero, one) = (stalled(0), stalled(1));
+    let third = support::http::get(&b.url("/2.bin"), &[("X-Download-Id", "download-2")]);
+    assert_eq!(third.status, 429, "{:?}", String::from_utf8_lossy(&third.body));
+    assert_eq!(b.metric("rangeway_downloads_limited_total", "per_client"), 1);
+    // A piece of download-0, through b: the download a serves, not a third.
+    let piece = support::http::get(
+        &b.url("/0.bin"),
+        &[("Range", "bytes=100-199"), ("X-Download-Id", "download-0")],
+    );
+    assert_eq!((piece.status, &piece.body[..]), (206, &objects[0][100..200]));
+    // download-1 ends on a: b admits a new one once a has released it.
+    drop(one);
+    let after = support::http::get_until(&b.url("/2.bin"), |r| r.status != 429);
+    assert_eq!((after.status, after.body.len()), (200, objects[2].len()), "a place came free");
+
+    // Redis gone: b counts alone (download-0 is a's), and serves.
+    redis.kill();
+    let alone = support::http::get(&b.url("/3.bin"), &[("X-Download-Id", "download-3")]);
+    assert_eq!((alone.status, alone.body.len()), (200, objects[3].len()));
+    drop(zero);
 }

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rangeway::config::{Config, RedisTarget, StateBackend, StateConfig};
+use rangeway::config::{Config, DownloadLimits, RedisTarget, StateBackend, StateConfig};
 use rangeway::state::{
-    self, Delivery, DownloadSession, Ending, Holding, Lookup, MAX_EXACT, MAX_SESSION_VERSIONS,
-    MAX_VERSIONS, ObjectRecord, ObjectVersion, RedisOptions, RedisStore, Resumable, StageFacts,
-    StateStore, StoreError, UNREAD_SLACK,
+    self, Delivery, DownloadHold, DownloadSession, Ending, Held, Holding, Lookup, MAX_EXACT,
+    MAX_SESSION_VERSIONS, MAX_VERSIONS, ObjectRecord, ObjectVersion, RedisOptions, RedisStore,
+    Resumable, StageFacts, StateStore, StoreError, UNREAD_SLACK,
 };
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::{Digest as StageDigest, RangeDigest, Segment, StageState};
@@ -839,4 +839,108 @@ async fn store_latency() {
             );
         }
     }
+}
+
+/// `[routes.download_limits]` with `keys`, through the real config parser.
+fn download_limits(keys: &str) -> DownloadLimits {
+    let text = format!(
+        "[upstreams.local]\ndir = \"./data\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"local\"\n[routes.download_limits]\n{keys}\n"
+    );
+    Config::from_toml_str(&text, &rangeway_middleware::chain::StageRegistry::empty())
+        .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"))
+        .routes
+        .remove(0)
+        .download_limits
+        .expect("limits")
+}
+
+fn download(route: &str, client: u8, download: &str) -> DownloadHold {
+    DownloadHold {
+        route: route.to_owned(),
+        client: Some(std::net::IpAddr::from([192, 0, 2, client])),
+        download: download.to_owned(),
+    }
+}
+
+async fn held(store: &RedisStore, hold: DownloadHold, limits: &DownloadLimits) -> Held {
+    store.hold(&hold, limits).await.expect("the store answers")
+}
+
+/// Two instances' stores on one Redis (or cluster) count a route's downloads together: a
+/// client's limit holds across them, a download held by both counts once, a release frees its
+/// place, and an instance that stops renewing (killed) loses its holds when their lease lapses.
+async fn holds_are_shared_and_lapse(target: &RedisTarget, prefix: &str) {
+    let options = RedisOptions { hold_lease: Duration::from_millis(1500), ..Default::default() };
+    let ttl = Duration::from_secs(3600);
+    let a = RedisStore::connect(target, ttl, prefix, options).expect("connect a");
+    let b = RedisStore::connect(target, ttl, prefix, options).expect("connect b");
+    until_answered(&a, Duration::from_secs(10)).await;
+    until_answered(&b, Duration::from_secs(10)).await;
+    let limits = download_limits("per_client = 2\nper_route = 3");
+
+    assert_eq!(held(&a, download("/", 1, "one"), &limits).await, Held::Shared);
+    assert_eq!(held(&b, download("/", 1, "two"), &limits).await, Held::Shared);
+    assert_eq!(held(&b, download("/", 1, "three"), &limits).await, Held::OverClientLimit);
+    // A download under way on the other instance is the same download, not a third.
+    assert_eq!(held(&b, download("/", 1, "one"), &limits).await, Held::Shared);
+    // Another route counts its own; another client its own, up to the route's limit.
+    assert_eq!(held(&a, download("/other/", 1, "three"), &limits).await, Held::Shared);
+    assert_eq!(held(&a, download("/", 2, "four"), &limits).await, Held::Shared);
+    assert_eq!(held(&a, download("/", 3, "five"), &limits).await, Held::OverRouteLimit);
+
+    // "one" ends on b but goes on on a: still one of the client's two.
+    b.release(&[download("/", 1, "one")]).await.expect("release");
+    assert_eq!(held(&b, download("/", 1, "three"), &limits).await, Held::OverClientLimit);
+    // "two" ends: its place is free.
+    b.release(&[download("/", 1, "two")]).await.expect("release");
+    assert_eq!(held(&b, download("/", 1, "three"), &limits).await, Held::Shared);
+
+    // a renews what it serves and keeps it past a lease; b stops (as if killed) and loses it.
+    let on_a = [download("/", 1, "one"), download("/", 2, "four"), download("/other/", 1, "three")];
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        a.renew(&on_a).await.expect("renew");
+    }
+    assert_eq!(
+        held(&a, download("/", 1, "six"), &limits).await,
+        Held::Shared,
+        "b's \"three\" lapsed"
+    );
+    assert_eq!(
+        held(&a, download("/", 1, "seven"), &limits).await,
+        Held::OverClientLimit,
+        "a's held on"
+    );
+    // Nothing outlives the leases: a route nobody downloads from leaves no keys.
+    a.release(&[download("/", 1, "one"), download("/", 1, "six")]).await.expect("release");
+    assert_eq!(held(&b, download("/", 1, "seven"), &limits).await, Held::Shared);
+}
+
+#[tokio::test]
+async fn download_holds_are_shared_by_instances_and_lapse_with_their_lease() {
+    let server = RedisServer::start();
+    holds_are_shared_and_lapse(&redis_target(&server), "holds:").await;
+    let keys = scan(server.addr().port(), "holds:");
+    assert!(keys.iter().all(|k| k.starts_with("holds:lim:{")), "{keys:?}");
+    // Every key of a route expires with the leases it counts.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    assert_eq!(scan(server.addr().port(), "holds:"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn download_holds_work_on_a_cluster() {
+    // One script uses a route's three keys: they must share a hash slot.
+    let cluster = RedisCluster::start();
+    let config = Backend::cluster(&cluster).config("1h");
+    let StateBackend::Redis(target) = config.backend else { panic!("{:?}", config.backend) };
+    holds_are_shared_and_lapse(&target, &config.key_prefix).await;
+}
+
+#[tokio::test]
+async fn the_memory_store_holds_nothing() {
+    let (store, _) = Backend::memory().store("1h").await;
+    let limits = download_limits("per_client = 1");
+    assert_eq!(store.hold(&download("/", 1, "one"), &limits).await.expect("hold"), Held::Here);
+    assert_eq!(store.hold(&download("/", 1, "two"), &limits).await.expect("hold"), Held::Here);
+    assert_eq!(store.hold_lease(), None);
 }

@@ -110,6 +110,7 @@ impl Proxy {
     ) -> Self {
         let origin_client = Arc::new(OriginClient::new());
         let completions = Arc::new(Completions::new(Arc::clone(&origin_client)));
+        let under_way = Arc::new(under_way::UnderWay::new(Some(Arc::clone(&store))));
         Self {
             routes,
             range_limits,
@@ -121,7 +122,7 @@ impl Proxy {
             client_limits,
             id_key,
             cache: None,
-            under_way: Arc::default(),
+            under_way,
             rates: Arc::default(),
             traces: None,
         }
@@ -325,12 +326,11 @@ impl ProxyHttp for Proxy {
                 lookup.map_or((None, None, Vec::new()), |l| (l.session, l.object, l.facts));
             let stored = stored.filter(|_| ranged);
             if let (Some(limits), true) = (&route.download_limits, req.method == Method::GET) {
-                match self.under_way.admit(
-                    &route.name,
-                    limits,
-                    client_ip,
-                    &format!("{id}|{object}"),
-                ) {
+                match self
+                    .under_way
+                    .admit(&route.name, limits, client_ip, &format!("{id}|{object}"))
+                    .await
+                {
                     Ok(place) => ctx.under_way = Some(place),
                     Err(limit) => limited = Some(limit),
                 }

@@ -18,6 +18,7 @@ mod memory;
 mod model;
 mod redis;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ pub use self::model::{
     ObjectRecord, ObjectVersion, Resumable, SeenVersion, UNREAD_SLACK, VersionSent,
 };
 pub use self::redis::{RedisOptions, RedisStore};
-use crate::config::{StateBackend, StateConfig};
+use crate::config::{DownloadLimits, StateBackend, StateConfig};
 
 /// Now, in the Unix seconds the records keep.
 pub fn unix_now() -> u64 {
@@ -87,6 +88,59 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Whether the store answers, and its error counters, for `/healthz` and `/metrics`.
     fn health(&self) -> &StoreHealth;
+
+    /// Counts `hold` among the downloads under way on its route for every instance sharing the
+    /// store, unless it would break one of `limits` (a download already held, by any instance,
+    /// joins itself). Held until [`Self::release`], or until a lease of
+    /// [`Self::hold_lease`] lapses without a [`Self::renew`]. One round trip.
+    ///
+    /// A store of this instance's own answers [`Held::Here`]: the instance's count is the count.
+    async fn hold(&self, hold: &DownloadHold, limits: &DownloadLimits) -> Result<Held, StoreError> {
+        let _ = (hold, limits);
+        Ok(Held::Here)
+    }
+
+    /// Ends the holds of downloads this instance no longer serves.
+    async fn release(&self, holds: &[DownloadHold]) -> Result<(), StoreError> {
+        let _ = holds;
+        Ok(())
+    }
+
+    /// Moves on the leases of downloads this instance still serves (counting again any that
+    /// lapsed meanwhile).
+    async fn renew(&self, holds: &[DownloadHold]) -> Result<(), StoreError> {
+        let _ = holds;
+        Ok(())
+    }
+
+    /// How long a hold lasts without a renewal; `None` for a store that holds nothing.
+    fn hold_lease(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// A download under way on a route with `[routes.download_limits]`, as a shared store counts it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DownloadHold {
+    pub route: String,
+    /// The client's address; without one the download counts toward the route's limit only.
+    pub client: Option<IpAddr>,
+    /// What names the download: its id and object, or one request where limits count requests.
+    pub download: String,
+}
+
+/// What [`StateStore::hold`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Held {
+    /// Counted for every instance sharing the store: release it when the download ends.
+    Shared,
+    /// The store is this instance's own; nothing was counted.
+    Here,
+    /// The client has its limit's worth of downloads under way across the instances.
+    OverClientLimit,
+    /// The route has its limit's worth of downloads under way across the instances.
+    OverRouteLimit,
 }
 
 /// What [`StateStore::lookup`] found.

@@ -56,14 +56,15 @@ use super::model::{
     Delivery, DownloadSession, Ending, MAX_SESSION_VERSIONS, MAX_VERSIONS, ObjectRecord,
     UNREAD_SLACK,
 };
-use super::{Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth};
-use crate::config::{RedisTarget, RedisUrl};
+use super::{DownloadHold, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth};
+use crate::config::{DownloadLimits, RedisTarget, RedisUrl};
 
 const SESSION_SCRIPT: &str =
     concat!(include_str!("redis/common.lua"), include_str!("redis/session.lua"));
 const OBJECT_SCRIPT: &str =
     concat!(include_str!("redis/common.lua"), include_str!("redis/object.lua"));
 const FACTS_SCRIPT: &str = include_str!("redis/facts.lua");
+const HOLDS_SCRIPT: &str = include_str!("redis/holds.lua");
 
 /// Index entries read per round trip while listing active downloads.
 const LIST_BATCH: usize = 256;
@@ -80,6 +81,10 @@ pub struct RedisOptions {
     /// While Redis is failing, how often one operation goes through to find out whether it is
     /// back; the others fail at once.
     pub probe_interval: Duration,
+    /// How long a download under a concurrent-download limit stays counted without its instance
+    /// renewing it ([`StateStore::hold`]): the longest an instance killed mid-download holds its
+    /// clients' places.
+    pub hold_lease: Duration,
 }
 
 impl Default for RedisOptions {
@@ -89,6 +94,7 @@ impl Default for RedisOptions {
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             probe_interval: Duration::from_millis(500),
+            hold_lease: Duration::from_secs(30),
         }
     }
 }
@@ -104,6 +110,9 @@ pub struct RedisStore {
     session_script: Script,
     object_script: Script,
     facts_script: Script,
+    holds_script: Script,
+    /// Names this store's holds apart from other instances' (random, per process).
+    instance: String,
     health: Arc<StoreHealth>,
     breaker: Arc<Breaker>,
 }
@@ -182,6 +191,8 @@ impl RedisStore {
             session_script: Script::new(SESSION_SCRIPT),
             object_script: Script::new(OBJECT_SCRIPT),
             facts_script: Script::new(FACTS_SCRIPT),
+            holds_script: Script::new(HOLDS_SCRIPT),
+            instance: instance_id()?,
             health: Arc::new(StoreHealth::unknown(name)),
             breaker: Arc::new(Breaker::new(options.probe_interval)),
         };
@@ -195,6 +206,69 @@ impl RedisStore {
             let _ = guarded(&health, &breaker, limit, ping).await;
         });
         Ok(store)
+    }
+
+    /// Runs `cmd`, an `EVALSHA` of `script`, loading the script first where Redis has not got it
+    /// (a restarted server, a new cluster node).
+    async fn run_script(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
+        match self.conn.query(cmd).await {
+            Err(err) if is_noscript(&err) => {
+                self.conn.load(script).await.map_err(map_error)?;
+                self.conn.query(cmd).await.map_err(map_error)
+            }
+            other => other.map_err(map_error),
+        }
+    }
+
+    /// The holds script's `op` on `route`'s keys, with `args` after the lease's length.
+    fn holds_command(&self, route: &str, op: &str) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.holds_script.get_hash()).arg(3);
+        for key in self.keys.holds(route) {
+            cmd.arg(key);
+        }
+        let lease_ms = u64::try_from(self.options.hold_lease.as_millis()).unwrap_or(u64::MAX);
+        cmd.arg(op).arg(lease_ms.max(1));
+        cmd
+    }
+
+    /// The lease of `hold` by this instance, as holds.lua names it: "instance|client|download".
+    fn lease(&self, hold: &DownloadHold) -> String {
+        let client = hold.client.map(|ip| ip.to_string()).unwrap_or_default();
+        format!("{}|{client}|{}", self.instance, hashed(&hold.download))
+    }
+
+    /// `op` ("release" or "renew") on the leases of `holds`: one script call per route, all in
+    /// one round trip.
+    async fn leases(&self, op: &str, holds: &[DownloadHold]) -> Result<(), StoreError> {
+        let mut by_route: Vec<(&str, Cmd)> = Vec::new();
+        for hold in holds {
+            let at = match by_route.iter().position(|(route, _)| *route == hold.route) {
+                Some(at) => at,
+                None => {
+                    by_route.push((&hold.route, self.holds_command(&hold.route, op)));
+                    by_route.len() - 1
+                }
+            };
+            by_route[at].1.arg(self.lease(hold));
+        }
+        if by_route.is_empty() {
+            return Ok(());
+        }
+        let cmds: Vec<Cmd> = by_route.into_iter().map(|(_, cmd)| cmd).collect();
+        self.guarded(self.options.timeout, async {
+            let replies = self.conn.query_all(&cmds).await.map_err(map_error)?;
+            if replies.iter().any(|reply| matches!(reply, Err(err) if is_noscript(err))) {
+                // Every call is safe to run again (a release or renewal twice is one).
+                self.conn.load(&self.holds_script).await.map_err(map_error)?;
+                for cmd in &cmds {
+                    self.conn.query(cmd).await.map_err(map_error)?;
+                }
+                return Ok(());
+            }
+            replies.into_iter().try_for_each(|reply| reply.map(drop).map_err(map_error))
+        })
+        .await
     }
 
     async fn guarded<T>(
@@ -451,15 +525,7 @@ impl StateStore for RedisStore {
             learn.arg(name).arg(value);
         }
         self.guarded(self.options.timeout, async {
-            match self.conn.query(&learn).await {
-                Err(err) if is_noscript(&err) => {
-                    self.conn.load(&self.facts_script).await.map_err(map_error)?;
-                    self.conn.query(&learn).await.map_err(map_error)?;
-                }
-                other => {
-                    other.map_err(map_error)?;
-                }
-            }
+            self.run_script(&self.facts_script, &learn).await?;
             Ok(())
         })
         .await
@@ -513,6 +579,36 @@ impl StateStore for RedisStore {
 
     fn health(&self) -> &StoreHealth {
         &self.health
+    }
+
+    async fn hold(&self, hold: &DownloadHold, limits: &DownloadLimits) -> Result<Held, StoreError> {
+        let mut cmd = self.holds_command(&hold.route, "hold");
+        cmd.arg(self.lease(hold))
+            .arg(limits.per_client.unwrap_or(0))
+            .arg(limits.per_route.unwrap_or(0));
+        // On the request's path: bounded as the lookup is.
+        self.guarded(self.options.lookup_timeout, async {
+            let reply = self.run_script(&self.holds_script, &cmd).await?;
+            match redis::from_redis_value_ref::<String>(&reply).as_deref() {
+                Ok("held") => Ok(Held::Shared),
+                Ok("per_client") => Ok(Held::OverClientLimit),
+                Ok("per_route") => Ok(Held::OverRouteLimit),
+                _ => Err(unexpected(&reply)),
+            }
+        })
+        .await
+    }
+
+    async fn release(&self, holds: &[DownloadHold]) -> Result<(), StoreError> {
+        self.leases("release", holds).await
+    }
+
+    async fn renew(&self, holds: &[DownloadHold]) -> Result<(), StoreError> {
+        self.leases("renew", holds).await
+    }
+
+    fn hold_lease(&self) -> Option<Duration> {
+        Some(self.options.hold_lease)
     }
 }
 
@@ -684,6 +780,22 @@ impl Keys {
     fn index(&self) -> String {
         format!("{}downloads", self.prefix)
     }
+
+    /// The leases, holders and clients of `route`'s downloads under way (see holds.lua), in one
+    /// hash slot so that one script may use all three on a cluster.
+    fn holds(&self, route: &str) -> [String; 3] {
+        let tag = hashed(route);
+        ["leases", "holders", "clients"].map(|part| format!("{}lim:{{{tag}}}:{part}", self.prefix))
+    }
+}
+
+/// A random name for this process's holds, told apart from every other instance's.
+fn instance_id() -> Result<String, StoreError> {
+    let mut seed = [0u8; 16];
+    getrandom::fill(&mut seed).map_err(|err| {
+        StoreError::Unavailable(format!("no random instance id for download holds: {err}"))
+    })?;
+    Ok(fingerprint([&seed[..]], 8))
 }
 
 /// The first 128 bits of SHA-256, as 32 hex digits: collisions are out of reach, keys stay short.
