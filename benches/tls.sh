@@ -6,11 +6,13 @@
 #
 #  1. SIZE_MIB downloads by CONC connections over TLS, on HTTP/1.1 and on HTTP/2 (one stream a
 #     connection, so only the protocol differs), REQUESTS_PER_CONN each, REPS runs alternating:
-#     downloads/s, the proxy's CPU seconds per GB, p99 of a download;
+#     downloads/s, the proxy's CPU seconds per GB, the machine's (see machine_seconds in
+#     lib.sh), p99 of a download;
 #  2. one BIG_MIB download over one HTTP/2 stream beside one HTTP/1.1 connection, through
 #     rangeway, REPS runs alternating: MB/s, and h2's share of HTTP/1.1's.
 #
-#   bash benches/tls.sh        (SIZE_MIB=10 CONC=100 REQUESTS_PER_CONN=3 REPS=3 BIG_MIB=1024)
+#   bash benches/tls.sh        (SIZE_MIB=10 CONC=100 REQUESTS_PER_CONN=3 REPS=3 BIG_MIB=1024
+#                               PARTS="1 2")
 #
 # Every proxy's answer is checked against the object's bytes before anything is timed.
 set -euo pipefail
@@ -22,6 +24,7 @@ REPS=${REPS:-3}
 BIG_MIB=${BIG_MIB:-1024}
 PROXY_CPU=${PROXY_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
+PARTS=${PARTS:-1 2}
 source benches/lib.sh
 bench_setup rangeway-tls-bench
 
@@ -121,9 +124,12 @@ for t in "${targets[@]}"; do
     done
 done
 
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+
+if part 1; then
 requests=$((CONC * REQUESTS_PER_CONN))
 echo "1. ${SIZE_MIB} MiB downloads over TLS, $CONC connections, $requests downloads a run, $REPS runs"
-declare -A rates cpus p99s ciphers
+declare -A rates cpus machine p99s ciphers
 for rep in $(seq "$REPS"); do
     for protocol in h1 h2; do
         line="run $rep $protocol:"
@@ -131,9 +137,9 @@ for rep in $(seq "$REPS"); do
             flags=(-c "$CONC" -m 1 -n "$requests" -t 1 --log-file="$work/h2load.log"
                 --tls13-ciphers=TLS_AES_128_GCM_SHA256)
             [[ $protocol == h1 ]] && flags+=(--h1)
-            before=$(cpu_seconds "${procs[$t]}")
+            before=$(cpu_seconds "${procs[$t]}"); machine_before=$(machine_seconds)
             out=$(taskset -c "$CLIENT_CPU" h2load "${flags[@]}" "https://localhost:${ports[$t]}/obj.bin")
-            after=$(cpu_seconds "${procs[$t]}")
+            after=$(cpu_seconds "${procs[$t]}"); machine_after=$(machine_seconds)
             grep -q "requests: $requests total, $requests started, $requests done, $requests succeeded" <<<"$out" ||
                 { echo "$t $protocol: $out" >&2; exit 1; }
             ciphers[$t $protocol]=$(awk '/^Cipher:/ { print $2 } /^Application protocol:/ { print $3 }' <<<"$out" | paste -sd' ')
@@ -143,22 +149,30 @@ for rep in $(seq "$REPS"); do
                 'BEGIN { printf "%.3f", (a - b) / (n * m * 1048576 / 1e9) }')
             p99=$(awk '{ print $3 / 1000 }' "$work/h2load.log" | sort -g |
                 awk '{ a[NR] = $1 } END { printf "%.0f", a[int(NR * 0.99)] }')
+            all=$(awk -v a="$machine_after" -v b="$machine_before" -v n="$requests" -v m="$SIZE_MIB" \
+                'BEGIN { printf "%.3f", (a - b) / (n * m * 1048576 / 1e9) }')
             rates[$t $protocol]+="$rate "; cpus[$t $protocol]+="$cpu "; p99s[$t $protocol]+="$p99 "
+            machine[$t $protocol]+="$all "
             line+=" $t $rate/s"
         done
         echo "$line"
     done
 done
-printf '%-9s %-5s %-28s %12s %12s %10s\n' proxy proto "cipher, ALPN" "downloads/s" "CPU s/GB" "p99 ms"
+printf '%-9s %-5s %-28s %12s %12s %14s %10s\n' proxy proto "cipher, ALPN" "downloads/s" "CPU s/GB" \
+    "machine s/GB" "p99 ms"
 for protocol in h1 h2; do
     for t in "${targets[@]}"; do
-        printf '%-9s %-5s %-28s %12s %12s %10s\n' "$t" "$protocol" "${ciphers[$t $protocol]}" \
+        printf '%-9s %-5s %-28s %12s %12s %14s %10s\n' "$t" "$protocol" "${ciphers[$t $protocol]}" \
             "$(tr ' ' '\n' <<<"${rates[$t $protocol]}" | grep . | median)" \
             "$(tr ' ' '\n' <<<"${cpus[$t $protocol]}" | grep . | median)" \
+            "$(tr ' ' '\n' <<<"${machine[$t $protocol]}" | grep . | median)" \
             "$(tr ' ' '\n' <<<"${p99s[$t $protocol]}" | grep . | median)"
     done
 done
 
+fi
+
+if part 2; then
 echo "2. one ${BIG_MIB} MiB download through rangeway: one HTTP/2 stream beside one HTTP/1.1 connection"
 want_big=$(sha256sum < "$work/root/big.bin" | cut -d' ' -f1)
 got=$(curl -sk --http2 "https://localhost:${ports[rangeway]}/big.bin" | sha256sum | cut -d' ' -f1)
@@ -178,3 +192,4 @@ done
 h1=$(tr ' ' '\n' <<<"${big[http1.1]}" | grep . | median)
 h2=$(tr ' ' '\n' <<<"${big[http2]}" | grep . | median)
 echo "median: HTTP/1.1 $h1 MB/s, HTTP/2 $h2 MB/s: h2 $(awk -v a="$h2" -v b="$h1" 'BEGIN { printf "%.2f", a / b }')x HTTP/1.1"
+fi
