@@ -74,14 +74,18 @@ impl Backend {
     }
 }
 
-/// `[state]` from its keys, through the real config parser.
-fn state_config(keys: &str) -> StateConfig {
+/// A config of one route with `state` before it and `route` within it, through the real parser.
+fn parse(state: &str, route: &str) -> Config {
     let text = format!(
-        "[state]\n{keys}\n\n[upstreams.local]\ndir = \"./data\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"local\"\n"
+        "{state}\n\n[upstreams.local]\ndir = \"./data\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"local\"\n{route}\n"
     );
     Config::from_toml_str(&text, &rangeway_middleware::chain::StageRegistry::empty())
         .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"))
-        .state
+}
+
+/// `[state]` from its keys.
+fn state_config(keys: &str) -> StateConfig {
+    parse(&format!("[state]\n{keys}"), "").state
 }
 
 /// Every key under `prefix` on the server at `port`.
@@ -841,17 +845,10 @@ async fn store_latency() {
     }
 }
 
-/// `[routes.download_limits]` with `keys`, through the real config parser.
+/// `[routes.download_limits]` with `keys`.
 fn download_limits(keys: &str) -> DownloadLimits {
-    let text = format!(
-        "[upstreams.local]\ndir = \"./data\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"local\"\n[routes.download_limits]\n{keys}\n"
-    );
-    Config::from_toml_str(&text, &rangeway_middleware::chain::StageRegistry::empty())
-        .unwrap_or_else(|errors| panic!("test config is invalid:\n{errors}\n---\n{text}"))
-        .routes
-        .remove(0)
-        .download_limits
-        .expect("limits")
+    let route = format!("[routes.download_limits]\n{keys}");
+    parse("", &route).routes.remove(0).download_limits.expect("limits")
 }
 
 fn download(route: &str, client: u8, download: &str) -> DownloadHold {
