@@ -11,6 +11,10 @@
 //! On TLS listeners it also makes the TLS handshake, after the connection was counted and within
 //! the same deadline: pingora's own listeners would give a handshake 60 s, count it nowhere, and
 //! log each failed one (every scanner's) at ERROR.
+//!
+//! Its wrapper is the one every client connection's bytes pass through, so it also carries what
+//! pingora's stream does not do for it: body bytes sent past pingora's writer (spliced) are
+//! accounted, and an HTTP/2 connection's writes are gathered ([`Gather`]).
 
 use std::collections::HashMap;
 use std::future::Future;
