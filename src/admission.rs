@@ -14,7 +14,7 @@
 //!
 //! Its wrapper is the one every client connection's bytes pass through, so it also carries what
 //! pingora's stream does not do for it: body bytes sent past pingora's writer (spliced) are
-//! accounted, and an HTTP/2 connection's writes are gathered ([`Gather`]).
+//! accounted, and an HTTP/2 connection's writes are gathered (`Gather`).
 
 use std::collections::HashMap;
 use std::future::Future;
