@@ -220,7 +220,8 @@ impl RedisStore {
         }
     }
 
-    /// The holds script's `op` on `route`'s keys, with `args` after the lease's length.
+    /// The holds script's `op` on `route`'s keys and the lease's length; the op's own arguments
+    /// follow.
     fn holds_command(&self, route: &str, op: &str) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.holds_script.get_hash()).arg(3);
