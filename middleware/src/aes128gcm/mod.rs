@@ -481,7 +481,6 @@ impl StageFactory for Aes128GcmFactory {
             data: layout.data as usize,
             sequence: at_input / layout.data,
             pending: Vec::new(),
-            pending_len: 0,
             offset: at_input,
             input_len: context.input_len,
             done: false,
@@ -499,12 +498,11 @@ struct EncryptStage {
     data: usize,
     /// The number of the next record to seal.
     sequence: u64,
-    /// Input of the next record that arrived in earlier chunks, as slices of them (copied once,
-    /// when the record is sealed): less than a record, or a whole one held back until what
-    /// follows shows it is not the last.
-    pending: Vec<Bytes>,
-    /// The bytes in `pending`.
-    pending_len: usize,
+    /// Input of the next record that arrived in earlier chunks: less than a record, or a whole
+    /// one held back until what follows shows it is not the last. Copied out of its chunk, so
+    /// that a chunk is let go once pushed (a slice of it would keep all of it — a relay chunk
+    /// is four records — until the next push); the buffer is kept for the pass.
+    pending: Vec<u8>,
     /// Input offset past the last byte taken.
     offset: u64,
     /// The whole input's length, when known: then the last record is known when it arrives.
@@ -518,7 +516,7 @@ impl std::fmt::Debug for EncryptStage {
         f.debug_struct("EncryptStage")
             .field("sequence", &self.sequence)
             .field("offset", &self.offset)
-            .field("pending", &self.pending_len)
+            .field("pending", &self.pending.len())
             .field("input_len", &self.input_len)
             .field("done", &self.done)
             .finish_non_exhaustive()
@@ -554,10 +552,8 @@ impl EncryptStage {
             buffer
         });
         let at = buffer.len();
-        for piece in self.pending.drain(..) {
-            buffer.extend_from_slice(&piece);
-        }
-        self.pending_len = 0;
+        buffer.extend_from_slice(&self.pending);
+        self.pending.clear();
         buffer.extend_from_slice(data);
         buffer.put_u8(if last { LAST_DELIMITER } else { DELIMITER });
         let record = self.sequence;
@@ -572,13 +568,12 @@ impl EncryptStage {
     }
 
     /// Keeps `piece` of an input chunk for the record it begins or continues.
-    fn hold(&mut self, piece: Bytes) {
-        self.pending_len += piece.len();
-        self.pending.push(piece);
+    fn hold(&mut self, piece: &[u8]) {
+        self.pending.extend_from_slice(piece);
     }
 
     fn output(&self, incoming: usize) -> Output {
-        let data = self.pending_len + incoming;
+        let data = self.pending.len() + incoming;
         let records = data / self.data + 1;
         let header = self.header.as_ref().map_or(0, Vec::len);
         Output { buffer: None, capacity: header + data + records * RECORD_OVERHEAD }
@@ -599,20 +594,20 @@ impl Stage for EncryptStage {
         let mut output = self.output(chunk.len());
         let mut at = 0;
         // Complete the record earlier chunks began.
-        if self.pending_len > 0 {
-            let take = (self.data - self.pending_len).min(chunk.len());
+        if !self.pending.is_empty() {
+            let take = (self.data - self.pending.len()).min(chunk.len());
             self.offset += take as u64;
             at = take;
             let more = take < chunk.len();
             match self.full_record(self.offset, more) {
-                Some(last) if self.pending_len + take == self.data => {
+                Some(last) if self.pending.len() + take == self.data => {
                     self.seal(&mut output, &chunk[..take], last)?;
                 }
-                _ => self.hold(chunk.slice(..take)),
+                _ => self.hold(&chunk[..take]),
             }
         }
         // Whole records straight from the chunk, encrypted in the output buffer.
-        while self.pending_len == 0 && chunk.len() - at >= self.data {
+        while self.pending.is_empty() && chunk.len() - at >= self.data {
             let record_end = self.offset + self.data as u64;
             let more = chunk.len() - at > self.data;
             let Some(last) = self.full_record(record_end, more) else { break };
@@ -622,10 +617,10 @@ impl Stage for EncryptStage {
         }
         if at < chunk.len() {
             self.offset += (chunk.len() - at) as u64;
-            self.hold(chunk.slice(at..));
+            self.hold(&chunk[at..]);
         }
         // A short record is sealed only as the last one, once its end is known to be.
-        if !self.done && self.pending_len > 0 && self.input_len == Some(self.offset) {
+        if !self.done && !self.pending.is_empty() && self.input_len == Some(self.offset) {
             self.seal(&mut output, &[], true)?;
         }
         Ok(output.buffer.map(BytesMut::freeze))
@@ -636,7 +631,7 @@ impl Stage for EncryptStage {
             return Ok(None);
         }
         match self.input_len {
-            Some(len) if self.offset != len && self.pending_len == 0 => {
+            Some(len) if self.offset != len && self.pending.is_empty() => {
                 // The planned input ended at a record boundary short of the whole input: every
                 // record it touched is out.
                 Ok(None)
