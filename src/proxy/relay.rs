@@ -30,8 +30,6 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{ProxyHttp, Session};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
-use tokio::sync::mpsc::Sender;
-use tracing::Instrument as _;
 use tracing::{info, warn};
 
 use super::Proxy;
@@ -186,6 +184,7 @@ impl Proxy {
             .and_then(|from| {
                 ctx.transport.for_body(session, ctx.passes_body_untouched(), from, &response)
             });
+        unsent_bounded(session, kernel_way.is_some());
         let mut body = match (kernel_way, body) {
             (Some((way, client, len)), Some(UpstreamBody::Origin { exchange, .. })) => {
                 ctx.transport = way;
@@ -274,11 +273,11 @@ impl Proxy {
         for body in held {
             write_out(session, ctx, Some(body), false).await?;
         }
-        // The upstream is read (and continued) by a task of its own while this one writes to the
-        // client, so that both sides move at once, as in pingora's proxying.
-        let (pieces, mut received) = tokio::sync::mpsc::channel(RELAY_QUEUE);
-        // Its continuations are this response's: in its trace, when it has one.
-        tokio::spawn(pump.run(body, pending, pieces).in_current_span());
+        // The rest is read (and continued) by this task between its writes: a download holds the
+        // chunk being written and no more (a reader of its own let ahead held three more); the
+        // kernel's socket buffers still take the origin's bytes while the client's are written.
+        let mut reader =
+            BodyReader { pump, body: Some(body), pending, started: Instant::now(), attempts: 0 };
         // While the origin is slow the client is watched, as pingora's proxying watches it: one
         // that hangs up ends the response at once, so that its download is recorded before the
         // client can come back to resume it.
@@ -288,34 +287,34 @@ impl Proxy {
         };
         let mut watching = client.is_some();
         loop {
-            let piece = tokio::select! {
-                piece = received.recv() => piece,
-                hung_up = async {
-                    match &client {
-                        Some(client) => client.hung_up().await,
-                        None => false,
+            let piece = {
+                // Polled to its end whatever the client does meanwhile: a read is not cut short.
+                let mut next = std::pin::pin!(reader.next());
+                loop {
+                    tokio::select! {
+                        piece = &mut next => break piece,
+                        hung_up = async {
+                            match &client {
+                                Some(client) => client.hung_up().await,
+                                None => false,
+                            }
+                        }, if watching => {
+                            if hung_up {
+                                let gone =
+                                    Error::explain(ErrorType::ConnectionClosed, "the client hung up");
+                                return Err(gone.into_down());
+                            }
+                            // It sent bytes (a pipelined request): they are not ours to read.
+                            watching = false;
+                        }
                     }
-                }, if watching => {
-                    if hung_up {
-                        let gone = Error::explain(ErrorType::ConnectionClosed, "the client hung up");
-                        return Err(gone.into_down());
-                    }
-                    // It sent bytes (a pipelined request): they are not ours to read.
-                    watching = false;
-                    continue;
                 }
             };
             match piece {
-                Some(Piece::Chunk(chunk)) => self.forward(session, ctx, Some(chunk), false).await?,
-                Some(Piece::Skip(to)) => ctx.skip_to(to)?,
-                Some(Piece::End) => return self.forward(session, ctx, None, true).await,
-                Some(Piece::Broken(e)) => return Err(e),
-                None => {
-                    return Err(Error::explain(
-                        ErrorType::InternalError,
-                        "the relay's reader ended",
-                    ));
-                }
+                Piece::Chunk(chunk) => self.forward(session, ctx, Some(chunk), false).await?,
+                Piece::Skip(to) => ctx.skip_to(to)?,
+                Piece::End => return self.forward(session, ctx, None, true).await,
+                Piece::Broken(e) => return Err(e),
             }
         }
     }
@@ -617,6 +616,16 @@ fn sent_aside(session: &Session, bytes: u64) -> bool {
     true
 }
 
+/// Bounds the client socket's unsent bytes for a body the kernel sends, and lifts the bound for
+/// one rangeway writes (see `ClientConnection::bound_unsent`).
+fn unsent_bounded(session: &Session, kernel_way: bool) {
+    if let ServerSession::H1(h1) = session.as_downstream()
+        && let Some(watched) = ClientConnection::of(h1.stream())
+    {
+        watched.bound_unsent(kernel_way);
+    }
+}
+
 /// Bytes the client connection was told went past pingora's writer and it has not written since.
 fn unaccounted(session: &Session) -> u64 {
     match session.as_downstream() {
@@ -647,10 +656,7 @@ async fn write_header_now(session: &mut Session, response: ResponseHeader) -> Re
 /// How much of a body the relay reads before it sends the header (see `relay`).
 const HOLD_BYTES: usize = 64 * 1024;
 
-/// How many chunks the relay's reader may be ahead of the client: up to 512 KiB a download.
-const RELAY_QUEUE: usize = 2;
-
-/// What the relay's reader hands over.
+/// What the relay's reader ([`BodyReader`]) reads next.
 enum Piece {
     Chunk(Bytes),
     /// The next chunk is byte `to` of the object: the stretch of a multipart answer fetched
@@ -663,10 +669,9 @@ enum Piece {
 }
 
 /// The most read from an origin's socket at once: four times pingora's read size. On a middleware
-/// route each chunk costs a hop from the reader's task to the writer's, a call of every stage and
-/// a write to the client; at 64 KiB that made a checksum+aes128gcm download of 10 MiB cost 15.6-19.1
-/// ms of CPU, at 256 KiB 13.1-14.9 (100 at once). What a download holds grows with it, so the
-/// reader is let ahead by fewer chunks ([`RELAY_QUEUE`]).
+/// route each chunk costs a read, a call of every stage and a write to the client; at 64 KiB (and a
+/// hop between two tasks each) that made a checksum+aes128gcm download of 10 MiB cost 15.6-19.1
+/// ms of CPU, at 256 KiB 13.1-14.9 (100 at once). What a download holds grows with it.
 const READ_BYTES: usize = 256 * 1024;
 
 /// The rest of a body of known length, read from the origin's socket by rangeway.
@@ -819,75 +824,79 @@ struct Pump {
     read_max: usize,
 }
 
-impl Pump {
-    /// Reads the rest of the body of `exchange` (whose last read may have failed with
-    /// `pending`) to its end.
-    async fn run(
-        mut self,
-        mut body: UpstreamBody,
-        mut pending: Option<Box<Error>>,
-        pieces: Sender<Piece>,
-    ) {
-        let started = Instant::now();
-        let mut attempts = 0;
+/// The rest of an upstream body, piece by piece: continued where it breaks, followed by the
+/// stretches of a multipart answer.
+struct BodyReader {
+    pump: Pump,
+    /// `None` once the body and every stretch after it have been read.
+    body: Option<UpstreamBody>,
+    /// The error the last read before this reader failed with.
+    pending: Option<Box<Error>>,
+    /// When the reading began: the resume policy's time budget counts from here.
+    started: Instant,
+    attempts: u32,
+}
+
+impl BodyReader {
+    /// The next piece; after `End` or `Broken` there is none.
+    async fn next(&mut self) -> Piece {
+        let pump = &mut self.pump;
         loop {
-            let read = match pending.take() {
-                Some(broke) => Err(broke),
-                None => body.next_chunk(self.read_max).await,
+            let Some(body) = self.body.as_mut() else {
+                return Piece::Broken(Error::explain(ErrorType::InternalError, "read past the end"));
             };
-            let piece = match read {
+            let read = match self.pending.take() {
+                Some(broke) => Err(broke),
+                None => body.next_chunk(pump.read_max).await,
+            };
+            match read {
                 Ok(Some(chunk)) => {
-                    self.at += chunk.len() as u64;
-                    Piece::Chunk(chunk)
+                    pump.at += chunk.len() as u64;
+                    return Piece::Chunk(chunk);
                 }
                 Ok(None) => {
-                    body.ended(self.at - self.attempt_from, "complete");
+                    body.ended(pump.at - pump.attempt_from, "complete");
                     // Pooled before the client hears of the end: its next request may want it.
-                    body.release(&self.client).await;
-                    let Some(part) = self.parts.pop_front() else {
-                        let _ = pieces.send(Piece::End).await;
-                        return;
-                    };
-                    match self.next_part(part).await {
-                        Ok(next) => {
-                            body = next;
-                            self.attempt_from = self.at;
-                            if pieces.send(Piece::Skip(part.start())).await.is_err() {
-                                return;
-                            }
-                            continue;
-                        }
-                        Err(broke) => {
-                            let _ = pieces.send(Piece::Broken(broke)).await;
-                            return;
-                        }
+                    if let Some(body) = self.body.take() {
+                        body.release(&pump.client).await;
                     }
-                }
-                // The cache's fetches continue what they can: its error is final.
-                Err(broke) if matches!(body, UpstreamBody::Cache(_)) => Piece::Broken(broke),
-                Err(broke) => {
-                    body.ended(self.at - self.attempt_from, "cut");
-                    match self.continued(broke, started, &mut attempts).await {
+                    let Some(part) = pump.parts.pop_front() else { return Piece::End };
+                    return match pump.next_part(part).await {
                         Ok(next) => {
-                            self.attempt_from = self.at;
-                            body = UpstreamBody::Origin {
-                                exchange: Box::new(next),
-                                source: BodySource::Unread,
-                            };
-                            continue;
+                            self.body = Some(next);
+                            pump.attempt_from = pump.at;
+                            Piece::Skip(part.start())
                         }
                         Err(broke) => Piece::Broken(broke),
+                    };
+                }
+                // The cache's fetches continue what they can: its error is final.
+                Err(broke) if matches!(body, UpstreamBody::Cache(_)) => {
+                    self.body = None;
+                    return Piece::Broken(broke);
+                }
+                Err(broke) => {
+                    body.ended(pump.at - pump.attempt_from, "cut");
+                    match pump.continued(broke, self.started, &mut self.attempts).await {
+                        Ok(next) => {
+                            pump.attempt_from = pump.at;
+                            self.body = Some(UpstreamBody::Origin {
+                                exchange: Box::new(next),
+                                source: BodySource::Unread,
+                            });
+                        }
+                        Err(broke) => {
+                            self.body = None;
+                            return Piece::Broken(broke);
+                        }
                     }
                 }
-            };
-            let broken = matches!(piece, Piece::Broken(_));
-            // The client went away (its task dropped the receiver), or the body is over.
-            if pieces.send(piece).await.is_err() || broken {
-                return;
             }
         }
     }
+}
 
+impl Pump {
     /// The body broke with `broke` at `self.at`: a continuation of it, or the error to cut the
     /// client's response with.
     async fn continued(
