@@ -1703,6 +1703,10 @@ fn client_limits() {
     assert_eq!((limits.max_header_bytes, limits.max_header_fields), (8192, 50));
     let sized = format!("[server]\nmax_header_bytes = \"16KiB\"\n{UPSTREAMS}{ROUTE}");
     assert_eq!(load_ok(&sized).server.client_limits.max_header_bytes, 16 * 1024);
+    for (value, lowat) in [("\"1MiB\"", 1 << 20), ("0", 0), ("16384", 16 * 1024)] {
+        let text = format!("[server]\nclient_notsent_lowat = {value}\n{UPSTREAMS}{ROUTE}");
+        assert_eq!(load_ok(&text).server.client_limits.notsent_lowat, lowat, "{value}");
+    }
     expect_errors(
         &format!("[server]\nmax_header_bytes = \"2MiB\"\n{UPSTREAMS}{ROUTE}"),
         &[("server.max_header_bytes", "2097152 is out of range")],
@@ -1711,8 +1715,10 @@ fn client_limits() {
         &format!("[server]\nmax_header_bytes = \"16 parsecs\"\n{UPSTREAMS}{ROUTE}"),
         &[("server.max_header_bytes", "unknown size unit")],
     );
-    let cases: [(&str, &[(&str, &str)]); 4] = [
+    let cases: [(&str, &[(&str, &str)]); 6] = [
         ("client_header_timeout = \"0s\"", &[("server.client_header_timeout", "out of range")]),
+        ("client_notsent_lowat = \"4KiB\"", &[("server.client_notsent_lowat", "every few segments")]),
+        ("client_notsent_lowat = \"2GiB\"", &[("server.client_notsent_lowat", "out of range")]),
         ("max_header_bytes = 100", &[("server.max_header_bytes", "100 is out of range")]),
         ("max_header_fields = 300", &[("server.max_header_fields", "300 is out of range")]),
         (
