@@ -15,6 +15,9 @@
 #   bash benches/cache.sh                      (SIZE_MIB=10 HIT_CONC=100 DURATION=10 REPS=3
 #                                               COLD_MIB=1024 COLD_CLIENTS=100 PARTS="1 3 2")
 #
+# SERVER_B='client_notsent_lowat = 0' adds a second rangeway to the hits, with that line in its
+# [server] section: an A/B of a setting in the same run.
+#
 # Every answer is checked before anything is timed: a whole download through each cache, and the
 # cold clients' ranges, against the object's bytes.
 set -euo pipefail
@@ -59,13 +62,13 @@ CONF
 start_nginx "$work/origin" taskset -c "$CLIENT_CPU"
 wait_port "$origin_port"
 
-# rangeway_cache NAME: a rangeway with a slice cache of its own in $work/NAME, and routes with
-# stages (/gzip6/: gzip level 6; /aes/: checksum and aes128gcm); sets $port, $pid.
+# rangeway_cache NAME [SERVER_LINE]: a rangeway with a slice cache of its own in $work/NAME, and
+# routes with stages (/gzip6/: gzip level 6; /aes/: checksum and aes128gcm); sets $port, $pid.
 "$bin" keygen > "$work/key"
 rangeway_cache() {
     port=$(free_port)
     mkdir -p "$work/$1"
-    { rangeway_conf "$port" "$origin_port"
+    { rangeway_conf "$port" "$origin_port" | awk -v extra="${2:-}" '{ print } /^\[server\]$/ && extra { print extra }'
       printf '[[routes]]\npath_prefix = "/gzip6/"\nupstream = "origin"\nstrip_prefix = true\n'
       printf '  [[routes.middleware]]\n  kind = "gzip"\n  level = 6\n'
       printf '[[routes]]\npath_prefix = "/aes/"\nupstream = "origin"\nstrip_prefix = true\n'
@@ -128,6 +131,11 @@ declare -A ports procs
 rangeway_cache rangeway; ports[rangeway]=$port; procs[rangeway]=$pid
 nginx_cache nginx-cache; ports[nginx-cache]=$port; procs[nginx-cache]=$pid
 targets=(rangeway nginx-cache)
+if [[ -n ${SERVER_B:-} ]]; then
+    rangeway_cache rangeway-b "$SERVER_B"; ports[rangeway-b]=$port; procs[rangeway-b]=$pid
+    targets+=(rangeway-b)
+    echo "rangeway-b: [server] $SERVER_B"
+fi
 
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 
