@@ -154,7 +154,9 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
             None => None,
         };
         let stream = match &self.tls {
-            Some(acceptor) => self.handshake(acceptor, stream).await?,
+            // Boxed: its 8 KiB would otherwise be in the future of every request that comes
+            // back on a kept-alive connection.
+            Some(acceptor) => Box::pin(self.handshake(acceptor, stream)).await?,
             None => stream,
         };
         let mut watched = ClientConnection::new(stream, &self.limits, slot, &self.metrics);

@@ -108,7 +108,13 @@ impl OriginClient {
         let asked = std::time::Instant::now();
         let exchanged = async {
             let peer = upstream.peer(replica).await?;
-            let (stream, reused) = self.transport.get_stream(peer.as_ref()).await?;
+            // A pooled connection, or a new one: connecting (TLS's handshake with it) is an 8 KiB
+            // future, boxed so that every future that makes an exchange — and every response's,
+            // which pingora boxes and moves — does not carry it for the pooled case.
+            let (stream, reused) = match self.transport.reused_stream(peer.as_ref()).await {
+                Some(stream) => (stream, true),
+                None => (Box::pin(self.transport.new_stream(peer.as_ref())).await?, false),
+            };
             attempt.record("rangeway.connection_reused", reused);
             attempt.record("rangeway.connect_ms", asked.elapsed().as_secs_f64() * 1000.0);
             let mut session =
