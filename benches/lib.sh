@@ -172,6 +172,28 @@ upstream = "origin"
 CONF
 }
 
+# small_request_setup NAME: what the per-request counts (load/instructions.sh,
+# load/allocations.sh) run on — the bench tools installed, rangeway and pingora-floor built, an
+# nginx origin serving a 16-byte small.bin; sets $release, $origin_port, $rangeway_port (its
+# config in $work/rangeway.toml) and $pingora_port.
+small_request_setup() {
+    bash scripts/deps.sh --bench
+    echo "building rangeway and the pingora floor (release)..."
+    cargo build --release --bin rangeway --example pingora-floor >/dev/null
+    release=$(release_dir)
+    bench_init "$1"
+    ulimit -n "$(ulimit -Hn)"
+    mkdir -p "$work/root"
+    head -c 16 /dev/urandom > "$work/root/small.bin"
+    origin_port=$(free_port)
+    origin_nginx_conf "$work/origin" "$origin_port" "$work/root" 1024
+    start_nginx "$work/origin"
+    wait_port "$origin_port"
+    rangeway_port=$(free_port)
+    rangeway_conf "$rangeway_port" "$origin_port" > "$work/rangeway.toml"
+    pingora_port=$(free_port)
+}
+
 # start_bg CMD...: CMD in the background as a direct child of this shell (so the pid recorded is
 # the server's own, not a subshell's that would leave the server running when killed); sets
 # $last_pid and adds it to $pids. Redirections on the call apply to CMD.

@@ -17,23 +17,8 @@ DURATION=${DURATION:-15}
 CONC=${CONC:-50}
 TOP=${TOP:-25}
 
-bash scripts/deps.sh --bench
-echo "building rangeway and the pingora floor (release)..."
-cargo build --release --bin rangeway --example pingora-floor >/dev/null
 source benches/lib.sh
-release=$(release_dir)
-bench_init rangeway-instructions
-ulimit -n "$(ulimit -Hn)"
-mkdir -p "$work/root"
-head -c 16 /dev/urandom > "$work/root/small.bin"
-origin_port=$(free_port)
-origin_nginx_conf "$work/origin" "$origin_port" "$work/root" 1024
-start_nginx "$work/origin"
-wait_port "$origin_port"
-
-rangeway_port=$(free_port)
-rangeway_conf "$rangeway_port" "$origin_port" > "$work/rangeway.toml"
-pingora_port=$(free_port)
+small_request_setup rangeway-instructions
 
 # count NAME PORT CMD...: prints "requests instructions" for CMD under callgrind.
 count() {
