@@ -328,7 +328,12 @@ impl std::fmt::Debug for ClientConnection {
 }
 
 impl ClientConnection {
-    fn new(inner: Stream, limits: &ClientLimits, slot: Option<Slot>, metrics: &Arc<Metrics>) -> Self {
+    fn new(
+        inner: Stream,
+        limits: &ClientLimits,
+        slot: Option<Slot>,
+        metrics: &Arc<Metrics>,
+    ) -> Self {
         Self {
             inner,
             timeout: limits.header_timeout,
@@ -353,7 +358,8 @@ impl ClientConnection {
     /// wake-ups, measured on an aes128gcm route). A connection keeps its setting until a
     /// response of the other way; one that the socket refuses leaves the system's.
     pub(crate) fn bound_unsent(&self, bounded: bool) {
-        if self.notsent_lowat == 0 || self.unsent_bounded.swap(bounded, Ordering::Relaxed) == bounded
+        if self.notsent_lowat == 0
+            || self.unsent_bounded.swap(bounded, Ordering::Relaxed) == bounded
         {
             return;
         }
@@ -715,7 +721,8 @@ mod tests {
             assert_eq!(probe.tcp_notsent_lowat().unwrap(), want, "bounded: {bounded}");
         }
         let (inner, probe, _peer) = tcp_pair().await;
-        let untouched = ClientConnection::new(inner, &bounded_at(0), None, &Arc::new(Metrics::new()));
+        let untouched =
+            ClientConnection::new(inner, &bounded_at(0), None, &Arc::new(Metrics::new()));
         untouched.bound_unsent(true);
         assert_eq!(probe.tcp_notsent_lowat().unwrap(), system, "0 leaves the system's setting");
     }

@@ -1717,7 +1717,10 @@ fn client_limits() {
     );
     let cases: [(&str, &[(&str, &str)]); 6] = [
         ("client_header_timeout = \"0s\"", &[("server.client_header_timeout", "out of range")]),
-        ("client_notsent_lowat = \"4KiB\"", &[("server.client_notsent_lowat", "every few segments")]),
+        (
+            "client_notsent_lowat = \"4KiB\"",
+            &[("server.client_notsent_lowat", "every few segments")],
+        ),
         ("client_notsent_lowat = \"2GiB\"", &[("server.client_notsent_lowat", "out of range")]),
         ("max_header_bytes = 100", &[("server.max_header_bytes", "100 is out of range")]),
         ("max_header_fields = 300", &[("server.max_header_fields", "300 is out of range")]),

@@ -80,7 +80,11 @@ impl Continuable {
 impl Proxy {
     /// Answers the request with rangeway's own upstream client, continuing the body when its
     /// origin fails mid-way. Called instead of pingora's proxying.
-    pub(super) async fn relay(&self, session: &mut Session, ctx: &mut Box<RequestCtx>) -> Result<()> {
+    pub(super) async fn relay(
+        &self,
+        session: &mut Session,
+        ctx: &mut Box<RequestCtx>,
+    ) -> Result<()> {
         let policy = ctx.transport.resume();
         let route = ctx
             .route
@@ -712,7 +716,9 @@ impl BodySource {
             .and_then(|len| len.checked_sub(received))
             .filter(|left| *left > 0)
             // Only then: a socket is duplicated and registered for it.
-            .and_then(|left| Some((left, super::transport::plain_socket(exchange.session.stream())?)))
+            .and_then(|left| {
+                Some((left, super::transport::plain_socket(exchange.session.stream())?))
+            })
             .map(|(left, socket)| DirectBody {
                 socket,
                 left,
@@ -802,8 +808,9 @@ async fn next_chunk(
     Ok(Some(chunk))
 }
 
-/// Reads one upstream body to its end, continuing it where it breaks, and fetching the
-/// stretches of a multipart answer that follow it.
+/// Where reading an upstream body has got to, and how to go on: continuing it where it breaks,
+/// fetching the stretches of a multipart answer that follow it. The relay reads with it (through
+/// its [`BodyReader`]), and so does the splice.
 struct Pump {
     client: Arc<OriginClient>,
     metrics: Arc<Metrics>,
@@ -825,7 +832,7 @@ struct Pump {
     /// answer are asked of it.
     cache: Option<(Arc<SliceCache>, RouteCache, bool)>,
     /// The most read from the origin's socket at once: [`READ_BYTES`], or a paced body's step
-    /// (a shaped client would otherwise have the reader hold up to three large chunks for it).
+    /// (a shaped client would otherwise hold a large chunk while it waits for its steps).
     read_max: usize,
 }
 
@@ -848,7 +855,10 @@ impl BodyReader {
         let pump = &mut self.pump;
         loop {
             let Some(body) = self.body.as_mut() else {
-                return Piece::Broken(Error::explain(ErrorType::InternalError, "read past the end"));
+                return Piece::Broken(Error::explain(
+                    ErrorType::InternalError,
+                    "read past the end",
+                ));
             };
             let read = match self.pending.take() {
                 Some(broke) => Err(broke),
