@@ -68,7 +68,7 @@ wait_port "$origin_port"
 rangeway_cache() {
     port=$(free_port)
     mkdir -p "$work/$1"
-    { rangeway_conf "$port" "$origin_port" | awk -v extra="${2:-}" '{ print } /^\[server\]$/ && extra { print extra }'
+    { rangeway_conf "$port" "$origin_port" "${2:-}"
       printf '[[routes]]\npath_prefix = "/gzip6/"\nupstream = "origin"\nstrip_prefix = true\n'
       printf '  [[routes.middleware]]\n  kind = "gzip"\n  level = 6\n'
       printf '[[routes]]\npath_prefix = "/aes/"\nupstream = "origin"\nstrip_prefix = true\n'

@@ -153,11 +153,13 @@ release_dir() {
     echo "$dir/release"
 }
 
-# rangeway_conf PORT ORIGIN_PORT: a rangeway as the benches run it — one worker thread, the memory
-# state store — with the passthrough route "/" to the origin; a bench appends its other routes.
+# rangeway_conf PORT ORIGIN_PORT [SERVER_LINE]: a rangeway as the benches run it — one worker
+# thread, the memory state store — with the passthrough route "/" to the origin; a bench appends
+# its other routes. SERVER_LINE goes into [server] (an A/B's setting).
 rangeway_conf() {
     cat <<CONF
 [server]
+${3:-}
 listen = "127.0.0.1:$1"
 admin_listen = "127.0.0.1:$(free_port)"
 threads = 1

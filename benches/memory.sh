@@ -32,7 +32,7 @@ for route in passthrough checksum+aes128gcm; do
     port=$(free_port)
     run_bin=$bin extra=
     [[ $variant == b ]] && run_bin=${BIN_B:-$bin} extra=${SERVER_B:-}
-    { rangeway_conf "$port" "$origin_port" | awk -v extra="$extra" '{ print } /^\[server\]$/ && extra { print extra }'
+    { rangeway_conf "$port" "$origin_port" "$extra"
       printf '[[routes]]\npath_prefix = "/aes/"\nupstream = "origin"\nstrip_prefix = true\n'
       printf '  [[routes.middleware]]\n  kind = "checksum"\n  [[routes.middleware]]\n  kind = "aes128gcm"\n'
       printf '  key_file = "%s"\n' "$work/key"; } > "$work/rangeway.toml"
