@@ -463,7 +463,7 @@ impl CacheBody {
         let upstream = &fetch.route.upstream;
         let replica = upstream.choose();
         let mut request = RequestHeader::clone(&fetch.base);
-        request.insert_header(http::header::HOST, upstream.host_header(replica))?;
+        request.insert_header(http::header::HOST, upstream.host_header(replica).clone())?;
         let version = (self.version.etag.as_str(), self.version.len);
         match fetch.origin.fetch_range(upstream, replica, request, range, version).await {
             Ok(exchange) => Ok(Box::new(exchange)),
@@ -773,7 +773,10 @@ impl RunFill {
             *attempts += 1;
             let replica = upstream.choose();
             let mut request = RequestHeader::clone(&self.fetch.base);
-            if request.insert_header(http::header::HOST, upstream.host_header(replica)).is_err() {
+            if request
+                .insert_header(http::header::HOST, upstream.host_header(replica).clone())
+                .is_err()
+            {
                 return Err(FillFailure::Origin);
             }
             let version = (self.version.etag.as_str(), self.version.len);

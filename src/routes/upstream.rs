@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use http::HeaderValue;
 use pingora_core::protocols::tls::CaType;
 use pingora_core::upstreams::peer::{HttpPeer, PeerOptions};
 use pingora_core::utils::tls::{WrappedX509, parse_x509};
@@ -44,7 +45,8 @@ pub struct Upstream {
 struct Replica {
     target: Target,
     /// The authority sent as `Host`.
-    host_header: String,
+    /// Ready to send: every request to this replica carries it.
+    host_header: HeaderValue,
     /// Milliseconds since the Unix epoch until which it gets no requests while another replica
     /// is up: after a failure, for [`PASSIVE_DOWN`]; after a failed health check, until one
     /// passes (`u64::MAX`).
@@ -118,6 +120,8 @@ pub enum UpstreamError {
     CaFileEmpty { path: PathBuf },
     #[error("the CA file {path} holds a certificate that cannot be parsed")]
     CaFileInvalid { path: PathBuf },
+    #[error("the Host header {value:?} holds bytes a header value cannot")]
+    HostHeader { value: String },
 }
 
 impl Upstream {
@@ -157,6 +161,8 @@ impl Upstream {
                     }),
                 };
                 let target = Target::Tcp { host, port, tls, resolved: Mutex::new(None) };
+                let host_header = HeaderValue::from_str(&host_header)
+                    .map_err(|_| UpstreamError::HostHeader { value: host_header })?;
                 Ok(Replica { target, host_header, down_until: AtomicU64::new(0) })
             })
             .collect::<Result<Vec<_>, UpstreamError>>()?;
@@ -226,7 +232,7 @@ impl Upstream {
             name: name.to_owned(),
             replicas: vec![Replica {
                 target: Target::Unix(socket),
-                host_header: "localhost".to_owned(),
+                host_header: HeaderValue::from_static("localhost"),
                 down_until: AtomicU64::new(0),
             }],
             next: AtomicUsize::new(0),
@@ -243,8 +249,8 @@ impl Upstream {
     }
 
     /// The `Host` sent to `replica`.
-    pub fn host_header(&self, replica: usize) -> &str {
-        self.replica(replica).host_header.as_str()
+    pub fn host_header(&self, replica: usize) -> &HeaderValue {
+        &self.replica(replica).host_header
     }
 
     fn replica(&self, index: usize) -> &Replica {
@@ -360,7 +366,7 @@ impl Upstream {
     /// [`Upstream::authorize`].
     pub fn request(&self, method: &str, target: &str, replica: usize) -> Result<RequestHeader> {
         let mut request = RequestHeader::build(method, target.as_bytes(), Some(4))?;
-        request.insert_header(http::header::HOST, self.host_header(replica))?;
+        request.insert_header(http::header::HOST, self.host_header(replica).clone())?;
         Ok(request)
     }
 
