@@ -1,12 +1,19 @@
 //! What concerns one connection and not the message (RFC 9110 §7.6.1): removed from what crosses
 //! this hop, with `Via` added (§7.6.3).
 
-use http::{HeaderName, HeaderValue, header};
+use http::{HeaderMap, HeaderName, HeaderValue, header};
 use pingora_error::Result;
 use pingora_http::{RequestHeader, ResponseHeader};
 
 /// Written in `Via` on both sides (RFC 9110 §7.6.3).
 pub(super) const VIA: &str = "1.1 rangeway";
+
+/// The forwarding fields rangeway sets on the requests it sends. Strings, not `HeaderName`s:
+/// pingora's `insert_header` turns a name into bytes and parses it back, and copies a
+/// `HeaderName` it has no spelling of its own for (where a `&'static str` is taken as it is).
+pub(super) const X_FORWARDED_FOR: &str = "x-forwarded-for";
+pub(super) const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
+pub(super) const X_FORWARDED_HOST: &str = "x-forwarded-host";
 
 /// Response fields that describe one connection, not the message (RFC 9110 §7.6.1).
 /// Names, not strings: a map finds a `HeaderName` without parsing it again (every response and
@@ -29,24 +36,40 @@ pub(super) static REQUEST_HOP_BY_HOP: [HeaderName; 3] = [
 
 /// An upstream answer as it leaves this hop: its connection's fields dropped, `Via` added.
 pub(super) fn forwarded(response: &mut ResponseHeader) -> Result<()> {
-    for name in &HOP_BY_HOP {
-        response.remove_header(name);
+    // One pass over the few fields an answer has finds those to remove: removing by each name
+    // would hash and probe the map, and pingora's map of their case, twelve times a response.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in response.headers.keys() {
+        if let Some(index) = HOP_BY_HOP.iter().position(|hop| hop == name) {
+            present[index] = true;
+        }
+    }
+    for (name, present) in HOP_BY_HOP.iter().zip(present) {
+        if present {
+            response.remove_header(name);
+        }
     }
     response.append_header(header::VIA, HeaderValue::from_static(VIA))?;
     Ok(())
 }
 
-/// Removes from a request rangeway sends itself what concerns only the client's connection: the
-/// fields its `Connection` names (but the ones rangeway sets itself) and the hop-by-hop fields
-/// (RFC 9110 §7.6.1), as pingora does to the requests it proxies. A client's `Connection: close`
-/// would otherwise close the pooled origin connection too.
-pub(super) fn strip_hop_by_hop(request: &mut RequestHeader) {
-    let nominated: Vec<header::HeaderName> = request
+/// The request rangeway sends itself for `client`'s: its method and end-to-end fields, without
+/// what concerns only the client's connection — the fields its `Connection` names (but the ones
+/// rangeway sets itself) and the hop-by-hop fields (RFC 9110 §7.6.1), as pingora strips the
+/// requests it proxies. A client's `Connection: close` would otherwise close the pooled origin
+/// connection too. HTTP/1.1, whatever the client spoke; its target is set by the caller.
+///
+/// Built rather than cloned and stripped: a clone carries pingora's map of the client's header
+/// case, which every later field set on the request updates too, and removing the hop-by-hop
+/// names one by one probes the map nine times. Built from its parts, not field by field through
+/// `append_header`, which spells each name out and parses it back.
+pub(super) fn end_to_end(client: &RequestHeader) -> RequestHeader {
+    let nominated: Vec<HeaderName> = client
         .headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
-        .filter_map(|token| header::HeaderName::from_bytes(token.trim_ascii()).ok())
+        .filter_map(|token| HeaderName::from_bytes(token.trim_ascii()).ok())
         .filter(|name| {
             !matches!(
                 name.as_str(),
@@ -54,15 +77,20 @@ pub(super) fn strip_hop_by_hop(request: &mut RequestHeader) {
             )
         })
         .collect();
-    for name in &nominated {
-        request.remove_header(name);
+    // Room for what upstream_request_filter adds (Host, X-Forwarded-*, Via, Range...).
+    let mut headers = HeaderMap::with_capacity(client.headers.len() + 6);
+    for (name, value) in &client.headers {
+        let hop_by_hop = HOP_BY_HOP.contains(name) || REQUEST_HOP_BY_HOP.contains(name);
+        if !hop_by_hop && !nominated.contains(name) {
+            headers.append(name.clone(), value.clone());
+        }
     }
-    for name in HOP_BY_HOP.iter().chain(&REQUEST_HOP_BY_HOP) {
-        request.remove_header(name);
-    }
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = client.method.clone();
+    parts.headers = headers;
+    RequestHeader::from(parts)
 }
 
-#[cfg(test)]
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,7 +111,9 @@ mod tests {
         ] {
             request.append_header(name, value).unwrap();
         }
-        strip_hop_by_hop(&mut request);
+        let request = end_to_end(&request);
+        assert_eq!(request.version, http::Version::HTTP_11);
+        assert_eq!(request.method, http::Method::GET);
         let mut left: Vec<&str> = request.headers.keys().map(|name| name.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["host", "range", "x-forwarded-for"]);

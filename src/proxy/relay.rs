@@ -34,7 +34,7 @@ use tracing::{info, warn};
 
 use super::Proxy;
 use super::context::RequestCtx;
-use super::hop_by_hop::strip_hop_by_hop;
+use super::hop_by_hop::end_to_end;
 use super::pace::Pacer;
 use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
@@ -91,11 +91,9 @@ impl Proxy {
             .clone()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
         ctx.replica = route.upstream.choose();
-        let mut request = session.req_header().clone();
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks; an HTTP/2 client's
         // :authority becomes Host in upstream_request_filter, as every route sets it.
-        request.set_version(http::Version::HTTP_11);
-        strip_hop_by_hop(&mut request);
+        let mut request = end_to_end(session.req_header());
         self.upstream_request_filter(session, &mut request, ctx).await?;
         // What other replicas, continuations and the stretches of a multipart answer fetched
         // apart are asked with: the same fields, another Host (and Range). Kept only where there
@@ -551,7 +549,7 @@ impl Proxy {
             }
             ctx.replica = upstream.choose();
             let mut request = base.clone();
-            request.insert_header(header::HOST, upstream.host_header(ctx.replica))?;
+            request.insert_header(header::HOST, upstream.host_header(ctx.replica).clone())?;
             sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
         }
         sent
@@ -1027,7 +1025,7 @@ impl Pump {
             let replica = upstream.choose();
             let mut request = base.clone();
             request
-                .insert_header(header::HOST, upstream.host_header(replica))
+                .insert_header(header::HOST, upstream.host_header(replica).clone())
                 .map_err(|_| "failed")?;
             let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
                 return Err("failed");
