@@ -160,7 +160,8 @@ impl fmt::Display for NormalizedPath {
             return f.write_str("/");
         }
         for segment in &self.segments {
-            write!(f, "/{segment}")?;
+            f.write_str("/")?;
+            f.write_str(segment)?;
         }
         if self.trailing_slash {
             f.write_str("/")?;

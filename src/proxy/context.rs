@@ -1,6 +1,8 @@
 //! What one request knows as it goes through the phases: its route, what the client asked, what
 //! was asked upstream, its download, the body's plan.
 
+use std::borrow::Cow;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,11 +47,14 @@ pub struct RequestCtx {
     pub(super) started: Instant,
     pub(super) route: Option<Arc<Route>>,
     pub(super) upstream_target: String,
+    /// The client's IP address as text, formatted once: the derived download id, the
+    /// download's record and `X-Forwarded-For` all write it.
+    pub(super) client_ip: Option<String>,
     pub(super) client_range: ClientRange,
     pub(super) sent_range: Option<RangeSpec>,
     pub(super) body: BodyPlan,
     /// What was served, for the access log: a Content-Range, "multipart", or "-".
-    pub(super) served_range: String,
+    pub(super) served_range: Cow<'static, str>,
     pub(super) upstream_status: Option<u16>,
     /// When the upstream was first asked (before connecting), and how long its answer's header
     /// took from then: the access line's `upstream_ms`.
@@ -109,7 +114,6 @@ pub struct RequestCtx {
 pub(super) struct DownloadCtx {
     pub(super) id: String,
     pub(super) object: String,
-    pub(super) client: String,
     /// The session as the store had it before this request; `None` when new or unknown.
     pub(super) session: Option<DownloadSession>,
     /// For a bare resume, the one version it may be answered with (see
@@ -139,10 +143,11 @@ impl Default for RequestCtx {
             started: Instant::now(),
             route: None,
             upstream_target: String::new(),
+            client_ip: None,
             client_range: ClientRange::Absent,
             sent_range: None,
             body: BodyPlan::Forward,
-            served_range: String::from("-"),
+            served_range: Cow::Borrowed("-"),
             upstream_status: None,
             upstream_asked: None,
             upstream_header: None,
@@ -238,7 +243,7 @@ impl RequestCtx {
             id: download.id.clone(),
             object: download.object.clone(),
             route: self.route_name().to_owned(),
-            client: download.client.clone(),
+            client: self.client_ip.clone().unwrap_or_default(),
             version: version.clone(),
             origin_version: origin_version.clone(),
             range,
@@ -281,5 +286,48 @@ impl DownloadCtx {
             parts: parts.is_some(),
         });
         Ok(())
+    }
+}
+
+/// `ip` as text, for `RequestCtx::client_ip`. An IPv4 address is written digit by digit: through
+/// `Display`, which formats each octet with padding support, it cost 1.5k instructions a request.
+pub(super) fn ip_text(ip: IpAddr) -> String {
+    let IpAddr::V4(v4) = ip else {
+        return ip.to_string();
+    };
+    let mut text = String::with_capacity(15);
+    for (index, octet) in v4.octets().into_iter().enumerate() {
+        if index > 0 {
+            text.push('.');
+        }
+        if octet >= 100 {
+            text.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            text.push(char::from(b'0' + octet / 10 % 10));
+        }
+        text.push(char::from(b'0' + octet % 10));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ip_text_writes_what_display_writes() {
+        for ip in ["0.0.0.0", "10.0.0.1", "127.0.0.1", "192.168.100.9", "255.255.255.255"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+        for octet in 0..=255u8 {
+            let ip = IpAddr::from([octet, 255 - octet, octet / 7, 9]);
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+        for ip in ["::1", "2001:db8::7", "::ffff:10.0.0.1"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
     }
 }

@@ -1,7 +1,5 @@
 //! Which download a request belongs to, and which object version an upstream answer is.
 
-use std::net::IpAddr;
-
 use http::{HeaderMap, header};
 use pingora_http::RequestHeader;
 use rangeway_middleware::rfc9110::{
@@ -9,7 +7,7 @@ use rangeway_middleware::rfc9110::{
 };
 
 use crate::fingerprint::FingerprintKey;
-use crate::range::{content_length, validators};
+use crate::range::content_length;
 use crate::state::{Holding, ObjectVersion};
 
 /// The client's name for a download, echoed on every response.
@@ -39,9 +37,11 @@ pub struct DownloadId {
 /// A derived id is keyed with `key` (HMAC), so no one without the key can compute another
 /// client's id, and a client cannot name one: `auto-` ids are rangeway's own, and one a client
 /// sends — its own echoed back, or anyone's — is replaced by the id derived for the request.
+///
+/// `client` is the client's IP address as text (see `RequestCtx::client_ip`).
 pub fn download_id(
     req: &RequestHeader,
-    client: Option<IpAddr>,
+    client: Option<&str>,
     object: &str,
     key: &FingerprintKey,
 ) -> DownloadId {
@@ -57,9 +57,9 @@ pub fn download_id(
         // is_usable admits ASCII only.
         return DownloadId { id: String::from_utf8_lossy(&id).into_owned(), derived: false };
     }
-    let client = client.map(|ip| ip.to_string()).unwrap_or_default();
+    let client = client.unwrap_or_default().as_bytes();
     let agent = req.headers.get(header::USER_AGENT).map_or(&b""[..], |v| v.as_bytes());
-    let hash = key.fingerprint([client.as_bytes(), agent, object.as_bytes()], 16);
+    let hash = key.fingerprint([client, agent, object.as_bytes()], 16);
     DownloadId { id: format!("{DERIVED}{hash}"), derived: true }
 }
 
@@ -114,7 +114,12 @@ pub fn validators_of(version: &ObjectVersion) -> Validators {
 }
 
 /// The object version an upstream 200 or 206 describes: its validators and complete length.
-pub fn object_version(status: u16, headers: &HeaderMap) -> Option<ObjectVersion> {
+/// `validators` are the answer's, from [`validators`].
+pub fn object_version(
+    status: u16,
+    headers: &HeaderMap,
+    validators: &Validators,
+) -> Option<ObjectVersion> {
     let size = match status {
         200 => content_length(headers)?,
         206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
@@ -123,10 +128,14 @@ pub fn object_version(status: u16, headers: &HeaderMap) -> Option<ObjectVersion>
         },
         _ => return None,
     };
-    let Validators { etag, last_modified } = validators(headers);
+    let Validators { etag, last_modified } = validators;
     Some(ObjectVersion {
         strong: etag.as_ref().is_some_and(EntityTag::is_strong),
-        etag: etag.map(|e| e.to_string()),
+        // The field's own text is the tag's (it parsed whole): not formatted again.
+        etag: etag.as_ref().map(|tag| match headers.get(header::ETAG).map(|v| v.to_str()) {
+            Some(Ok(text)) => text.trim_matches([' ', '\t']).to_owned(),
+            _ => tag.to_string(),
+        }),
         size,
         last_modified: last_modified
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -141,6 +150,7 @@ pub fn object_version(status: u16, headers: &HeaderMap) -> Option<ObjectVersion>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::range::validators;
 
     fn request(target: &str, headers: &[(&'static str, &str)]) -> RequestHeader {
         let mut req = RequestHeader::build("GET", target.as_bytes(), None).unwrap();
@@ -153,8 +163,8 @@ mod tests {
     #[test]
     fn ids_come_from_the_client_or_from_what_pieces_share() {
         let key = FingerprintKey::new(b"a key of the tests' own");
-        let ip = Some("10.0.0.1".parse().unwrap());
-        let id = |req: &RequestHeader, ip: Option<IpAddr>, object: &str| {
+        let ip = Some("10.0.0.1");
+        let id = |req: &RequestHeader, ip: Option<&str>, object: &str| {
             download_id(req, ip, object, &key).id
         };
         let explicit = request("/a", &[(DOWNLOAD_ID, "job-42")]);
@@ -171,7 +181,7 @@ mod tests {
         let resumed = request("/a", &[("user-agent", "curl/8"), ("range", "bytes=5-")]);
         assert_eq!(id(&curl, ip, "/a"), id(&resumed, ip, "/a"));
         assert_ne!(id(&curl, ip, "/a"), id(&curl, ip, "/b"));
-        assert_ne!(id(&curl, ip, "/a"), id(&curl, Some("10.0.0.2".parse().unwrap()), "/a"));
+        assert_ne!(id(&curl, ip, "/a"), id(&curl, Some("10.0.0.2"), "/a"));
         let hostile = request("/a", &[(DOWNLOAD_ID, &"x".repeat(500))]);
         assert!(id(&hostile, ip, "/a").starts_with("auto-"));
         // Keyed: another key derives other ids, and the plain hash of the parts is not one.
@@ -188,11 +198,11 @@ mod tests {
     #[test]
     fn derived_ids_cannot_be_named_by_clients() {
         let key = FingerprintKey::new(b"a key of the tests' own");
-        let ip = Some("10.0.0.1".parse().unwrap());
+        let ip = Some("10.0.0.1");
         let victim = request("/a", &[("user-agent", "curl/8")]);
         let victims = download_id(&victim, ip, "/a", &key).id;
         // Another client naming the victim's id (as a header or a parameter) gets its own.
-        let attacker_ip = Some("10.6.6.6".parse().unwrap());
+        let attacker_ip = Some("10.6.6.6");
         for forged in [
             request("/a", &[("user-agent", "curl/8"), (DOWNLOAD_ID, &victims)]),
             request(&format!("/a?download_id={victims}"), &[("user-agent", "curl/8")]),
@@ -242,12 +252,12 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_LENGTH, "100".parse().unwrap());
         headers.insert(header::ETAG, "\"v1\"".parse().unwrap());
-        let v = object_version(200, &headers).unwrap();
+        let v = object_version(200, &headers, &validators(&headers)).unwrap();
         assert_eq!((v.size, v.etag.as_deref(), v.strong), (100, Some("\"v1\""), true));
         headers.insert(header::CONTENT_RANGE, "bytes 0-9/5000".parse().unwrap());
         headers.insert(header::ETAG, "W/\"v1\"".parse().unwrap());
-        let v = object_version(206, &headers).unwrap();
+        let v = object_version(206, &headers, &validators(&headers)).unwrap();
         assert_eq!((v.size, v.strong), (5000, false));
-        assert!(object_version(304, &headers).is_none());
+        assert!(object_version(304, &headers, &validators(&headers)).is_none());
     }
 }

@@ -50,23 +50,23 @@ use crate::cache::{Outcome, SliceCache};
 use crate::config::ClientLimits;
 use crate::fingerprint::FingerprintKey;
 use crate::links;
-use crate::range::{Asked, ClientRange, IfRangeDate, Shape, shape_response};
+use crate::range::{Asked, ClientRange, IfRangeDate, Shape, shape_response, validators};
 use crate::representation::{StoredFacts, version_key};
 use crate::request_path::NormalizedPath;
+use crate::routes::RouteSwitch;
 use crate::routes::origin_client::OriginClient;
-use crate::routes::{RouteSwitch, request_host};
 use crate::s3::verify as s3_verify;
 use crate::state::unix_now;
 use crate::state::{DownloadSession, Resumable, StateStore};
 use crate::traces::{self, Traces};
 use answer::{
-    Lapsed, answer_without_body, error_answer, error_kind, header_over_limits, is_client_abort,
-    refuse_changed, respond, set_partial,
+    ACCEPT_BYTES, Lapsed, answer_without_body, error_answer, error_kind, header_over_limits,
+    is_client_abort, refuse_changed, respond, set_partial,
 };
 use completion::{Completions, Unfinished};
-use context::{BodyPlan, DownloadCtx, RequestCtx};
+use context::{BodyPlan, DownloadCtx, RequestCtx, ip_text};
 use download::{DownloadId, download_id, holding, object_version};
-use hop_by_hop::{VIA, forwarded};
+use hop_by_hop::{VIA, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, forwarded};
 use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
 use plan::{plan_parts, plan_upstream};
 use relay::Continuable;
@@ -202,9 +202,8 @@ impl ProxyHttp for Proxy {
                 return Ok(true);
             }
         };
-        let host = request_host(req);
         let routes = self.routes.current();
-        let Some(route) = routes.find(host.as_deref(), &path) else {
+        let Some(route) = routes.for_request(req, &path) else {
             respond(session, StatusCode::NOT_FOUND, "no route for this path\n", &[]).await?;
             return Ok(true);
         };
@@ -244,9 +243,9 @@ impl ProxyHttp for Proxy {
                 Ok(_) => {}
             }
         }
+        let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
         let mut link = None;
         if let Some(signed) = &route.signed_links {
-            let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
             match links::verify(&signed.keys, &path.to_string(), req.uri.query(), client_ip, now) {
                 Err(e) => {
                     self.metrics.link_refused(&route.name, e.reason());
@@ -284,6 +283,7 @@ impl ProxyHttp for Proxy {
         ctx.client_range = ClientRange::from_request(&req.method, &req.headers, &self.range_limits);
         ctx.sent_range = ctx.client_range.upstream_spec();
         ctx.upstream_target = target;
+        ctx.client_ip = client_ip.map(ip_text);
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(route));
         ctx.transport = Transport::choose(session, route);
@@ -304,11 +304,10 @@ impl ProxyHttp for Proxy {
                 Some(coding) => format!("{}|{path}|{coding}", route.name),
                 None => format!("{}|{path}", route.name),
             };
-            let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
             // A link made for one download names it: the grace of its expiry is that download's.
             let DownloadId { id, derived } = match link.as_ref().and_then(|l| l.terms.id.clone()) {
                 Some(bound) => DownloadId { id: bound, derived: false },
-                None => download_id(req, client_ip, &object, &self.id_key),
+                None => download_id(req, ctx.client_ip.as_deref(), &object, &self.id_key),
             };
             let ranged = matches!(ctx.client_range, ClientRange::Bytes(_));
             // Resume safety only for a bare resume: explicit validators keep their RFC meaning.
@@ -383,7 +382,6 @@ impl ProxyHttp for Proxy {
                 ctx.download = Some(DownloadCtx {
                     id,
                     object,
-                    client: client_ip.map(|ip| ip.to_string()).unwrap_or_default(),
                     session: stored,
                     resume_version,
                     changed: false,
@@ -482,7 +480,8 @@ impl ProxyHttp for Proxy {
                 .authority()
                 .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
         };
-        upstream_request.insert_header(header::HOST, route.upstream.host_header(ctx.replica))?;
+        upstream_request
+            .insert_header(header::HOST, route.upstream.host_header(ctx.replica).clone())?;
         upstream_request.remove_header(&header::RANGE);
         let transforms = ctx.transforms();
         if ctx.chain().is_some() {
@@ -518,23 +517,28 @@ impl ProxyHttp for Proxy {
             upstream_request.remove_header(&header::IF_RANGE);
         }
         upstream_request.remove_header(&header::PROXY_AUTHORIZATION);
-        if let Some(client) = session.client_addr().and_then(|a| a.as_inet()) {
-            let ip = client.ip().to_string();
-            let forwarded =
-                match upstream_request.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok())
-                {
-                    Some(earlier) => format!("{earlier}, {ip}"),
-                    None => ip,
-                };
-            upstream_request.insert_header("x-forwarded-for", forwarded)?;
+        if let Some(ip) = &ctx.client_ip {
+            let forwarded = match upstream_request.headers.get(X_FORWARDED_FOR) {
+                Some(earlier) => {
+                    let mut list = Vec::with_capacity(earlier.len() + 2 + ip.len());
+                    list.extend_from_slice(earlier.as_bytes());
+                    list.extend_from_slice(b", ");
+                    list.extend_from_slice(ip.as_bytes());
+                    HeaderValue::from_maybe_shared(Bytes::from(list))
+                }
+                None => HeaderValue::from_str(ip),
+            };
+            let forwarded = forwarded
+                .map_err(|e| Error::because(ErrorType::InvalidHTTPHeader, "X-Forwarded-For", e))?;
+            upstream_request.insert_header(X_FORWARDED_FOR, forwarded)?;
         }
         let scheme = match session.digest().is_some_and(|d| d.ssl_digest.is_some()) {
             true => "https",
             false => "http",
         };
-        upstream_request.insert_header("x-forwarded-proto", HeaderValue::from_static(scheme))?;
+        upstream_request.insert_header(X_FORWARDED_PROTO, HeaderValue::from_static(scheme))?;
         if let Some(host) = original_host {
-            upstream_request.insert_header("x-forwarded-host", host)?;
+            upstream_request.insert_header(X_FORWARDED_HOST, host)?;
         }
         upstream_request.append_header(header::VIA, HeaderValue::from_static(VIA))?;
         if let Some(trace) = ctx.trace.as_mut().filter(|_| ctx.transport == Transport::Pingora) {
@@ -571,7 +575,7 @@ impl ProxyHttp for Proxy {
             return Ok(());
         };
         let status = response.status.as_u16();
-        let answered = object_version(status, &response.headers);
+        let answered = object_version(status, &response.headers, &validators(&response.headers));
         let changed = status == 412
             || (matches!(status, 200 | 206)
                 && !answered.is_some_and(|v| v.same_as(&resume_version)));
@@ -599,7 +603,8 @@ impl ProxyHttp for Proxy {
         let status = response.status.as_u16();
         ctx.upstream_status = Some(status);
         ctx.upstream_header = ctx.upstream_asked.map(|t| t.elapsed());
-        let version = object_version(status, &response.headers);
+        let answer_validators = validators(&response.headers);
+        let version = object_version(status, &response.headers, &answer_validators);
         let origin_digest =
             if status == 200 { OriginDigestCheck::for_response(&response.headers) } else { None };
         if let Some(id) = ctx.download.as_ref().filter(|d| d.changed).map(|d| d.id.clone()) {
@@ -611,7 +616,7 @@ impl ProxyHttp for Proxy {
             && let Some(client_status) = crate::s3::error::client_status(status)
         {
             forwarded(response)?;
-            ctx.served_range = format!("S3 error {status}");
+            ctx.served_range = format!("S3 error {status}").into();
             let xml = crate::s3::error::speaks_s3(&session.req_header().headers);
             let error = s3::ErrorBody::start(response, client_status, xml)?;
             ctx.body = BodyPlan::S3Error(Box::new(error));
@@ -662,18 +667,24 @@ impl ProxyHttp for Proxy {
             if_range_date_sent: ctx.if_range_date == IfRangeDate::Forward,
             part_gap: ctx.part_gap,
         };
-        let shape = shape_response(&asked, status, &response.headers, SystemTime::now());
+        let shape = shape_response(
+            &asked,
+            status,
+            &response.headers,
+            &answer_validators,
+            SystemTime::now(),
+        );
         let route = route_arc.as_ref().map_or("-", |r| r.name.as_str());
         match shape {
             Shape::Forward => {
                 if let Some(range) = response.headers.get(header::CONTENT_RANGE) {
-                    ctx.served_range = range.to_str().unwrap_or("?").to_owned();
+                    ctx.served_range = range.to_str().unwrap_or("?").to_owned().into();
                 }
                 if matches!(status, 200 | 206)
                     && response.headers.contains_key(header::CONTENT_LENGTH)
                 {
                     // rangeway can cut any range out of a response of known length.
-                    response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+                    response.insert_header(header::ACCEPT_RANGES, ACCEPT_BYTES)?;
                 }
             }
             Shape::Single { range, complete_len, stream_start } => {
@@ -682,7 +693,7 @@ impl ProxyHttp for Proxy {
                 }
                 let value = content_range(range, complete_len);
                 set_partial(response, range.len(), &value)?;
-                ctx.served_range = value;
+                ctx.served_range = value.into();
                 ctx.body = BodyPlan::Window(Window::new(stream_start, range));
             }
             Shape::Multiple { ranges, complete_len, stream_start, rest } => {
@@ -807,7 +818,7 @@ impl ProxyHttp for Proxy {
                     let upstream = ctx.route.as_ref().map_or("-", |r| r.upstream.name());
                     let (text, code) = error.finish(route, upstream);
                     if let Some(code) = code {
-                        ctx.served_range = format!("S3 {code}");
+                        ctx.served_range = format!("S3 {code}").into();
                     }
                     *body = Some(text);
                 }
@@ -921,7 +932,7 @@ impl ProxyHttp for Proxy {
                 span.record("rangeway.download_id", download.id.as_str());
             }
             span.record("rangeway.range_asked", asked);
-            span.record("rangeway.range_served", ctx.served_range.as_str());
+            span.record("rangeway.range_served", &*ctx.served_range);
             span.record("rangeway.transport", transport);
             span.record("rangeway.cache", cache);
             span.record("http.response.status_code", traces::int(status));

@@ -2,7 +2,12 @@
 //! `x-amz-checksum-sha256` or `-crc32`): a body that does not match is cut before its last bytes
 //! go out, so that the client sees a cut download to resume, never a complete wrong one.
 
+use http::HeaderName;
 use rangeway_middleware::checksum::parse_repr_digest_sha256;
+
+const REPR_DIGEST: HeaderName = HeaderName::from_static("repr-digest");
+const AMZ_SHA256: HeaderName = HeaderName::from_static("x-amz-checksum-sha256");
+const AMZ_CRC32: HeaderName = HeaderName::from_static("x-amz-checksum-crc32");
 
 /// The error of a body that fails the digest its origin published.
 pub(super) const ORIGIN_DIGEST_MISMATCH: &str = "OriginDigestMismatch";
@@ -30,7 +35,7 @@ impl OriginDigestCheck {
     pub(super) fn for_response(headers: &http::HeaderMap) -> Option<Self> {
         use base64::Engine as _;
         // "…-N" is a checksum of part checksums (multipart upload), not of the bytes.
-        let s3 = |name: &str| {
+        let s3 = |name: HeaderName| {
             let value = headers.get(name)?.to_str().ok()?;
             if value.contains('-') {
                 return None;
@@ -38,12 +43,12 @@ impl OriginDigestCheck {
             base64::engine::general_purpose::STANDARD.decode(value).ok()
         };
         let expected = parse_repr_digest_sha256(
-            headers.get_all("repr-digest").iter().map(http::HeaderValue::as_bytes),
+            headers.get_all(REPR_DIGEST).iter().map(http::HeaderValue::as_bytes),
         )
-        .or_else(|| s3("x-amz-checksum-sha256")?.try_into().ok())
+        .or_else(|| s3(AMZ_SHA256)?.try_into().ok())
         .map(|expected| OriginDigest::Sha256 { expected, hasher: sha2::Digest::new() })
         .or_else(|| {
-            let crc: [u8; 4] = s3("x-amz-checksum-crc32")?.try_into().ok()?;
+            let crc: [u8; 4] = s3(AMZ_CRC32)?.try_into().ok()?;
             let expected = u32::from_be_bytes(crc);
             Some(OriginDigest::Crc32 { expected, hasher: crc32fast::Hasher::new() })
         })?;

@@ -18,18 +18,24 @@ use rangeway_middleware::rfc9110::{
 use tracing::warn;
 
 use super::Proxy;
-use super::answer::{answer_without_body, empty_answer, refuse_changed, set_partial};
+use super::answer::{ACCEPT_BYTES, answer_without_body, empty_answer, refuse_changed, set_partial};
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
 use super::plan::{PART_GAP, covering};
 use crate::cache::{CacheBody, Outcome, OutputWriter, SliceCache, Version};
 use crate::fingerprint::fingerprint;
-use crate::range::{Asked, ClientRange, Shape, shape_response};
+use crate::range::{Asked, ClientRange, Shape, shape_response, validators};
 use crate::representation::{
     ChainPass, ORIGIN_DIGEST_HEADERS, digest_headers, representation_etag, version_key,
 };
 use crate::routes::Route;
 use crate::state::{Ending, ObjectVersion};
+
+/// The fewest bytes a response must promise to be shown in the admin API while in flight. One
+/// with fewer is over about as soon as it began (the relay holds its first 64 KiB before writing
+/// anything); it shows once recorded, at its end. Registering it cost every small response a
+/// copy of its download's record and a place in a shared map.
+const LIVE_FROM: u64 = 256 * 1024;
 
 impl Proxy {
     /// On a route whose stages only observe: publishes what the store knows (digests), and runs
@@ -177,7 +183,7 @@ impl Proxy {
             if_range_date_sent: false,
             part_gap: None,
         };
-        let shape = shape_response(&asked, 200, &own, SystemTime::now());
+        let shape = shape_response(&asked, 200, &own, &validators(&own), SystemTime::now());
         let want = want_repr_digest_sha256(
             req.headers.get_all("want-repr-digest").iter().map(HeaderValue::as_bytes),
         );
@@ -212,14 +218,14 @@ impl Proxy {
                     None => response.insert_header(header::TRANSFER_ENCODING, "chunked")?,
                 }
                 if rangeable {
-                    response.insert_header(header::ACCEPT_RANGES, "bytes")?;
+                    response.insert_header(header::ACCEPT_RANGES, ACCEPT_BYTES)?;
                 }
                 output_len.map(ByteRange::whole)
             }
             Shape::Single { range, complete_len, .. } => {
                 let value = content_range(range, complete_len);
                 set_partial(response, range.len(), &value)?;
-                ctx.served_range = value;
+                ctx.served_range = value.into();
                 Some(range)
             }
             Shape::Multiple { ranges, complete_len, .. } => {
@@ -319,6 +325,10 @@ impl Proxy {
         if matches!(ctx.body, BodyPlan::Discard) {
             return;
         }
+        let promised = ctx.download.as_ref().and_then(|d| d.delivering.as_ref());
+        if promised.is_none_or(|delivering| delivering.range.len() < LIVE_FROM) {
+            return;
+        }
         // What the response will record at its end, before any byte went out; the parts of a
         // multipart answer are not shown as they go.
         if let Some(delivery) = ctx.delivery(0, false).filter(|d| d.ending != Ending::Parts) {
@@ -365,8 +375,8 @@ impl Proxy {
         response.remove_header(&header::TRANSFER_ENCODING);
         response.insert_header(header::CONTENT_TYPE, plan.content_type_header())?;
         response.insert_header(header::CONTENT_LENGTH, plan.total_len())?;
-        response.insert_header(header::ACCEPT_RANGES, "bytes")?;
-        ctx.served_range = format!("multipart ({} ranges)", ranges.len());
+        response.insert_header(header::ACCEPT_RANGES, ACCEPT_BYTES)?;
+        ctx.served_range = format!("multipart ({} ranges)", ranges.len()).into();
         ctx.body = BodyPlan::Multipart(Box::new(multipart));
         Ok(())
     }

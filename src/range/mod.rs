@@ -146,10 +146,13 @@ impl IfRangeDate {
 }
 
 /// Decides the client's answer from the upstream's status and headers.
+///
+/// `validators` are the answer's, from [`validators`] (the caller needs them too: parsed once).
 pub fn shape_response(
     asked: &Asked<'_>,
     status: u16,
     response: &HeaderMap,
+    validators: &Validators,
     now: SystemTime,
 ) -> Shape {
     let Asked { method, headers: request, range: client, sent, if_range_date_sent, part_gap } =
@@ -158,10 +161,9 @@ pub fn shape_response(
         // 304, 412, 416, errors: the upstream has already answered the question asked.
         return Shape::Forward;
     }
-    let validators = validators(response);
     // The upstream was sent the client's preconditions too; evaluating them again here makes the
     // answer right even behind an origin that ignores them.
-    match evaluate_preconditions(method, request, &validators) {
+    match evaluate_preconditions(method, request, validators) {
         Precondition::Proceed => {}
         Precondition::NotModified => return Shape::NotModified,
         Precondition::Failed => return Shape::PreconditionFailed,
@@ -174,7 +176,7 @@ pub fn shape_response(
         };
     };
     let range_applies =
-        if_range_holds(request, &validators, now) || (status == 206 && if_range_date_sent);
+        if_range_holds(request, validators, now) || (status == 206 && if_range_date_sent);
 
     if status == 200 {
         if !range_applies {

@@ -118,6 +118,20 @@ impl RouteTable {
         Self { routes: routes.into_iter().map(Arc::new).collect() }
     }
 
+    /// The route for `req`, whose path is `path`. Its host is read only when a route names one
+    /// (those come first).
+    pub fn for_request(
+        &self,
+        req: &pingora_http::RequestHeader,
+        path: &NormalizedPath,
+    ) -> Option<&Arc<Route>> {
+        let host = match self.routes.first().is_some_and(|route| route.host.is_some()) {
+            true => request_host(req),
+            false => None,
+        };
+        self.find(host.as_deref(), path)
+    }
+
     /// The route for a request to `host` (without port, any case) and `path`.
     pub fn find(&self, host: Option<&str>, path: &NormalizedPath) -> Option<&Arc<Route>> {
         self.routes.iter().find(|route| takes(route.host.as_deref(), &route.prefix, host, path))
@@ -182,7 +196,7 @@ impl RouteSwitch {
 
 /// The host a request is for: the Host header (or the authority of an absolute-form target),
 /// lower-cased, without port.
-pub fn request_host(req: &pingora_http::RequestHeader) -> Option<String> {
+fn request_host(req: &pingora_http::RequestHeader) -> Option<String> {
     let mut host = req.uri.authority().map(|a| a.host().to_owned()).or_else(|| {
         let value = req.headers.get(http::header::HOST)?.to_str().ok()?;
         let authority: http::uri::Authority = value.parse().ok()?;

@@ -94,6 +94,20 @@ impl Inner {
         (entry.expires > now).then_some(entry.value)
     }
 
+    /// The value under `key` unless it expired, written again: the most recently written entry,
+    /// living until `expires`. Updated in place, its key is neither copied nor hashed again.
+    fn rewrite(&mut self, key: &Key, expires: Instant, now: Instant) -> Option<&mut Value> {
+        let entry = self.entries.get_mut(key).filter(|entry| entry.expires > now)?;
+        let written = self.next_write;
+        self.next_write += 1;
+        if let Some(key) = self.order.remove(&entry.written) {
+            self.order.insert(written, key);
+        }
+        entry.written = written;
+        entry.expires = expires;
+        Some(&mut entry.value)
+    }
+
     /// Writes `value` under `key`, as the most recently written entry.
     fn put(&mut self, key: Key, value: Value, expires: Instant, now: Instant, capacity: usize) {
         let _ = self.take(&key, now);
@@ -176,23 +190,29 @@ impl StateStore for MemoryStore {
         let now = Instant::now();
         let expires = now + self.ttl;
         let mut inner = self.lock();
+        inner.sweep(now);
         let session_key = Key::Download(delivery.id.clone(), delivery.object.clone());
-        let stored = match inner.take(&session_key, now) {
-            Some(Value::Download(session)) => Some(session),
-            _ => None,
-        };
-        let session = DownloadSession::record(stored, delivery);
-        inner.put(session_key, Value::Download(session.clone()), expires, now, self.capacity);
-
-        let object_key = Key::Object(delivery.object.clone());
-        let record = match inner.take(&object_key, now) {
-            Some(Value::Object(mut record)) => {
-                record.observe(&delivery.origin_version, delivery.now);
-                record
+        let session = match inner.rewrite(&session_key, expires, now) {
+            Some(Value::Download(session)) => {
+                session.record_in_place(delivery);
+                session.clone()
             }
-            _ => ObjectRecord::new(&delivery.object, &delivery.origin_version, delivery.now),
+            _ => {
+                let session = DownloadSession::begin(delivery);
+                let value = Value::Download(session.clone());
+                inner.put(session_key, value, expires, now, self.capacity);
+                session
+            }
         };
-        inner.put(object_key, Value::Object(record), expires, now, self.capacity);
+        let object_key = Key::Object(delivery.object.clone());
+        match inner.rewrite(&object_key, expires, now) {
+            Some(Value::Object(record)) => record.observe(&delivery.origin_version, delivery.now),
+            _ => {
+                let record =
+                    ObjectRecord::new(&delivery.object, &delivery.origin_version, delivery.now);
+                inner.put(object_key, Value::Object(record), expires, now, self.capacity);
+            }
+        }
         Ok(session)
     }
 

@@ -87,7 +87,9 @@ impl ObjectRecord {
             Some(index) => {
                 let mut seen = self.versions.remove(index);
                 // The same bytes may come with a new description (content type, strength).
-                seen.version = version.clone();
+                if seen.version != *version {
+                    seen.version = version.clone();
+                }
                 seen.last_seen = now;
                 seen
             }
@@ -95,7 +97,9 @@ impl ObjectRecord {
         };
         self.versions.insert(0, entry);
         self.versions.truncate(MAX_VERSIONS);
-        self.current = version.clone();
+        if self.current != *version {
+            self.current = version.clone();
+        }
         self.seen_at = now;
     }
 }
@@ -201,11 +205,20 @@ impl DownloadSession {
     /// another download (a colliding store key).
     pub fn record(stored: Option<Self>, delivery: &Delivery) -> Self {
         match stored {
-            Some(mut session) if session.id == delivery.id && session.object == delivery.object => {
-                session.add(delivery);
+            Some(mut session) => {
+                session.record_in_place(delivery);
                 session
             }
-            _ => Self::begin(delivery),
+            None => Self::begin(delivery),
+        }
+    }
+
+    /// [`Self::record`], on a session the store holds in place.
+    pub fn record_in_place(&mut self, delivery: &Delivery) {
+        if self.id == delivery.id && self.object == delivery.object {
+            self.add(delivery);
+        } else {
+            *self = Self::begin(delivery);
         }
     }
 
@@ -253,7 +266,9 @@ impl DownloadSession {
             None => VersionSent::new(delivery.version.clone()),
         };
         // The same bytes may come with a new description (content type, strength).
-        sent.version = delivery.version.clone();
+        if sent.version != delivery.version {
+            sent.version = delivery.version.clone();
+        }
         sent.add(delivery.range, delivery.ending);
         self.versions.insert(0, sent);
         if self.versions.len() > MAX_SESSION_VERSIONS {
