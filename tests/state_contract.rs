@@ -239,7 +239,7 @@ async fn record_creates_the_session_and_the_object(backend: &Backend) {
     let (store, _) = backend.store("1h").await;
     let v1 = version("v1", 1000);
     let first = delivery("d1", "files|/a.bin", &v1, (0, 100), T0);
-    let session = store.record(&first).await.expect("record");
+    let session = store.record(&first).await.map(Arc::unwrap_or_clone).expect("record");
     assert_eq!(session, DownloadSession::begin(&first));
     assert_eq!((session.id.as_str(), session.object.as_str()), ("d1", "files|/a.bin"));
     assert_eq!((session.bytes, session.started_at, session.updated_at), (100, T0, T0));
@@ -265,7 +265,7 @@ async fn ranges_merge_and_complete(backend: &Backend) {
         now += 1;
         let d = delivery("m", "files|/m", &v, range, now);
         let store = Arc::clone(&store);
-        async move { store.record(&d).await.expect("record") }
+        async move { store.record(&d).await.map(Arc::unwrap_or_clone).expect("record") }
     };
     assert_eq!(intervals(&record((500, 600)).await), [(500, 600)]);
     // Out of order.
@@ -293,12 +293,11 @@ async fn every_version_sent_is_kept_and_each_object_is_a_session(backend: &Backe
     // Larger than the slack a whole response leaves, so that it does not reach back to 50.
     let size = 2 * UNREAD_SLACK;
     let (v1, v2) = (version("r1", size), version("r2", size));
-    store.record(&delivery("r", "files|/r", &v1, (0, 60), T0)).await.expect("record");
+    store.record(&delivery("r", "files|/r", &v1, (0, 60), T0)).await.map(Arc::unwrap_or_clone).expect("record");
     // Another version, even whole, is kept beside the first: a client may still hold v1.
     let s = store
         .record(&ended("r", "files|/r", &v2, (0, size), Ending::Whole, T0 + 1))
-        .await
-        .expect("record");
+        .await.map(Arc::unwrap_or_clone).expect("record");
     let versions: Vec<&ObjectVersion> = s.versions.iter().map(|v| &v.version).collect();
     assert_eq!(versions, [&v2, &v1]);
     assert!(s.is_complete());
@@ -306,19 +305,18 @@ async fn every_version_sent_is_kept_and_each_object_is_a_session(backend: &Backe
     assert_eq!(s.started_at, T0);
     // A change of Last-Modified alone is a new version too; a change of content type is not.
     let v3 = ObjectVersion { last_modified: Some(T0), ..v2.clone() };
-    let s = store.record(&delivery("r", "files|/r", &v3, (0, 50), T0 + 3)).await.expect("record");
+    let s = store.record(&delivery("r", "files|/r", &v3, (0, 50), T0 + 3)).await.map(Arc::unwrap_or_clone).expect("record");
     assert_eq!(s.versions.len(), 3);
     let v3_text = ObjectVersion { content_type: Some("text/plain".to_owned()), ..v3.clone() };
     let s = store
         .record(&delivery("r", "files|/r", &v3_text, (50, size), T0 + 4))
-        .await
-        .expect("record");
+        .await.map(Arc::unwrap_or_clone).expect("record");
     assert_eq!((s.versions.len(), s.is_complete()), (3, true));
     assert_eq!(s.latest().map(|l| &l.version), Some(&v3_text));
     // One id given to downloads of two objects: two sessions, neither touching the other.
-    store.record(&delivery("o", "files|/a", &v1, (0, 10), T0)).await.expect("record");
+    store.record(&delivery("o", "files|/a", &v1, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
     let other =
-        store.record(&delivery("o", "files|/b", &v2, (0, 10), T0 + 1)).await.expect("record");
+        store.record(&delivery("o", "files|/b", &v2, (0, 10), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
     assert_eq!((other.object.as_str(), other.versions.len()), ("files|/b", 1));
     let a = store.lookup("o", "files|/a", &[]).await.expect("lookup").session.expect("a");
     assert_eq!((a.object.as_str(), a.latest().map(|l| &l.version)), ("files|/a", Some(&v1)));
@@ -349,7 +347,7 @@ async fn the_store_applies_the_models_rule(backend: &Backend) {
     let mut model: Option<DownloadSession> = None;
     for (now, (version, range, ending)) in steps.into_iter().chain(more).enumerate() {
         let d = ended("rule", "files|/rule", &v(version), range, ending, T0 + now as u64);
-        let stored = store.record(&d).await.expect("record");
+        let stored = store.record(&d).await.map(Arc::unwrap_or_clone).expect("record");
         let expected = DownloadSession::record(model.take(), &d);
         assert_eq!(stored, expected, "after {d:?}");
         model = Some(expected);
@@ -363,9 +361,9 @@ async fn object_versions_are_remembered_newest_first(backend: &Backend) {
     let (store, _) = backend.store("1h").await;
     let object = "files|/history";
     let (v1, v2) = (version("h1", 10), version("h2", 20));
-    store.record(&delivery("a", object, &v1, (0, 10), T0)).await.expect("record");
-    store.record(&delivery("b", object, &v2, (0, 20), T0 + 1)).await.expect("record");
-    store.record(&delivery("c", object, &v1, (0, 5), T0 + 2)).await.expect("record");
+    store.record(&delivery("a", object, &v1, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
+    store.record(&delivery("b", object, &v2, (0, 20), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
+    store.record(&delivery("c", object, &v1, (0, 5), T0 + 2)).await.map(Arc::unwrap_or_clone).expect("record");
     let record = store.object(object).await.expect("object").expect("known");
     assert_eq!((record.current.clone(), record.seen_at), (v1.clone(), T0 + 2));
     let seen: Vec<_> =
@@ -374,7 +372,7 @@ async fn object_versions_are_remembered_newest_first(backend: &Backend) {
 
     for i in 0..20u64 {
         let v = version(&format!("many-{i}"), i);
-        store.record(&delivery("d", object, &v, (0, 0), T0 + 10 + i)).await.expect("record");
+        store.record(&delivery("d", object, &v, (0, 0), T0 + 10 + i)).await.map(Arc::unwrap_or_clone).expect("record");
     }
     let record = store.object(object).await.expect("object").expect("known");
     assert_eq!(record.versions.len(), MAX_VERSIONS);
@@ -389,8 +387,8 @@ async fn numbers_up_to_2_pow_53_are_kept_exactly(backend: &Backend) {
     let v = ObjectVersion { last_modified: Some(MAX_EXACT - 1), ..version("big", MAX_EXACT) };
     let tail = (MAX_EXACT - 7, MAX_EXACT);
     let odd = (1_234_567_890_123_457, 1_234_567_890_123_459);
-    store.record(&delivery("big", "files|/big", &v, tail, MAX_EXACT - 3)).await.expect("record");
-    let s = store.record(&delivery("big", "files|/big", &v, odd, MAX_EXACT)).await.expect("record");
+    store.record(&delivery("big", "files|/big", &v, tail, MAX_EXACT - 3)).await.map(Arc::unwrap_or_clone).expect("record");
+    let s = store.record(&delivery("big", "files|/big", &v, odd, MAX_EXACT)).await.map(Arc::unwrap_or_clone).expect("record");
     assert_eq!(intervals(&s), [odd, tail]);
     assert_eq!((s.bytes, s.updated_at), (9, MAX_EXACT));
     assert_eq!(s.latest().map(|l| &l.version), Some(&v));
@@ -418,7 +416,7 @@ async fn concurrent_records_lose_nothing(backend: &Backend) {
                     (i * 10 + offset, i * 10 + offset + 5),
                     T0 + i,
                 );
-                tokio::spawn(async move { store.record(&d).await.expect("record") })
+                tokio::spawn(async move { store.record(&d).await.map(Arc::unwrap_or_clone).expect("record") })
             })
             .collect();
         async move {
@@ -446,8 +444,7 @@ async fn downloads_are_listed_newest_first_in_pages(backend: &Backend) {
         let range = if i % 2 == 0 { (0, 10) } else { (0, 5) };
         store
             .record(&delivery(&format!("l{i}"), "files|/l", &v, range, T0 + i))
-            .await
-            .expect("record");
+            .await.map(Arc::unwrap_or_clone).expect("record");
     }
     let page = |active, offset, limit| {
         let store = Arc::clone(&store);
@@ -463,7 +460,7 @@ async fn downloads_are_listed_newest_first_in_pages(backend: &Backend) {
     assert!(page(true, usize::MAX, 10).await.is_empty());
     assert!(page(false, usize::MAX, usize::MAX).await.is_empty());
     // An update moves a download to the front.
-    store.record(&delivery("l1", "files|/l", &v, (5, 6), T0 + 10)).await.expect("record");
+    store.record(&delivery("l1", "files|/l", &v, (5, 6), T0 + 10)).await.map(Arc::unwrap_or_clone).expect("record");
     assert_eq!(ids(&page(false, 0, 2).await), ["l1", "l5"]);
 }
 
@@ -486,7 +483,7 @@ async fn hostile_ids_work_and_keys_stay_bounded(backend: &Backend) {
     for (i, id) in hostile.iter().enumerate() {
         let object = format!("files|/{id}");
         let s =
-            store.record(&delivery(id, &object, &v, (0, i as u64 + 1), T0)).await.expect("record");
+            store.record(&delivery(id, &object, &v, (0, i as u64 + 1), T0)).await.map(Arc::unwrap_or_clone).expect("record");
         assert_eq!(s.id, *id);
     }
     for (i, id) in hostile.iter().enumerate() {
@@ -516,10 +513,10 @@ async fn entries_expire_after_the_ttl_from_their_last_write(backend: &Backend) {
     // an event to wait for.
     let (store, _) = backend.store("2s").await;
     let v = version("t", 100);
-    store.record(&delivery("t", "files|/t", &v, (0, 10), T0)).await.expect("record");
+    store.record(&delivery("t", "files|/t", &v, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
     tokio::time::sleep(Duration::from_millis(1200)).await;
     // A write refreshes the TTL: 2.4 s after the first write, the entries are still there.
-    store.record(&delivery("t", "files|/t", &v, (10, 20), T0 + 1)).await.expect("record");
+    store.record(&delivery("t", "files|/t", &v, (10, 20), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let Lookup { session, object, .. } = store.lookup("t", "files|/t", &[]).await.expect("lookup");
     assert_eq!(session.map(|s| intervals(&s)), Some(vec![(0, 20)]));
@@ -528,7 +525,7 @@ async fn entries_expire_after_the_ttl_from_their_last_write(backend: &Backend) {
     assert_eq!(store.lookup("t", "files|/t", &[]).await.expect("lookup"), Lookup::default());
     assert!(store.downloads(false, 0, 10).await.expect("downloads").is_empty());
     // What expired does not come back: a new delivery begins a new session.
-    let s = store.record(&delivery("t", "files|/t", &v, (20, 30), T0 + 9)).await.expect("record");
+    let s = store.record(&delivery("t", "files|/t", &v, (20, 30), T0 + 9)).await.map(Arc::unwrap_or_clone).expect("record");
     assert_eq!((intervals(&s), s.started_at), (vec![(20, 30)], T0 + 9));
 }
 
@@ -552,7 +549,7 @@ async fn a_redis_cluster_keeps_the_contract() {
     let (store, prefix) = backend.store("1h").await;
     for i in 0..32 {
         let d = delivery(&format!("spread-{i}"), "files|/spread", &version("s", 1), (0, 1), T0);
-        store.record(&d).await.expect("record");
+        store.record(&d).await.map(Arc::unwrap_or_clone).expect("record");
     }
     let per_node: Vec<usize> =
         cluster.nodes().iter().map(|n| scan(n.addr().port(), &prefix).len()).collect();
@@ -572,7 +569,7 @@ async fn values_left_by_others_read_as_absent_and_are_replaced() {
     let backend = Backend::redis(&server);
     let (store, prefix) = backend.store("1h").await;
     let v = version("g", 100);
-    let stored = store.record(&delivery("g", "files|/g", &v, (0, 10), T0)).await.expect("record");
+    let stored = store.record(&delivery("g", "files|/g", &v, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
     let key = session_key(&prefix, "g", "files|/g");
     let valid = server.cli(&["GET", &key]);
     assert!(valid.starts_with('{') && valid.contains("\"v\":1"), "{valid}");
@@ -586,14 +583,14 @@ async fn values_left_by_others_read_as_absent_and_are_replaced() {
         assert!(store.download("g").await.expect("download").is_empty(), "{garbage} was read");
         // A delivery over it begins a new session rather than failing or merging into it.
         let s =
-            store.record(&delivery("g", "files|/g", &v, (10, 20), T0 + 1)).await.expect("record");
+            store.record(&delivery("g", "files|/g", &v, (10, 20), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
         assert_eq!((intervals(&s), s.started_at), (vec![(10, 20)], T0 + 1), "over {garbage}");
     }
     // Another type under the key: the same.
     server.cli(&["DEL", &key]);
     server.cli(&["HSET", &key, "field", "value"]);
     assert!(store.download("g").await.unwrap_or_default().is_empty());
-    let s = store.record(&delivery("g", "files|/g", &v, (0, 10), T0 + 2)).await.expect("record");
+    let s = store.record(&delivery("g", "files|/g", &v, (0, 10), T0 + 2)).await.map(Arc::unwrap_or_clone).expect("record");
     assert_eq!(intervals(&s), [(0, 10)]);
     assert_ne!(s, stored);
     assert!(store.health().unreadable_total() >= 4, "{}", store.health().unreadable_total());
@@ -709,7 +706,7 @@ async fn an_outage_fails_fast_is_logged_once_and_heals_by_itself() {
     )
     .expect("connect");
     let v = version("o", 10);
-    store.record(&delivery("o", "files|/o", &v, (0, 5), T0)).await.expect("record");
+    store.record(&delivery("o", "files|/o", &v, (0, 5), T0)).await.map(Arc::unwrap_or_clone).expect("record");
     assert!(store.health().is_up());
 
     server.kill();
@@ -731,7 +728,7 @@ async fn an_outage_fails_fast_is_logged_once_and_heals_by_itself() {
     server.restart();
     let took = until_answered(&store, Duration::from_secs(10)).await;
     eprintln!("recovered {took:?} after the restart");
-    let s = store.record(&delivery("o2", "files|/o", &v, (0, 10), T0 + 1)).await.expect("record");
+    let s = store.record(&delivery("o2", "files|/o", &v, (0, 10), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
     assert!(s.is_complete());
     assert!(store.health().is_up());
     let text = log.text();
@@ -755,7 +752,7 @@ async fn a_redis_down_at_start_up_is_used_once_it_comes() {
     server.restart();
     until_answered(&store, Duration::from_secs(10)).await;
     let v = version("late", 10);
-    store.record(&delivery("late", "files|/late", &v, (0, 10), T0)).await.expect("record");
+    store.record(&delivery("late", "files|/late", &v, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
     assert!(store.health().is_up());
 }
 
@@ -797,7 +794,7 @@ async fn a_cluster_that_went_down_whole_is_used_again_once_back() {
     cluster.restart();
     until_answered(&store, Duration::from_secs(20)).await;
     let v = version("back", 10);
-    let s = store.record(&delivery("back", "files|/back", &v, (0, 10), T0)).await.expect("record");
+    let s = store.record(&delivery("back", "files|/back", &v, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
     assert!(s.is_complete());
 }
 
@@ -824,7 +821,7 @@ async fn store_latency() {
             let piece = (i / 20) ^ 1;
             let d = delivery(&id, "files|/bench", &v, (piece << 20, (piece + 1) << 20), T0 + i);
             let started = Instant::now();
-            store.record(&d).await.expect("record");
+            store.record(&d).await.map(Arc::unwrap_or_clone).expect("record");
             record.push(started.elapsed());
             let started = Instant::now();
             let Lookup { session, object, .. } =

@@ -1,7 +1,7 @@
 //! The embedded store: one instance's state in its own memory, bounded in entries and time.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -53,7 +53,7 @@ struct Entry {
 
 #[derive(Debug)]
 enum Value {
-    Download(DownloadSession),
+    Download(Arc<DownloadSession>),
     Object(ObjectRecord),
     /// Stored as Redis stores them, so both stores merge by one rule.
     Facts(BTreeMap<String, Vec<u8>>),
@@ -147,7 +147,7 @@ impl StateStore for MemoryStore {
         let inner = self.lock();
         let key = Key::Download(download_id.to_owned(), object.to_owned());
         let session = match inner.get(&key, now) {
-            Some(Value::Download(session)) => Some(session.clone()),
+            Some(Value::Download(session)) => Some(DownloadSession::clone(session)),
             _ => None,
         };
         let record = match inner.get(&Key::Object(object.to_owned()), now) {
@@ -185,7 +185,7 @@ impl StateStore for MemoryStore {
         Ok(())
     }
 
-    async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
+    async fn record(&self, delivery: &Delivery) -> Result<Arc<DownloadSession>, StoreError> {
         delivery.check()?;
         let now = Instant::now();
         let expires = now + self.ttl;
@@ -194,12 +194,13 @@ impl StateStore for MemoryStore {
         let session_key = Key::Download(delivery.id.clone(), delivery.object.clone());
         let session = match inner.rewrite(&session_key, expires, now) {
             Some(Value::Download(session)) => {
-                session.record_in_place(delivery);
-                session.clone()
+                // A copy only while an earlier caller still holds this session.
+                Arc::make_mut(session).record_in_place(delivery);
+                Arc::clone(session)
             }
             _ => {
-                let session = DownloadSession::begin(delivery);
-                let value = Value::Download(session.clone());
+                let session = Arc::new(DownloadSession::begin(delivery));
+                let value = Value::Download(Arc::clone(&session));
                 inner.put(session_key, value, expires, now, self.capacity);
                 session
             }
@@ -226,7 +227,7 @@ impl StateStore for MemoryStore {
             .rev()
             .filter(|key| matches!(key, Key::Download(of, _) if of == id))
             .filter_map(|key| match inner.get(key, now) {
-                Some(Value::Download(session)) => Some(session.clone()),
+                Some(Value::Download(session)) => Some(DownloadSession::clone(session)),
                 _ => None,
             })
             .take(MAX_PAGE)
@@ -247,7 +248,9 @@ impl StateStore for MemoryStore {
             .values()
             .rev()
             .filter_map(|key| match inner.get(key, now) {
-                Some(Value::Download(s)) if !(active_only && s.is_complete()) => Some(s.clone()),
+                Some(Value::Download(s)) if !(active_only && s.is_complete()) => {
+                    Some(DownloadSession::clone(s))
+                }
                 _ => None,
             })
             .skip(offset)

@@ -68,7 +68,10 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
     /// record, atomically per download (the connections of one multi-connection download record
     /// at the same time), and returns the session as updated. One round trip. See
     /// [`DownloadSession::record`] and [`ObjectRecord::observe`] for the rules.
-    async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError>;
+    ///
+    /// Shared: the embedded store hands out the session it holds rather than a copy, and updates
+    /// it in place on the next record once the caller let it go.
+    async fn record(&self, delivery: &Delivery) -> Result<Arc<DownloadSession>, StoreError>;
 
     /// The sessions of download id `id`, one per object downloaded under it, the most recently
     /// updated first (at most [`MAX_PAGE`]).

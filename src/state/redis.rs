@@ -542,9 +542,9 @@ impl StateStore for RedisStore {
         .await
     }
 
-    async fn record(&self, delivery: &Delivery) -> Result<DownloadSession, StoreError> {
+    async fn record(&self, delivery: &Delivery) -> Result<Arc<DownloadSession>, StoreError> {
         delivery.check()?;
-        self.guarded(self.options.timeout, self.record_once(delivery)).await
+        self.guarded(self.options.timeout, self.record_once(delivery)).await.map(Arc::new)
     }
 
     async fn download(&self, id: &str) -> Result<Vec<DownloadSession>, StoreError> {
