@@ -293,11 +293,17 @@ async fn every_version_sent_is_kept_and_each_object_is_a_session(backend: &Backe
     // Larger than the slack a whole response leaves, so that it does not reach back to 50.
     let size = 2 * UNREAD_SLACK;
     let (v1, v2) = (version("r1", size), version("r2", size));
-    store.record(&delivery("r", "files|/r", &v1, (0, 60), T0)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("r", "files|/r", &v1, (0, 60), T0))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     // Another version, even whole, is kept beside the first: a client may still hold v1.
     let s = store
         .record(&ended("r", "files|/r", &v2, (0, size), Ending::Whole, T0 + 1))
-        .await.map(Arc::unwrap_or_clone).expect("record");
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     let versions: Vec<&ObjectVersion> = s.versions.iter().map(|v| &v.version).collect();
     assert_eq!(versions, [&v2, &v1]);
     assert!(s.is_complete());
@@ -305,18 +311,31 @@ async fn every_version_sent_is_kept_and_each_object_is_a_session(backend: &Backe
     assert_eq!(s.started_at, T0);
     // A change of Last-Modified alone is a new version too; a change of content type is not.
     let v3 = ObjectVersion { last_modified: Some(T0), ..v2.clone() };
-    let s = store.record(&delivery("r", "files|/r", &v3, (0, 50), T0 + 3)).await.map(Arc::unwrap_or_clone).expect("record");
+    let s = store
+        .record(&delivery("r", "files|/r", &v3, (0, 50), T0 + 3))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert_eq!(s.versions.len(), 3);
     let v3_text = ObjectVersion { content_type: Some("text/plain".to_owned()), ..v3.clone() };
     let s = store
         .record(&delivery("r", "files|/r", &v3_text, (50, size), T0 + 4))
-        .await.map(Arc::unwrap_or_clone).expect("record");
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert_eq!((s.versions.len(), s.is_complete()), (3, true));
     assert_eq!(s.latest().map(|l| &l.version), Some(&v3_text));
     // One id given to downloads of two objects: two sessions, neither touching the other.
-    store.record(&delivery("o", "files|/a", &v1, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
-    let other =
-        store.record(&delivery("o", "files|/b", &v2, (0, 10), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("o", "files|/a", &v1, (0, 10), T0))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
+    let other = store
+        .record(&delivery("o", "files|/b", &v2, (0, 10), T0 + 1))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert_eq!((other.object.as_str(), other.versions.len()), ("files|/b", 1));
     let a = store.lookup("o", "files|/a", &[]).await.expect("lookup").session.expect("a");
     assert_eq!((a.object.as_str(), a.latest().map(|l| &l.version)), ("files|/a", Some(&v1)));
@@ -361,9 +380,21 @@ async fn object_versions_are_remembered_newest_first(backend: &Backend) {
     let (store, _) = backend.store("1h").await;
     let object = "files|/history";
     let (v1, v2) = (version("h1", 10), version("h2", 20));
-    store.record(&delivery("a", object, &v1, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
-    store.record(&delivery("b", object, &v2, (0, 20), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
-    store.record(&delivery("c", object, &v1, (0, 5), T0 + 2)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("a", object, &v1, (0, 10), T0))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
+    store
+        .record(&delivery("b", object, &v2, (0, 20), T0 + 1))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
+    store
+        .record(&delivery("c", object, &v1, (0, 5), T0 + 2))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     let record = store.object(object).await.expect("object").expect("known");
     assert_eq!((record.current.clone(), record.seen_at), (v1.clone(), T0 + 2));
     let seen: Vec<_> =
@@ -372,7 +403,11 @@ async fn object_versions_are_remembered_newest_first(backend: &Backend) {
 
     for i in 0..20u64 {
         let v = version(&format!("many-{i}"), i);
-        store.record(&delivery("d", object, &v, (0, 0), T0 + 10 + i)).await.map(Arc::unwrap_or_clone).expect("record");
+        store
+            .record(&delivery("d", object, &v, (0, 0), T0 + 10 + i))
+            .await
+            .map(Arc::unwrap_or_clone)
+            .expect("record");
     }
     let record = store.object(object).await.expect("object").expect("known");
     assert_eq!(record.versions.len(), MAX_VERSIONS);
@@ -387,8 +422,16 @@ async fn numbers_up_to_2_pow_53_are_kept_exactly(backend: &Backend) {
     let v = ObjectVersion { last_modified: Some(MAX_EXACT - 1), ..version("big", MAX_EXACT) };
     let tail = (MAX_EXACT - 7, MAX_EXACT);
     let odd = (1_234_567_890_123_457, 1_234_567_890_123_459);
-    store.record(&delivery("big", "files|/big", &v, tail, MAX_EXACT - 3)).await.map(Arc::unwrap_or_clone).expect("record");
-    let s = store.record(&delivery("big", "files|/big", &v, odd, MAX_EXACT)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("big", "files|/big", &v, tail, MAX_EXACT - 3))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
+    let s = store
+        .record(&delivery("big", "files|/big", &v, odd, MAX_EXACT))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert_eq!(intervals(&s), [odd, tail]);
     assert_eq!((s.bytes, s.updated_at), (9, MAX_EXACT));
     assert_eq!(s.latest().map(|l| &l.version), Some(&v));
@@ -416,7 +459,9 @@ async fn concurrent_records_lose_nothing(backend: &Backend) {
                     (i * 10 + offset, i * 10 + offset + 5),
                     T0 + i,
                 );
-                tokio::spawn(async move { store.record(&d).await.map(Arc::unwrap_or_clone).expect("record") })
+                tokio::spawn(async move {
+                    store.record(&d).await.map(Arc::unwrap_or_clone).expect("record")
+                })
             })
             .collect();
         async move {
@@ -444,7 +489,9 @@ async fn downloads_are_listed_newest_first_in_pages(backend: &Backend) {
         let range = if i % 2 == 0 { (0, 10) } else { (0, 5) };
         store
             .record(&delivery(&format!("l{i}"), "files|/l", &v, range, T0 + i))
-            .await.map(Arc::unwrap_or_clone).expect("record");
+            .await
+            .map(Arc::unwrap_or_clone)
+            .expect("record");
     }
     let page = |active, offset, limit| {
         let store = Arc::clone(&store);
@@ -460,7 +507,11 @@ async fn downloads_are_listed_newest_first_in_pages(backend: &Backend) {
     assert!(page(true, usize::MAX, 10).await.is_empty());
     assert!(page(false, usize::MAX, usize::MAX).await.is_empty());
     // An update moves a download to the front.
-    store.record(&delivery("l1", "files|/l", &v, (5, 6), T0 + 10)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("l1", "files|/l", &v, (5, 6), T0 + 10))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert_eq!(ids(&page(false, 0, 2).await), ["l1", "l5"]);
 }
 
@@ -482,8 +533,11 @@ async fn hostile_ids_work_and_keys_stay_bounded(backend: &Backend) {
     ];
     for (i, id) in hostile.iter().enumerate() {
         let object = format!("files|/{id}");
-        let s =
-            store.record(&delivery(id, &object, &v, (0, i as u64 + 1), T0)).await.map(Arc::unwrap_or_clone).expect("record");
+        let s = store
+            .record(&delivery(id, &object, &v, (0, i as u64 + 1), T0))
+            .await
+            .map(Arc::unwrap_or_clone)
+            .expect("record");
         assert_eq!(s.id, *id);
     }
     for (i, id) in hostile.iter().enumerate() {
@@ -513,10 +567,18 @@ async fn entries_expire_after_the_ttl_from_their_last_write(backend: &Backend) {
     // an event to wait for.
     let (store, _) = backend.store("2s").await;
     let v = version("t", 100);
-    store.record(&delivery("t", "files|/t", &v, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("t", "files|/t", &v, (0, 10), T0))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     tokio::time::sleep(Duration::from_millis(1200)).await;
     // A write refreshes the TTL: 2.4 s after the first write, the entries are still there.
-    store.record(&delivery("t", "files|/t", &v, (10, 20), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("t", "files|/t", &v, (10, 20), T0 + 1))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let Lookup { session, object, .. } = store.lookup("t", "files|/t", &[]).await.expect("lookup");
     assert_eq!(session.map(|s| intervals(&s)), Some(vec![(0, 20)]));
@@ -525,7 +587,11 @@ async fn entries_expire_after_the_ttl_from_their_last_write(backend: &Backend) {
     assert_eq!(store.lookup("t", "files|/t", &[]).await.expect("lookup"), Lookup::default());
     assert!(store.downloads(false, 0, 10).await.expect("downloads").is_empty());
     // What expired does not come back: a new delivery begins a new session.
-    let s = store.record(&delivery("t", "files|/t", &v, (20, 30), T0 + 9)).await.map(Arc::unwrap_or_clone).expect("record");
+    let s = store
+        .record(&delivery("t", "files|/t", &v, (20, 30), T0 + 9))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert_eq!((intervals(&s), s.started_at), (vec![(20, 30)], T0 + 9));
 }
 
@@ -569,7 +635,11 @@ async fn values_left_by_others_read_as_absent_and_are_replaced() {
     let backend = Backend::redis(&server);
     let (store, prefix) = backend.store("1h").await;
     let v = version("g", 100);
-    let stored = store.record(&delivery("g", "files|/g", &v, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
+    let stored = store
+        .record(&delivery("g", "files|/g", &v, (0, 10), T0))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     let key = session_key(&prefix, "g", "files|/g");
     let valid = server.cli(&["GET", &key]);
     assert!(valid.starts_with('{') && valid.contains("\"v\":1"), "{valid}");
@@ -582,15 +652,22 @@ async fn values_left_by_others_read_as_absent_and_are_replaced() {
         server.cli(&["SET", &key, garbage]);
         assert!(store.download("g").await.expect("download").is_empty(), "{garbage} was read");
         // A delivery over it begins a new session rather than failing or merging into it.
-        let s =
-            store.record(&delivery("g", "files|/g", &v, (10, 20), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
+        let s = store
+            .record(&delivery("g", "files|/g", &v, (10, 20), T0 + 1))
+            .await
+            .map(Arc::unwrap_or_clone)
+            .expect("record");
         assert_eq!((intervals(&s), s.started_at), (vec![(10, 20)], T0 + 1), "over {garbage}");
     }
     // Another type under the key: the same.
     server.cli(&["DEL", &key]);
     server.cli(&["HSET", &key, "field", "value"]);
     assert!(store.download("g").await.unwrap_or_default().is_empty());
-    let s = store.record(&delivery("g", "files|/g", &v, (0, 10), T0 + 2)).await.map(Arc::unwrap_or_clone).expect("record");
+    let s = store
+        .record(&delivery("g", "files|/g", &v, (0, 10), T0 + 2))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert_eq!(intervals(&s), [(0, 10)]);
     assert_ne!(s, stored);
     assert!(store.health().unreadable_total() >= 4, "{}", store.health().unreadable_total());
@@ -706,7 +783,11 @@ async fn an_outage_fails_fast_is_logged_once_and_heals_by_itself() {
     )
     .expect("connect");
     let v = version("o", 10);
-    store.record(&delivery("o", "files|/o", &v, (0, 5), T0)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("o", "files|/o", &v, (0, 5), T0))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert!(store.health().is_up());
 
     server.kill();
@@ -728,7 +809,11 @@ async fn an_outage_fails_fast_is_logged_once_and_heals_by_itself() {
     server.restart();
     let took = until_answered(&store, Duration::from_secs(10)).await;
     eprintln!("recovered {took:?} after the restart");
-    let s = store.record(&delivery("o2", "files|/o", &v, (0, 10), T0 + 1)).await.map(Arc::unwrap_or_clone).expect("record");
+    let s = store
+        .record(&delivery("o2", "files|/o", &v, (0, 10), T0 + 1))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert!(s.is_complete());
     assert!(store.health().is_up());
     let text = log.text();
@@ -752,7 +837,11 @@ async fn a_redis_down_at_start_up_is_used_once_it_comes() {
     server.restart();
     until_answered(&store, Duration::from_secs(10)).await;
     let v = version("late", 10);
-    store.record(&delivery("late", "files|/late", &v, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
+    store
+        .record(&delivery("late", "files|/late", &v, (0, 10), T0))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert!(store.health().is_up());
 }
 
@@ -794,7 +883,11 @@ async fn a_cluster_that_went_down_whole_is_used_again_once_back() {
     cluster.restart();
     until_answered(&store, Duration::from_secs(20)).await;
     let v = version("back", 10);
-    let s = store.record(&delivery("back", "files|/back", &v, (0, 10), T0)).await.map(Arc::unwrap_or_clone).expect("record");
+    let s = store
+        .record(&delivery("back", "files|/back", &v, (0, 10), T0))
+        .await
+        .map(Arc::unwrap_or_clone)
+        .expect("record");
     assert!(s.is_complete());
 }
 
