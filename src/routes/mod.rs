@@ -242,6 +242,29 @@ mod tests {
     }
 
     #[test]
+    fn a_request_finds_its_route_by_host_only_where_a_route_names_one() {
+        let request = |host: &str| {
+            let mut req = pingora_http::RequestHeader::build("GET", b"/files/a", None).unwrap();
+            req.insert_header(http::header::HOST, host).unwrap();
+            req
+        };
+        let path = NormalizedPath::parse("/files/a").unwrap();
+        let name = |table: &RouteTable, host: &str| {
+            table.for_request(&request(host), &path).map(|r| r.upstream.name().to_owned())
+        };
+        let table = table();
+        assert_eq!(name(&table, "dl.EXAMPLE.com:8080").as_deref(), Some("host"));
+        assert_eq!(name(&table, "other.example.com").as_deref(), Some("files"));
+        assert_eq!(name(&table, "not a host").as_deref(), Some("files"));
+        // Without a route for a host, the Host header is not read: any value routes by path.
+        let by_path = RouteTable::new(vec![
+            Route::new(None, "/files/", true, upstream("files"), Chain::default()).unwrap(),
+        ]);
+        assert_eq!(name(&by_path, "dl.example.com").as_deref(), Some("files"));
+        assert_eq!(name(&by_path, "not a host").as_deref(), Some("files"));
+    }
+
+    #[test]
     fn an_object_key_names_its_route_and_path() {
         let table = table();
         let found = |key: &str| {
