@@ -8,13 +8,6 @@ use pingora_http::{RequestHeader, ResponseHeader};
 /// Written in `Via` on both sides (RFC 9110 §7.6.3).
 pub(super) const VIA: &str = "1.1 rangeway";
 
-/// The forwarding fields rangeway sets on the requests it sends. Strings, not `HeaderName`s:
-/// pingora's `insert_header` turns a name into bytes and parses it back, and copies a
-/// `HeaderName` it has no spelling of its own for (where a `&'static str` is taken as it is).
-pub(super) const X_FORWARDED_FOR: &str = "x-forwarded-for";
-pub(super) const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
-pub(super) const X_FORWARDED_HOST: &str = "x-forwarded-host";
-
 /// Response fields that describe one connection, not the message (RFC 9110 §7.6.1).
 /// Names, not strings: a map finds a `HeaderName` without parsing it again (every response and
 /// relayed request looks for all of them).
@@ -57,13 +50,11 @@ pub(super) fn forwarded(response: &mut ResponseHeader) -> Result<()> {
 /// what concerns only the client's connection — the fields its `Connection` names (but the ones
 /// rangeway sets itself) and the hop-by-hop fields (RFC 9110 §7.6.1), as pingora strips the
 /// requests it proxies. A client's `Connection: close` would otherwise close the pooled origin
-/// connection too. HTTP/1.1, whatever the client spoke; its target is set by the caller.
+/// connection too. HTTP/1.1, whatever the client spoke; completed by `origin_request::complete`.
 ///
 /// Built rather than cloned and stripped: a clone carries pingora's map of the client's header
-/// case, which every later field set on the request updates too, and removing the hop-by-hop
-/// names one by one probes the map nine times. Built from its parts, not field by field through
-/// `append_header`, which spells each name out and parses it back.
-pub(super) fn end_to_end(client: &RequestHeader) -> RequestHeader {
+/// case, and removing the hop-by-hop names one by one probes the map nine times.
+pub(super) fn end_to_end(client: &RequestHeader) -> http::request::Parts {
     let nominated: Vec<HeaderName> = client
         .headers
         .get_all(header::CONNECTION)
@@ -77,7 +68,7 @@ pub(super) fn end_to_end(client: &RequestHeader) -> RequestHeader {
             )
         })
         .collect();
-    // Room for what upstream_request_filter adds (Host, X-Forwarded-*, Via, Range...).
+    // Room for what origin_request::complete adds (Host, X-Forwarded-*, Via, Range...).
     let mut headers = HeaderMap::with_capacity(client.headers.len() + 6);
     for (name, value) in &client.headers {
         let hop_by_hop = HOP_BY_HOP.contains(name) || REQUEST_HOP_BY_HOP.contains(name);
@@ -88,7 +79,7 @@ pub(super) fn end_to_end(client: &RequestHeader) -> RequestHeader {
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method = client.method.clone();
     parts.headers = headers;
-    RequestHeader::from(parts)
+    parts
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ pub mod download;
 mod hop_by_hop;
 mod negotiation;
 mod origin_digest;
+mod origin_request;
 mod pace;
 mod plan;
 mod relay;
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::{HeaderValue, Method, StatusCode, header};
+use http::{Method, StatusCode, header};
 use pingora_core::modules::http::HttpModules;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -66,8 +67,9 @@ use answer::{
 use completion::{Completions, Unfinished};
 use context::{BodyPlan, DownloadCtx, RequestCtx, ip_text};
 use download::{DownloadId, download_id, holding, object_version};
-use hop_by_hop::{VIA, X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, forwarded};
+use hop_by_hop::forwarded;
 use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
+use origin_request::client_connection;
 use plan::{plan_parts, plan_upstream};
 use relay::Continuable;
 use shaping::{join, off_the_event_loop, remove_whole_object_checksums, upstream_stream};
@@ -466,82 +468,13 @@ impl ProxyHttp for Proxy {
             .route
             .as_ref()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        let uri = ctx
-            .upstream_target
-            .parse::<http::Uri>()
-            .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
-        upstream_request.set_uri(uri);
-        // HTTP/2 names the host in the URI's authority, HTTP/1 in Host.
-        let original_host = match upstream_request.headers.get(header::HOST) {
-            Some(host) => Some(host.clone()),
-            None => session
-                .req_header()
-                .uri
-                .authority()
-                .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
-        };
-        upstream_request
-            .insert_header(header::HOST, route.upstream.host_header(ctx.replica).clone())?;
-        upstream_request.remove_header(&header::RANGE);
-        let transforms = ctx.transforms();
-        if ctx.chain().is_some() {
-            // The stages work on the object's own bytes, not on an encoding of them.
-            upstream_request
-                .insert_header(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"))?;
-        }
-        if transforms {
-            // The client's validators are of the transformed representation, checked here
-            // against its own ETag; the origin's would never match them.
-            for name in [header::IF_MATCH, header::IF_NONE_MATCH, header::IF_RANGE] {
-                upstream_request.remove_header(&name);
-            }
-        }
-        if let Some(spec) = &ctx.sent_range {
-            upstream_request.insert_header(header::RANGE, format!("bytes={spec}"))?;
-            if let Some(planned_for) = &ctx.planned_for {
-                // Planned for this version: another one must come whole, to be planned again.
-                upstream_request.insert_header(header::IF_RANGE, planned_for.as_str())?;
-            } else if let Some(etag) = ctx
-                .download
-                .as_ref()
-                .and_then(|d| d.resume_version.as_ref())
-                .filter(|version| version.strong)
-                .and_then(|version| version.etag.as_deref())
-                && !transforms
-            {
-                // The one version this resume may be answered with: anything else comes as 412.
-                upstream_request.insert_header(header::IF_MATCH, etag)?;
-            }
-        } else {
-            // If-Range only means something beside a Range.
-            upstream_request.remove_header(&header::IF_RANGE);
-        }
-        upstream_request.remove_header(&header::PROXY_AUTHORIZATION);
-        if let Some(ip) = &ctx.client_ip {
-            let forwarded = match upstream_request.headers.get(X_FORWARDED_FOR) {
-                Some(earlier) => {
-                    let mut list = Vec::with_capacity(earlier.len() + 2 + ip.len());
-                    list.extend_from_slice(earlier.as_bytes());
-                    list.extend_from_slice(b", ");
-                    list.extend_from_slice(ip.as_bytes());
-                    HeaderValue::from_maybe_shared(Bytes::from(list))
-                }
-                None => HeaderValue::from_str(ip),
-            };
-            let forwarded = forwarded
-                .map_err(|e| Error::because(ErrorType::InvalidHTTPHeader, "X-Forwarded-For", e))?;
-            upstream_request.insert_header(X_FORWARDED_FOR, forwarded)?;
-        }
-        let scheme = match session.digest().is_some_and(|d| d.ssl_digest.is_some()) {
-            true => "https",
-            false => "http",
-        };
-        upstream_request.insert_header(X_FORWARDED_PROTO, HeaderValue::from_static(scheme))?;
-        if let Some(host) = original_host {
-            upstream_request.insert_header(X_FORWARDED_HOST, host)?;
-        }
-        upstream_request.append_header(header::VIA, HeaderValue::from_static(VIA))?;
-        if let Some(trace) = ctx.trace.as_mut().filter(|_| ctx.transport == Transport::Pingora) {
+        // pingora's: the client's request as pingora forwards it (its framing fields kept, for
+        // the body it sends), completed by the builder the relay's requests are.
+        let mut request = upstream_request.as_owned_parts();
+        origin_request::complete(&mut request, route, ctx, client_connection(session))?;
+        *upstream_request = RequestHeader::from(request);
+        // Only pingora calls this, on the `Pingora` way: the relay builds its own requests.
+        if let Some(trace) = ctx.trace.as_mut() {
             // Before the request is signed; `traceparent` is never among the signed fields. (The
             // relay makes its span as it sends: the cache may answer instead.)
             let attempt = traces::origin_attempt(&trace.span, upstream_request, "first");

@@ -35,6 +35,7 @@ use tracing::{info, warn};
 use super::Proxy;
 use super::context::RequestCtx;
 use super::hop_by_hop::end_to_end;
+use super::origin_request::{self, client_connection};
 use super::pace::Pacer;
 use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
@@ -91,10 +92,11 @@ impl Proxy {
             .clone()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
         ctx.replica = route.upstream.choose();
-        // The relay speaks HTTP/1.1 to origins, whatever its client speaks; an HTTP/2 client's
-        // :authority becomes Host in upstream_request_filter, as every route sets it.
+        // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());
-        self.upstream_request_filter(session, &mut request, ctx).await?;
+        origin_request::complete(&mut request, &route, ctx, client_connection(session))?;
+        let mut request = RequestHeader::from(request);
+        route.upstream.authorize(&mut request)?;
         // What other replicas, continuations and the stretches of a multipart answer fetched
         // apart are asked with: the same fields, another Host (and Range). Kept only where there
         // are such to ask.
