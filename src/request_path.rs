@@ -151,22 +151,29 @@ impl NormalizedPath {
         }
         out
     }
+
+    /// Writes the decoded path onto `out`, as `Display` shows it: onto a `String`, without the
+    /// formatting machinery `format!` runs per piece (a download's object key is made so on
+    /// every GET).
+    pub fn write_to(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        if self.segments.is_empty() {
+            return out.write_str("/");
+        }
+        for segment in &self.segments {
+            out.write_str("/")?;
+            out.write_str(segment)?;
+        }
+        if self.trailing_slash {
+            out.write_str("/")?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for NormalizedPath {
     /// The decoded path, for logs and route matching messages.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.segments.is_empty() {
-            return f.write_str("/");
-        }
-        for segment in &self.segments {
-            f.write_str("/")?;
-            f.write_str(segment)?;
-        }
-        if self.trailing_slash {
-            f.write_str("/")?;
-        }
-        Ok(())
+        self.write_to(f)
     }
 }
 

@@ -8,10 +8,13 @@ use rangeway_middleware::rfc9110::{
 
 use crate::fingerprint::FingerprintKey;
 use crate::range::content_length;
+use crate::request_path::NormalizedPath;
 use crate::state::{Holding, ObjectVersion};
 
 /// The client's name for a download, echoed on every response.
 pub const DOWNLOAD_ID: &str = "x-download-id";
+/// The same, for lookups: a `HeaderName` is hashed as it is, a `&str` parsed first.
+const DOWNLOAD_ID_NAME: http::HeaderName = http::HeaderName::from_static(DOWNLOAD_ID);
 /// The end of the contiguous prefix of this version written to this download's connections so
 /// far. An upper bound of what a client holds (it may not have read all that was written), never
 /// an offset to resume from in place of the client's own.
@@ -45,7 +48,7 @@ pub fn download_id(
     object: &str,
     key: &FingerprintKey,
 ) -> DownloadId {
-    let from_header = req.headers.get(DOWNLOAD_ID).map(|v| v.as_bytes().to_vec());
+    let from_header = req.headers.get(DOWNLOAD_ID_NAME).map(|v| v.as_bytes().to_vec());
     let from_query = || {
         req.uri.query()?.split('&').find_map(|pair| {
             let (name, value) = pair.split_once('=')?;
@@ -59,8 +62,26 @@ pub fn download_id(
     }
     let client = client.unwrap_or_default().as_bytes();
     let agent = req.headers.get(header::USER_AGENT).map_or(&b""[..], |v| v.as_bytes());
-    let hash = key.fingerprint([client, agent, object.as_bytes()], 16);
-    DownloadId { id: format!("{DERIVED}{hash}"), derived: true }
+    let id = key.prefixed_fingerprint(DERIVED, [client, agent, object.as_bytes()], 16);
+    DownloadId { id, derived: true }
+}
+
+/// The object a download is of: the route, the decoded path and, where the route serves a
+/// content coding, the coding — another representation, with downloads of its own.
+pub fn object_key(route: &str, path: &NormalizedPath, coding: Option<&str>) -> String {
+    // The path's length as written: a slash before each segment, one after the last.
+    let path_len = path.segments().iter().map(|s| s.len() + 1).sum::<usize>() + 1;
+    let coding_len = coding.map_or(0, |coding| coding.len() + 1);
+    let mut key = String::with_capacity(route.len() + 1 + path_len + coding_len);
+    key.push_str(route);
+    key.push('|');
+    // Writing onto a String cannot fail.
+    let _ = path.write_to(&mut key);
+    if let Some(coding) = coding {
+        key.push('|');
+        key.push_str(coding);
+    }
+    key
 }
 
 /// What a bare resume asking for `ranges` says its client holds: a client that only ever resumes
@@ -158,6 +179,17 @@ mod tests {
             req.insert_header(*name, *value).unwrap();
         }
         req
+    }
+
+    #[test]
+    fn object_keys_name_the_route_the_decoded_path_and_a_coding() {
+        let path = |raw| NormalizedPath::parse(raw).unwrap();
+        assert_eq!(object_key("files", &path("/a%20b/c.bin"), None), "files|/a b/c.bin");
+        assert_eq!(object_key("files", &path("/dir/"), Some("gzip")), "files|/dir/|gzip");
+        assert_eq!(object_key("r", &path("/"), None), "r|/");
+        // Written as the path's Display writes it, which logs and messages show.
+        let odd = path("/x/./y/");
+        assert_eq!(object_key("r", &odd, None), format!("r|{odd}"));
     }
 
     #[test]

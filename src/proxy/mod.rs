@@ -66,7 +66,7 @@ use answer::{
 };
 use completion::{Completions, Unfinished};
 use context::{BodyPlan, DownloadCtx, RequestCtx, ip_text};
-use download::{DownloadId, download_id, holding, object_version};
+use download::{DownloadId, download_id, holding, object_key, object_version};
 use hop_by_hop::forwarded;
 use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
 use origin_request::client_connection;
@@ -301,11 +301,8 @@ impl ProxyHttp for Proxy {
         // A download past the route's concurrent-download limits: refused below.
         let mut limited = None;
         if req.method == Method::GET || (has_chain && req.method == Method::HEAD) {
-            // A content coding is another representation, with downloads of its own.
-            let object = match route.chain.content_coding().filter(|_| has_chain) {
-                Some(coding) => format!("{}|{path}|{coding}", route.name),
-                None => format!("{}|{path}", route.name),
-            };
+            let coding = route.chain.content_coding().filter(|_| has_chain);
+            let object = object_key(&route.name, &path, coding);
             // A link made for one download names it: the grace of its expiry is that download's.
             let DownloadId { id, derived } = match link.as_ref().and_then(|l| l.terms.id.clone()) {
                 Some(bound) => DownloadId { id: bound, derived: false },
