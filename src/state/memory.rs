@@ -30,8 +30,9 @@ pub struct MemoryStore {
 struct Inner {
     entries: HashMap<Key, Entry>,
     /// Every key by the sequence number of its last write: the front is the least recently
-    /// written, and also the first to expire.
-    order: BTreeMap<u64, Key>,
+    /// written, and also the first to expire. With its expiry, which the sweep of every write
+    /// reads without hashing the key to find its entry.
+    order: BTreeMap<u64, (Key, Instant)>,
     next_write: u64,
 }
 
@@ -100,8 +101,8 @@ impl Inner {
         let entry = self.entries.get_mut(key).filter(|entry| entry.expires > now)?;
         let written = self.next_write;
         self.next_write += 1;
-        if let Some(key) = self.order.remove(&entry.written) {
-            self.order.insert(written, key);
+        if let Some((key, _)) = self.order.remove(&entry.written) {
+            self.order.insert(written, (key, expires));
         }
         entry.written = written;
         entry.expires = expires;
@@ -113,22 +114,22 @@ impl Inner {
         let _ = self.take(&key, now);
         self.sweep(now);
         while self.entries.len() >= capacity {
-            let Some((_, oldest)) = self.order.pop_first() else { break };
+            let Some((_, (oldest, _))) = self.order.pop_first() else { break };
             self.entries.remove(&oldest);
         }
         let written = self.next_write;
         self.next_write += 1;
-        self.order.insert(written, key.clone());
+        self.order.insert(written, (key.clone(), expires));
         self.entries.insert(key, Entry { value, expires, written });
     }
 
     /// Removes expired entries from the front of the write order.
     fn sweep(&mut self, now: Instant) {
-        while let Some((_, key)) = self.order.first_key_value() {
-            if self.entries.get(key).is_some_and(|entry| entry.expires > now) {
+        while let Some((_, (_, expires))) = self.order.first_key_value() {
+            if *expires > now {
                 break;
             }
-            if let Some((_, key)) = self.order.pop_first() {
+            if let Some((_, (key, _))) = self.order.pop_first() {
                 self.entries.remove(&key);
             }
         }
@@ -224,6 +225,7 @@ impl StateStore for MemoryStore {
         Ok(inner
             .order
             .values()
+            .map(|(key, _)| key)
             .rev()
             .filter(|key| matches!(key, Key::Download(of, _) if of == id))
             .filter_map(|key| match inner.get(key, now) {
@@ -246,6 +248,7 @@ impl StateStore for MemoryStore {
         Ok(inner
             .order
             .values()
+            .map(|(key, _)| key)
             .rev()
             .filter_map(|key| match inner.get(key, now) {
                 Some(Value::Download(s)) if !(active_only && s.is_complete()) => {
