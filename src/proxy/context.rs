@@ -230,13 +230,35 @@ impl RequestCtx {
     /// an empty range), `finished` when the response ended without an error.
     pub(super) fn delivery(&self, sent: u64, finished: bool) -> Option<Delivery> {
         let download = self.download.as_ref()?;
-        let Delivering { version, range: promised, parts } = download.delivering.as_ref()?;
-        let origin_version = download.origin_version.as_ref().unwrap_or(version);
-        let (range, ending) = if *parts {
-            (*promised, Ending::Parts)
+        let delivering = download.delivering.as_ref()?;
+        let origin_version = download.origin_version.as_ref().unwrap_or(&delivering.version);
+        let versions = (delivering.version.clone(), origin_version.clone());
+        self.delivered(delivering.range, delivering.parts, versions, sent, finished)
+    }
+
+    /// As [`Self::delivery`], for the record made after the response: the versions are moved
+    /// out, not copied (the download is not delivering any more).
+    pub(super) fn take_delivery(&mut self, sent: u64, finished: bool) -> Option<Delivery> {
+        let download = self.download.as_mut()?;
+        let Delivering { version, range, parts } = download.delivering.take()?;
+        let origin_version = download.origin_version.take().unwrap_or_else(|| version.clone());
+        self.delivered(range, parts, (version, origin_version), sent, finished)
+    }
+
+    fn delivered(
+        &self,
+        promised: ByteRange,
+        parts: bool,
+        (version, origin_version): (ObjectVersion, ObjectVersion),
+        sent: u64,
+        finished: bool,
+    ) -> Option<Delivery> {
+        let download = self.download.as_ref()?;
+        let (range, ending) = if parts {
+            (promised, Ending::Parts)
         } else {
             let range = ByteRange::from_len(promised.start(), sent.min(promised.len()))?;
-            let whole = finished && range == *promised;
+            let whole = finished && range == promised;
             (range, if whole { Ending::Whole } else { Ending::Cut })
         };
         Some(Delivery {
@@ -244,8 +266,8 @@ impl RequestCtx {
             object: download.object.clone(),
             route: self.route_name().to_owned(),
             client: self.client_ip.clone().unwrap_or_default(),
-            version: version.clone(),
-            origin_version: origin_version.clone(),
+            version,
+            origin_version,
             range,
             ending,
             bytes: sent,

@@ -42,7 +42,9 @@ pub(super) fn forwarded(response: &mut ResponseHeader) -> Result<()> {
             response.remove_header(name);
         }
     }
-    response.append_header(header::VIA, HeaderValue::from_static(VIA))?;
+    // Named by a string: pingora copies the name of a `HeaderName` it has no spelling of its own
+    // for (and `Via` is written so on the client's side).
+    response.append_header("Via", HeaderValue::from_static(VIA))?;
     Ok(())
 }
 

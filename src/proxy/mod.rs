@@ -786,7 +786,8 @@ impl ProxyHttp for Proxy {
         // What reached the client's connection, not what the body filter handed on.
         let sent = session.body_bytes_sent() as u64;
         let mut completed = None;
-        if let Some(delivery) = ctx.delivery(sent, e.is_none()).filter(|_| sent > 0) {
+        let delivery = if sent > 0 { ctx.take_delivery(sent, e.is_none()) } else { None };
+        if let Some(delivery) = delivery {
             // A store outage is reported by the store's health, once; the response is done.
             let complete = |s: &DownloadSession| {
                 s.of_version(&delivery.version).is_some_and(|sent| sent.is_complete())
