@@ -1,6 +1,7 @@
 //! The embedded store: one instance's state in its own memory, bounded in entries and time.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,7 @@ struct Inner {
     next_write: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 enum Key {
     /// A download id and the object it downloads.
     Download(String, String),
@@ -44,6 +45,71 @@ enum Key {
     /// An object and a stage key.
     Facts(String, String),
 }
+
+/// A key as borrowed strings: what lookups find an entry by, without copying the strings into
+/// a [`Key`]. `Key` hashes and compares as its `KeyRef`, so the map takes either (as `&dyn
+/// AsKeyRef`, the one type both borrow as).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum KeyRef<'a> {
+    Download(&'a str, &'a str),
+    Object(&'a str),
+    Facts(&'a str, &'a str),
+}
+
+trait AsKeyRef {
+    fn key_ref(&self) -> KeyRef<'_>;
+}
+
+impl AsKeyRef for Key {
+    fn key_ref(&self) -> KeyRef<'_> {
+        match self {
+            Key::Download(id, object) => KeyRef::Download(id, object),
+            Key::Object(object) => KeyRef::Object(object),
+            Key::Facts(object, stage) => KeyRef::Facts(object, stage),
+        }
+    }
+}
+
+impl AsKeyRef for KeyRef<'_> {
+    fn key_ref(&self) -> KeyRef<'_> {
+        *self
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn AsKeyRef + 'a> for Key {
+    fn borrow(&self) -> &(dyn AsKeyRef + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn AsKeyRef + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key_ref().hash(state);
+    }
+}
+
+impl PartialEq for dyn AsKeyRef + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.key_ref() == other.key_ref()
+    }
+}
+
+impl Eq for dyn AsKeyRef + '_ {}
+
+// As its `KeyRef`, which `Borrow` requires.
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key_ref().hash(state);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.key_ref() == other.key_ref()
+    }
+}
+
+impl Eq for Key {}
 
 #[derive(Debug)]
 struct Entry {
@@ -84,12 +150,14 @@ impl MemoryStore {
 }
 
 impl Inner {
-    fn get(&self, key: &Key, now: Instant) -> Option<&Value> {
+    fn get(&self, key: KeyRef<'_>, now: Instant) -> Option<&Value> {
+        let key: &dyn AsKeyRef = &key;
         self.entries.get(key).filter(|e| e.expires > now).map(|e| &e.value)
     }
 
     /// Removes the entry under `key`, returning its value unless it expired.
-    fn take(&mut self, key: &Key, now: Instant) -> Option<Value> {
+    fn take(&mut self, key: KeyRef<'_>, now: Instant) -> Option<Value> {
+        let key: &dyn AsKeyRef = &key;
         let entry = self.entries.remove(key)?;
         self.order.remove(&entry.written);
         (entry.expires > now).then_some(entry.value)
@@ -97,7 +165,8 @@ impl Inner {
 
     /// The value under `key` unless it expired, written again: the most recently written entry,
     /// living until `expires`. Updated in place, its key is neither copied nor hashed again.
-    fn rewrite(&mut self, key: &Key, expires: Instant, now: Instant) -> Option<&mut Value> {
+    fn rewrite(&mut self, key: KeyRef<'_>, expires: Instant, now: Instant) -> Option<&mut Value> {
+        let key: &dyn AsKeyRef = &key;
         let entry = self.entries.get_mut(key).filter(|entry| entry.expires > now)?;
         let written = self.next_write;
         self.next_write += 1;
@@ -111,7 +180,7 @@ impl Inner {
 
     /// Writes `value` under `key`, as the most recently written entry.
     fn put(&mut self, key: Key, value: Value, expires: Instant, now: Instant, capacity: usize) {
-        let _ = self.take(&key, now);
+        let _ = self.take(key.key_ref(), now);
         self.sweep(now);
         while self.entries.len() >= capacity {
             let Some((_, (oldest, _))) = self.order.pop_first() else { break };
@@ -146,18 +215,17 @@ impl StateStore for MemoryStore {
     ) -> Result<Lookup, StoreError> {
         let now = Instant::now();
         let inner = self.lock();
-        let key = Key::Download(download_id.to_owned(), object.to_owned());
-        let session = match inner.get(&key, now) {
+        let session = match inner.get(KeyRef::Download(download_id, object), now) {
             Some(Value::Download(session)) => Some(DownloadSession::clone(session)),
             _ => None,
         };
-        let record = match inner.get(&Key::Object(object.to_owned()), now) {
+        let record = match inner.get(KeyRef::Object(object), now) {
             Some(Value::Object(record)) => Some(record.clone()),
             _ => None,
         };
         let facts = stages
             .iter()
-            .map(|stage| match inner.get(&Key::Facts(object.to_owned(), stage.clone()), now) {
+            .map(|stage| match inner.get(KeyRef::Facts(object, stage), now) {
                 Some(Value::Facts(map)) => StageFacts::from_fields(
                     map.iter().map(|(name, value)| (name.as_bytes(), value.as_slice())),
                 ),
@@ -170,19 +238,18 @@ impl StateStore for MemoryStore {
     async fn learn(&self, object: &str, stage: &str, facts: &StageFacts) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut inner = self.lock();
-        let key = Key::Facts(object.to_owned(), stage.to_owned());
-        let mut map = match inner.take(&key, now) {
+        let mut map = match inner.take(KeyRef::Facts(object, stage), now) {
             Some(Value::Facts(map)) => map,
             _ => BTreeMap::new(),
         };
         merge_fields(&mut map, &facts.version, facts.to_fields());
+        let key = Key::Facts(object.to_owned(), stage.to_owned());
         inner.put(key, Value::Facts(map), now + self.ttl, now, self.capacity);
         Ok(())
     }
 
     async fn forget(&self, object: &str, stage: &str) -> Result<(), StoreError> {
-        let key = Key::Facts(object.to_owned(), stage.to_owned());
-        let _ = self.lock().take(&key, Instant::now());
+        let _ = self.lock().take(KeyRef::Facts(object, stage), Instant::now());
         Ok(())
     }
 
@@ -192,8 +259,8 @@ impl StateStore for MemoryStore {
         let expires = now + self.ttl;
         let mut inner = self.lock();
         inner.sweep(now);
-        let session_key = Key::Download(delivery.id.clone(), delivery.object.clone());
-        let session = match inner.rewrite(&session_key, expires, now) {
+        let (id, object) = (delivery.id.as_str(), delivery.object.as_str());
+        let session = match inner.rewrite(KeyRef::Download(id, object), expires, now) {
             Some(Value::Download(session)) => {
                 // A copy only while an earlier caller still holds this session.
                 Arc::make_mut(session).record_in_place(delivery);
@@ -202,17 +269,18 @@ impl StateStore for MemoryStore {
             _ => {
                 let session = Arc::new(DownloadSession::begin(delivery));
                 let value = Value::Download(Arc::clone(&session));
-                inner.put(session_key, value, expires, now, self.capacity);
+                let key = Key::Download(id.to_owned(), object.to_owned());
+                inner.put(key, value, expires, now, self.capacity);
                 session
             }
         };
-        let object_key = Key::Object(delivery.object.clone());
-        match inner.rewrite(&object_key, expires, now) {
+        match inner.rewrite(KeyRef::Object(object), expires, now) {
             Some(Value::Object(record)) => record.observe(&delivery.origin_version, delivery.now),
             _ => {
                 let record =
                     ObjectRecord::new(&delivery.object, &delivery.origin_version, delivery.now);
-                inner.put(object_key, Value::Object(record), expires, now, self.capacity);
+                let key = Key::Object(object.to_owned());
+                inner.put(key, Value::Object(record), expires, now, self.capacity);
             }
         }
         Ok(session)
@@ -228,7 +296,7 @@ impl StateStore for MemoryStore {
             .map(|(key, _)| key)
             .rev()
             .filter(|key| matches!(key, Key::Download(of, _) if of == id))
-            .filter_map(|key| match inner.get(key, now) {
+            .filter_map(|key| match inner.get(key.key_ref(), now) {
                 Some(Value::Download(session)) => Some(DownloadSession::clone(session)),
                 _ => None,
             })
@@ -250,7 +318,7 @@ impl StateStore for MemoryStore {
             .values()
             .map(|(key, _)| key)
             .rev()
-            .filter_map(|key| match inner.get(key, now) {
+            .filter_map(|key| match inner.get(key.key_ref(), now) {
                 Some(Value::Download(s)) if !(active_only && s.is_complete()) => {
                     Some(DownloadSession::clone(s))
                 }
@@ -264,7 +332,7 @@ impl StateStore for MemoryStore {
     async fn object(&self, object: &str) -> Result<Option<ObjectRecord>, StoreError> {
         let now = Instant::now();
         let inner = self.lock();
-        Ok(match inner.get(&Key::Object(object.to_owned()), now) {
+        Ok(match inner.get(KeyRef::Object(object), now) {
             Some(Value::Object(record)) => Some(record.clone()),
             _ => None,
         })
