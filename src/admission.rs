@@ -211,8 +211,11 @@ pub(crate) struct ClientConnection {
     phase: Phase,
     /// Whether the last byte read (ignoring `\r`) ended a line: a line end there ends the header.
     line_ended: bool,
-    /// When the current header's first byte arrived, and the timer that fires at its deadline.
-    started: Option<(Instant, Pin<Box<tokio::time::Sleep>>)>,
+    /// When the current header's first byte arrived.
+    started: Option<Instant>,
+    /// The timer that fires at a header's deadline, armed only when a read leaves the header
+    /// unfinished (most headers come in one read, and need none), and kept for the next.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     _slot: Option<Slot>,
     metrics: Arc<Metrics>,
     /// Body bytes that went to the client past pingora's writer (spliced, see proxy/splice.rs)
@@ -340,6 +343,7 @@ impl ClientConnection {
             phase: Phase::Header,
             line_ended: false,
             started: None,
+            deadline: None,
             _slot: slot,
             metrics: Arc::clone(metrics),
             sent_aside: AtomicU64::new(0),
@@ -415,8 +419,7 @@ impl ClientConnection {
             return;
         }
         if self.started.is_none() {
-            let sleep = Box::pin(tokio::time::sleep(self.timeout));
-            self.started = Some((Instant::now(), sleep));
+            self.started = Some(Instant::now());
         }
         // The header ends with an empty line. Lines end with CRLF, or a bare LF, which the
         // parser accepts too (RFC 9112 §2.2): a header ended so must stop the clock as well.
@@ -463,11 +466,25 @@ impl AsyncRead for ClientConnection {
             this.saw(&buf.filled()[before..]);
         }
         if this.phase == Phase::Header
-            && let Some((started, sleep)) = this.started.as_mut()
+            && let Some(started) = this.started
         {
             // Checked on every read, so that a header dribbled byte by byte, which never leaves
             // a read waiting, is cut off too.
-            if started.elapsed() >= this.timeout || sleep.as_mut().poll(cx).is_ready() {
+            if started.elapsed() >= this.timeout {
+                return Poll::Ready(Err(this.late()));
+            }
+            // The header is unfinished: the timer wakes this connection at its deadline.
+            let at = tokio::time::Instant::from_std(started + this.timeout);
+            let deadline = match &mut this.deadline {
+                Some(deadline) => {
+                    if deadline.deadline() != at {
+                        deadline.as_mut().reset(at);
+                    }
+                    deadline
+                }
+                empty => empty.insert(Box::pin(tokio::time::sleep_until(at))),
+            };
+            if deadline.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(this.late()));
             }
         }
