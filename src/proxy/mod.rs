@@ -69,7 +69,7 @@ use context::{BodyPlan, DownloadCtx, RequestCtx, ip_text};
 use download::{DownloadId, download_id, holding, object_key, object_version};
 use hop_by_hop::forwarded;
 use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
-use origin_request::client_connection;
+use origin_request::client_side;
 use plan::{plan_parts, plan_upstream};
 use relay::Continuable;
 use shaping::{join, off_the_event_loop, remove_whole_object_checksums, upstream_stream};
@@ -468,7 +468,7 @@ impl ProxyHttp for Proxy {
         // pingora's: the client's request as pingora forwards it (its framing fields kept, for
         // the body it sends), completed by the builder the relay's requests are.
         let mut request = upstream_request.as_owned_parts();
-        origin_request::complete(&mut request, route, ctx, client_connection(session))?;
+        origin_request::complete(&mut request, route, ctx, client_side(session))?;
         *upstream_request = RequestHeader::from(request);
         // Only pingora calls this, on the `Pingora` way: the relay builds its own requests.
         if let Some(trace) = ctx.trace.as_mut() {

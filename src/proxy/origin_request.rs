@@ -18,9 +18,9 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// What the origin is told of the client's connection ([`client_connection`]).
+/// What the origin is told of the client's connection ([`client_side`]).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct ClientConnection<'a> {
+pub(super) struct ClientSide<'a> {
     /// The authority of the client's target: where an HTTP/2 client names the host it asked
     /// (an HTTP/1 client names it in `Host`, among the fields).
     pub authority: Option<&'a http::uri::Authority>,
@@ -36,7 +36,7 @@ pub(super) fn complete(
     request: &mut Parts,
     route: &Route,
     ctx: &RequestCtx,
-    client: ClientConnection<'_>,
+    client: ClientSide<'_>,
 ) -> Result<()> {
     request.uri = ctx
         .upstream_target
@@ -109,8 +109,8 @@ pub(super) fn complete(
 }
 
 /// The client's connection, as [`complete`] tells the origin of it.
-pub(super) fn client_connection(session: &pingora_proxy::Session) -> ClientConnection<'_> {
-    ClientConnection {
+pub(super) fn client_side(session: &pingora_proxy::Session) -> ClientSide<'_> {
+    ClientSide {
         authority: session.req_header().uri.authority(),
         tls: session.digest().is_some_and(|d| d.ssl_digest.is_some()),
     }
@@ -121,4 +121,107 @@ where
     HeaderValue: TryFrom<T, Error = http::header::InvalidHeaderValue>,
 {
     HeaderValue::try_from(text).map_err(|e| Error::because(ErrorType::InvalidHTTPHeader, name, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rangeway_middleware::chain::Chain;
+    use rangeway_middleware::rfc9110::RangeSpec;
+
+    use super::*;
+    use crate::proxy::context::DownloadCtx;
+    use crate::routes::upstream::{Timeouts, Upstream};
+    use crate::state::ObjectVersion;
+
+    fn route() -> Arc<Route> {
+        let t = Duration::from_secs(1);
+        let timeouts = Timeouts { connect: t, read: t, write: t, idle: t };
+        let upstream =
+            Upstream::http("origin", "127.0.0.1", 1, None, "origin.internal".into(), "/", timeouts)
+                .unwrap();
+        Arc::new(Route::new(None, "/", false, Arc::new(upstream), Chain::default()).unwrap())
+    }
+
+    fn client(fields: &[(&'static str, &str)]) -> Parts {
+        let (mut parts, ()) = http::Request::new(()).into_parts();
+        for (name, value) in fields {
+            parts.headers.append(*name, HeaderValue::from_str(value).unwrap());
+        }
+        parts
+    }
+
+    fn field<'a>(request: &'a Parts, name: &str) -> Vec<&'a str> {
+        request.headers.get_all(name).iter().map(|v| v.to_str().unwrap()).collect()
+    }
+
+    fn ctx(route: &Arc<Route>) -> RequestCtx {
+        RequestCtx {
+            route: Some(Arc::clone(route)),
+            upstream_target: "/objects/a.bin?v=2".to_owned(),
+            client_ip: Some("192.0.2.7".to_owned()),
+            ..RequestCtx::default()
+        }
+    }
+
+    #[test]
+    fn the_origin_is_told_the_client_and_asked_for_the_plan_only() {
+        let route = route();
+        let mut request = client(&[
+            ("host", "dl.example"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("proxy-authorization", "Basic c2VjcmV0"),
+            ("range", "bytes=5-"),
+            ("if-range", "\"v1\""),
+            ("accept", "*/*"),
+        ]);
+        let plain = ClientSide { authority: None, tls: false };
+        complete(&mut request, &route, &ctx(&route), plain).unwrap();
+        assert_eq!(request.uri, "/objects/a.bin?v=2");
+        assert_eq!(field(&request, "host"), ["origin.internal"]);
+        assert_eq!(field(&request, "x-forwarded-host"), ["dl.example"]);
+        assert_eq!(field(&request, "x-forwarded-for"), ["10.0.0.1, 192.0.2.7"]);
+        assert_eq!(field(&request, "x-forwarded-proto"), ["http"]);
+        assert_eq!(field(&request, "via"), ["1.1 rangeway"]);
+        assert_eq!(field(&request, "accept"), ["*/*"]);
+        // No plan, no Range (the client's is planned, not forwarded), and no If-Range without one.
+        for gone in ["proxy-authorization", "range", "if-range", "if-match"] {
+            assert!(field(&request, gone).is_empty(), "{gone}");
+        }
+    }
+
+    #[test]
+    fn a_resume_asks_its_range_of_its_one_version() {
+        let route = route();
+        let mut ctx = ctx(&route);
+        ctx.sent_range = Some(RangeSpec::From { first: 1000 });
+        let version = ObjectVersion {
+            etag: Some("\"v7\"".to_owned()),
+            strong: true,
+            size: 4096,
+            last_modified: None,
+            content_type: None,
+        };
+        ctx.download = Some(DownloadCtx {
+            id: "job".to_owned(),
+            object: "/|/a.bin".to_owned(),
+            session: None,
+            resume_version: Some(version),
+            changed: false,
+            delivering: None,
+            origin_version: None,
+        });
+        // An HTTP/2 client over TLS names its host in the target's authority.
+        let authority = http::uri::Authority::from_static("dl.example:8443");
+        let mut request = client(&[("range", "bytes=1000-")]);
+        let h2 = ClientSide { authority: Some(&authority), tls: true };
+        complete(&mut request, &route, &ctx, h2).unwrap();
+        assert_eq!(field(&request, "range"), ["bytes=1000-"]);
+        assert_eq!(field(&request, "if-match"), ["\"v7\""]);
+        assert_eq!(field(&request, "x-forwarded-host"), ["dl.example:8443"]);
+        assert_eq!(field(&request, "x-forwarded-proto"), ["https"]);
+        assert_eq!(field(&request, "host"), ["origin.internal"]);
+    }
 }

@@ -35,7 +35,7 @@ use tracing::{info, warn};
 use super::Proxy;
 use super::context::RequestCtx;
 use super::hop_by_hop::end_to_end;
-use super::origin_request::{self, client_connection};
+use super::origin_request::{self, client_side};
 use super::pace::Pacer;
 use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
@@ -94,7 +94,7 @@ impl Proxy {
         ctx.replica = route.upstream.choose();
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());
-        origin_request::complete(&mut request, &route, ctx, client_connection(session))?;
+        origin_request::complete(&mut request, &route, ctx, client_side(session))?;
         let mut request = RequestHeader::from(request);
         route.upstream.authorize(&mut request)?;
         // What other replicas, continuations and the stretches of a multipart answer fetched
