@@ -585,8 +585,9 @@ impl ProxyHttp for Proxy {
             self.go_live(ctx);
             return result;
         }
-        // The upstream body's place in the object, for stages that observe it.
-        let upstream_stream = upstream_stream(status, &response.headers);
+        // The upstream body's place in the object, for stages that observe it (read before the
+        // answer is shaped, which may change its Content-Length and Content-Range).
+        let upstream_stream = ctx.chain().and_then(|_| upstream_stream(status, &response.headers));
         forwarded(response)?;
         let req = session.req_header();
         let asked = Asked {
