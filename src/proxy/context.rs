@@ -233,16 +233,18 @@ impl RequestCtx {
         let delivering = download.delivering.as_ref()?;
         let origin_version = download.origin_version.as_ref().unwrap_or(&delivering.version);
         let versions = (delivering.version.clone(), origin_version.clone());
-        self.delivered(delivering.range, delivering.parts, versions, sent, finished)
+        let client = self.client_ip.clone().unwrap_or_default();
+        self.delivered(delivering.range, delivering.parts, versions, client, sent, finished)
     }
 
-    /// As [`Self::delivery`], for the record made after the response: the versions are moved
-    /// out, not copied (the download is not delivering any more).
+    /// As [`Self::delivery`], for the record made after the response: the versions and the
+    /// client's address are moved out, not copied (the download is not delivering any more).
     pub(super) fn take_delivery(&mut self, sent: u64, finished: bool) -> Option<Delivery> {
         let download = self.download.as_mut()?;
         let Delivering { version, range, parts } = download.delivering.take()?;
         let origin_version = download.origin_version.take().unwrap_or_else(|| version.clone());
-        self.delivered(range, parts, (version, origin_version), sent, finished)
+        let client = self.client_ip.take().unwrap_or_default();
+        self.delivered(range, parts, (version, origin_version), client, sent, finished)
     }
 
     fn delivered(
@@ -250,6 +252,7 @@ impl RequestCtx {
         promised: ByteRange,
         parts: bool,
         (version, origin_version): (ObjectVersion, ObjectVersion),
+        client: String,
         sent: u64,
         finished: bool,
     ) -> Option<Delivery> {
@@ -265,7 +268,7 @@ impl RequestCtx {
             id: download.id.clone(),
             object: download.object.clone(),
             route: self.route_name().to_owned(),
-            client: self.client_ip.clone().unwrap_or_default(),
+            client,
             version,
             origin_version,
             range,
