@@ -331,7 +331,10 @@ impl Metrics {
         elapsed: Duration,
         transport: &str,
     ) {
-        self.requests.with_label_values(&[route, &status.to_string()]).inc();
+        // The code's text from `http`'s table, not formatted (0: no answer was written).
+        let code = http::StatusCode::from_u16(status);
+        let status = code.as_ref().map_or("0", http::StatusCode::as_str);
+        self.requests.with_label_values(&[route, status]).inc();
         self.transports.with_label_values(&[route, transport]).inc();
         self.response_bytes.with_label_values(&[route]).inc_by(bytes);
         self.duration.with_label_values(&[route]).observe(elapsed.as_secs_f64());
@@ -541,5 +544,25 @@ impl Collector for StoreCollector {
             .iter()
             .flat_map(|m| m.collect())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_counted_by_route_and_status_code() {
+        let metrics = Metrics::new();
+        metrics.request("files", 206, 10, Duration::from_millis(3), "relay");
+        metrics.request("files", 206, 10, Duration::from_millis(3), "splice");
+        // No answer written (the client went away first).
+        metrics.request("files", 0, 0, Duration::from_millis(1), "relay");
+        let text = String::from_utf8(metrics.render()).unwrap();
+        assert!(
+            text.contains("rangeway_requests_total{route=\"files\",status=\"206\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("rangeway_requests_total{route=\"files\",status=\"0\"} 1"), "{text}");
     }
 }
