@@ -211,11 +211,11 @@ pub(crate) struct ClientConnection {
     phase: Phase,
     /// Whether the last byte read (ignoring `\r`) ended a line: a line end there ends the header.
     line_ended: bool,
-    /// When the current header's first byte arrived.
-    started: Option<Instant>,
-    /// The timer that fires at a header's deadline, armed only when a read leaves the header
-    /// unfinished (most headers come in one read, and need none), and kept for the next.
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the current header's first byte arrived, and the timer that fires at its deadline:
+    /// armed only once a read leaves the header unfinished (most headers come in one read and
+    /// need none), dropped with the header (a timer left armed would wake the connection later
+    /// for nothing).
+    started: Option<(Instant, Option<Pin<Box<tokio::time::Sleep>>>)>,
     _slot: Option<Slot>,
     metrics: Arc<Metrics>,
     /// Body bytes that went to the client past pingora's writer (spliced, see proxy/splice.rs)
@@ -343,7 +343,6 @@ impl ClientConnection {
             phase: Phase::Header,
             line_ended: false,
             started: None,
-            deadline: None,
             _slot: slot,
             metrics: Arc::clone(metrics),
             sent_aside: AtomicU64::new(0),
@@ -419,7 +418,7 @@ impl ClientConnection {
             return;
         }
         if self.started.is_none() {
-            self.started = Some(Instant::now());
+            self.started = Some((Instant::now(), None));
         }
         // The header ends with an empty line. Lines end with CRLF, or a bare LF, which the
         // parser accepts too (RFC 9112 §2.2): a header ended so must stop the clock as well.
@@ -466,7 +465,7 @@ impl AsyncRead for ClientConnection {
             this.saw(&buf.filled()[before..]);
         }
         if this.phase == Phase::Header
-            && let Some(started) = this.started
+            && let Some((started, timer)) = this.started.as_mut()
         {
             // Checked on every read, so that a header dribbled byte by byte, which never leaves
             // a read waiting, is cut off too.
@@ -474,17 +473,9 @@ impl AsyncRead for ClientConnection {
                 return Poll::Ready(Err(this.late()));
             }
             // The header is unfinished: the timer wakes this connection at its deadline.
-            let at = tokio::time::Instant::from_std(started + this.timeout);
-            let deadline = match &mut this.deadline {
-                Some(deadline) => {
-                    if deadline.deadline() != at {
-                        deadline.as_mut().reset(at);
-                    }
-                    deadline
-                }
-                empty => empty.insert(Box::pin(tokio::time::sleep_until(at))),
-            };
-            if deadline.as_mut().poll(cx).is_ready() {
+            let at = tokio::time::Instant::from_std(*started + this.timeout);
+            let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if timer.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(this.late()));
             }
         }
