@@ -137,6 +137,19 @@ pub(super) struct Delivering {
     pub(super) parts: bool,
 }
 
+impl Delivering {
+    /// The bytes delivered once `sent` body bytes went out, and how the response ended: `None`
+    /// when none of a single stretch went out.
+    fn ended(&self, sent: u64, finished: bool) -> Option<(ByteRange, Ending)> {
+        if self.parts {
+            return Some((self.range, Ending::Parts));
+        }
+        let range = ByteRange::from_len(self.range.start(), sent.min(self.range.len()))?;
+        let whole = finished && range == self.range;
+        Some((range, if whole { Ending::Whole } else { Ending::Cut }))
+    }
+}
+
 impl Default for RequestCtx {
     fn default() -> Self {
         Self {
@@ -231,39 +244,33 @@ impl RequestCtx {
     pub(super) fn delivery(&self, sent: u64, finished: bool) -> Option<Delivery> {
         let download = self.download.as_ref()?;
         let delivering = download.delivering.as_ref()?;
+        let (range, ending) = delivering.ended(sent, finished)?;
         let origin_version = download.origin_version.as_ref().unwrap_or(&delivering.version);
         let versions = (delivering.version.clone(), origin_version.clone());
         let client = self.client_ip.clone().unwrap_or_default();
-        self.delivered(delivering.range, delivering.parts, versions, client, sent, finished)
+        self.delivered(versions, client, range, ending, sent)
     }
 
     /// As [`Self::delivery`], for the record made after the response: the versions and the
     /// client's address are moved out, not copied (the download is not delivering any more).
     pub(super) fn take_delivery(&mut self, sent: u64, finished: bool) -> Option<Delivery> {
         let download = self.download.as_mut()?;
-        let Delivering { version, range, parts } = download.delivering.take()?;
+        let (range, ending) = download.delivering.as_ref()?.ended(sent, finished)?;
+        let version = download.delivering.take()?.version;
         let origin_version = download.origin_version.take().unwrap_or_else(|| version.clone());
         let client = self.client_ip.take().unwrap_or_default();
-        self.delivered(range, parts, (version, origin_version), client, sent, finished)
+        self.delivered((version, origin_version), client, range, ending, sent)
     }
 
     fn delivered(
         &self,
-        promised: ByteRange,
-        parts: bool,
         (version, origin_version): (ObjectVersion, ObjectVersion),
         client: String,
+        range: ByteRange,
+        ending: Ending,
         sent: u64,
-        finished: bool,
     ) -> Option<Delivery> {
         let download = self.download.as_ref()?;
-        let (range, ending) = if parts {
-            (promised, Ending::Parts)
-        } else {
-            let range = ByteRange::from_len(promised.start(), sent.min(promised.len()))?;
-            let whole = finished && range == promised;
-            (range, if whole { Ending::Whole } else { Ending::Cut })
-        };
         Some(Delivery {
             id: download.id.clone(),
             object: download.object.clone(),
