@@ -152,6 +152,13 @@ impl NormalizedPath {
         out
     }
 
+    /// The length of what [`Self::write_to`] writes.
+    pub fn written_len(&self) -> usize {
+        let slashes = self.segments.len() + usize::from(self.trailing_slash);
+        let segments: usize = self.segments.iter().map(String::len).sum();
+        slashes.max(1) + segments
+    }
+
     /// Writes the decoded path onto `out`, as `Display` shows it: onto a `String`, without the
     /// formatting machinery `format!` runs per piece (a download's object key is made so on
     /// every GET).

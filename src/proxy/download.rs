@@ -69,10 +69,8 @@ pub fn download_id(
 /// The object a download is of: the route, the decoded path and, where the route serves a
 /// content coding, the coding — another representation, with downloads of its own.
 pub fn object_key(route: &str, path: &NormalizedPath, coding: Option<&str>) -> String {
-    // The path's length as written: a slash before each segment, one after the last.
-    let path_len = path.segments().iter().map(|s| s.len() + 1).sum::<usize>() + 1;
     let coding_len = coding.map_or(0, |coding| coding.len() + 1);
-    let mut key = String::with_capacity(route.len() + 1 + path_len + coding_len);
+    let mut key = String::with_capacity(route.len() + 1 + path.written_len() + coding_len);
     key.push_str(route);
     key.push('|');
     // Writing onto a String cannot fail.
@@ -187,9 +185,12 @@ mod tests {
         assert_eq!(object_key("files", &path("/a%20b/c.bin"), None), "files|/a b/c.bin");
         assert_eq!(object_key("files", &path("/dir/"), Some("gzip")), "files|/dir/|gzip");
         assert_eq!(object_key("r", &path("/"), None), "r|/");
-        // Written as the path's Display writes it, which logs and messages show.
-        let odd = path("/x/./y/");
-        assert_eq!(object_key("r", &odd, None), format!("r|{odd}"));
+        assert_eq!(object_key("r", &path("/x/./y//"), None), "r|/x/y/");
+        // Sized exactly: the key is made on every GET.
+        for raw in ["/", "/a", "/a/", "/a%20b/c.bin", "/x/./y//"] {
+            let path = path(raw);
+            assert_eq!(path.written_len(), path.to_string().len(), "{raw}");
+        }
     }
 
     #[test]
