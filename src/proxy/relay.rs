@@ -34,7 +34,7 @@ use tracing::{info, warn};
 
 use super::Proxy;
 use super::context::RequestCtx;
-use super::hop_by_hop::end_to_end;
+use super::hop_by_hop::{answer_to_forward, end_to_end};
 use super::origin_request::{self, client_side};
 use super::pace::Pacer;
 use super::shaping::upstream_stream;
@@ -126,9 +126,10 @@ impl Proxy {
                     ctx.cache = Some(Outcome::Bypass(why));
                 }
                 let exchange = self.first_exchange(&route, ctx, request, base.as_ref()).await?;
-                let response = exchange.session.response_header().cloned().ok_or_else(|| {
-                    Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
-                })?;
+                let response =
+                    exchange.session.response_header().map(answer_to_forward).ok_or_else(|| {
+                        Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
+                    })?;
                 let exchange = Box::new(exchange);
                 (response, Some(UpstreamBody::Origin { exchange, source: BodySource::Unread }))
             }
