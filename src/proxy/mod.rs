@@ -857,7 +857,7 @@ impl ProxyHttp for Proxy {
         let trace_id = ctx.trace.as_ref().and_then(|trace| {
             let span = &trace.span;
             span.record("http.request.method", req.method.as_str());
-            span.record("url.path", &*path);
+            span.record("url.path", tracing::field::display(path));
             span.record("network.protocol.version", tracing::field::debug(req.version));
             span.record("rangeway.route", route);
             if let Some(download) = &ctx.download {
