@@ -96,6 +96,15 @@ impl NormalizedPath {
             if raw_segment.is_empty() {
                 continue; // "//" collapses
             }
+            if raw_segment.bytes().all(|byte| byte.is_ascii_graphic() && !b"%\\".contains(&byte)) {
+                // Nothing to decode or refuse (the common case, checked in one pass).
+                match raw_segment {
+                    "." => continue,
+                    ".." => return Err(PathError::DotDot),
+                    _ => segments.push(raw_segment.to_owned()),
+                }
+                continue;
+            }
             let decoded =
                 percent_decode_str(raw_segment).decode_utf8().map_err(|_| PathError::NotUtf8)?;
             if decoded.contains('/') {
@@ -208,6 +217,8 @@ mod tests {
             ("/a%5c..%5cb", Err(PathError::Backslash)),
             ("/a\\b", Err(PathError::Backslash)),
             ("/a%00b", Err(PathError::Control)),
+            ("/a\u{1}b", Err(PathError::Control)),
+            ("/a\u{7f}", Err(PathError::Control)),
             ("/a%ffb", Err(PathError::NotUtf8)),
             ("a", Err(PathError::NotAbsolute)),
             ("/with space/ü.bin", Ok("/with%20space/%C3%BC.bin")),
