@@ -56,6 +56,11 @@ def load_rows(path):
         row["wrk_cpu_pct"] = 100 * row["wrk_cpu_s"] / row["wall_s"]
         row["other_cpu_pct"] = 100 * row["other_cpu_s"] / row["wall_s"]  # in cores, as %
         row["cpu_per_gb"] = row["proxy_cpu_s"] / (row["bytes"] / 1e9) if row["bytes"] else float("nan")
+        # Every core's busy time (the proxy, the origin, wrk and anything else): on loopback the
+        # kernel does a byte's TCP work in whichever process's context pushes it, which moves
+        # CPU between the proxy and the others but not out of this sum.
+        machine_s = row["proxy_cpu_s"] + row["origin_cpu_s"] + row["wrk_cpu_s"] + row["other_cpu_s"]
+        row["machine_cpu_per_gb"] = machine_s / (row["bytes"] / 1e9) if row["bytes"] else float("nan")
         if not row["requests"]:
             # No response completed within the run (each takes longer than DURATION): wrk's
             # percentiles are empty, not zero.
@@ -82,6 +87,7 @@ def summarise(rows):
             "p99_ms": med("p99_us") / 1000,
             "proxy_cpu_pct": med("proxy_cpu_pct"),
             "cpu_per_gb": med("cpu_per_gb"),
+            "machine_cpu_per_gb": med("machine_cpu_per_gb"),
             "peak_rss_mib": max(r["proxy_peak_rss_kb"] for r in runs) / 1024,
             "errors": int(sum(r["errors"] for r in runs)),
             "origin_cpu_pct": med("origin_cpu_pct"),

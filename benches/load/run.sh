@@ -51,12 +51,22 @@ WRK_TIMEOUT=${WRK_TIMEOUT:-60}             # seconds: wrk counts slower requests
                                            # gzip body among 100 is ~13 s here)
 OUT=${OUT:-benches/results}                # where the report goes (relative to the repo)
 RANGEWAY_BIN=${RANGEWAY_BIN:-}             # another rangeway binary to run (an A/B of a change)
+RANGEWAY_SERVER=${RANGEWAY_SERVER:-}       # a line for rangeway's [server] (an A/B of a setting,
+                                           # e.g. 'client_notsent_lowat = 0')
+SYSTEM_NOTSENT_LOWAT=${SYSTEM_NOTSENT_LOWAT:-} # bytes: net.ipv4.tcp_notsent_lowat for every socket
+                                           # of the machine during the run (restored after; root).
+                                           # On loopback a sender's queued bytes go out in the
+                                           # context of the receiver's ACKs, so the origin's TCP
+                                           # work lands on the proxy's core; with a low mark each
+                                           # sender sends its own, as across a network
 PROFILE=${PROFILE:-}                       # perf: sample rangeway during its first run of each
                                            # workload; callgrind: run rangeway under valgrind
                                            # (slow: figures meaningless); counts: system calls
                                            # and context switches per GB of every proxy in its
                                            # first run (perf trace: that run's CPU is inflated,
-                                           # the medians of REPS >= 3 are not); profile beside report
+                                           # the medians of REPS >= 3 are not); kernel: the proxy
+                                           # core sampled (kernel and user functions) during every
+                                           # proxy's first run; profile beside report
 
 command_line="PRESET=$PRESET DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP LARGE_MIB=$LARGE_MIB"
 command_line+=" LARGE_CONC=$LARGE_CONC SMALL_BYTES=$SMALL_BYTES SMALL_CONC=$SMALL_CONC"
@@ -64,7 +74,8 @@ command_line+=" RESUME_MIB=$RESUME_MIB RESUME_RANGE_KIB=$RESUME_RANGE_KIB RESUME
 command_line+=" WORKLOADS='$WORKLOADS' PROXIES='$PROXIES' NGINX_BUFFERS='$NGINX_BUFFERS'"
 command_line+=" HAPROXY_SPLICE=$HAPROXY_SPLICE PROXY_CPU=$PROXY_CPU CLIENT_CPU=$CLIENT_CPU"
 command_line+=" WRK_THREADS=$WRK_THREADS WRK_TIMEOUT=$WRK_TIMEOUT${PROFILE:+ PROFILE=$PROFILE}"
-command_line+="${RANGEWAY_BIN:+ RANGEWAY_BIN=$RANGEWAY_BIN}"
+command_line+="${RANGEWAY_BIN:+ RANGEWAY_BIN=$RANGEWAY_BIN}${RANGEWAY_SERVER:+ RANGEWAY_SERVER='$RANGEWAY_SERVER'}"
+command_line+="${SYSTEM_NOTSENT_LOWAT:+ SYSTEM_NOTSENT_LOWAT=$SYSTEM_NOTSENT_LOWAT}"
 command_line+=" bash benches/load/run.sh"
 
 # ---- tools, build -----------------------------------------------------------------------------
@@ -75,11 +86,17 @@ source benches/lib.sh
 release=$(release_dir)
 bin=${RANGEWAY_BIN:-"$release/rangeway"}
 bench_init rangeway-load
+if [[ -n $SYSTEM_NOTSENT_LOWAT ]]; then
+    system_lowat=$(sysctl -n net.ipv4.tcp_notsent_lowat)
+    sysctl -qw net.ipv4.tcp_notsent_lowat="$SYSTEM_NOTSENT_LOWAT"
+    # Restored before the servers are stopped; bench_cleanup still sees the run's exit status.
+    trap 'status=$?; sysctl -qw net.ipv4.tcp_notsent_lowat="$system_lowat"; (exit $status); bench_cleanup' EXIT
+fi
 case $PROFILE in
     '') ;;
-    perf | counts) command -v perf >/dev/null || { echo "PROFILE=$PROFILE: no perf (apt-get install linux-perf)" >&2; exit 2; } ;;
+    perf | counts | kernel) command -v perf >/dev/null || { echo "PROFILE=$PROFILE: no perf (apt-get install linux-perf)" >&2; exit 2; } ;;
     callgrind) command -v valgrind >/dev/null || { echo "PROFILE=callgrind: no valgrind (apt-get install valgrind)" >&2; exit 2; } ;;
-    *) echo "PROFILE is perf, counts or callgrind, not '$PROFILE'" >&2; exit 2 ;;
+    *) echo "PROFILE is perf, counts, kernel or callgrind, not '$PROFILE'" >&2; exit 2 ;;
 esac
 # 500 clients plus 500 upstream connections per proxy: well above the default 1024 descriptors.
 # Raise the soft limit as far as the hard one allows (containers often cap it); the servers are
@@ -117,7 +134,7 @@ origin_pid=$last_pid
 "$bin" keygen > "$work/key"
 rangeway_port=$(free_port)
 {
-    rangeway_conf "$rangeway_port" "$origin_port"
+    rangeway_conf "$rangeway_port" "$origin_port" "$RANGEWAY_SERVER"
     cat <<CONF
 [[routes]]
 path_prefix = "/aes/"
@@ -352,6 +369,13 @@ measure() { # WORKLOAD TARGET REP
           perf trace -s -p "$pid" -o "$work/syscalls-$1-$2.txt" -- sleep "$DURATION"; wait; } 2>/dev/null &
         perf_pid=$!
     fi
+    # The proxy's core, whoever runs there (the proxy alone, pinned): where its time goes in the
+    # kernel as well as in its own code, the same way for every proxy.
+    if [[ $PROFILE == kernel && -n $pid && $3 == 1 ]]; then
+        perf record -q -F 999 -g -C "$PROXY_CPU" -o "$work/kernel-$1-$2.data" \
+            -- sleep "$DURATION" 2>/dev/null &
+        perf_pid=$!
+    fi
     line=$(wrk_run "$1" "$2" "$DURATION")
     [[ -z $perf_pid ]] || wait "$perf_pid" || true
     t1=$(date +%s.%N)
@@ -454,6 +478,28 @@ case $PROFILE in
             calls | awk -v gb="$gb" '{ n[$1] += $2; ms[$1] += $3 } END {
                 for (c in n) printf "    %-20s %10.0f  (%.0f ms in the call)\n", c, n[c] / gb, ms[c] / gb }' |
                 sort -k2,2nr | head -10
+            echo
+        done > "$profile"
+        ;;
+    kernel)
+        # Self time by function on the proxy's core, as a share of the samples and in CPU seconds
+        # per GB moved in the same run (rep 1's bytes, from the raw rows; 999 samples a second).
+        for data in "$work"/kernel-*.data; do
+            [[ -e $data ]] || continue
+            name=$(basename "$data" .data); name=${name#kernel-}
+            workload=${name%%-*}; target=${name#*-}
+            gb=$(awk -F'\t' -v w="$workload" -v t="$target" '$1 == w && $2 == t && $3 == 1 { print $12 / 1e9 }' "$raw")
+            # In a VM without a PMU perf samples on a timer, whose interrupt waits while
+            # interrupts are off: self time piles up where they are turned back on
+            # (`_raw_spin_unlock_irqrestore`, `handle_softirqs`). The inclusive view (each
+            # function with all it calls) is the one to read: which paths the time is under.
+            echo "== $workload, $target: the proxy's core, $DURATION s, $gb GB; time under each function"
+            echo "   share   CPU s/GB  function"
+            perf report -i "$data" --stdio --children --sort sym -g none --percent-limit 2 2>/dev/null |
+                tidy | awk -v gb="$gb" -v secs="$DURATION" '$1 ~ /%$/ {
+                    share = $1; sub(/%/, "", share); $1 = ""; $2 = ""
+                    printf "  %6.2f%%  %7.3f  %s\n", share, share / 100 * secs / gb, $0 }' |
+                head -60 || true
             echo
         done > "$profile"
         ;;

@@ -47,6 +47,26 @@ def main(points_dir):
         else:
             versus = "—"
         print(f"| {size} MiB | {conc} | " + " | ".join(cells) + f" | {versus} |")
+    print()
+    print("The machine's CPU s/GB (every core: the proxy, the origin, wrk, the rest), medians;")
+    print("on loopback the kernel counts a byte's TCP work to whichever process pushes it, which")
+    print("moves CPU between the proxy and the others but not out of this sum.")
+    print()
+    print("| object | conns | " + " | ".join(targets) + " | vs best peer |")
+    print("|---|---|" + "---|" * len(targets) + "---|")
+    for size, conc, summary in points:
+        cells = []
+        for target in targets:
+            s = summary.get(("large", target))
+            cells.append("—" if s is None else f"{s['machine_cpu_per_gb']:.2f}")
+        ours = summary.get(("large", "rangeway"))
+        peers = [summary[("large", p)] for p in PEERS if ("large", p) in summary]
+        if ours and peers:
+            best = min(p["machine_cpu_per_gb"] for p in peers)
+            versus = f"{ours['machine_cpu_per_gb'] / best:.2f}×"
+        else:
+            versus = "—"
+        print(f"| {size} MiB | {conc} | " + " | ".join(cells) + f" | {versus} |")
 
 
 if __name__ == "__main__":
