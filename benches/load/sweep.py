@@ -31,43 +31,38 @@ def main(points_dir):
     print("(highest MB/s, lowest CPU/GB, among nginx both ways and HAProxy).")
     print()
     targets = [t for t in ORDER if any(("large", t) in s for _, _, s in points)]
-    print("| object | conns | " + " | ".join(targets) + " | vs best peer |")
-    print("|---|---|" + "---|" * len(targets) + "---|")
-    for size, conc, summary in points:
-        cells = []
-        for target in targets:
-            s = summary.get(("large", target))
-            cells.append("—" if s is None else f"{s['mbps']:.0f} · {s['cpu_per_gb']:.2f} · {whole(s['p99_ms'])}")
-        ours = summary.get(("large", "rangeway"))
-        peers = [summary[("large", p)] for p in PEERS if ("large", p) in summary]
-        if ours and peers:
-            best_mbps = max(p["mbps"] for p in peers)
-            best_cpu = min(p["cpu_per_gb"] for p in peers)
-            versus = f"{ours['mbps'] / best_mbps:.2f}× MB/s, {ours['cpu_per_gb'] / best_cpu:.2f}× CPU"
-        else:
-            versus = "—"
-        print(f"| {size} MiB | {conc} | " + " | ".join(cells) + f" | {versus} |")
+
+    def proxy_cells(s):
+        return f"{s['mbps']:.0f} · {s['cpu_per_gb']:.2f} · {whole(s['p99_ms'])}"
+
+    def proxy_versus(ours, peers):
+        best_mbps = max(p["mbps"] for p in peers)
+        best_cpu = min(p["cpu_per_gb"] for p in peers)
+        return f"{ours['mbps'] / best_mbps:.2f}× MB/s, {ours['cpu_per_gb'] / best_cpu:.2f}× CPU"
+
+    table(points, targets, proxy_cells, proxy_versus)
     print()
     print("The machine's CPU s/GB (every core: the proxy, the origin, wrk, the rest), medians;")
     print("on loopback the kernel counts a byte's TCP work to whichever process pushes it, which")
     print("moves CPU between the proxy and the others but not out of this sum.")
     print()
+
+    def machine_versus(ours, peers):
+        return f"{ours['machine_cpu_per_gb'] / min(p['machine_cpu_per_gb'] for p in peers):.2f}×"
+
+    table(points, targets, lambda s: f"{s['machine_cpu_per_gb']:.2f}", machine_versus)
+
+
+def table(points, targets, cell, versus):
+    """One row a point: cell(summary) for each target, then versus(rangeway's, the peers')."""
     print("| object | conns | " + " | ".join(targets) + " | vs best peer |")
     print("|---|---|" + "---|" * len(targets) + "---|")
     for size, conc, summary in points:
-        cells = []
-        for target in targets:
-            s = summary.get(("large", target))
-            cells.append("—" if s is None else f"{s['machine_cpu_per_gb']:.2f}")
+        cells = ["—" if summary.get(("large", t)) is None else cell(summary[("large", t)]) for t in targets]
         ours = summary.get(("large", "rangeway"))
         peers = [summary[("large", p)] for p in PEERS if ("large", p) in summary]
-        if ours and peers:
-            best = min(p["machine_cpu_per_gb"] for p in peers)
-            versus = f"{ours['machine_cpu_per_gb'] / best:.2f}×"
-        else:
-            versus = "—"
-        print(f"| {size} MiB | {conc} | " + " | ".join(cells) + f" | {versus} |")
-
+        compared = versus(ours, peers) if ours and peers else "—"
+        print(f"| {size} MiB | {conc} | " + " | ".join(cells) + f" | {compared} |")
 
 if __name__ == "__main__":
     main(sys.argv[1])
