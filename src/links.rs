@@ -190,8 +190,8 @@ pub fn redacted(path_and_query: &str) -> Redacted<'_> {
     Redacted(path_and_query)
 }
 
-/// A request target as [`redacted`] writes it.
-#[derive(Debug, Clone, Copy)]
+/// A request target as [`redacted`] writes it. No `Debug`: it would print the signature.
+#[derive(Clone, Copy)]
 pub struct Redacted<'a>(&'a str);
 
 impl std::fmt::Display for Redacted<'_> {
