@@ -26,8 +26,8 @@ pub fn digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> [u8; 32] {
 ///
 /// The fingerprint is AES-128-CMAC (NIST SP 800-38B, RFC 4493): a 16-byte pseudo-random tag,
 /// all a download id keeps. It was HMAC-SHA-256, cut to 16 bytes; a download id is derived on
-/// every GET, and CMAC over a short message is three AES blocks (the CPU's AES instructions)
-/// against HMAC's two SHA-256 compressions (`benches/download_id.rs` has both side by side).
+/// every GET, and CMAC over an id's few dozen bytes is a few AES blocks (the CPU's AES
+/// instructions) against HMAC's two SHA-256 compressions (`benches/download_id.rs` has both side by side).
 #[derive(Clone)]
 pub struct FingerprintKey(Cmac<Aes128>);
 
@@ -55,16 +55,8 @@ impl FingerprintKey {
         Ok(Self::new(key.as_ref()))
     }
 
-    /// As [`fingerprint`], keyed; `bytes` is at most 16.
-    pub fn fingerprint<'a>(
-        &self,
-        parts: impl IntoIterator<Item = &'a [u8]>,
-        bytes: usize,
-    ) -> String {
-        self.prefixed_fingerprint("", parts, bytes)
-    }
-
-    /// `prefix` and then the keyed fingerprint, in one string.
+    /// `prefix` and then the keyed fingerprint of `parts` (separated as [`fingerprint`]
+    /// separates them), in one string; `bytes` is at most 16.
     pub fn prefixed_fingerprint<'a>(
         &self,
         prefix: &str,
@@ -139,17 +131,28 @@ mod tests {
             0x6b, 0xc1, 0xbe, 0xe2, 0x2e, 0x40, 0x9f, 0x96, 0xe9, 0x3d, 0x7e, 0x11, 0x73, 0x93,
             0x17, 0x2a,
         ];
-        assert_eq!(rfc.fingerprint([&block[..]], 16), "070a16b46b4d4144f79bdd9dd04a287c");
+        assert_eq!(
+            rfc.prefixed_fingerprint("", [&block[..]], 16),
+            "070a16b46b4d4144f79bdd9dd04a287c"
+        );
         let key = FingerprintKey::new(b"Jefe");
         let parts = [&b"10.0.0.1"[..], b"curl/8", b"/a"];
-        assert_eq!(key.fingerprint(parts, 16), key.fingerprint(parts, 16));
-        assert_ne!(
-            key.fingerprint(parts, 16),
-            FingerprintKey::new(b"other").fingerprint(parts, 16)
+        assert_eq!(
+            key.prefixed_fingerprint("", parts, 16),
+            key.prefixed_fingerprint("", parts, 16)
         );
-        assert_ne!(key.fingerprint(parts, 16), fingerprint(parts, 16));
+        assert_ne!(
+            key.prefixed_fingerprint("", parts, 16),
+            FingerprintKey::new(b"other").prefixed_fingerprint("", parts, 16)
+        );
+        assert_ne!(key.prefixed_fingerprint("", parts, 16), fingerprint(parts, 16));
+        let prefixed = key.prefixed_fingerprint("auto-", parts, 16);
+        assert_eq!(prefixed.strip_prefix("auto-"), Some(&*key.prefixed_fingerprint("", parts, 16)));
         let generated = FingerprintKey::generate().expect("random key");
-        assert_ne!(generated.fingerprint(parts, 16), key.fingerprint(parts, 16));
+        assert_ne!(
+            generated.prefixed_fingerprint("", parts, 16),
+            key.prefixed_fingerprint("", parts, 16)
+        );
         assert!(!format!("{key:?}").contains("Jefe"));
     }
 }
