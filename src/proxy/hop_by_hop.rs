@@ -112,6 +112,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_forwarded_answer_keeps_every_field_in_order_with_room_for_more() {
+        let mut origin = ResponseHeader::build(206, Some(3)).unwrap();
+        for (name, value) in [
+            ("Content-Length", "10"),
+            ("Set-Cookie", "a=1"),
+            ("X-Amz-Id", "7"),
+            ("Set-Cookie", "b=2"),
+        ] {
+            origin.append_header(name, value).unwrap();
+        }
+        let answer = answer_to_forward(&origin);
+        assert_eq!(answer.status, 206);
+        assert_eq!(answer.version, origin.version);
+        assert_eq!(answer.headers, origin.headers);
+        let cookies: Vec<_> = answer.headers.get_all(header::SET_COOKIE).iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert!(!answer.has_case());
+        assert!(answer.headers.capacity() >= origin.headers.len() + ADDED_TO_ANSWERS);
+    }
+
+    #[test]
     fn a_relayed_request_loses_what_concerns_the_client_connection_only() {
         let mut request = RequestHeader::build("GET", b"/obj", None).unwrap();
         for (name, value) in [
