@@ -444,9 +444,12 @@ echo "the report can be redrawn from the last two: python3 benches/load/report.p
 profile="$OUT/load-$stamp-profile.txt"
 # perf's comment lines, blank lines, and the padding and empty columns it ends each line with.
 tidy() { grep -v '^#' | grep -v '^$' | sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//'; }
-# first_run_gb WORKLOAD TARGET: the GB moved in the target's first run (from the raw rows).
-first_run_gb() {
-    awk -F'\t' -v w="$1" -v t="$2" '$1 == w && $2 == t && $3 == 1 { print $12 / 1e9 }' "$raw"
+# first_run FILE PREFIX: for a profile file named PREFIX-WORKLOAD-TARGET.EXT, sets $name
+# (WORKLOAD-TARGET), $workload, $target and $gb, the GB moved in that target's first run.
+first_run() {
+    name=$(basename "$1"); name=${name%.*}; name=${name#"$2"-}
+    workload=${name%%-*}; target=${name#*-}
+    gb=$(awk -F'\t' -v w="$workload" -v t="$target" '$1 == w && $2 == t && $3 == 1 { print $12 / 1e9 }' "$raw")
 }
 case $PROFILE in
     perf)
@@ -470,9 +473,7 @@ case $PROFILE in
         # in the same run (rep 1's bytes, from the raw rows).
         for summary in "$work"/syscalls-*.txt; do
             [[ -e $summary ]] || continue
-            name=$(basename "$summary" .txt); name=${name#syscalls-}
-            workload=${name%%-*}; target=${name#*-}
-            gb=$(first_run_gb "$workload" "$target")
+            first_run "$summary" syscalls
             switches=$(awk -F, '/sched_switch/ { print $1 }' "$work/switches-$name.csv")
             echo "== $workload, $target: $gb GB in the first run; per GB:"
             calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4 }' "$summary"; }
@@ -490,9 +491,7 @@ case $PROFILE in
         # seconds per GB moved in the same run (999 samples a second, idle ones included).
         for data in "$work"/kernel-*.data; do
             [[ -e $data ]] || continue
-            name=$(basename "$data" .data); name=${name#kernel-}
-            workload=${name%%-*}; target=${name#*-}
-            gb=$(first_run_gb "$workload" "$target")
+            first_run "$data" kernel
             # In a VM without a PMU perf samples on a timer, whose interrupt waits while
             # interrupts are off: self time piles up where they are turned back on
             # (`_raw_spin_unlock_irqrestore`, `handle_softirqs`). The inclusive view (each
