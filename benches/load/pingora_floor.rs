@@ -37,7 +37,14 @@ fn main() {
         eprintln!("usage: pingora-floor LISTEN ORIGIN");
         std::process::exit(2);
     };
-    let conf = ServerConf { threads: 1, ..ServerConf::default() };
+    // Stopped at once on SIGTERM: pingora's default grace is five minutes, which the harness's
+    // cleanup would sit through after every run.
+    let conf = ServerConf {
+        threads: 1,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut service =
