@@ -39,7 +39,7 @@ use super::origin_request::{self, client_side};
 use super::pace::Pacer;
 use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
-use super::transport::BodyFrom;
+use super::transport::{BodyFrom, KernelBody};
 use crate::admin::metrics::Metrics;
 use crate::admission::ClientConnection;
 use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome, Segment, SliceCache};
@@ -193,12 +193,16 @@ impl Proxy {
             });
         unsent_bounded(session, kernel_way.is_some());
         let mut body = match (kernel_way, body) {
-            (Some((way, client, len)), Some(UpstreamBody::Origin { exchange, .. })) => {
+            (
+                Some((way, KernelBody { client, len, pipe: Some(pipe) })),
+                Some(UpstreamBody::Origin { exchange, .. }),
+            ) => {
                 ctx.transport = way;
-                let spliced = self.splice(session, ctx, response, (client, len), *exchange, pump);
+                let spliced =
+                    self.splice(session, ctx, response, (client, len, pipe), *exchange, pump);
                 return Box::pin(spliced).await;
             }
-            (Some((way, client, len)), Some(UpstreamBody::Cache(cached))) => {
+            (Some((way, KernelBody { client, len, .. })), Some(UpstreamBody::Cache(cached))) => {
                 ctx.transport = way;
                 let sent = self.send_files(session, ctx, response, (client, len), cached);
                 return Box::pin(sent).await;
@@ -335,12 +339,12 @@ impl Proxy {
         session: &mut Session,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
-        (client, len): (RawSocket, u64),
+        (client, len, pipe): (RawSocket, u64, Pipe),
         exchange: Exchange,
         pump: Pump,
     ) -> Result<()> {
         write_header_now(session, response).await?;
-        let spliced = self.splice_body(ctx, &client, len, exchange, pump).await;
+        let spliced = self.splice_body(ctx, &client, &pipe, len, exchange, pump).await;
         self.account_sent_aside(session, ctx, spliced).await
     }
 
@@ -430,6 +434,7 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         client: &RawSocket,
+        pipe: &Pipe,
         len: u64,
         mut exchange: Exchange,
         mut pump: Pump,
@@ -439,7 +444,6 @@ impl Proxy {
             read: exchange.read_timeout().unwrap_or(Duration::MAX),
             write: self.client_limits.write_timeout,
         };
-        let pipe = Pipe::new().or_err(ErrorType::InternalError, "creating a pipe")?;
         let (start, started, mut attempts) = (pump.at, Instant::now(), 0);
         let mut sent = 0;
         // Where the body of the exchange being spliced began, in `sent`: for its span.
@@ -475,15 +479,14 @@ impl Proxy {
                     live.inspect(|live| live.sent(n));
                 };
                 let spliced = match pacer.as_mut() {
-                    None => splice(&origin, client, &pipe, left, timeouts, delivered).await,
+                    None => splice(&origin, client, pipe, left, timeouts, delivered).await,
                     Some(pacer) => {
                         let mut spliced = Ok(());
                         while left > 0 && spliced.is_ok() {
                             let step = left.min(pacer.step() as u64);
                             pacer.wait(step as usize).await;
                             spliced =
-                                splice(&origin, client, &pipe, step, timeouts, &mut delivered)
-                                    .await;
+                                splice(&origin, client, pipe, step, timeouts, &mut delivered).await;
                             left -= step;
                         }
                         spliced

@@ -9,6 +9,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,11 +17,25 @@ use rustix::net::RecvFlags;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
+use tracing::debug;
 
-/// How much a pipe holds: the kernel moves up to this much per call. Above the 64 KiB default
-/// so that a 10 MiB body takes 40 round trips rather than 160; what is in it is the kernel's
-/// memory, pages it would hold in the socket buffers otherwise.
-const PIPE_BYTES: usize = 256 * 1024;
+/// The most a pipe holds, and so what one spliced body has in flight between the origin's socket
+/// and the client's: the most an unprivileged process may ask for (the kernel's default
+/// `fs.pipe-max-size`), as much as nginx buffered reads ahead of a client (16 × 64 KiB). At few
+/// connections that is what limits a connection: at 10 MiB × 50 connections (every socket's
+/// unsent mark at 128 KiB) 1 MiB pipes moved 1.16× nginx buffered's MB/s, 256 KiB ones 1.03×
+/// (docs/benchmarks.md).
+const PIPE_MAX_BYTES: usize = 1 << 20;
+
+/// The least a spliced body gets: the kernel's default pipe. A body that cannot have one is
+/// copied by the relay instead.
+const PIPE_MIN_BYTES: usize = 64 << 10;
+
+/// What the pipes of all bodies being spliced may hold together: the kernel's default quota of
+/// pipe memory for a user (`fs.pipe-user-pages-soft`: 16 384 pages). A new body gets an equal
+/// share of it up to [`PIPE_MAX_BYTES`] ([`pipe_share`]): 1 MiB while fewer than 64 bodies are
+/// being spliced, 512 KiB from 64, 256 KiB from 128 … the least from 512; past 1 024 it is copied.
+const PIPES_MAX_BYTES: usize = 64 << 20;
 
 /// The most one sendfile(2) is asked to send, as nginx's `sendfile_max_chunk`: a call holds the
 /// socket's lock while it copies, and other work of the thread waits. (16 MiB measured the same,
@@ -160,22 +175,133 @@ impl RawSocket {
     }
 }
 
-/// A pipe to splice through, empty when a body is done.
+/// A pipe to splice through, empty when a body is done; its share of [`PIPES`] is given back
+/// when it is dropped.
 #[derive(Debug)]
 pub(super) struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
     capacity: usize,
+    /// What it holds of the budget.
+    share: usize,
 }
 
 impl Pipe {
-    pub(super) fn new() -> io::Result<Self> {
-        let (read, write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
-        // The size is a wish: past the user's pipe quota the kernel keeps the default.
-        let capacity = rustix::pipe::fcntl_setpipe_size(&write, PIPE_BYTES)
-            .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
-        Ok(Self { read, write, capacity })
+    /// A pipe of this body's share of the budget; none when the budget or the kernel cannot give
+    /// one of at least [`PIPE_MIN_BYTES`] (the body is then copied).
+    pub(super) fn take() -> Option<Self> {
+        let share = PIPES.reserve()?;
+        let made = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).and_then(
+            |(read, write)| {
+                // Refused past the user's quota (by other processes of the same user): the pipe
+                // keeps what the kernel made it, which may be two pages.
+                let capacity = rustix::pipe::fcntl_setpipe_size(&write, share)
+                    .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
+                Ok(Self { read, write, capacity, share })
+            },
+        );
+        match made {
+            Ok(pipe) if pipe.capacity >= PIPE_MIN_BYTES => Some(pipe),
+            Ok(pipe) => {
+                debug!(bytes = pipe.capacity, "the kernel gave a smaller pipe: the body is copied");
+                None
+            }
+            Err(e) => {
+                PIPES.release(share);
+                debug!(error = %e, "no pipe: the body is copied");
+                None
+            }
+        }
     }
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        PIPES.release(self.share);
+    }
+}
+
+/// The pipes of the bodies this process is splicing, within the pipe memory the kernel lets its
+/// user hold. Past the user's quota the kernel makes new pipes of two pages and refuses to grow
+/// them: a body spliced through one would take 128 round trips a MiB, where copying takes 16.
+static PIPES: LazyLock<PipeBudget> =
+    LazyLock::new(|| PipeBudget { limit: pipes_limit(user_pipe_quota()), held: Mutex::default() });
+
+#[derive(Debug)]
+struct PipeBudget {
+    /// Bytes all pipes may hold together.
+    limit: usize,
+    held: Mutex<Held>,
+}
+
+/// The pipes out, and their bytes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    pipes: usize,
+    bytes: usize,
+}
+
+impl PipeBudget {
+    /// Takes the next body's share ([`pipe_share`]).
+    fn reserve(&self) -> Option<usize> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let share = pipe_share(self.limit, *held)?;
+        held.pipes += 1;
+        held.bytes += share;
+        Some(share)
+    }
+
+    fn release(&self, share: usize) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.pipes = held.pipes.saturating_sub(1);
+        held.bytes = held.bytes.saturating_sub(share);
+    }
+}
+
+/// The next body's pipe, with `held` already out: an equal share of `limit` between it and the
+/// bodies being spliced, no more than is left (the bodies that came first keep their larger
+/// pipes), from [`PIPE_MIN_BYTES`] to [`PIPE_MAX_BYTES`], rounded down to a power of two (the
+/// kernel rounds a pipe's size up to one); none when even the least is not left.
+fn pipe_share(limit: usize, held: Held) -> Option<usize> {
+    let left = limit.saturating_sub(held.bytes);
+    let share = (limit / (held.pipes + 1)).clamp(PIPE_MIN_BYTES, PIPE_MAX_BYTES).min(left);
+    (share >= PIPE_MIN_BYTES).then(|| 1 << share.ilog2())
+}
+
+/// What this process's pipes may hold: [`PIPES_MAX_BYTES`], or three quarters of its user's quota
+/// when that is lower, the rest left to the user's other pipes (the process an upgrade replaces
+/// among them).
+fn pipes_limit(quota: Option<usize>) -> usize {
+    quota.map_or(PIPES_MAX_BYTES, |quota| (quota / 4 * 3).min(PIPES_MAX_BYTES))
+}
+
+/// The pipe memory this process's user may hold before the kernel shrinks new pipes
+/// (`fs.pipe-user-pages-soft`); none when no quota binds it: none is set, or the process has
+/// CAP_SYS_RESOURCE or CAP_SYS_ADMIN, which the kernel exempts.
+fn user_pipe_quota() -> Option<usize> {
+    // The kernel's default, if the setting cannot be read.
+    const DEFAULT_PAGES: usize = 16_384;
+    let pages = std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(DEFAULT_PAGES);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if pages == 0 || exempt_from_pipe_quota(&status) {
+        return None;
+    }
+    Some(pages.saturating_mul(rustix::param::page_size()))
+}
+
+/// Whether `/proc/self/status`'s effective capabilities hold one the kernel exempts from the
+/// pipe quota.
+fn exempt_from_pipe_quota(status: &str) -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_SYS_RESOURCE: u32 = 24;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN | 1 << CAP_SYS_RESOURCE) != 0)
 }
 
 /// Why a spliced body stopped short.
@@ -331,12 +457,64 @@ mod tests {
             client.read_to_end(&mut got).await.unwrap();
             got
         });
-        let pipe = Pipe::new().unwrap();
+        let pipe = Pipe::take().unwrap();
         let mut counted = 0;
         let result = splice(&from, &to, &pipe, len, TIMEOUTS, |n| counted += n).await;
         drop((from, to, upstream, downstream));
         sender.await.unwrap();
         (result, reader.await.unwrap(), counted)
+    }
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn bodies_share_the_pipe_budget() {
+        let held = |pipes, bytes| Held { pipes, bytes };
+        let limit = PIPES_MAX_BYTES;
+        // Among few: the most a pipe holds.
+        assert_eq!(pipe_share(limit, held(0, 0)), Some(MIB));
+        assert_eq!(pipe_share(limit, held(63, 63 * MIB)), Some(MIB));
+        // Among more: an equal share, rounded down to a power of two.
+        assert_eq!(pipe_share(limit, held(64, 32 * MIB)), Some(512 << 10));
+        assert_eq!(pipe_share(limit, held(199, 50 * MIB)), Some(256 << 10));
+        // The least while it is left, however many share.
+        assert_eq!(pipe_share(limit, held(2000, 10 * MIB)), Some(PIPE_MIN_BYTES));
+        // No more than is left: the bodies that came first keep theirs.
+        assert_eq!(pipe_share(limit, held(10, limit - 900 * 1024)), Some(512 << 10));
+        // None when the least is not left.
+        assert_eq!(pipe_share(limit, held(1000, limit - 32 * 1024)), None);
+        assert_eq!(pipe_share(limit, held(1000, limit + MIB)), None);
+    }
+
+    #[test]
+    fn a_reserved_share_comes_back() {
+        let budget = PipeBudget { limit: 2 * MIB, held: Mutex::default() };
+        assert_eq!(budget.reserve(), Some(MIB));
+        assert_eq!(budget.reserve(), Some(MIB));
+        assert_eq!(budget.reserve(), None);
+        budget.release(MIB);
+        assert_eq!(budget.reserve(), Some(MIB));
+    }
+
+    #[test]
+    fn the_budget_keeps_within_the_users_quota() {
+        assert_eq!(pipes_limit(None), PIPES_MAX_BYTES);
+        // The kernel's default quota: three quarters of it.
+        assert_eq!(pipes_limit(Some(64 * MIB)), 48 * MIB);
+        assert_eq!(pipes_limit(Some(4 * MIB)), 3 * MIB);
+        assert_eq!(pipes_limit(Some(1024 * MIB)), PIPES_MAX_BYTES);
+    }
+
+    #[test]
+    fn the_capabilities_the_kernel_exempts_from_the_quota() {
+        let status = |caps: &str| format!("Name:\trangeway\nCapInh:\t0\nCapEff:\t{caps}\n");
+        assert!(exempt_from_pipe_quota(&status("000001ffffffffff")));
+        assert!(exempt_from_pipe_quota(&status("0000000001000000"))); // CAP_SYS_RESOURCE
+        assert!(exempt_from_pipe_quota(&status("0000000000200000"))); // CAP_SYS_ADMIN
+        assert!(!exempt_from_pipe_quota(&status("0000000000001000"))); // CAP_NET_ADMIN only
+        assert!(!exempt_from_pipe_quota(&status("0000000000000000")));
+        assert!(!exempt_from_pipe_quota("Name:\trangeway\n"));
+        assert!(!exempt_from_pipe_quota(&status("not hex")));
     }
 
     #[tokio::test]
@@ -371,7 +549,7 @@ mod tests {
         let ends = ends();
         let timeouts = Timeouts { read: Duration::from_millis(100), write: Duration::from_secs(5) };
         let result =
-            splice(&ends.from, &ends.to, &Pipe::new().unwrap(), 10, timeouts, |_| {}).await;
+            splice(&ends.from, &ends.to, &Pipe::take().unwrap(), 10, timeouts, |_| {}).await;
         assert!(
             matches!(&result, Err(SpliceError::Upstream(e)) if e.kind() == io::ErrorKind::TimedOut),
             "{result:?}"
@@ -386,7 +564,7 @@ mod tests {
             let _ = origin.write_all(&body).await;
         });
         let timeouts = Timeouts { read: Duration::from_secs(5), write: Duration::from_millis(100) };
-        let result = splice(&from, &to, &Pipe::new().unwrap(), 8 << 20, timeouts, |_| {}).await;
+        let result = splice(&from, &to, &Pipe::take().unwrap(), 8 << 20, timeouts, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
     }
 
@@ -398,7 +576,7 @@ mod tests {
             drop(client);
         });
         let started = std::time::Instant::now();
-        let result = splice(&from, &to, &Pipe::new().unwrap(), 10, TIMEOUTS, |_| {}).await;
+        let result = splice(&from, &to, &Pipe::take().unwrap(), 10, TIMEOUTS, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
         assert!(
             started.elapsed() < Duration::from_secs(2),
@@ -417,7 +595,7 @@ mod tests {
             origin.write_all(&body).await.unwrap();
         });
         client.write_all(b"GET /next HTTP/1.1\r\n\r\n").await.unwrap();
-        let result = splice(&from, &to, &Pipe::new().unwrap(), 100_000, TIMEOUTS, |_| {}).await;
+        let result = splice(&from, &to, &Pipe::take().unwrap(), 100_000, TIMEOUTS, |_| {}).await;
         assert!(result.is_ok(), "{result:?}");
         let mut got = vec![0; 100_000];
         client.read_exact(&mut got).await.unwrap();

@@ -9,7 +9,7 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
-use super::splice::RawSocket;
+use super::splice::{Pipe, RawSocket};
 use crate::admission::ClientConnection;
 use crate::config::UpstreamResume;
 use crate::range::content_length;
@@ -67,15 +67,15 @@ impl Transport {
     /// it goes out untouched — of known length, at least [`SPLICE_MIN_BYTES`], neither cut nor
     /// staged nor checked against a digest — to a plain HTTP/1 client whose connection can
     /// account for bytes that go past pingora's writer (rangeway's `ClientConnection`, which the
-    /// server puts under every proxy connection): spliced from a plain origin socket, sent from
-    /// the cache's files. With the client's socket and the length.
+    /// server puts under every proxy connection): spliced from a plain origin socket when a pipe
+    /// can be had (`Pipe::take`), sent from the cache's files.
     pub(super) fn for_body(
         self,
         session: &Session,
         untouched: bool,
         from: BodyFrom<'_>,
         response: &ResponseHeader,
-    ) -> Option<(Self, RawSocket, u64)> {
+    ) -> Option<(Self, KernelBody)> {
         let Self::Relay { resume } = self else { return None };
         if session.req_header().method != Method::GET {
             return None;
@@ -94,7 +94,12 @@ impl Transport {
             return None;
         }
         let client = plain_socket(Some(h1.stream()))?;
-        Some((way, client, len))
+        // Taken last: a pipe is held from here to the body's end.
+        let pipe = match way {
+            Self::Splice { .. } => Some(Pipe::take()?),
+            _ => None,
+        };
+        Some((way, KernelBody { client, len, pipe }))
     }
 
     /// How bodies the origin breaks off are continued; `None`: they are not.
@@ -114,6 +119,14 @@ impl Transport {
             Self::Sendfile => "sendfile",
         }
     }
+}
+
+/// What the kernel needs to pass a body on: the client's socket, the body's length and, to splice
+/// it, a pipe.
+pub(super) struct KernelBody {
+    pub(super) client: RawSocket,
+    pub(super) len: u64,
+    pub(super) pipe: Option<Pipe>,
 }
 
 /// A connection's socket for rangeway's own reads and writes, unless it is TLS.
