@@ -339,12 +339,12 @@ impl Proxy {
         session: &mut Session,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
-        (client, len, pipe): (RawSocket, u64, Pipe),
+        (client, len, mut pipe): (RawSocket, u64, Pipe),
         exchange: Exchange,
         pump: Pump,
     ) -> Result<()> {
         write_header_now(session, response).await?;
-        let spliced = self.splice_body(ctx, &client, &pipe, len, exchange, pump).await;
+        let spliced = self.splice_body(ctx, &client, &mut pipe, len, exchange, pump).await;
         self.account_sent_aside(session, ctx, spliced).await
     }
 
@@ -434,7 +434,7 @@ impl Proxy {
         &self,
         ctx: &mut RequestCtx,
         client: &RawSocket,
-        pipe: &Pipe,
+        pipe: &mut Pipe,
         len: u64,
         mut exchange: Exchange,
         mut pump: Pump,

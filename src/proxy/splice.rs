@@ -9,7 +9,8 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::{LazyLock, Mutex, PoisonError};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,21 +21,20 @@ use tokio::io::unix::AsyncFd;
 use tracing::debug;
 
 /// The most a pipe holds, and so what one spliced body has in flight between the origin's socket
-/// and the client's: the most an unprivileged process may ask for (the kernel's default
-/// `fs.pipe-max-size`), as much as nginx buffered reads ahead of a client (16 × 64 KiB). At few
-/// connections that is what limits a connection: at 10 MiB × 50 connections (every socket's
-/// unsent mark at 128 KiB) 1 MiB pipes moved 1.16× nginx buffered's MB/s, 256 KiB ones 1.03×
-/// (docs/benchmarks.md).
-const PIPE_MAX_BYTES: usize = 1 << 20;
+/// and the client's; the kernel moves up to this much a call. Above the 64 KiB default, so that a
+/// 10 MiB body takes 40 round trips rather than 160. Larger was measured and not kept: with every
+/// socket's unsent mark at 128 KiB, 1 MiB pipes moved 12–19 % more at 10 MiB × 50 connections,
+/// the same at × 10, and 1 MiB or 512 KiB ones 7–24 % less at × 100 (docs/benchmarks.md).
+const PIPE_MAX_BYTES: usize = 256 << 10;
 
 /// The least a spliced body gets: the kernel's default pipe. A body that cannot have one is
 /// copied by the relay instead.
 const PIPE_MIN_BYTES: usize = 64 << 10;
 
 /// What the pipes of all bodies being spliced may hold together: the kernel's default quota of
-/// pipe memory for a user (`fs.pipe-user-pages-soft`: 16 384 pages). A new body gets an equal
-/// share of it up to [`PIPE_MAX_BYTES`] ([`pipe_share`]): 1 MiB while fewer than 64 bodies are
-/// being spliced, 512 KiB from 64, 256 KiB from 128 … the least from 512; past 1 024 it is copied.
+/// pipe memory for a user (`fs.pipe-user-pages-soft`: 16 384 pages). Each body's pipe is an equal
+/// share of it up to [`PIPE_MAX_BYTES`] ([`PipeBudget::share`]): 256 KiB while at most 256 bodies
+/// are spliced at once, 128 KiB up to 512, 64 KiB up to 1 024; past that a body is copied.
 const PIPES_MAX_BYTES: usize = 64 << 20;
 
 /// The most one sendfile(2) is asked to send, as nginx's `sendfile_max_chunk`: a call holds the
@@ -175,29 +175,33 @@ impl RawSocket {
     }
 }
 
-/// A pipe to splice through, empty when a body is done; its share of [`PIPES`] is given back
-/// when it is dropped.
+/// A pipe to splice through, empty when a body is done; counted in its budget until dropped.
 #[derive(Debug)]
 pub(super) struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
     capacity: usize,
-    /// What it holds of the budget.
-    share: usize,
+    /// The last size the kernel refused it (not asked again).
+    refused: usize,
+    budget: &'static PipeBudget,
 }
 
 impl Pipe {
-    /// A pipe of this body's share of the budget; none when the budget or the kernel cannot give
-    /// one of at least [`PIPE_MIN_BYTES`] (the body is then copied).
+    /// A pipe of this body's share of the process's budget; none when the budget or the kernel
+    /// cannot give one of at least [`PIPE_MIN_BYTES`] (the body is then copied).
     pub(super) fn take() -> Option<Self> {
-        let share = PIPES.reserve()?;
+        Self::take_from(&PIPES)
+    }
+
+    fn take_from(budget: &'static PipeBudget) -> Option<Self> {
+        let share = budget.join()?;
         let made = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).and_then(
             |(read, write)| {
                 // Refused past the user's quota (by other processes of the same user): the pipe
                 // keeps what the kernel made it, which may be two pages.
                 let capacity = rustix::pipe::fcntl_setpipe_size(&write, share)
                     .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
-                Ok(Self { read, write, capacity, share })
+                Ok(Self { read, write, capacity, refused: 0, budget })
             },
         );
         match made {
@@ -207,65 +211,81 @@ impl Pipe {
                 None
             }
             Err(e) => {
-                PIPES.release(share);
+                budget.leave();
                 debug!(error = %e, "no pipe: the body is copied");
                 None
             }
+        }
+    }
+
+    /// Resizes the pipe, empty, to its share now: the bodies that came when few were spliced
+    /// give up their larger pipes as more come, and take them back as those end. A size the
+    /// kernel refuses leaves the pipe as it was.
+    fn refit(&mut self) {
+        let share = self.budget.share_now();
+        if share == self.capacity || share == self.refused {
+            return;
+        }
+        match rustix::pipe::fcntl_setpipe_size(&self.write, share) {
+            Ok(capacity) => self.capacity = capacity,
+            Err(_) => self.refused = share,
         }
     }
 }
 
 impl Drop for Pipe {
     fn drop(&mut self) {
-        PIPES.release(self.share);
+        self.budget.leave();
     }
 }
 
 /// The pipes of the bodies this process is splicing, within the pipe memory the kernel lets its
 /// user hold. Past the user's quota the kernel makes new pipes of two pages and refuses to grow
-/// them: a body spliced through one would take 128 round trips a MiB, where copying takes 16.
+/// them: a body spliced through one would take 128 round trips a MiB, where the relay's copying
+/// takes 4.
 static PIPES: LazyLock<PipeBudget> =
-    LazyLock::new(|| PipeBudget { limit: pipes_limit(user_pipe_quota()), held: Mutex::default() });
+    LazyLock::new(|| PipeBudget::new(pipes_limit(user_pipe_quota())));
 
 #[derive(Debug)]
 struct PipeBudget {
     /// Bytes all pipes may hold together.
     limit: usize,
-    held: Mutex<Held>,
-}
-
-/// The pipes out, and their bytes.
-#[derive(Debug, Default, Clone, Copy)]
-struct Held {
-    pipes: usize,
-    bytes: usize,
+    /// The pipes out.
+    pipes: AtomicUsize,
 }
 
 impl PipeBudget {
-    /// Takes the next body's share ([`pipe_share`]).
-    fn reserve(&self) -> Option<usize> {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let share = pipe_share(self.limit, *held)?;
-        held.pipes += 1;
-        held.bytes += share;
-        Some(share)
+    const fn new(limit: usize) -> Self {
+        Self { limit, pipes: AtomicUsize::new(0) }
     }
 
-    fn release(&self, share: usize) {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        held.pipes = held.pipes.saturating_sub(1);
-        held.bytes = held.bytes.saturating_sub(share);
+    /// Counts one more pipe in: its share, or none (and not counted) when the budget cannot
+    /// give every pipe the least.
+    fn join(&self) -> Option<usize> {
+        let pipes = self.pipes.fetch_add(1, Ordering::Relaxed) + 1;
+        let share = self.share(pipes);
+        if share.is_none() {
+            self.leave();
+        }
+        share
     }
-}
 
-/// The next body's pipe, with `held` already out: an equal share of `limit` between it and the
-/// bodies being spliced, no more than is left (the bodies that came first keep their larger
-/// pipes), from [`PIPE_MIN_BYTES`] to [`PIPE_MAX_BYTES`], rounded down to a power of two (the
-/// kernel rounds a pipe's size up to one); none when even the least is not left.
-fn pipe_share(limit: usize, held: Held) -> Option<usize> {
-    let left = limit.saturating_sub(held.bytes);
-    let share = (limit / (held.pipes + 1)).clamp(PIPE_MIN_BYTES, PIPE_MAX_BYTES).min(left);
-    (share >= PIPE_MIN_BYTES).then(|| 1 << share.ilog2())
+    fn leave(&self) {
+        self.pipes.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The share of each pipe out now (the caller's among them).
+    fn share_now(&self) -> usize {
+        self.share(self.pipes.load(Ordering::Relaxed)).unwrap_or(PIPE_MIN_BYTES)
+    }
+
+    /// Each of `pipes` pipes' share: an equal part of the limit, at most [`PIPE_MAX_BYTES`],
+    /// rounded down to a power of two (the kernel rounds a pipe's size up to one); none below
+    /// [`PIPE_MIN_BYTES`].
+    fn share(&self, pipes: usize) -> Option<usize> {
+        let share = (self.limit / pipes.max(1)).min(PIPE_MAX_BYTES);
+        (share >= PIPE_MIN_BYTES).then(|| 1 << share.ilog2())
+    }
 }
 
 /// What this process's pipes may hold: [`PIPES_MAX_BYTES`], or three quarters of its user's quota
@@ -329,7 +349,7 @@ pub(super) struct Timeouts {
 pub(super) async fn splice(
     from: &RawSocket,
     to: &RawSocket,
-    pipe: &Pipe,
+    pipe: &mut Pipe,
     len: u64,
     timeouts: Timeouts,
     mut delivered: impl FnMut(usize),
@@ -348,6 +368,9 @@ pub(super) async fn splice(
             tokio::task::yield_now().await;
         }
         if upstream_error.is_none() && left > 0 {
+            if in_pipe == 0 {
+                pipe.refit();
+            }
             let want = (pipe.capacity - in_pipe).min(usize::try_from(left).unwrap_or(usize::MAX));
             let more = SpliceFlags::NONBLOCK | SpliceFlags::MOVE;
             let fill = |fd: BorrowedFd<'_>| {
@@ -457,9 +480,9 @@ mod tests {
             client.read_to_end(&mut got).await.unwrap();
             got
         });
-        let pipe = Pipe::take().unwrap();
+        let mut pipe = Pipe::take().unwrap();
         let mut counted = 0;
-        let result = splice(&from, &to, &pipe, len, TIMEOUTS, |n| counted += n).await;
+        let result = splice(&from, &to, &mut pipe, len, TIMEOUTS, |n| counted += n).await;
         drop((from, to, upstream, downstream));
         sender.await.unwrap();
         (result, reader.await.unwrap(), counted)
@@ -468,32 +491,46 @@ mod tests {
     const MIB: usize = 1 << 20;
 
     #[test]
-    fn bodies_share_the_pipe_budget() {
-        let held = |pipes, bytes| Held { pipes, bytes };
-        let limit = PIPES_MAX_BYTES;
+    fn pipes_share_the_budget() {
+        let budget = PipeBudget::new(PIPES_MAX_BYTES);
         // Among few: the most a pipe holds.
-        assert_eq!(pipe_share(limit, held(0, 0)), Some(MIB));
-        assert_eq!(pipe_share(limit, held(63, 63 * MIB)), Some(MIB));
-        // Among more: an equal share, rounded down to a power of two.
-        assert_eq!(pipe_share(limit, held(64, 32 * MIB)), Some(512 << 10));
-        assert_eq!(pipe_share(limit, held(199, 50 * MIB)), Some(256 << 10));
-        // The least while it is left, however many share.
-        assert_eq!(pipe_share(limit, held(2000, 10 * MIB)), Some(PIPE_MIN_BYTES));
-        // No more than is left: the bodies that came first keep theirs.
-        assert_eq!(pipe_share(limit, held(10, limit - 900 * 1024)), Some(512 << 10));
-        // None when the least is not left.
-        assert_eq!(pipe_share(limit, held(1000, limit - 32 * 1024)), None);
-        assert_eq!(pipe_share(limit, held(1000, limit + MIB)), None);
+        assert_eq!(budget.share(1), Some(PIPE_MAX_BYTES));
+        assert_eq!(budget.share(256), Some(PIPE_MAX_BYTES));
+        // Among more: an equal part, rounded down to a power of two.
+        assert_eq!(budget.share(257), Some(128 << 10));
+        assert_eq!(budget.share(512), Some(128 << 10));
+        assert_eq!(budget.share(513), Some(PIPE_MIN_BYTES));
+        assert_eq!(budget.share(1024), Some(PIPE_MIN_BYTES));
+        // Past the least, none.
+        assert_eq!(budget.share(1025), None);
     }
 
     #[test]
-    fn a_reserved_share_comes_back() {
-        let budget = PipeBudget { limit: 2 * MIB, held: Mutex::default() };
-        assert_eq!(budget.reserve(), Some(MIB));
-        assert_eq!(budget.reserve(), Some(MIB));
-        assert_eq!(budget.reserve(), None);
-        budget.release(MIB);
-        assert_eq!(budget.reserve(), Some(MIB));
+    fn a_pipe_past_the_budget_is_not_counted() {
+        let budget = PipeBudget::new(2 * PIPE_MIN_BYTES);
+        assert_eq!(budget.join(), Some(2 * PIPE_MIN_BYTES));
+        assert_eq!(budget.join(), Some(PIPE_MIN_BYTES));
+        assert_eq!(budget.join(), None);
+        assert_eq!(budget.pipes.load(Ordering::Relaxed), 2);
+        budget.leave();
+        assert_eq!(budget.join(), Some(PIPE_MIN_BYTES));
+    }
+
+    #[test]
+    fn pipes_give_up_their_size_as_more_come_and_take_it_back() {
+        static BUDGET: PipeBudget = PipeBudget::new(2 * PIPE_MAX_BYTES);
+        let mut first = Pipe::take_from(&BUDGET).unwrap();
+        let second = Pipe::take_from(&BUDGET).unwrap();
+        assert_eq!((first.capacity, second.capacity), (PIPE_MAX_BYTES, PIPE_MAX_BYTES));
+        let third = Pipe::take_from(&BUDGET).unwrap();
+        assert_eq!(third.capacity, PIPE_MAX_BYTES / 2);
+        first.refit();
+        assert_eq!(first.capacity, PIPE_MAX_BYTES / 2);
+        drop((second, third));
+        first.refit();
+        assert_eq!(first.capacity, PIPE_MAX_BYTES);
+        drop(first);
+        assert_eq!(BUDGET.pipes.load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -549,7 +586,7 @@ mod tests {
         let ends = ends();
         let timeouts = Timeouts { read: Duration::from_millis(100), write: Duration::from_secs(5) };
         let result =
-            splice(&ends.from, &ends.to, &Pipe::take().unwrap(), 10, timeouts, |_| {}).await;
+            splice(&ends.from, &ends.to, &mut Pipe::take().unwrap(), 10, timeouts, |_| {}).await;
         assert!(
             matches!(&result, Err(SpliceError::Upstream(e)) if e.kind() == io::ErrorKind::TimedOut),
             "{result:?}"
@@ -564,7 +601,8 @@ mod tests {
             let _ = origin.write_all(&body).await;
         });
         let timeouts = Timeouts { read: Duration::from_secs(5), write: Duration::from_millis(100) };
-        let result = splice(&from, &to, &Pipe::take().unwrap(), 8 << 20, timeouts, |_| {}).await;
+        let result =
+            splice(&from, &to, &mut Pipe::take().unwrap(), 8 << 20, timeouts, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
     }
 
@@ -576,7 +614,7 @@ mod tests {
             drop(client);
         });
         let started = std::time::Instant::now();
-        let result = splice(&from, &to, &Pipe::take().unwrap(), 10, TIMEOUTS, |_| {}).await;
+        let result = splice(&from, &to, &mut Pipe::take().unwrap(), 10, TIMEOUTS, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
         assert!(
             started.elapsed() < Duration::from_secs(2),
@@ -595,7 +633,8 @@ mod tests {
             origin.write_all(&body).await.unwrap();
         });
         client.write_all(b"GET /next HTTP/1.1\r\n\r\n").await.unwrap();
-        let result = splice(&from, &to, &Pipe::take().unwrap(), 100_000, TIMEOUTS, |_| {}).await;
+        let result =
+            splice(&from, &to, &mut Pipe::take().unwrap(), 100_000, TIMEOUTS, |_| {}).await;
         assert!(result.is_ok(), "{result:?}");
         let mut got = vec![0; 100_000];
         client.read_exact(&mut got).await.unwrap();
