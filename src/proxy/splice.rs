@@ -37,19 +37,6 @@ const PIPE_MIN_BYTES: usize = 64 << 10;
 /// are spliced at once, 128 KiB up to 512, 64 KiB up to 1 024; past that a body is copied.
 const PIPES_MAX_BYTES: usize = 64 << 20;
 
-/// What an origin's socket gathers, while a body is spliced from it, before the kernel says it is
-/// readable (its receive low-water mark, `SO_RCVLOWAT`): one wake-up of rangeway's thread and one
-/// splice per 64 KiB at the least, where an origin on a fast link would wake it for every few
-/// segments. The wake-ups are not rangeway's alone to pay: the origin's side of the kernel runs
-/// them. Measured (docs/benchmarks.md): 10 MiB × 10 connections, every socket's unsent mark at
-/// 128 KiB, from 0.88× to 1.04× nginx buffered's downloads/s.
-const RECEIVE_MARK_BYTES: usize = 64 << 10;
-
-/// The longest bytes that have arrived wait under the mark: an origin slower than 64 KiB in this
-/// has what it sent taken when it is up, and after a silence this long the mark is let down, so
-/// that its next byte wakes rangeway at once and the read timeout still means "no byte at all".
-const RECEIVE_MARK_PATIENCE: Duration = Duration::from_millis(10);
-
 /// The most one sendfile(2) is asked to send, as nginx's `sendfile_max_chunk`: a call holds the
 /// socket's lock while it copies, and other work of the thread waits. (16 MiB measured the same,
 /// 0.224 against 0.209 CPU s/GB in benches/cache.sh, within the runs' spread.)
@@ -337,95 +324,6 @@ fn exempt_from_pipe_quota(status: &str) -> bool {
         .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN | 1 << CAP_SYS_RESOURCE) != 0)
 }
 
-/// The receive low-water mark of a socket a body is spliced from ([`RECEIVE_MARK_BYTES`]), let
-/// down to the kernel's 1 when dropped: the connection goes back to the pool, where pingora reads
-/// the next answer's header as soon as any of it has arrived.
-struct ReceiveMark<'a> {
-    socket: BorrowedFd<'a>,
-    bytes: usize,
-    /// The kernel refused it once: not asked again.
-    refused: bool,
-}
-
-impl<'a> ReceiveMark<'a> {
-    fn new(socket: &'a RawSocket) -> Self {
-        Self { socket: socket.fd.get_ref().as_fd(), bytes: 1, refused: false }
-    }
-
-    /// Whether the kernel holds bytes back now.
-    fn raised(&self) -> bool {
-        self.bytes > 1
-    }
-
-    /// Raised when `want` bytes or more are to come; let down otherwise, so that a body's last
-    /// bytes, fewer than the mark, are not held back.
-    fn fit(&mut self, want: usize) {
-        self.set(if want >= RECEIVE_MARK_BYTES { RECEIVE_MARK_BYTES } else { 1 });
-    }
-
-    fn set(&mut self, bytes: usize) {
-        if bytes == self.bytes || self.refused {
-            return;
-        }
-        match set_receive_low_water_mark(self.socket, bytes) {
-            Ok(()) => self.bytes = bytes,
-            Err(e) => {
-                debug!(error = %e, "the origin socket's receive mark was refused");
-                self.refused = true;
-            }
-        }
-    }
-}
-
-impl Drop for ReceiveMark<'_> {
-    fn drop(&mut self) {
-        self.refused = false;
-        self.set(1);
-    }
-}
-
-/// Sets `socket`'s `SO_RCVLOWAT`, which neither rustix nor socket2 offers.
-#[allow(unsafe_code)]
-fn set_receive_low_water_mark(socket: BorrowedFd<'_>, bytes: usize) -> io::Result<()> {
-    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    // SAFETY: the descriptor is open for the borrow's life; the option's value is a `c_int` on
-    // the stack, passed with its size, read by the kernel during the call only.
-    let set = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&socket),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            std::ptr::from_ref(&value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if set == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
-}
-
-/// Waits for the origin's next bytes and moves them into the pipe with `fill`: whether this task
-/// had to wait, and `TimedOut` when no byte came within `timeout`. Under a raised mark, bytes
-/// that arrived wait at most [`RECEIVE_MARK_PATIENCE`].
-async fn fill_from_origin(
-    from: &RawSocket,
-    mark: &mut ReceiveMark<'_>,
-    timeout: Duration,
-    mut fill: impl FnMut(BorrowedFd<'_>) -> io::Result<usize>,
-) -> io::Result<(usize, bool)> {
-    if !mark.raised() {
-        return from.wait_for(Interest::READABLE, timeout, fill).await;
-    }
-    match from.wait_for(Interest::READABLE, RECEIVE_MARK_PATIENCE.min(timeout), &mut fill).await {
-        Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
-        done => return done,
-    }
-    match fill(from.fd.get_ref().as_fd()) {
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => mark.set(1),
-        done => return done.map(|moved| (moved, true)),
-    }
-    let rest = timeout.saturating_sub(RECEIVE_MARK_PATIENCE);
-    from.wait_for(Interest::READABLE, rest, fill).await.map(|(moved, _)| (moved, true))
-}
-
 /// Why a spliced body stopped short.
 #[derive(Debug)]
 pub(super) enum SpliceError {
@@ -462,7 +360,6 @@ pub(super) async fn splice(
     // Bytes moved since this task last let the thread's other tasks run.
     let mut since_yield = 0;
     let mut watch_client = true;
-    let mut mark = ReceiveMark::new(from);
     while left > 0 || in_pipe > 0 {
         // While both sockets keep up, nothing here waits: the other connections of this thread
         // get their turn after each pipe-full, as they would between pingora's reads.
@@ -482,11 +379,10 @@ pub(super) async fn splice(
             // With bytes in the pipe, a would-block may be the pipe's (its slots are pages, not
             // bytes): those go out first. Only an empty pipe waits for the origin.
             let filled = if in_pipe == 0 {
-                mark.fit(want);
                 // Waiting for the origin, the client is watched too: one that hangs up ends the
                 // body at once (and its download is recorded), not at the next bytes to send.
                 tokio::select! {
-                    filled = fill_from_origin(from, &mut mark, timeouts.read, fill) => filled,
+                    filled = from.wait_for(Interest::READABLE, timeouts.read, fill) => filled,
                     hung_up = to.hung_up(), if watch_client => {
                         if hung_up {
                             return Err(SpliceError::Downstream(io::ErrorKind::ConnectionReset.into()));
@@ -540,7 +436,7 @@ mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{TcpListener, TcpStream, UnixStream};
+    use tokio::net::UnixStream;
 
     const TIMEOUTS: Timeouts =
         Timeouts { read: Duration::from_secs(5), write: Duration::from_secs(5) };
@@ -551,11 +447,11 @@ mod tests {
 
     /// The origin's end and the client's end of two socket pairs, and rangeway's sockets between
     /// them (`upstream` and `downstream` own what `from` and `to` duplicate).
-    struct Ends<S = UnixStream> {
-        origin: S,
-        client: S,
-        upstream: S,
-        downstream: S,
+    struct Ends {
+        origin: UnixStream,
+        client: UnixStream,
+        upstream: UnixStream,
+        downstream: UnixStream,
         from: RawSocket,
         to: RawSocket,
     }
@@ -566,159 +462,6 @@ mod tests {
         let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
         let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
         Ends { origin, client, upstream, downstream, from, to }
-    }
-
-    /// As [`ends`], over TCP on the loopback: the receive mark is TCP's.
-    async fn tcp_ends() -> Ends<TcpStream> {
-        async fn pair() -> (TcpStream, TcpStream) {
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let near = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-            (near, listener.accept().await.unwrap().0)
-        }
-        let (origin, upstream) = pair().await;
-        let (downstream, client) = pair().await;
-        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
-        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
-        Ends { origin, client, upstream, downstream, from, to }
-    }
-
-    /// `socket`'s receive low-water mark, as the kernel holds it.
-    #[allow(unsafe_code)]
-    fn receive_mark(socket: &impl AsRawFd) -> usize {
-        let mut value: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: the socket is open; `value` and `len` are on the stack, sized as the call
-        // expects, written by the kernel during the call only.
-        let got = unsafe {
-            libc::getsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                std::ptr::from_mut(&mut value).cast(),
-                &raw mut len,
-            )
-        };
-        assert_eq!(got, 0, "{}", io::Error::last_os_error());
-        usize::try_from(value).unwrap()
-    }
-
-    #[tokio::test]
-    async fn the_origin_socket_gathers_bytes_while_spliced_and_is_let_down_after() {
-        let body = pattern(2 * MIB + 3);
-        let Ends { mut origin, mut client, upstream, downstream, from, to } = tcp_ends().await;
-        let expected = body.clone();
-        tokio::spawn(async move { origin.write_all(&body).await.unwrap() });
-        let reader = tokio::spawn(async move {
-            let mut got = vec![0; expected.len()];
-            client.read_exact(&mut got).await.unwrap();
-            got == expected
-        });
-        let mut marks = Vec::new();
-        let mut pipe = Pipe::take().unwrap();
-        let len = 2 * MIB as u64 + 3;
-        let result = splice(&from, &to, &mut pipe, len, TIMEOUTS, |_| {
-            marks.push(receive_mark(&upstream));
-        })
-        .await;
-        assert!(result.is_ok(), "{result:?}");
-        assert!(reader.await.unwrap(), "the client received other bytes");
-        assert!(marks.contains(&RECEIVE_MARK_BYTES), "marks while spliced: {marks:?}");
-        assert_eq!(receive_mark(&upstream), 1, "the pooled connection keeps a mark");
-        drop(downstream);
-    }
-
-    #[tokio::test]
-    async fn a_body_given_up_under_the_mark_lets_it_down() {
-        let Ends { mut origin, client, upstream, downstream: _d, from, to } = tcp_ends().await;
-        origin.write_all(&pattern(MIB)).await.unwrap();
-        let mut marks = Vec::new();
-        let mut pipe = Pipe::take().unwrap();
-        let splicing = splice(&from, &to, &mut pipe, 4 * MIB as u64, TIMEOUTS, |_| {
-            marks.push(receive_mark(&upstream));
-        });
-        // The client does not read: the splice waits on it until the future is dropped.
-        let given_up = tokio::time::timeout(Duration::from_millis(300), splicing).await;
-        assert!(given_up.is_err(), "the splice ended: {given_up:?}");
-        assert!(marks.contains(&RECEIVE_MARK_BYTES), "marks while spliced: {marks:?}");
-        assert_eq!(receive_mark(&upstream), 1);
-        drop((origin, client));
-    }
-
-    #[tokio::test]
-    async fn bytes_that_arrived_are_not_held_back_for_the_mark() {
-        // The origin sends the rest only once the client has its first bytes: held under the
-        // mark, they would never reach it, and the splice would fail at the read timeout.
-        let body = pattern(MIB);
-        let Ends { mut origin, mut client, upstream: _u, downstream: _d, from, to } =
-            tcp_ends().await;
-        let (first_arrived, arrived) = tokio::sync::oneshot::channel();
-        let sent = body.clone();
-        tokio::spawn(async move {
-            origin.write_all(&sent[..1000]).await.unwrap();
-            arrived.await.unwrap();
-            origin.write_all(&sent[1000..]).await.unwrap();
-        });
-        let reader = tokio::spawn(async move {
-            let mut got = vec![0; body.len()];
-            client.read_exact(&mut got[..1000]).await.unwrap();
-            first_arrived.send(()).unwrap();
-            client.read_exact(&mut got[1000..]).await.unwrap();
-            got == body
-        });
-        let result =
-            splice(&from, &to, &mut Pipe::take().unwrap(), MIB as u64, TIMEOUTS, |_| {}).await;
-        assert!(result.is_ok(), "{result:?}");
-        assert!(reader.await.unwrap(), "the client received other bytes");
-    }
-
-    #[tokio::test]
-    async fn an_origin_that_trickles_within_the_read_timeout_is_not_taken_for_silent() {
-        // 30 small writes 40 ms apart: under 64 KiB for 1.2 s, with a byte every 40 ms.
-        let body = pattern(200_000);
-        let Ends { mut origin, mut client, upstream: _u, downstream: _d, from, to } =
-            tcp_ends().await;
-        let sent = body.clone();
-        tokio::spawn(async move {
-            for chunk in sent[..3000].chunks(100) {
-                origin.write_all(chunk).await.unwrap();
-                tokio::time::sleep(Duration::from_millis(40)).await;
-            }
-            origin.write_all(&sent[3000..]).await.unwrap();
-        });
-        let reader = tokio::spawn(async move {
-            let mut got = vec![0; body.len()];
-            client.read_exact(&mut got).await.unwrap();
-            got == body
-        });
-        let timeouts = Timeouts { read: Duration::from_secs(1), write: Duration::from_secs(5) };
-        let result =
-            splice(&from, &to, &mut Pipe::take().unwrap(), 200_000, timeouts, |_| {}).await;
-        assert!(result.is_ok(), "{result:?}");
-        assert!(reader.await.unwrap(), "the client received other bytes");
-    }
-
-    #[tokio::test]
-    async fn an_origin_silent_under_the_mark_fails_at_the_read_timeout_with_its_bytes_delivered() {
-        let Ends { mut origin, mut client, upstream, downstream: _d, from, to } = tcp_ends().await;
-        origin.write_all(&pattern(1000)).await.unwrap();
-        let timeouts = Timeouts { read: Duration::from_millis(200), write: Duration::from_secs(5) };
-        let mut delivered = 0;
-        let started = std::time::Instant::now();
-        let result = splice(&from, &to, &mut Pipe::take().unwrap(), MIB as u64, timeouts, |n| {
-            delivered += n
-        })
-        .await;
-        assert!(
-            matches!(&result, Err(SpliceError::Upstream(e)) if e.kind() == io::ErrorKind::TimedOut),
-            "{result:?}"
-        );
-        assert!(started.elapsed() >= timeouts.read, "timed out after {:?}", started.elapsed());
-        assert_eq!(delivered, 1000);
-        let mut got = vec![0; 1000];
-        client.read_exact(&mut got).await.unwrap();
-        assert_eq!(got, pattern(1000));
-        assert_eq!(receive_mark(&upstream), 1);
-        drop(origin);
     }
 
     /// An origin socket pair, a client socket pair, and the bytes the client end received.
