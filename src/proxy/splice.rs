@@ -21,11 +21,21 @@ use tokio::io::unix::AsyncFd;
 use tracing::debug;
 
 /// The most a pipe holds, and so what one spliced body has in flight between the origin's socket
-/// and the client's; the kernel moves up to this much a call. Above the 64 KiB default, so that a
-/// 10 MiB body takes 40 round trips rather than 160. Larger was measured and not kept: with every
-/// socket's unsent mark at 128 KiB, 1 MiB pipes moved 12–19 % more at 10 MiB × 50 connections,
-/// the same at × 10, and 1 MiB or 512 KiB ones 7–24 % less at × 100 (docs/benchmarks.md).
-const PIPE_MAX_BYTES: usize = 256 << 10;
+/// and the client's; the kernel moves up to this much a call. This much while at most
+/// [`FEW_BODIES`] bodies are spliced at once: measured beside 256 KiB pipes in one run
+/// (docs/benchmarks.md), 1 MiB took rangeway's CPU per GB from 0.62–0.69 to 0.39–0.45 s at
+/// 10 MiB × 10, × 50 and 100 MiB × 10 connections under default TCP settings, and moved as many
+/// bytes or more.
+const PIPE_MAX_BYTES: usize = 1 << 20;
+
+/// How many bodies spliced at once count as few: up to this many, each may have
+/// [`PIPE_MAX_BYTES`] of pipe (together the whole [`PIPES_MAX_BYTES`]).
+const FEW_BODIES: usize = 64;
+
+/// The most a pipe holds among more than [`FEW_BODIES`] bodies: 1 MiB or 512 KiB pipes moved
+/// 7–24 % less than 256 KiB ones at 10 MiB × 100 connections (docs/benchmarks.md). Above the 64 KiB
+/// default, so that a 10 MiB body takes 40 round trips rather than 160.
+const PIPE_AMONG_MANY_BYTES: usize = 256 << 10;
 
 /// The least a spliced body gets: the kernel's default pipe. A body that cannot have one is
 /// copied by the relay instead.
@@ -33,8 +43,8 @@ const PIPE_MIN_BYTES: usize = 64 << 10;
 
 /// What the pipes of all bodies being spliced may hold together: the kernel's default quota of
 /// pipe memory for a user (`fs.pipe-user-pages-soft`: 16 384 pages). Each body's pipe is an equal
-/// share of it up to [`PIPE_MAX_BYTES`] ([`PipeBudget::share`]): 256 KiB while at most 256 bodies
-/// are spliced at once, 128 KiB up to 512, 64 KiB up to 1 024; past that a body is copied.
+/// share of it ([`PipeBudget::share`]): 1 MiB while at most 64 bodies are spliced at once, 256 KiB
+/// up to 256, 128 KiB up to 512, 64 KiB up to 1 024; past that a body is copied.
 const PIPES_MAX_BYTES: usize = 64 << 20;
 
 /// The most one sendfile(2) is asked to send, as nginx's `sendfile_max_chunk`: a call holds the
@@ -279,11 +289,12 @@ impl PipeBudget {
         self.share(self.pipes.load(Ordering::Relaxed)).unwrap_or(PIPE_MIN_BYTES)
     }
 
-    /// Each of `pipes` pipes' share: an equal part of the limit, at most [`PIPE_MAX_BYTES`],
-    /// rounded down to a power of two (the kernel rounds a pipe's size up to one); none below
-    /// [`PIPE_MIN_BYTES`].
+    /// Each of `pipes` pipes' share: an equal part of the limit, at most [`PIPE_MAX_BYTES`] among
+    /// few and [`PIPE_AMONG_MANY_BYTES`] among more, rounded down to a power of two (the kernel
+    /// rounds a pipe's size up to one); none below [`PIPE_MIN_BYTES`].
     fn share(&self, pipes: usize) -> Option<usize> {
-        let share = (self.limit / pipes.max(1)).min(PIPE_MAX_BYTES);
+        let most = if pipes <= FEW_BODIES { PIPE_MAX_BYTES } else { PIPE_AMONG_MANY_BYTES };
+        let share = (self.limit / pipes.max(1)).min(most);
         (share >= PIPE_MIN_BYTES).then(|| 1 << share.ilog2())
     }
 }
@@ -495,7 +506,10 @@ mod tests {
         let budget = PipeBudget::new(PIPES_MAX_BYTES);
         // Among few: the most a pipe holds.
         assert_eq!(budget.share(1), Some(PIPE_MAX_BYTES));
-        assert_eq!(budget.share(256), Some(PIPE_MAX_BYTES));
+        assert_eq!(budget.share(FEW_BODIES), Some(PIPE_MAX_BYTES));
+        // Among more, at most less.
+        assert_eq!(budget.share(FEW_BODIES + 1), Some(PIPE_AMONG_MANY_BYTES));
+        assert_eq!(budget.share(256), Some(PIPE_AMONG_MANY_BYTES));
         // Among more: an equal part, rounded down to a power of two.
         assert_eq!(budget.share(257), Some(128 << 10));
         assert_eq!(budget.share(512), Some(128 << 10));
@@ -503,6 +517,10 @@ mod tests {
         assert_eq!(budget.share(1024), Some(PIPE_MIN_BYTES));
         // Past the least, none.
         assert_eq!(budget.share(1025), None);
+        // Under the user's default quota (48 MiB of it), 1 MiB for fewer.
+        let quota = PipeBudget::new(48 * MIB);
+        assert_eq!(quota.share(48), Some(PIPE_MAX_BYTES));
+        assert_eq!(quota.share(FEW_BODIES), Some(512 << 10));
     }
 
     #[test]
