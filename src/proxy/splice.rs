@@ -28,13 +28,14 @@ use tracing::debug;
 /// more at 10 MiB (6 % less at 100 MiB × 10, where both builds were ahead of nginx buffered).
 const PIPE_MAX_BYTES: usize = 1 << 20;
 
-/// How many bodies spliced at once count as few: up to this many, each may have
-/// [`PIPE_MAX_BYTES`] of pipe (together the whole [`PIPES_MAX_BYTES`]).
-const FEW_BODIES: usize = 64;
+/// How many bodies spliced at once count as few: as many as the budget gives [`PIPE_MAX_BYTES`]
+/// each (64).
+const FEW_BODIES: usize = PIPES_MAX_BYTES / PIPE_MAX_BYTES;
 
-/// The most a pipe holds among more than [`FEW_BODIES`] bodies: 1 MiB or 512 KiB pipes moved
-/// 7–24 % less than 256 KiB ones at 10 MiB × 100 connections (docs/benchmarks.md). Above the 64 KiB
-/// default, so that a 10 MiB body takes 40 round trips rather than 160.
+/// The most a pipe holds among more than [`FEW_BODIES`] bodies: with every socket's unsent mark
+/// at 128 KiB, 1 MiB or 512 KiB pipes moved 7–24 % less than 256 KiB ones at 10 MiB × 100
+/// connections (docs/benchmarks.md). Above the 64 KiB default, so that a 10 MiB body takes 40
+/// round trips rather than 160.
 const PIPE_AMONG_MANY_BYTES: usize = 256 << 10;
 
 /// The least a spliced body gets: the kernel's default pipe. A body that cannot have one is
