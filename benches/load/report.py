@@ -18,6 +18,7 @@ WORKLOADS = {
     "small": "small: tiny objects, many requests",
     "resume": "resume: random ranges of one big object",
     "chain": "chain: the large workload through rangeway's middleware",
+    "beside": "beside: tiny objects while large downloads run (MB/s, CPU s/GB: of all bytes moved)",
 }
 TARGET_NAMES = {
     "direct": "direct to origin",
@@ -55,12 +56,18 @@ def load_rows(path):
         row["origin_cpu_pct"] = 100 * row["origin_cpu_s"] / seconds
         row["wrk_cpu_pct"] = 100 * row["wrk_cpu_s"] / row["wall_s"]
         row["other_cpu_pct"] = 100 * row["other_cpu_s"] / row["wall_s"]  # in cores, as %
-        row["cpu_per_gb"] = row["proxy_cpu_s"] / (row["bytes"] / 1e9) if row["bytes"] else float("nan")
+        # beside: req/s and latency are the small requests'; the throughput is the large
+        # downloads' run beside them, and the CPU is per GB of both.
+        beside = row.get("beside_bytes", 0)
+        if row["workload"] == "beside":
+            row["mbps"] = beside / max(row.get("beside_duration_us", 0), 1)
+        moved = row["bytes"] + beside
+        row["cpu_per_gb"] = row["proxy_cpu_s"] / (moved / 1e9) if moved else float("nan")
         # Every core's busy time (the proxy, the origin, wrk and anything else): on loopback the
         # kernel does a byte's TCP work in whichever process's context pushes it, which moves
         # CPU between the proxy and the others but not out of this sum.
         machine_s = row["proxy_cpu_s"] + row["origin_cpu_s"] + row["wrk_cpu_s"] + row["other_cpu_s"]
-        row["machine_cpu_per_gb"] = machine_s / (row["bytes"] / 1e9) if row["bytes"] else float("nan")
+        row["machine_cpu_per_gb"] = machine_s / (moved / 1e9) if moved else float("nan")
         if not row["requests"]:
             # No response completed within the run (each takes longer than DURATION): wrk's
             # percentiles are empty, not zero.
@@ -263,7 +270,7 @@ def svg(meta, summary):
     y = top
     for workload, targets, h in rows:
         # Small objects: the request rate is the throughput that matters; bytes elsewhere.
-        metric, unit = ("rps", "req/s") if workload == "small" else ("mbps", "MB/s")
+        metric, unit = ("rps", "req/s") if workload in ("small", "beside") else ("mbps", "MB/s")
         for col, (key, title) in enumerate(((metric, f"{workload}: {unit}"), ("p99_ms", f"{workload}: p99 ms"))):
             x0 = 10 + col * (panel_w + 10)
             out.append(f'<text x="{x0}" y="{y + 14}" font-weight="bold">{html.escape(title)}</text>')

@@ -35,10 +35,12 @@ LARGE_MIB=${LARGE_MIB:-$d_large_mib}       # large (and chain): object size, MiB
 LARGE_CONC=${LARGE_CONC:-100}              #   connections
 SMALL_BYTES=${SMALL_BYTES:-16}             # small: object size, bytes
 SMALL_CONC=${SMALL_CONC:-500}              #   connections
+BESIDE_CONC=${BESIDE_CONC:-10}             # beside: connections of small requests, measured while
+                                           #   LARGE_CONC large downloads run through the same proxy
 RESUME_MIB=${RESUME_MIB:-$d_resume_mib}    # resume: object size, MiB (random ranges inside it)
 RESUME_RANGE_KIB=${RESUME_RANGE_KIB:-1024} #   bytes per range, KiB
 RESUME_CONC=${RESUME_CONC:-64}             #   connections
-WORKLOADS=${WORKLOADS:-large small resume chain}
+WORKLOADS=${WORKLOADS:-large small resume chain}  # and beside (not by default)
 PROXIES=${PROXIES:-rangeway pingora nginx-stream nginx-buffered haproxy}   # besides direct
 NGINX_BUFFERS=${NGINX_BUFFERS:-16 64k}     # nginx-buffered: proxy_buffers (per connection)
 HAPROXY_SPLICE=${HAPROXY_SPLICE:-0}        # 1: haproxy with option splice-auto (kernel splicing)
@@ -66,10 +68,11 @@ PROFILE=${PROFILE:-}                       # perf: sample rangeway during its fi
                                            # first run (perf trace: that run's CPU is inflated,
                                            # the medians of REPS >= 3 are not); kernel: the proxy
                                            # core sampled (kernel and user functions) during every
-                                           # proxy's first run; profile beside report
+                                           # proxy's first run; client: the same of the client
+                                           # core (origin and wrk), by process; profile beside report
 
 command_line="PRESET=$PRESET DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP LARGE_MIB=$LARGE_MIB"
-command_line+=" LARGE_CONC=$LARGE_CONC SMALL_BYTES=$SMALL_BYTES SMALL_CONC=$SMALL_CONC"
+command_line+=" LARGE_CONC=$LARGE_CONC SMALL_BYTES=$SMALL_BYTES SMALL_CONC=$SMALL_CONC BESIDE_CONC=$BESIDE_CONC"
 command_line+=" RESUME_MIB=$RESUME_MIB RESUME_RANGE_KIB=$RESUME_RANGE_KIB RESUME_CONC=$RESUME_CONC"
 command_line+=" WORKLOADS='$WORKLOADS' PROXIES='$PROXIES' NGINX_BUFFERS='$NGINX_BUFFERS'"
 command_line+=" HAPROXY_SPLICE=$HAPROXY_SPLICE PROXY_CPU=$PROXY_CPU CLIENT_CPU=$CLIENT_CPU"
@@ -94,9 +97,9 @@ if [[ -n $SYSTEM_NOTSENT_LOWAT ]]; then
 fi
 case $PROFILE in
     '') ;;
-    perf | counts | kernel) command -v perf >/dev/null || { echo "PROFILE=$PROFILE: no perf (apt-get install linux-perf)" >&2; exit 2; } ;;
+    perf | counts | kernel | client) command -v perf >/dev/null || { echo "PROFILE=$PROFILE: no perf (apt-get install linux-perf)" >&2; exit 2; } ;;
     callgrind) command -v valgrind >/dev/null || { echo "PROFILE=callgrind: no valgrind (apt-get install valgrind)" >&2; exit 2; } ;;
-    *) echo "PROFILE is perf, counts, kernel or callgrind, not '$PROFILE'" >&2; exit 2 ;;
+    *) echo "PROFILE is perf, counts, kernel, client or callgrind, not '$PROFILE'" >&2; exit 2 ;;
 esac
 # 500 clients plus 500 upstream connections per proxy: well above the default 1024 descriptors.
 # Raise the soft limit as far as the hard one allows (containers often cap it); the servers are
@@ -309,8 +312,8 @@ peak_rss_kb() { [[ -n $1 ]] && proc_kib "$1" VmHWM || echo 0; }
 # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0): a peak per run.
 reset_peak_rss() { [[ -z $1 ]] || echo 5 2>/dev/null > "/proc/$1/clear_refs" || true; }
 
-workload_path() { case $1 in large | chain) echo large.bin ;; small) echo small.bin ;; resume) echo resume.bin ;; esac; }
-workload_conc() { case $1 in large | chain) echo "$LARGE_CONC" ;; small) echo "$SMALL_CONC" ;; resume) echo "$RESUME_CONC" ;; esac; }
+workload_path() { case $1 in large | chain) echo large.bin ;; small | beside) echo small.bin ;; resume) echo resume.bin ;; esac; }
+workload_conc() { case $1 in large | chain) echo "$LARGE_CONC" ;; small) echo "$SMALL_CONC" ;; beside) echo "$BESIDE_CONC" ;; resume) echo "$RESUME_CONC" ;; esac; }
 workload_targets() {
     case $1 in
         chain) echo "rangeway rangeway-aes rangeway-gzip1" ;;
@@ -318,23 +321,38 @@ workload_targets() {
     esac
 }
 
-# wrk_run WORKLOAD TARGET SECONDS: prints wrk's WRK line (see wrk.lua).
+# wrk_run WORKLOAD TARGET SECONDS: prints wrk's WRK line (see wrk.lua), then the bytes and
+# microseconds of the large downloads run beside it (beside: measured are the small requests).
 wrk_run() {
-    local env=()
+    local env=() bulk_pid="" beside="beside_bytes=0 beside_duration_us=0"
     if [[ $1 == resume ]]; then
         env=(RANGE_OBJECT_BYTES=$((RESUME_MIB * 1024 * 1024)) RANGE_SPAN_BYTES=$((RESUME_RANGE_KIB * 1024)))
     fi
-    local out
+    if [[ $1 == beside ]]; then
+        # The large downloads start a second before the measured requests and end a second after.
+        "${on_client_cpu[@]}" wrk -t "$WRK_THREADS" -c "$LARGE_CONC" -d "$(($3 + 2))s" --timeout "${WRK_TIMEOUT}s" \
+            -s benches/load/wrk.lua "$(url_of "$2" large.bin)" > "$work/beside.out" 2>&1 &
+        bulk_pid=$!
+        sleep 1
+    fi
+    local out line
     out=$(env "${env[@]}" "${on_client_cpu[@]}" wrk -t "$WRK_THREADS" -c "$(workload_conc "$1")" \
         -d "${3}s" --timeout "${WRK_TIMEOUT}s" -s benches/load/wrk.lua "$(url_of "$2" "$(workload_path "$1")")" 2>&1) || true
     # A wrk that could not run at all still gives a row, with -1 connect errors to flag it.
-    grep '^WRK ' <<< "$out" ||
-        echo "WRK requests=0 bytes=0 duration_us=1 p50_us=0 p99_us=0 max_us=0 status_errors=0 connect_errors=-1 read_errors=0 write_errors=0 timeouts=0"
+    line=$(grep '^WRK ' <<< "$out") ||
+        line="WRK requests=0 bytes=0 duration_us=1 p50_us=0 p99_us=0 max_us=0 status_errors=0 connect_errors=-1 read_errors=0 write_errors=0 timeouts=0"
+    if [[ -n $bulk_pid ]]; then
+        wait "$bulk_pid" || true
+        beside=$(awk '/^WRK / { for (i = 2; i <= NF; i++) { split($i, f, "="); v[f[1]] = f[2] }
+            printf "beside_bytes=%.0f beside_duration_us=%.0f", v["bytes"], v["duration_us"] }' "$work/beside.out")
+        [[ -n $beside ]] || beside="beside_bytes=0 beside_duration_us=1"
+    fi
+    echo "$line $beside"
 }
 
 raw="$work/raw.tsv"
 printf 'workload\ttarget\trep\tload1\tproxy_cpu_s\tproxy_peak_rss_kb\torigin_cpu_s\twrk_cpu_s\tother_cpu_s\twall_s\t%s\n' \
-    "requests bytes duration_us p50_us p99_us max_us status_errors connect_errors read_errors write_errors timeouts" |
+    "requests bytes duration_us p50_us p99_us max_us status_errors connect_errors read_errors write_errors timeouts beside_bytes beside_duration_us" |
     sed 's/ /\t/g' > "$raw"
 
 # Waits (up to 10 s) until the proxies' core is idle: what a run leaves in flight — a gzip
@@ -373,6 +391,13 @@ measure() { # WORKLOAD TARGET REP
     # kernel as well as in its own code, the same way for every proxy.
     if [[ $PROFILE == kernel && -n $pid && $3 == 1 ]]; then
         perf record -q -F 999 -g -C "$PROXY_CPU" -o "$work/kernel-$1-$2.data" \
+            -- sleep "$DURATION" 2>/dev/null &
+        perf_pid=$!
+    fi
+    # The other core, where the origin and wrk run: what each target costs its client (direct
+    # included), by process and by function.
+    if [[ $PROFILE == client && $3 == 1 ]]; then
+        perf record -q -F 999 -g -C "$CLIENT_CPU" -o "$work/client-$1-$2.data" \
             -- sleep "$DURATION" 2>/dev/null &
         perf_pid=$!
     fi
@@ -428,8 +453,8 @@ cp "$raw" "$OUT/load-$stamp.tsv"
     printf 'uptime_before\t%s\n' "$start_uptime"
     printf 'uptime_after\t%s\n' "$end_uptime"
     printf 'pinning\t%s\n' "$( [[ ${#on_proxy_cpu[@]} -gt 0 ]] && echo "proxy on CPU $PROXY_CPU, origin and wrk on CPU $CLIENT_CPU" || echo "none (one CPU)")"
-    printf 'objects\tlarge %s MiB at %s connections; small %s B at %s; resume: random %s KiB ranges of %s MiB at %s\n' \
-        "$LARGE_MIB" "$LARGE_CONC" "$SMALL_BYTES" "$SMALL_CONC" "$RESUME_RANGE_KIB" "$RESUME_MIB" "$RESUME_CONC"
+    printf 'objects\tlarge %s MiB at %s connections; small %s B at %s (beside the large: at %s); resume: random %s KiB ranges of %s MiB at %s\n' \
+        "$LARGE_MIB" "$LARGE_CONC" "$SMALL_BYTES" "$SMALL_CONC" "$BESIDE_CONC" "$RESUME_RANGE_KIB" "$RESUME_MIB" "$RESUME_CONC"
     printf 'runs\t%s repetitions of %s s per target and workload (after %s s of warm-up)\n' "$REPS" "$DURATION" "$WARMUP"
 } > "$OUT/load-$stamp.meta"
 python3 benches/load/report.py "$OUT/load-$stamp.tsv" "$OUT/load-$stamp.meta" \
@@ -450,6 +475,13 @@ first_run() {
     name=$(basename "$1"); name=${name%.*}; name=${name#"$2"-}
     workload=${name%%-*}; target=${name#*-}
     gb=$(awk -F'\t' -v w="$workload" -v t="$target" '$1 == w && $2 == t && $3 == 1 { print $12 / 1e9 }' "$raw")
+}
+# per_gb: perf's "share% [self%] name" lines as the share and CPU seconds per GB moved in the run
+# ($gb, from first_run; 999 samples a second, idle ones included).
+per_gb() {
+    awk -v gb="$gb" -v secs="$DURATION" '$1 ~ /%$/ {
+        share = $1; sub(/%/, "", share); for (i = 1; i <= NF && $i ~ /%$/; i++) $i = ""
+        printf "  %6.2f%%  %7.3f  %s\n", share, share / 100 * secs / gb, $0 }'
 }
 case $PROFILE in
     perf)
@@ -487,22 +519,32 @@ case $PROFILE in
         done > "$profile"
         ;;
     kernel)
-        # Time under each function on the proxy's core, as a share of the samples and in CPU
-        # seconds per GB moved in the same run (999 samples a second, idle ones included).
+        # In a VM without a PMU perf samples on a timer, whose interrupt waits while interrupts
+        # are off: self time piles up where they are turned back on (`_raw_spin_unlock_irqrestore`,
+        # `handle_softirqs`). The inclusive view (each function with all it calls) is the one to
+        # read: which paths the time is under.
         for data in "$work"/kernel-*.data; do
             [[ -e $data ]] || continue
             first_run "$data" kernel
-            # In a VM without a PMU perf samples on a timer, whose interrupt waits while
-            # interrupts are off: self time piles up where they are turned back on
-            # (`_raw_spin_unlock_irqrestore`, `handle_softirqs`). The inclusive view (each
-            # function with all it calls) is the one to read: which paths the time is under.
             echo "== $workload, $target: the proxy's core, $DURATION s, $gb GB; time under each function"
             echo "   share   CPU s/GB  function"
             perf report -i "$data" --stdio --children --sort sym -g none --percent-limit 2 2>/dev/null |
-                tidy | awk -v gb="$gb" -v secs="$DURATION" '$1 ~ /%$/ {
-                    share = $1; sub(/%/, "", share); $1 = ""; $2 = ""
-                    printf "  %6.2f%%  %7.3f  %s\n", share, share / 100 * secs / gb, $0 }' |
-                head -60 || true
+                tidy | per_gb | head -60 || true
+            echo
+        done > "$profile"
+        ;;
+    client)
+        # The same view of the client core, first by process (wrk, the origin's nginx, idle as
+        # swapper), then under each function of wrk's (shares of all the core's samples).
+        for data in "$work"/client-*.data; do
+            [[ -e $data ]] || continue
+            first_run "$data" client
+            echo "== $workload, $target: the client core, $DURATION s, $gb GB; by process"
+            echo "   share   CPU s/GB  process"
+            perf report -i "$data" --stdio --no-children --sort comm -g none 2>/dev/null | tidy | per_gb || true
+            echo "   wrk: time under each function"
+            perf report -i "$data" --stdio --children --comms wrk --percentage absolute --sort sym -g none \
+                --percent-limit 2 2>/dev/null | tidy | per_gb | head -40 || true
             echo
         done > "$profile"
         ;;

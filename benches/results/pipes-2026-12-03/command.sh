@@ -21,3 +21,9 @@ done
 for p in "'' 10 10" "'' 10 50" "'' 10 100" "131072 10 50" "131072 10 100" "'' 100 10"; do
   eval "set -- $p"; for b in head few2; do run ab3 $b "$1" "$2" "$3"; done
 done
+# client-core-10x50: the client core (origin + wrk) recorded with `perf record -q -C 1 -g` for 4 s,
+# 2 s into each target's run, by a watcher script started beside the harness; run.sh has done the
+# same since as PROFILE=client (the whole first run of each target), e.g.
+#   PROFILE=client PROXIES='rangeway nginx-buffered' WORKLOADS=large LARGE_MIB=10 LARGE_CONC=50 \
+#     SYSTEM_NOTSENT_LOWAT=131072 DURATION=8 REPS=3 PRESET=full bash benches/load/run.sh
+# wrk-counts-10x50: wrkwatch.sh beside the harness (perf stat on each wrk's pid).
