@@ -21,32 +21,25 @@ use tokio::io::unix::AsyncFd;
 use tracing::debug;
 
 /// The most a pipe holds, and so what one spliced body has in flight between the origin's socket
-/// and the client's; the kernel moves up to this much a call. This much while at most
-/// [`FEW_BODIES`] bodies are spliced at once: measured beside 256 KiB pipes in one run
-/// (docs/benchmarks.md), 1 MiB took rangeway's CPU per GB from 0.62–0.69 to 0.39–0.45 s at
-/// 10 MiB × 10, × 50 and 100 MiB × 10 connections under default TCP settings, and moved 9–18 %
-/// more at 10 MiB (6 % less at 100 MiB × 10, where both builds were ahead of nginx buffered).
+/// and the client's; the kernel moves up to this much a call. The largest pipe an unprivileged
+/// process may ask for (`fs.pipe-max-size`). Under default TCP settings, side by side with
+/// 256 KiB pipes (docs/benchmarks.md), 1 MiB took rangeway's CPU per GB from 0.62–0.69 to
+/// 0.39–0.45 s at 10 MiB × 10 and × 50 connections, and 512 KiB from 0.68–0.79 to 0.55–0.56 s at
+/// 10 MiB × 200.
 const PIPE_MAX_BYTES: usize = 1 << 20;
-
-/// How many bodies spliced at once count as few: as many as the budget gives [`PIPE_MAX_BYTES`]
-/// each (64).
-const FEW_BODIES: usize = PIPES_MAX_BYTES / PIPE_MAX_BYTES;
-
-/// The most a pipe holds among more than [`FEW_BODIES`] bodies: with every socket's unsent mark
-/// at 128 KiB, 1 MiB or 512 KiB pipes moved 7–24 % less than 256 KiB ones at 10 MiB × 100
-/// connections (docs/benchmarks.md). Above the 64 KiB default, so that a 10 MiB body takes 40
-/// round trips rather than 160.
-const PIPE_AMONG_MANY_BYTES: usize = 256 << 10;
 
 /// The least a spliced body gets: the kernel's default pipe. A body that cannot have one is
 /// copied by the relay instead.
 const PIPE_MIN_BYTES: usize = 64 << 10;
 
-/// What the pipes of all bodies being spliced may hold together: the kernel's default quota of
-/// pipe memory for a user (`fs.pipe-user-pages-soft`: 16 384 pages). Each body's pipe is an equal
-/// share of it ([`PipeBudget::share`]): 1 MiB while at most 64 bodies are spliced at once, 256 KiB
-/// up to 256, 128 KiB up to 512, 64 KiB up to 1 024; past that a body is copied.
-const PIPES_MAX_BYTES: usize = 64 << 20;
+/// What the pipes of all bodies being spliced may hold together, and so about the most kernel
+/// memory the bodies in flight hold when every client is slower than its origin. Each body's
+/// pipe is an equal share of it ([`PipeBudget::share`]): 1 MiB while at most 128 bodies are
+/// spliced at once, 512 KiB up to 256, 256 KiB up to 512, 128 KiB up to 1 024, 64 KiB up to
+/// 2 048; past that a body is copied. Where the kernel's per-user quota binds, less
+/// ([`pipes_limit`]). As much as nginx buffered in memory holds at 128 connections with the
+/// harness's 16 × 64 KiB buffers.
+const PIPES_MAX_BYTES: usize = 128 << 20;
 
 /// The most one sendfile(2) is asked to send, as nginx's `sendfile_max_chunk`: a call holds the
 /// socket's lock while it copies, and other work of the thread waits. (16 MiB measured the same,
@@ -290,12 +283,11 @@ impl PipeBudget {
         self.share(self.pipes.load(Ordering::Relaxed)).unwrap_or(PIPE_MIN_BYTES)
     }
 
-    /// Each of `pipes` pipes' share: an equal part of the limit, at most [`PIPE_MAX_BYTES`] among
-    /// few and [`PIPE_AMONG_MANY_BYTES`] among more, rounded down to a power of two (the kernel
-    /// rounds a pipe's size up to one); none below [`PIPE_MIN_BYTES`].
+    /// Each of `pipes` pipes' share: an equal part of the limit, at most [`PIPE_MAX_BYTES`],
+    /// rounded down to a power of two (the kernel rounds a pipe's size up to one); none below
+    /// [`PIPE_MIN_BYTES`].
     fn share(&self, pipes: usize) -> Option<usize> {
-        let most = if pipes <= FEW_BODIES { PIPE_MAX_BYTES } else { PIPE_AMONG_MANY_BYTES };
-        let share = (self.limit / pipes.max(1)).min(most);
+        let share = (self.limit / pipes.max(1)).min(PIPE_MAX_BYTES);
         (share >= PIPE_MIN_BYTES).then(|| 1 << share.ilog2())
     }
 }
@@ -505,23 +497,23 @@ mod tests {
     #[test]
     fn pipes_share_the_budget() {
         let budget = PipeBudget::new(PIPES_MAX_BYTES);
-        // Among few: the most a pipe holds.
+        // Among up to 128: the most a pipe holds.
         assert_eq!(budget.share(1), Some(PIPE_MAX_BYTES));
-        assert_eq!(budget.share(FEW_BODIES), Some(PIPE_MAX_BYTES));
-        // Among more, at most less.
-        assert_eq!(budget.share(FEW_BODIES + 1), Some(PIPE_AMONG_MANY_BYTES));
-        assert_eq!(budget.share(256), Some(PIPE_AMONG_MANY_BYTES));
+        assert_eq!(budget.share(128), Some(PIPE_MAX_BYTES));
         // Among more: an equal part, rounded down to a power of two.
-        assert_eq!(budget.share(257), Some(128 << 10));
-        assert_eq!(budget.share(512), Some(128 << 10));
-        assert_eq!(budget.share(513), Some(PIPE_MIN_BYTES));
-        assert_eq!(budget.share(1024), Some(PIPE_MIN_BYTES));
+        assert_eq!(budget.share(129), Some(512 << 10));
+        assert_eq!(budget.share(256), Some(512 << 10));
+        assert_eq!(budget.share(257), Some(256 << 10));
+        assert_eq!(budget.share(1024), Some(128 << 10));
+        assert_eq!(budget.share(1025), Some(PIPE_MIN_BYTES));
+        assert_eq!(budget.share(2048), Some(PIPE_MIN_BYTES));
         // Past the least, none.
-        assert_eq!(budget.share(1025), None);
-        // Under the user's default quota (48 MiB of it), 1 MiB for fewer.
+        assert_eq!(budget.share(2049), None);
+        // Under the user's default quota (48 MiB of it), 1 MiB for up to 48.
         let quota = PipeBudget::new(48 * MIB);
         assert_eq!(quota.share(48), Some(PIPE_MAX_BYTES));
-        assert_eq!(quota.share(FEW_BODIES), Some(512 << 10));
+        assert_eq!(quota.share(49), Some(512 << 10));
+        assert_eq!(quota.share(200), Some(128 << 10));
     }
 
     #[test]
