@@ -24,6 +24,7 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     upstream_ignored_range: IntCounterVec,
     resumes_refused: IntCounterVec,
+    resumes_answered_whole: IntCounterVec,
     links_refused: IntCounterVec,
     resumed_past_expiry: IntCounterVec,
     s3_clients_refused: IntCounterVec,
@@ -163,6 +164,14 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
+        let resumes_answered_whole = IntCounterVec::new(
+            Opts::new(
+                "rangeway_resumes_answered_whole_total",
+                "Bare resumes answered with the whole object (200) because the state store may have lost their download's session.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
         let links_refused = IntCounterVec::new(
             Opts::new(
                 "rangeway_links_refused_total",
@@ -273,6 +282,7 @@ impl Metrics {
             Box::new(upstream_errors.clone()),
             Box::new(upstream_ignored_range.clone()),
             Box::new(resumes_refused.clone()),
+            Box::new(resumes_answered_whole.clone()),
             Box::new(links_refused.clone()),
             Box::new(resumed_past_expiry.clone()),
             Box::new(s3_clients_refused.clone()),
@@ -306,6 +316,7 @@ impl Metrics {
             upstream_errors,
             upstream_ignored_range,
             resumes_refused,
+            resumes_answered_whole,
             links_refused,
             resumed_past_expiry,
             s3_clients_refused,
@@ -355,6 +366,11 @@ impl Metrics {
 
     pub fn resume_refused(&self, route: &str) {
         self.resumes_refused.with_label_values(&[route]).inc();
+    }
+
+    /// A bare resume answered whole: the store may have lost its session.
+    pub fn resume_answered_whole(&self, route: &str) {
+        self.resumes_answered_whole.with_label_values(&[route]).inc();
     }
 
     /// A request a signed-link route refused, by `reason` (`LinkError::reason`, or `expired`).
@@ -506,30 +522,55 @@ struct StoreCollector {
 impl StoreCollector {
     fn new(store: Arc<dyn StateStore>) -> Self {
         let descs =
-            Self::metrics(0, 0, 0).iter().flat_map(|m| m.desc().into_iter().cloned()).collect();
+            Self::metrics(&store).iter().flat_map(|m| m.desc().into_iter().cloned()).collect();
         Self { store, descs }
     }
 
-    fn metrics(up: i64, errors: u64, unreadable: u64) -> [Box<dyn Collector>; 3] {
+    fn metrics(store: &Arc<dyn StateStore>) -> [Box<dyn Collector>; 5] {
+        let health = store.health();
         let gauge = IntGauge::new(
             "rangeway_store_up",
             "1 when the state store answered its last operation.",
         )
         .expect("valid metric");
-        gauge.set(up);
+        gauge.set(i64::from(health.is_up()));
         let failed = IntCounter::new(
             "rangeway_store_errors_total",
             "State store operations that failed (timeouts, outages, errors).",
         )
         .expect("valid metric");
-        failed.inc_by(errors);
+        failed.inc_by(health.errors_total());
         let unreadable_values = IntCounter::new(
             "rangeway_store_unreadable_total",
             "Stored values that could not be read and were taken as absent.",
         )
         .expect("valid metric");
-        unreadable_values.inc_by(unreadable);
-        [Box::new(gauge), Box::new(failed), Box::new(unreadable_values)]
+        unreadable_values.inc_by(health.unreadable_total());
+        let losses = store.losses();
+        let evictions = IntCounter::new(
+            "rangeway_store_evictions_total",
+            "Records the embedded store evicted to stay within [state] max_memory.",
+        )
+        .expect("valid metric");
+        evictions.inc_by(losses.evictions_total());
+        let lost = IntCounterVec::new(
+            Opts::new(
+                "rangeway_store_losses_total",
+                "Times the state store may have lost sessions it cannot name, by kind: flushed, restarted, evicted (by Redis), failed (a write or lookup), started (without the records before), reported (by another instance).",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        for (loss, count) in losses.untraced_totals() {
+            lost.with_label_values(&[loss.name()]).inc_by(count);
+        }
+        [
+            Box::new(gauge),
+            Box::new(failed),
+            Box::new(unreadable_values),
+            Box::new(evictions),
+            Box::new(lost),
+        ]
     }
 }
 
@@ -539,11 +580,7 @@ impl Collector for StoreCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let health = self.store.health();
-        Self::metrics(i64::from(health.is_up()), health.errors_total(), health.unreadable_total())
-            .iter()
-            .flat_map(|m| m.collect())
-            .collect()
+        Self::metrics(&self.store).iter().flat_map(|m| m.collect()).collect()
     }
 }
 

@@ -12,6 +12,10 @@ const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 const MIN_TTL: Duration = Duration::from_secs(1);
 const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 const DEFAULT_KEY_PREFIX: &str = "rangeway:";
+const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
+const MIN_MAX_MEMORY: u64 = 1 << 20;
+const MAX_MAX_MEMORY: u64 = 1 << 40;
+const DEFAULT_CLIENT_SHARE: f64 = 0.01;
 const MAX_KEY_PREFIX_LEN: usize = 256;
 const DEFAULT_REDIS_PORT: u16 = 6379;
 const BACKENDS: [&str; 2] = ["memory", "redis"];
@@ -33,6 +37,13 @@ pub struct StateConfig {
     pub key_prefix: String,
     /// The key download ids are derived with.
     pub id_key: IdKeySource,
+    /// The most memory the records may take: the embedded store's bound (evicting the least
+    /// recently used past it); with Redis, the size each client's share is a part of. Default
+    /// 256 MiB, at least 1 MiB.
+    pub max_memory: u64,
+    /// What one client address (an IPv6 client: its /64) may hold of `max_memory`, so that no
+    /// client pushes out the others' records: `client_share` (default 0.01) of it.
+    pub max_client_memory: u64,
 }
 
 /// Where the secret key that derived download ids are made with comes from (see
@@ -130,6 +141,21 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
         table.take("key_prefix").map_or(Ok(DEFAULT_KEY_PREFIX.to_owned()), |f| key_prefix(ctx, f));
     let id_key_env = table.take("id_key_env").map(|f| id_key_env(ctx, f));
     let id_key_file = table.take("id_key_file").map(|f| id_key_file(ctx, f));
+    let max_memory = table.take("max_memory").map_or(Ok(DEFAULT_MAX_MEMORY), |f| {
+        f.size(ctx, MIN_MAX_MEMORY..=MAX_MAX_MEMORY, "\"256MiB\"")
+    });
+    let client_share = table.take("client_share").map_or(Ok(DEFAULT_CLIENT_SHARE), |f| {
+        let path = f.path.clone();
+        let share = f.ratio(ctx, "0.01")?;
+        if share > 0.0 {
+            return Ok(share);
+        }
+        Err(ctx.report_at(
+            &path,
+            "is 0: no client could keep a download's record",
+            "write client_share = 0.01 (1 % of max_memory per client address), or more",
+        ))
+    });
     table.finish(ctx);
 
     let backend = match (backend.transpose()?, redis_url) {
@@ -180,7 +206,21 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
             ));
         }
     };
-    Ok(StateConfig { backend, ttl: ttl?, key_prefix: key_prefix?, id_key })
+    let (max_memory, client_share) = (max_memory?, client_share?);
+    Ok(StateConfig {
+        backend,
+        ttl: ttl?,
+        key_prefix: key_prefix?,
+        id_key,
+        max_memory,
+        max_client_memory: share_of(max_memory, client_share),
+    })
+}
+
+/// `share` (from 0 to 1) of `bytes`, at least one byte.
+fn share_of(bytes: u64, share: f64) -> u64 {
+    // Within f64's exact integers: `bytes` is at most 1 TiB.
+    ((bytes as f64 * share) as u64).max(1)
 }
 
 fn id_key_env(ctx: &mut Ctx<'_>, field: Field) -> Read<Secret> {

@@ -273,6 +273,19 @@ impl Proxy {
         Ok(true)
     }
 
+    /// Counts and logs a bare resume answered with the whole object because the store may have
+    /// lost its session (`RequestCtx::lost_sessions_since`).
+    pub(super) fn answered_whole(&self, ctx: &RequestCtx, route: &str) {
+        self.metrics.resume_answered_whole(route);
+        let download = ctx.download.as_ref().map_or("-", |d| d.id.as_str());
+        info!(
+            route,
+            download,
+            "the state store may have lost this download's session: answering the resume with \
+             the whole object"
+        );
+    }
+
     /// Refuses, before asking the origin, a bare resume whose client may hold any of several
     /// versions sent under its download id (see `DownloadSession::resumable`): 412, with a body
     /// that says how to download it so that it can be resumed.

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::header;
 use pingora_error::{Error, ErrorType, Result};
@@ -105,6 +105,10 @@ pub struct RequestCtx {
     pub(super) if_range_date: IfRangeDate,
     /// The ranges of a multipart answer are fetched apart, in stretches this far apart at least.
     pub(super) part_gap: Option<u64>,
+    /// A bare resume the store may have lost the session of: the store could have lost sessions
+    /// written since this time, so the range is served only of a representation last modified
+    /// before it, and otherwise the whole (`range::Asked::lost_sessions_since`).
+    pub(super) lost_sessions_since: Option<SystemTime>,
     /// The stretches of a multipart answer still to fetch after the upstream's first answer.
     pub(super) rest_parts: Vec<ByteRange>,
 }
@@ -187,6 +191,7 @@ impl Default for RequestCtx {
             output_writer: None,
             if_range_date: IfRangeDate::NotADate,
             part_gap: None,
+            lost_sessions_since: None,
             rest_parts: Vec::new(),
         }
     }

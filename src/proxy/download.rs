@@ -7,7 +7,7 @@ use rangeway_middleware::rfc9110::{
 };
 
 use crate::fingerprint::FingerprintKey;
-use crate::range::content_length;
+use crate::range::{ClientRange, content_length};
 use crate::request_path::NormalizedPath;
 use crate::state::{Holding, ObjectVersion};
 
@@ -91,6 +91,18 @@ pub fn holding(req: &RequestHeader, ranges: &RangeSet) -> Holding {
             Holding::Pieces(Some(*first))
         }
         _ => Holding::Pieces(None),
+    }
+}
+
+/// Whether a range request asks for anything but one range from byte 0: a client asking for
+/// bytes past the start may be continuing something it began.
+pub fn continues_past_start(range: &ClientRange) -> bool {
+    match range {
+        ClientRange::Bytes(set) => !matches!(
+            set.specs(),
+            [RangeSpec::From { first: 0 } | RangeSpec::Closed { first: 0, .. }]
+        ),
+        _ => false,
     }
 }
 

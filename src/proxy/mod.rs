@@ -66,7 +66,9 @@ use answer::{
 };
 use completion::{Completions, Unfinished};
 use context::{BodyPlan, DownloadCtx, RequestCtx, ip_text};
-use download::{DownloadId, download_id, holding, object_key, object_version};
+use download::{
+    DownloadId, continues_past_start, download_id, holding, object_key, object_version,
+};
 use hop_by_hop::forwarded;
 use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
 use origin_request::client_side;
@@ -318,12 +320,25 @@ impl ProxyHttp for Proxy {
             // the resume hint and the digests, never the response (the store reports it, once).
             let lookup = if ranged || has_chain {
                 let span = store_span(ctx.trace.as_ref(), StoreCall::Lookup);
-                self.store.lookup(&id, &object, &route.stage_keys).instrument(span).await.ok()
+                Some(self.store.lookup(&id, &object, &route.stage_keys).instrument(span).await)
             } else {
                 None
             };
-            let (stored, record, facts) =
-                lookup.map_or((None, None, Vec::new()), |l| (l.session, l.object, l.facts));
+            // A bare resume past byte 0 with no session behind it continues whatever the client
+            // began: safe to serve only while the store cannot have lost that session.
+            let unvouched = bare_resume
+                && continues_past_start(&ctx.client_range)
+                && match &lookup {
+                    Some(Ok(found)) => {
+                        found.session.is_none()
+                            && self.store.losses().may_have_lost(&id, &object, now)
+                    }
+                    Some(Err(_)) | None => true,
+                };
+            let (stored, record, facts) = match lookup {
+                Some(Ok(l)) => (l.session, l.object, l.facts),
+                _ => (None, None, Vec::new()),
+            };
             let stored = stored.filter(|_| ranged);
             if let (Some(limits), true) = (&route.download_limits, req.method == Method::GET) {
                 match self
@@ -376,6 +391,16 @@ impl ProxyHttp for Proxy {
                 ctx.object_path = path.to_string();
                 plan_upstream(ctx, route, current.as_ref(), &known, &req.headers);
                 ctx.known = Some(known);
+            }
+            if unvouched {
+                // The whole object is asked for, and the range cut from it only when the answer
+                // predates every session the store could have lost (`range::Asked`).
+                let ttl = Duration::from_secs(self.store.losses().ttl_secs());
+                ctx.lost_sessions_since =
+                    Some(SystemTime::now().checked_sub(ttl).unwrap_or(SystemTime::UNIX_EPOCH));
+                ctx.sent_range = None;
+                ctx.planned_for = None;
+                ctx.part_gap = None;
             }
             if req.method == Method::GET {
                 ctx.download = Some(DownloadCtx {
@@ -597,6 +622,7 @@ impl ProxyHttp for Proxy {
             sent: ctx.sent_range.as_ref(),
             if_range_date_sent: ctx.if_range_date == IfRangeDate::Forward,
             part_gap: ctx.part_gap,
+            lost_sessions_since: ctx.lost_sessions_since,
         };
         let shape = shape_response(
             &asked,
@@ -608,6 +634,9 @@ impl ProxyHttp for Proxy {
         let route = route_arc.as_ref().map_or("-", |r| r.name.as_str());
         match shape {
             Shape::Forward => {
+                if status == 200 && ctx.lost_sessions_since.is_some() {
+                    self.answered_whole(ctx, route);
+                }
                 if let Some(range) = response.headers.get(header::CONTENT_RANGE) {
                     ctx.served_range = range.to_str().unwrap_or("?").to_owned().into();
                 }

@@ -182,6 +182,7 @@ impl Proxy {
             sent: None,
             if_range_date_sent: false,
             part_gap: None,
+            lost_sessions_since: ctx.lost_sessions_since,
         };
         let shape = shape_response(&asked, 200, &own, &validators(&own), SystemTime::now());
         let want = want_repr_digest_sha256(
@@ -212,6 +213,11 @@ impl Proxy {
         }
         let output = match shape {
             Shape::Forward => {
+                if ctx.lost_sessions_since.is_some()
+                    && matches!(ctx.client_range, ClientRange::Bytes(_))
+                {
+                    self.answered_whole(ctx, &route.name);
+                }
                 response.set_status(StatusCode::OK)?;
                 match output_len {
                     Some(len) => response.insert_header(header::CONTENT_LENGTH, len)?,

@@ -111,6 +111,11 @@ pub struct Asked<'a> {
     /// less than this apart ([`RangeSet::fetches`]), when the upstream's body holds only the
     /// first stretch.
     pub part_gap: Option<u64>,
+    /// The request is a bare resume whose session the store may have lost, with every session
+    /// written since this time: the range applies only to a representation last modified before
+    /// it (any client bytes then are of this version); any other gets the whole representation,
+    /// which `curl -C -` and `wget -c` refuse to append.
+    pub lost_sessions_since: Option<SystemTime>,
 }
 
 /// How a client's If-Range with an HTTP-date is sent on (RFC 9110 §13.1.5). rangeway's rule for
@@ -155,8 +160,15 @@ pub fn shape_response(
     validators: &Validators,
     now: SystemTime,
 ) -> Shape {
-    let Asked { method, headers: request, range: client, sent, if_range_date_sent, part_gap } =
-        *asked;
+    let Asked {
+        method,
+        headers: request,
+        range: client,
+        sent,
+        if_range_date_sent,
+        part_gap,
+        lost_sessions_since,
+    } = *asked;
     if !matches!(status, 200 | 206) {
         // 304, 412, 416, errors: the upstream has already answered the question asked.
         return Shape::Forward;
@@ -175,8 +187,10 @@ pub fn shape_response(
             Shape::Forward
         };
     };
-    let range_applies =
-        if_range_holds(request, validators, now) || (status == 206 && if_range_date_sent);
+    let predates_lost_sessions = lost_sessions_since
+        .is_none_or(|since| validators.last_modified.is_some_and(|modified| modified < since));
+    let range_applies = predates_lost_sessions
+        && (if_range_holds(request, validators, now) || (status == 206 && if_range_date_sent));
 
     if status == 200 {
         if !range_applies {

@@ -1,5 +1,6 @@
 use super::*;
 use http::HeaderValue;
+use std::time::Duration;
 
 const NOW: SystemTime = SystemTime::UNIX_EPOCH;
 
@@ -32,6 +33,7 @@ fn shape(
         sent: sent.as_ref(),
         if_range_date_sent: false,
         part_gap: None,
+        lost_sessions_since: None,
     };
     let response = headers(response);
     shape_response(&asked, status, &response, &validators(&response), NOW)
@@ -97,6 +99,7 @@ fn an_unsolicited_206_is_refused() {
         sent: None,
         if_range_date_sent: false,
         part_gap: None,
+        lost_sessions_since: None,
     };
     let response = headers(&[("content-range", "bytes 0-9/10")]);
     let got = shape_response(&asked, 206, &response, &validators(&response), NOW);
@@ -184,4 +187,33 @@ fn the_upstream_is_asked_for_one_covering_range() {
     assert_eq!(client("bytes=-5").upstream_spec().map(|s| s.to_string()).as_deref(), Some("-5"));
     assert_eq!(client("bytes=0-1,-5").upstream_spec(), None);
     assert!(client("bytes=abc").upstream_spec().is_none());
+}
+
+#[test]
+fn a_resume_whose_session_may_be_lost_is_cut_only_from_an_older_version() {
+    let client = client("bytes=500-");
+    let request = HeaderMap::new();
+    let asked = |since| Asked {
+        method: &Method::GET,
+        headers: &request,
+        range: &client,
+        sent: None,
+        if_range_date_sent: false,
+        part_gap: None,
+        lost_sessions_since: Some(since),
+    };
+    let since = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let whole = |modified: Option<&str>| {
+        let mut response = headers(&[("content-length", "1000")]);
+        if let Some(modified) = modified {
+            response.insert("last-modified", HeaderValue::from_str(modified).unwrap());
+        }
+        shape_response(&asked(since), 200, &response, &validators(&response), NOW)
+    };
+    // Last modified in 2020, before every session the store could have lost: the range is cut.
+    let got = whole(Some("Wed, 01 Jan 2020 00:00:00 GMT"));
+    assert!(matches!(got, Shape::Single { .. }), "{got:?}");
+    // Modified since (2024), or not known: the whole object.
+    assert_eq!(whole(Some("Mon, 01 Jan 2024 00:00:00 GMT")), Shape::Forward);
+    assert_eq!(whole(None), Shape::Forward);
 }

@@ -1,30 +1,57 @@
-//! The embedded store: one instance's state in its own memory, bounded in entries and time.
+//! The embedded store: one instance's state in its own memory, bounded in bytes and time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use super::facts::{StageFacts, merge_fields};
-use super::model::{Delivery, DownloadSession, ObjectRecord};
-use super::{Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth};
+use super::losses::Losses;
+use super::model::{Delivery, DownloadSession, ObjectRecord, VersionSent};
+use super::{Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth, unix_now};
 
 /// Sessions and object records in a map behind a mutex.
 ///
 /// Every entry lives `ttl` from its last write; expired entries read as absent and are removed as
 /// writes come (the oldest first, cheaply: with one TTL for all, write order is expiry order).
-/// At `capacity` entries (sessions and objects together), a new entry evicts the one written
-/// longest ago. The lock is never held across an await, and no operation under it is more than
-/// O(log n) except [`StateStore::downloads`], which walks the entries (an admin call, capped
-/// by `capacity`).
+/// The entries' estimated size is bounded by a [`MemoryBudget`]: past it, a write evicts the
+/// entries written longest ago — first those of its own client, once the client holds its share.
+/// Every evicted session is traced in the store's [`Losses`], so that its download's next bare
+/// resume is not taken for a new one. The lock is never held across an await, and no operation
+/// under it is more than O(log n) except [`StateStore::downloads`], which walks the entries (an
+/// admin call).
 #[derive(Debug)]
 pub struct MemoryStore {
     ttl: Duration,
-    capacity: usize,
+    budget: MemoryBudget,
     inner: Mutex<Inner>,
     health: StoreHealth,
+    losses: Losses,
+}
+
+/// How much memory the embedded store may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// The most bytes, the evicted-id filter's included.
+    pub max_bytes: usize,
+    /// The most bytes of records one client address (an IPv6 client: its /64) may hold.
+    pub per_client: usize,
+}
+
+impl MemoryBudget {
+    /// The share of `max_bytes` that the filter of evicted ids takes, per generation (of two).
+    const FILTER_SHARE: usize = 64;
+
+    fn filter_bytes(self) -> usize {
+        self.max_bytes / Self::FILTER_SHARE
+    }
+
+    fn records(self) -> usize {
+        self.max_bytes.saturating_sub(2 * self.filter_bytes())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -35,8 +62,36 @@ struct Inner {
     /// reads without hashing the key to find its entry.
     order: BTreeMap<u64, (Key, Instant)>,
     next_write: u64,
+    /// The estimated size of every entry ([`approx_size`]).
+    bytes: usize,
+    /// What each client's writes hold.
+    clients: HashMap<ClientGroup, ClientShare>,
 }
 
+/// What one client's writes hold: their size, and their write sequence numbers, oldest first.
+#[derive(Debug, Default)]
+struct ClientShare {
+    bytes: usize,
+    written: BTreeSet<u64>,
+}
+
+/// A client as its share is counted: an IPv4 address, or an IPv6 address's /64 (one subscriber's
+/// allocation, which a client can change addresses within at will).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ClientGroup(u128);
+
+impl ClientGroup {
+    /// The group of a delivery's client (its address as text); none for a client without one.
+    fn of(client: &str) -> Option<Self> {
+        match client.parse::<IpAddr>().ok()? {
+            IpAddr::V4(v4) => Some(Self(u128::from(v4.to_bits()))),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Some(Self(u128::from(v4.to_bits()))),
+                None => Some(Self(v6.to_bits() & !u128::from(u64::MAX))),
+            },
+        }
+    }
+}
 #[derive(Debug, Clone)]
 enum Key {
     /// A download id and the object it downloads.
@@ -116,6 +171,10 @@ struct Entry {
     value: Value,
     expires: Instant,
     written: u64,
+    /// The estimated size, as counted in [`Inner::bytes`].
+    size: usize,
+    /// The client whose share the entry counts in.
+    client: Option<ClientGroup>,
 }
 
 #[derive(Debug)]
@@ -127,18 +186,15 @@ enum Value {
 }
 
 impl MemoryStore {
-    /// Entries kept by [`super::connect`]. A session or object record takes a few hundred bytes,
-    /// so this is tens of MiB (a session fragmented into the most intervals adds 16 KiB).
-    pub const DEFAULT_CAPACITY: usize = 100_000;
-
-    /// A store whose entries live `ttl` after their last write, at most `capacity` of them (at
-    /// least one).
-    pub fn new(ttl: Duration, capacity: usize) -> Self {
+    /// A store whose entries live `ttl` after their last write, within `budget`.
+    pub fn new(ttl: Duration, budget: MemoryBudget) -> Self {
+        let name = "memory".to_owned();
         Self {
             ttl,
-            capacity: capacity.max(1),
+            budget,
             inner: Mutex::new(Inner::default()),
-            health: StoreHealth::always_up("memory".to_owned()),
+            health: StoreHealth::always_up(name.clone()),
+            losses: Losses::new(name, ttl.as_secs(), Some(budget.filter_bytes())),
         }
     }
 
@@ -146,6 +202,37 @@ impl MemoryStore {
         // Nothing panics under the lock; were something to, the maps would still be usable (every
         // method copes with an order entry whose map entry is gone), and better than no state.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes `value` under `key` within the bounds, evicting what must go to make room.
+    fn insert(
+        &self,
+        inner: &mut Inner,
+        key: Key,
+        value: Value,
+        expires: Instant,
+        client: Option<ClientGroup>,
+    ) {
+        let size = approx_size(&key, &value);
+        self.make_room(inner, client, size);
+        inner.put(key, value, size, expires, client);
+    }
+
+    /// Evicts the least recently written entries until the client `client` holds its share
+    /// and the store its budget, with `size` more bytes to come.
+    fn make_room(&self, inner: &mut Inner, client: Option<ClientGroup>, size: usize) {
+        if let Some(client) = client {
+            while let Some(share) = inner.clients.get(&client)
+                && share.bytes.saturating_add(size) > self.budget.per_client
+            {
+                let Some(&oldest) = share.written.first() else { break };
+                inner.evict(oldest, &self.losses);
+            }
+        }
+        while inner.bytes.saturating_add(size) > self.budget.records() {
+            let Some((&oldest, _)) = inner.order.first_key_value() else { break };
+            inner.evict(oldest, &self.losses);
+        }
     }
 }
 
@@ -160,36 +247,90 @@ impl Inner {
         let key: &dyn AsKeyRef = &key;
         let entry = self.entries.remove(key)?;
         self.order.remove(&entry.written);
+        self.uncount(&entry);
         (entry.expires > now).then_some(entry.value)
     }
 
-    /// The value under `key` unless it expired, written again: the most recently written entry,
-    /// living until `expires`. Updated in place, its key is neither copied nor hashed again.
-    fn rewrite(&mut self, key: KeyRef<'_>, expires: Instant, now: Instant) -> Option<&mut Value> {
-        let key: &dyn AsKeyRef = &key;
-        let entry = self.entries.get_mut(key).filter(|entry| entry.expires > now)?;
+    /// The value under `key` unless it expired, changed by `change` and written again: the most
+    /// recently written entry, living until `expires`. Updated in place, its key is neither
+    /// copied nor hashed again.
+    fn update<R>(
+        &mut self,
+        key: KeyRef<'_>,
+        expires: Instant,
+        now: Instant,
+        change: impl FnOnce(&mut Value) -> R,
+    ) -> Option<R> {
+        let lookup: &dyn AsKeyRef = &key;
+        let entry = self.entries.get_mut(lookup).filter(|entry| entry.expires > now)?;
         let written = self.next_write;
         self.next_write += 1;
-        if let Some((key, _)) = self.order.remove(&entry.written) {
-            self.order.insert(written, (key, expires));
+        let Some((stored_key, _)) = self.order.remove(&entry.written) else { return None };
+        let changed = change(&mut entry.value);
+        let size = approx_size(&stored_key, &entry.value);
+        self.order.insert(written, (stored_key, expires));
+        self.bytes = self.bytes.saturating_sub(entry.size).saturating_add(size);
+        if let Some(share) = entry.client.and_then(|client| self.clients.get_mut(&client)) {
+            share.written.remove(&entry.written);
+            share.written.insert(written);
+            share.bytes = share.bytes.saturating_sub(entry.size).saturating_add(size);
         }
         entry.written = written;
         entry.expires = expires;
-        Some(&mut entry.value)
+        entry.size = size;
+        Some(changed)
     }
 
-    /// Writes `value` under `key`, as the most recently written entry.
-    fn put(&mut self, key: Key, value: Value, expires: Instant, now: Instant, capacity: usize) {
-        let _ = self.take(key.key_ref(), now);
-        self.sweep(now);
-        while self.entries.len() >= capacity {
-            let Some((_, (oldest, _))) = self.order.pop_first() else { break };
-            self.entries.remove(&oldest);
-        }
+    /// Writes `value` under `key`, as the most recently written entry, counted in `client`'s
+    /// share. Room is made beforehand ([`MemoryStore::make_room`]).
+    fn put(
+        &mut self,
+        key: Key,
+        value: Value,
+        size: usize,
+        expires: Instant,
+        client: Option<ClientGroup>,
+    ) {
         let written = self.next_write;
         self.next_write += 1;
         self.order.insert(written, (key.clone(), expires));
-        self.entries.insert(key, Entry { value, expires, written });
+        self.bytes = self.bytes.saturating_add(size);
+        if let Some(client) = client {
+            let share = self.clients.entry(client).or_default();
+            share.bytes = share.bytes.saturating_add(size);
+            share.written.insert(written);
+        }
+        if let Some(replaced) =
+            self.entries.insert(key, Entry { value, expires, written, size, client })
+        {
+            self.order.remove(&replaced.written);
+            self.uncount(&replaced);
+        }
+    }
+
+    /// Drops the entry written at `written` to make room; a session's id is traced in `losses`.
+    fn evict(&mut self, written: u64, losses: &Losses) {
+        let Some((key, _)) = self.order.remove(&written) else { return };
+        if let Some(entry) = self.entries.remove(&key) {
+            self.uncount(&entry);
+        }
+        if let Key::Download(id, object) = &key {
+            losses.evicted(id, object, unix_now());
+        }
+    }
+
+    /// Takes `entry`, removed, out of the counts.
+    fn uncount(&mut self, entry: &Entry) {
+        self.bytes = self.bytes.saturating_sub(entry.size);
+        if let Some(client) = entry.client
+            && let Some(share) = self.clients.get_mut(&client)
+        {
+            share.bytes = share.bytes.saturating_sub(entry.size);
+            share.written.remove(&entry.written);
+            if share.written.is_empty() {
+                self.clients.remove(&client);
+            }
+        }
     }
 
     /// Removes expired entries from the front of the write order.
@@ -198,11 +339,54 @@ impl Inner {
             if *expires > now {
                 break;
             }
-            if let Some((_, (key, _))) = self.order.pop_first() {
-                self.entries.remove(&key);
+            if let Some((_, (key, _))) = self.order.pop_first()
+                && let Some(entry) = self.entries.remove(&key)
+            {
+                self.uncount(&entry);
             }
         }
     }
+}
+
+/// What an entry costs beyond its strings: the map's and the write order's slots, the entry, an
+/// `Arc` for a session. An estimate: the budget bounds the store within a small factor, not to
+/// the byte.
+const ENTRY_OVERHEAD: usize = 192;
+
+/// The estimated memory of an entry: its key is held twice (the map and the write order).
+fn approx_size(key: &Key, value: &Value) -> usize {
+    let key_len = match key {
+        Key::Download(a, b) | Key::Facts(a, b) => a.len() + b.len(),
+        Key::Object(a) => a.len(),
+    };
+    let version_len = |v: &super::ObjectVersion| {
+        std::mem::size_of_val(v)
+            + v.etag.as_ref().map_or(0, String::len)
+            + v.content_type.as_ref().map_or(0, String::len)
+    };
+    let sent_len = |sent: &VersionSent| {
+        version_len(&sent.version)
+            + (sent.sent.len() + sent.ends.len())
+                * std::mem::size_of::<rangeway_middleware::ByteRange>()
+            + std::mem::size_of::<VersionSent>()
+    };
+    let value_len = match value {
+        Value::Download(s) => {
+            s.id.len()
+                + s.object.len()
+                + s.route.len()
+                + s.client.len()
+                + std::mem::size_of::<DownloadSession>()
+                + s.versions.iter().map(sent_len).sum::<usize>()
+        }
+        Value::Object(r) => {
+            r.key.len()
+                + version_len(&r.current)
+                + r.versions.iter().map(|seen| version_len(&seen.version) + 16).sum::<usize>()
+        }
+        Value::Facts(map) => map.iter().map(|(name, value)| name.len() + value.len() + 48).sum(),
+    };
+    ENTRY_OVERHEAD + 2 * key_len + value_len
 }
 
 #[async_trait]
@@ -238,13 +422,14 @@ impl StateStore for MemoryStore {
     async fn learn(&self, object: &str, stage: &str, facts: &StageFacts) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut inner = self.lock();
+        inner.sweep(now);
         let mut map = match inner.take(KeyRef::Facts(object, stage), now) {
             Some(Value::Facts(map)) => map,
             _ => BTreeMap::new(),
         };
         merge_fields(&mut map, &facts.version, facts.to_fields());
         let key = Key::Facts(object.to_owned(), stage.to_owned());
-        inner.put(key, Value::Facts(map), now + self.ttl, now, self.capacity);
+        self.insert(&mut inner, key, Value::Facts(map), now + self.ttl, None);
         Ok(())
     }
 
@@ -257,39 +442,48 @@ impl StateStore for MemoryStore {
         delivery.check()?;
         let now = Instant::now();
         let expires = now + self.ttl;
+        let client = ClientGroup::of(&delivery.client);
         let mut inner = self.lock();
         inner.sweep(now);
         let (id, object) = (delivery.id.as_str(), delivery.object.as_str());
-        let session = match inner.rewrite(KeyRef::Download(id, object), expires, now) {
-            Some(Value::Download(session)) => {
-                // A copy only while an earlier caller still holds this session.
-                Arc::make_mut(session).record_in_place(delivery);
-                Arc::clone(session)
-            }
-            _ => {
+        let updated =
+            inner.update(KeyRef::Download(id, object), expires, now, |value| match value {
+                Value::Download(session) => {
+                    // A copy only while an earlier caller still holds this session.
+                    Arc::make_mut(session).record_in_place(delivery);
+                    Some(Arc::clone(session))
+                }
+                _ => None,
+            });
+        let session = match updated.flatten() {
+            Some(session) => session,
+            None => {
                 let session = Arc::new(DownloadSession::begin(delivery));
                 let value = Value::Download(Arc::clone(&session));
                 let key = Key::Download(id.to_owned(), object.to_owned());
-                inner.put(key, value, expires, now, self.capacity);
+                self.insert(&mut inner, key, value, expires, client);
                 session
             }
         };
-        match inner.rewrite(KeyRef::Object(object), expires, now) {
-            Some(Value::Object(record)) => record.observe(&delivery.origin_version, delivery.now),
-            _ => {
-                let record =
-                    ObjectRecord::new(&delivery.object, &delivery.origin_version, delivery.now);
-                let key = Key::Object(object.to_owned());
-                inner.put(key, Value::Object(record), expires, now, self.capacity);
-            }
+        let observed = inner.update(KeyRef::Object(object), expires, now, |value| match value {
+            Value::Object(record) => record.observe(&delivery.origin_version, delivery.now),
+            _ => {}
+        });
+        if observed.is_none() {
+            let record =
+                ObjectRecord::new(&delivery.object, &delivery.origin_version, delivery.now);
+            let key = Key::Object(object.to_owned());
+            self.insert(&mut inner, key, Value::Object(record), expires, client);
         }
+        // The entries updated in place may have grown past the bounds.
+        self.make_room(&mut inner, client, 0);
         Ok(session)
     }
 
     async fn download(&self, id: &str) -> Result<Vec<DownloadSession>, StoreError> {
         let now = Instant::now();
         let inner = self.lock();
-        // An admin call: the walk is bounded by the capacity, as in `downloads`.
+        // An admin call: the walk is bounded by the budget, as in `downloads`.
         Ok(inner
             .order
             .values()
@@ -341,6 +535,10 @@ impl StateStore for MemoryStore {
     fn health(&self) -> &StoreHealth {
         &self.health
     }
+
+    fn losses(&self) -> &Losses {
+        &self.losses
+    }
 }
 
 #[cfg(test)]
@@ -372,25 +570,110 @@ mod tests {
         }
     }
 
+    fn with_client(id: &str, object: &str, client: &str) -> Delivery {
+        Delivery { client: client.to_owned(), ..delivery(id, object, 1) }
+    }
+
+    /// The size of one download's two entries (its session and its object's record).
+    fn pair_size(id: &str, object: &str) -> usize {
+        let d = delivery(id, object, 1);
+        approx_size(
+            &Key::Download(id.to_owned(), object.to_owned()),
+            &Value::Download(Arc::new(DownloadSession::begin(&d))),
+        ) + approx_size(
+            &Key::Object(object.to_owned()),
+            &Value::Object(ObjectRecord::new(object, &d.origin_version, 1)),
+        )
+    }
+
+    /// A budget whose records hold `pairs` downloads of distinct objects, and one client's
+    /// share `client_pairs` of them.
+    fn budget(pairs: usize, client_pairs: usize) -> MemoryBudget {
+        let pair = pair_size("id-00", "obj-00");
+        let records = pairs * pair + pair / 2;
+        // The filter's two generations come on top of the records.
+        let max_bytes = records * MemoryBudget::FILTER_SHARE / (MemoryBudget::FILTER_SHARE - 2) + 1;
+        MemoryBudget { max_bytes, per_client: client_pairs * pair + pair / 2 }
+    }
+
     #[tokio::test]
-    async fn evicts_the_least_recently_written_at_capacity() {
-        // Four entries: two downloads of one object, then a third download evicts the oldest.
-        let store = MemoryStore::new(Duration::from_secs(60), 4);
-        store.record(&delivery("a", "o", 1)).await.expect("record");
-        store.record(&delivery("b", "o", 2)).await.expect("record");
-        store.record(&delivery("c", "p", 3)).await.expect("record");
-        assert!(store.download("a").await.expect("read").is_empty(), "a should be evicted");
-        assert_eq!(store.download("b").await.expect("read").len(), 1);
-        assert_eq!(store.download("c").await.expect("read").len(), 1);
-        assert!(store.object("o").await.expect("read").is_some());
-        assert!(store.object("p").await.expect("read").is_some());
+    async fn evicts_the_least_recently_written_past_the_budget_and_traces_it() {
+        let store = MemoryStore::new(Duration::from_secs(60), budget(3, 10));
+        for i in 0..4 {
+            store
+                .record(&delivery(&format!("id-0{i}"), &format!("obj-0{i}"), 1))
+                .await
+                .expect("record");
+        }
+        assert!(store.download("id-00").await.expect("read").is_empty(), "the oldest is evicted");
+        for i in 1..4 {
+            assert_eq!(store.download(&format!("id-0{i}")).await.expect("read").len(), 1);
+        }
+        assert!(store.losses().may_have_lost("id-00", "obj-00", unix_now()));
+        assert!(!store.losses().may_have_lost("id-01", "obj-01", unix_now()));
+        assert_eq!(store.losses().evictions_total(), 1);
         let inner = store.lock();
-        assert_eq!((inner.entries.len(), inner.order.len()), (4, 4));
+        // The first session made room; its object's record, written after it, stays.
+        assert_eq!((inner.entries.len(), inner.order.len()), (7, 7));
+        assert!(inner.bytes <= store.budget.records());
+        let counted: usize = inner.entries.values().map(|e| e.size).sum();
+        assert_eq!(inner.bytes, counted, "the running count is the entries' sum");
+    }
+
+    #[tokio::test]
+    async fn a_client_at_its_share_evicts_its_own_records_not_the_others() {
+        let store = MemoryStore::new(Duration::from_secs(60), budget(20, 4));
+        store.record(&with_client("victim", "obj-00", "192.0.2.1")).await.expect("record");
+        // A flood from one IPv6 /64, each request from another address within it.
+        for i in 0..100 {
+            let client = format!("2001:db8::{i:x}");
+            store
+                .record(&with_client(&format!("f-{i:02}"), &format!("ob-{i:02}"), &client))
+                .await
+                .expect("record");
+        }
+        assert_eq!(
+            store.download("victim").await.expect("read").len(),
+            1,
+            "the victim's record stays"
+        );
+        assert_eq!(store.download("f-99").await.expect("read").len(), 1);
+        assert!(store.download("f-00").await.expect("read").is_empty());
+        assert!(store.losses().may_have_lost("f-00", "ob-00", unix_now()));
+        let inner = store.lock();
+        assert_eq!(inner.clients.len(), 2, "the /64 is one client");
+        let flood = inner.clients.values().map(|c| c.bytes).max().unwrap_or(0);
+        assert!(flood <= store.budget.per_client, "{flood} > {}", store.budget.per_client);
+    }
+
+    #[tokio::test]
+    async fn a_session_that_grows_is_counted_at_its_new_size() {
+        let store = MemoryStore::new(Duration::from_secs(60), budget(20, 20));
+        let first = delivery("a", "o", 1);
+        store.record(&first).await.expect("record");
+        let before = store.lock().bytes;
+        let mut other = delivery("a", "o", 2);
+        other.version.etag = Some("\"a much longer entity tag of another version\"".to_owned());
+        store.record(&other).await.expect("record");
+        let inner = store.lock();
+        assert!(inner.bytes > before);
+        let counted: usize = inner.entries.values().map(|e| e.size).sum();
+        assert_eq!(inner.bytes, counted);
+    }
+
+    #[test]
+    fn client_groups_are_addresses_and_ipv6_prefixes() {
+        let group = |text: &str| ClientGroup::of(text);
+        assert_eq!(group("2001:db8::1"), group("2001:db8::ffff:1"));
+        assert_ne!(group("2001:db8::1"), group("2001:db8:0:1::1"));
+        assert_ne!(group("192.0.2.1"), group("192.0.2.2"));
+        assert_eq!(group("::ffff:192.0.2.1"), group("192.0.2.1"));
+        assert_eq!(group("-"), None);
     }
 
     #[tokio::test]
     async fn expired_entries_read_as_absent_and_are_swept() {
-        let store = MemoryStore::new(Duration::from_millis(50), 100);
+        let store = MemoryStore::new(Duration::from_millis(50), budget(100, 100));
         store.record(&delivery("a", "o", 1)).await.expect("record");
         tokio::time::sleep(Duration::from_millis(80)).await;
         assert_eq!(store.lookup("a", "o", &[]).await.expect("read"), Lookup::default());

@@ -14,6 +14,7 @@ mod codec;
 mod facts;
 mod health;
 mod interval;
+mod losses;
 mod memory;
 mod model;
 mod redis;
@@ -27,7 +28,8 @@ use async_trait::async_trait;
 pub use self::facts::{MAX_FIELDS, StageFacts};
 pub use self::health::StoreHealth;
 pub use self::interval::{IntervalSet, IntervalSetFull};
-pub use self::memory::MemoryStore;
+pub use self::losses::{Loss, Losses};
+pub use self::memory::{MemoryBudget, MemoryStore};
 pub use self::model::{
     Delivery, DownloadSession, Ending, Holding, MAX_EXACT, MAX_SESSION_VERSIONS, MAX_VERSIONS,
     ObjectRecord, ObjectVersion, Resumable, SeenVersion, UNREAD_SLACK, VersionSent,
@@ -91,6 +93,10 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Whether the store answers, and its error counters, for `/healthz` and `/metrics`.
     fn health(&self) -> &StoreHealth;
+
+    /// What the store may have forgotten: whether a session [`Self::lookup`] did not find may
+    /// have been lost rather than never begun.
+    fn losses(&self) -> &Losses;
 
     /// Counts `hold` among the downloads under way on its route for every instance sharing the
     /// store, unless it would break one of `limits` (a download already held, by any instance,
@@ -200,7 +206,11 @@ impl StoreError {
 pub async fn connect(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreError> {
     Ok(match &config.backend {
         StateBackend::Memory => {
-            Arc::new(MemoryStore::new(config.ttl, MemoryStore::DEFAULT_CAPACITY))
+            let budget = MemoryBudget {
+                max_bytes: usize::try_from(config.max_memory).unwrap_or(usize::MAX),
+                per_client: usize::try_from(config.max_client_memory).unwrap_or(usize::MAX),
+            };
+            Arc::new(MemoryStore::new(config.ttl, budget))
         }
         StateBackend::Redis(target) => Arc::new(RedisStore::connect(
             target,

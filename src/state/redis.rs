@@ -49,14 +49,18 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Va
 use serde::de::DeserializeOwned;
 use tracing::debug;
 
+mod epoch;
+
+use self::epoch::Epoch;
 use super::codec::{self, Decoded};
 use super::facts::{MAX_FIELDS, StageFacts};
 use super::interval::IntervalSet;
+use super::losses::{Loss, Losses};
 use super::model::{
     Delivery, DownloadSession, Ending, MAX_SESSION_VERSIONS, MAX_VERSIONS, ObjectRecord,
     UNREAD_SLACK,
 };
-use super::{DownloadHold, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth};
+use super::{DownloadHold, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth, unix_now};
 use crate::config::{DownloadLimits, RedisTarget, RedisUrl};
 
 const SESSION_SCRIPT: &str =
@@ -85,6 +89,8 @@ pub struct RedisOptions {
     /// renewing it ([`StateStore::hold`]): the longest an instance killed mid-download holds its
     /// clients' places.
     pub hold_lease: Duration,
+    /// How often the store checks whether Redis lost what it held (`redis/epoch.rs`).
+    pub loss_check_interval: Duration,
 }
 
 impl Default for RedisOptions {
@@ -95,6 +101,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(1),
             probe_interval: Duration::from_millis(500),
             hold_lease: Duration::from_secs(30),
+            loss_check_interval: Duration::from_secs(1),
         }
     }
 }
@@ -115,6 +122,8 @@ pub struct RedisStore {
     instance: String,
     health: Arc<StoreHealth>,
     breaker: Arc<Breaker>,
+    losses: Arc<Losses>,
+    epoch: Arc<Epoch>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -193,8 +202,10 @@ impl RedisStore {
             facts_script: Script::new(FACTS_SCRIPT),
             holds_script: Script::new(HOLDS_SCRIPT),
             instance: instance_id()?,
-            health: Arc::new(StoreHealth::unknown(name)),
+            health: Arc::new(StoreHealth::unknown(name.clone())),
             breaker: Arc::new(Breaker::new(options.probe_interval)),
+            losses: Arc::new(Losses::new(name, ttl.as_secs(), None)),
+            epoch: Arc::new(Epoch::new(key_prefix)),
         };
         // Connect now rather than on the first request, and say at start-up whether Redis is
         // there: a `PING`, through the same health accounting as every operation.
@@ -205,6 +216,14 @@ impl RedisStore {
             let ping = async { conn.query(&redis::cmd("PING")).await.map_err(map_error) };
             let _ = guarded(&health, &breaker, limit, ping).await;
         });
+        runtime.spawn(watch_losses(
+            store.conn.clone(),
+            Arc::downgrade(&store.epoch),
+            Arc::clone(&store.losses),
+            Arc::clone(&store.health),
+            Arc::clone(&store.breaker),
+            options,
+        ));
         Ok(store)
     }
 
@@ -500,6 +519,7 @@ impl StateStore for RedisStore {
             facts.arg(self.keys.facts(object, stage));
             commands.push(facts);
         }
+        commands.push(self.epoch.id_command());
         self.guarded(self.options.lookup_timeout, async {
             let replies = self.conn.query_all(&commands).await.map_err(map_error)?;
             let mut replies = replies.into_iter();
@@ -510,6 +530,8 @@ impl StateStore for RedisStore {
                 let reply = replies.next().ok_or_else(|| short_reply(2 + index))?;
                 facts.push(read_facts(reply.map_err(map_error)?)?);
             }
+            let epoch = replies.next().ok_or_else(|| short_reply(2 + stages.len()))?;
+            self.epoch.saw_id(&epoch.map_err(map_error)?, &self.losses, unix_now());
             Ok(Lookup {
                 session: self.read_session(session, download_id, object)?,
                 object: self.read_object(record, object)?,
@@ -544,7 +566,12 @@ impl StateStore for RedisStore {
 
     async fn record(&self, delivery: &Delivery) -> Result<Arc<DownloadSession>, StoreError> {
         delivery.check()?;
-        self.guarded(self.options.timeout, self.record_once(delivery)).await.map(Arc::new)
+        let recorded = self.guarded(self.options.timeout, self.record_once(delivery)).await;
+        if recorded.as_ref().is_err_and(StoreError::is_outage) {
+            // The delivery may not be in its session: its next bare resume cannot be judged.
+            self.losses.untraced(Loss::Failed, unix_now());
+        }
+        recorded.map(Arc::new)
     }
 
     async fn download(&self, id: &str) -> Result<Vec<DownloadSession>, StoreError> {
@@ -582,6 +609,10 @@ impl StateStore for RedisStore {
         &self.health
     }
 
+    fn losses(&self) -> &Losses {
+        &self.losses
+    }
+
     async fn hold(&self, hold: &DownloadHold, limits: &DownloadLimits) -> Result<Held, StoreError> {
         let mut cmd = self.holds_command(&hold.route, "hold");
         cmd.arg(self.lease(hold))
@@ -610,6 +641,28 @@ impl StateStore for RedisStore {
 
     fn hold_lease(&self) -> Option<Duration> {
         Some(self.options.hold_lease)
+    }
+}
+
+/// Checks every `options.loss_check_interval` whether Redis lost what it held, until the store is
+/// dropped.
+async fn watch_losses(
+    conn: Conn,
+    epoch: std::sync::Weak<Epoch>,
+    losses: Arc<Losses>,
+    health: Arc<StoreHealth>,
+    breaker: Arc<Breaker>,
+    options: RedisOptions,
+) {
+    let mut ticks = tokio::time::interval(options.loss_check_interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(epoch) = epoch.upgrade() else { return };
+        // An outage shows in the health and the breaker as for any operation; what it may have
+        // cost is the writes that failed, which count themselves.
+        let check = epoch.check(&conn, &losses, unix_now());
+        let _ = guarded(&health, &breaker, options.timeout, check).await;
     }
 }
 
