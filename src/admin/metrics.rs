@@ -24,7 +24,7 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     upstream_ignored_range: IntCounterVec,
     resumes_refused: IntCounterVec,
-    resumes_answered_whole: IntCounterVec,
+    resumes_unvouched: IntCounterVec,
     links_refused: IntCounterVec,
     resumed_past_expiry: IntCounterVec,
     s3_clients_refused: IntCounterVec,
@@ -164,12 +164,12 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
-        let resumes_answered_whole = IntCounterVec::new(
+        let resumes_unvouched = IntCounterVec::new(
             Opts::new(
-                "rangeway_resumes_answered_whole_total",
-                "Bare resumes answered with the whole object (200) because the state store may have lost their download's session.",
+                "rangeway_resumes_unvouched_total",
+                "Bare resumes not served as asked because the state store may have lost their download's session, by answer: whole (200) or refused (412, for clients that append a 200's tail).",
             ),
-            &["route"],
+            &["route", "answer"],
         )
         .expect("valid metric");
         let links_refused = IntCounterVec::new(
@@ -282,7 +282,7 @@ impl Metrics {
             Box::new(upstream_errors.clone()),
             Box::new(upstream_ignored_range.clone()),
             Box::new(resumes_refused.clone()),
-            Box::new(resumes_answered_whole.clone()),
+            Box::new(resumes_unvouched.clone()),
             Box::new(links_refused.clone()),
             Box::new(resumed_past_expiry.clone()),
             Box::new(s3_clients_refused.clone()),
@@ -316,7 +316,7 @@ impl Metrics {
             upstream_errors,
             upstream_ignored_range,
             resumes_refused,
-            resumes_answered_whole,
+            resumes_unvouched,
             links_refused,
             resumed_past_expiry,
             s3_clients_refused,
@@ -368,9 +368,10 @@ impl Metrics {
         self.resumes_refused.with_label_values(&[route]).inc();
     }
 
-    /// A bare resume answered whole: the store may have lost its session.
-    pub fn resume_answered_whole(&self, route: &str) {
-        self.resumes_answered_whole.with_label_values(&[route]).inc();
+    /// A bare resume not served as asked, `answer`ed `whole` or `refused`: the store may have
+    /// lost its session.
+    pub fn resume_unvouched(&self, route: &str, answer: &str) {
+        self.resumes_unvouched.with_label_values(&[route, answer]).inc();
     }
 
     /// A request a signed-link route refused, by `reason` (`LinkError::reason`, or `expired`).

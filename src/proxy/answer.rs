@@ -56,6 +56,10 @@ pub(super) const ACCEPT_BYTES: HeaderValue = HeaderValue::from_static("bytes");
 pub(super) const AMBIGUOUS_RESUME: &str = "several versions of the object were sent under this download id; download it again from \
      the start, under an id of your own (X-Download-Id)";
 
+/// `X-Rangeway-Error` of a refused resume whose session the state store may have lost.
+pub(super) const LOST_SESSION: &str = "the state store may have lost this download's record and the object may have \
+     changed since; download it again from the start";
+
 /// The answers without content to a range or a precondition: 416, 304, 412.
 pub(super) fn answer_without_body(
     response: &mut ResponseHeader,
@@ -92,6 +96,22 @@ pub(super) fn refuse_changed(
         "the object changed since this download began; download it again from the start",
     )?;
     response.insert_header(DOWNLOAD_ID, id)?;
+    ctx.body = BodyPlan::Discard;
+    Ok(())
+}
+
+/// Refuses a bare resume whose session the store may have lost, of an object that may have
+/// changed since (412), as a changed object's resume is refused.
+pub(super) fn refuse_lost_session(
+    response: &mut ResponseHeader,
+    ctx: &mut RequestCtx,
+) -> Result<()> {
+    empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
+    response.insert_header("x-rangeway-error", LOST_SESSION)?;
+    if let Some(download) = &ctx.download {
+        response.insert_header(DOWNLOAD_ID, download.id.as_str())?;
+    }
+    ctx.refusal = Some("the store may have lost this download's session");
     ctx.body = BodyPlan::Discard;
     Ok(())
 }
@@ -273,16 +293,16 @@ impl Proxy {
         Ok(true)
     }
 
-    /// Counts and logs a bare resume answered with the whole object because the store may have
-    /// lost its session (`RequestCtx::lost_sessions_since`).
-    pub(super) fn answered_whole(&self, ctx: &RequestCtx, route: &str) {
-        self.metrics.resume_answered_whole(route);
+    /// Counts and logs a bare resume whose session the store may have lost, by what it was
+    /// `answered` (`whole`, `refused`): see `LostSession`.
+    pub(super) fn unvouched(&self, ctx: &RequestCtx, route: &str, answered: &str) {
+        self.metrics.resume_unvouched(route, answered);
         let download = ctx.download.as_ref().map_or("-", |d| d.id.as_str());
         info!(
             route,
             download,
-            "the state store may have lost this download's session: answering the resume with \
-             the whole object"
+            answered,
+            "the state store may have lost this download's session: not resuming it"
         );
     }
 

@@ -12,7 +12,9 @@ use pingora_http::ResponseHeader;
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::Window;
 use rangeway_middleware::chain::Chain;
-use rangeway_middleware::rfc9110::{ContentRange, MultipartBody, RangeSpec, parse_content_range};
+use rangeway_middleware::rfc9110::{
+    ContentRange, MultipartBody, RangeSpec, Validators, parse_content_range,
+};
 
 use super::download::{DOWNLOAD_ID, SENT_PREFIX};
 use super::origin_digest::OriginDigestCheck;
@@ -105,12 +107,29 @@ pub struct RequestCtx {
     pub(super) if_range_date: IfRangeDate,
     /// The ranges of a multipart answer are fetched apart, in stretches this far apart at least.
     pub(super) part_gap: Option<u64>,
-    /// A bare resume the store may have lost the session of: the store could have lost sessions
-    /// written since this time, so the range is served only of a representation last modified
-    /// before it, and otherwise the whole (`range::Asked::lost_sessions_since`).
-    pub(super) lost_sessions_since: Option<SystemTime>,
+    /// A bare resume whose session the store may have lost.
+    pub(super) lost_session: Option<LostSession>,
     /// The stretches of a multipart answer still to fetch after the upstream's first answer.
     pub(super) rest_parts: Vec<ByteRange>,
+}
+
+/// A bare resume past byte 0 with no session found, where the store may have lost it: the client
+/// may hold bytes of any version sent since `since` (every session written before it would have
+/// expired by now). Served as asked only when the answer was last modified before that; else a
+/// client that resumes at its file's end (`curl -C -`, `wget -c`, which appends the tail of a
+/// 200) is refused with 412, and any other gets the whole representation (a 200 is a valid
+/// answer to any range request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LostSession {
+    pub(super) since: SystemTime,
+    pub(super) refuse: bool,
+}
+
+impl LostSession {
+    /// Whether an answer with `validators` is of a version the client may hold no other of.
+    pub(super) fn predated_by(self, validators: &Validators) -> bool {
+        validators.last_modified.is_some_and(|modified| modified < self.since)
+    }
 }
 
 /// What the request knows of its download: who it is, what the store said, what was delivered.
@@ -191,7 +210,7 @@ impl Default for RequestCtx {
             output_writer: None,
             if_range_date: IfRangeDate::NotADate,
             part_gap: None,
-            lost_sessions_since: None,
+            lost_session: None,
             rest_parts: Vec::new(),
         }
     }

@@ -58,14 +58,14 @@ use crate::routes::RouteSwitch;
 use crate::routes::origin_client::OriginClient;
 use crate::s3::verify as s3_verify;
 use crate::state::unix_now;
-use crate::state::{DownloadSession, Resumable, StateStore};
+use crate::state::{DownloadSession, Holding, Resumable, StateStore};
 use crate::traces::{self, Traces};
 use answer::{
     ACCEPT_BYTES, Lapsed, answer_without_body, error_answer, error_kind, header_over_limits,
-    is_client_abort, refuse_changed, respond, set_partial,
+    is_client_abort, refuse_changed, refuse_lost_session, respond, set_partial,
 };
 use completion::{Completions, Unfinished};
-use context::{BodyPlan, DownloadCtx, RequestCtx, ip_text};
+use context::{BodyPlan, DownloadCtx, LostSession, RequestCtx, ip_text};
 use download::{
     DownloadId, continues_past_start, download_id, holding, object_key, object_version,
 };
@@ -392,15 +392,17 @@ impl ProxyHttp for Proxy {
                 plan_upstream(ctx, route, current.as_ref(), &known, &req.headers);
                 ctx.known = Some(known);
             }
-            if unvouched {
-                // The whole object is asked for, and the range cut from it only when the answer
-                // predates every session the store could have lost (`range::Asked`).
+            if unvouched && let ClientRange::Bytes(set) = &ctx.client_range {
                 let ttl = Duration::from_secs(self.store.losses().ttl_secs());
-                ctx.lost_sessions_since =
-                    Some(SystemTime::now().checked_sub(ttl).unwrap_or(SystemTime::UNIX_EPOCH));
-                ctx.sent_range = None;
-                ctx.planned_for = None;
-                ctx.part_gap = None;
+                let since = SystemTime::now().checked_sub(ttl).unwrap_or(SystemTime::UNIX_EPOCH);
+                let refuse = matches!(holding(req, set), Holding::Prefix(_));
+                if !refuse {
+                    // Whole, to be answered whole unless the range may be cut from it.
+                    ctx.sent_range = None;
+                    ctx.planned_for = None;
+                    ctx.part_gap = None;
+                }
+                ctx.lost_session = Some(LostSession { since, refuse });
             }
             if req.method == Method::GET {
                 ctx.download = Some(DownloadCtx {
@@ -565,6 +567,15 @@ impl ProxyHttp for Proxy {
         if let Some(id) = ctx.download.as_ref().filter(|d| d.changed).map(|d| d.id.clone()) {
             return refuse_changed(response, ctx, &id);
         }
+        if let Some(lost) = ctx.lost_session
+            && lost.refuse
+            && matches!(status, 200 | 206)
+            && !lost.predated_by(&answer_validators)
+        {
+            let route = ctx.route_name().to_owned();
+            self.unvouched(ctx, &route, "refused");
+            return refuse_lost_session(response, ctx);
+        }
         // An Arc, not a copy of the name: the ctx is borrowed mutably below.
         let route_arc = ctx.route.clone();
         if route_arc.as_ref().is_some_and(|r| r.upstream.is_s3())
@@ -622,7 +633,7 @@ impl ProxyHttp for Proxy {
             sent: ctx.sent_range.as_ref(),
             if_range_date_sent: ctx.if_range_date == IfRangeDate::Forward,
             part_gap: ctx.part_gap,
-            lost_sessions_since: ctx.lost_sessions_since,
+            lost_sessions_since: ctx.lost_session.filter(|l| !l.refuse).map(|l| l.since),
         };
         let shape = shape_response(
             &asked,
@@ -634,8 +645,8 @@ impl ProxyHttp for Proxy {
         let route = route_arc.as_ref().map_or("-", |r| r.name.as_str());
         match shape {
             Shape::Forward => {
-                if status == 200 && ctx.lost_sessions_since.is_some() {
-                    self.answered_whole(ctx, route);
+                if status == 200 && ctx.lost_session.is_some() {
+                    self.unvouched(ctx, route, "whole");
                 }
                 if let Some(range) = response.headers.get(header::CONTENT_RANGE) {
                     ctx.served_range = range.to_str().unwrap_or("?").to_owned().into();

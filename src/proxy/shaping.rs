@@ -182,7 +182,7 @@ impl Proxy {
             sent: None,
             if_range_date_sent: false,
             part_gap: None,
-            lost_sessions_since: ctx.lost_sessions_since,
+            lost_sessions_since: ctx.lost_session.filter(|l| !l.refuse).map(|l| l.since),
         };
         let shape = shape_response(&asked, 200, &own, &validators(&own), SystemTime::now());
         let want = want_repr_digest_sha256(
@@ -213,10 +213,8 @@ impl Proxy {
         }
         let output = match shape {
             Shape::Forward => {
-                if ctx.lost_sessions_since.is_some()
-                    && matches!(ctx.client_range, ClientRange::Bytes(_))
-                {
-                    self.answered_whole(ctx, &route.name);
+                if ctx.lost_session.is_some() && matches!(ctx.client_range, ClientRange::Bytes(_)) {
+                    self.unvouched(ctx, &route.name, "whole");
                 }
                 response.set_status(StatusCode::OK)?;
                 match output_len {

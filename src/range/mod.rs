@@ -113,8 +113,7 @@ pub struct Asked<'a> {
     pub part_gap: Option<u64>,
     /// The request is a bare resume whose session the store may have lost, with every session
     /// written since this time: the range applies only to a representation last modified before
-    /// it (any client bytes then are of this version); any other gets the whole representation,
-    /// which `curl -C -` and `wget -c` refuse to append.
+    /// it (any bytes its client holds are then of this version); any other gets the whole.
     pub lost_sessions_since: Option<SystemTime>,
 }
 

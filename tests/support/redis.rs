@@ -140,7 +140,9 @@ impl RedisServer {
             .arg("--logfile")
             .arg(self.dir.join("redis.log"))
             // The tests start and kill servers; a protected-mode refusal would only confuse them.
-            .args(["--protected-mode", "no"]);
+            .args(["--protected-mode", "no"])
+            // `DEBUG SLEEP` makes a server that hangs for a while (off by default since 7.0).
+            .args(["--enable-debug-command", "yes"]);
         if let Some(bus) = self.cluster_bus {
             command
                 .args(["--cluster-enabled", "yes", "--cluster-port", &bus.to_string()])

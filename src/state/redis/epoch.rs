@@ -161,9 +161,14 @@ impl Epoch {
         }
 
         if stored_id.is_none() {
+            // Named by whichever instance comes first; every instance then knows that name.
             let mut create = redis::cmd("HSETNX");
             create.arg(&self.key).arg("id").arg(instance_id()?);
-            conn.query(&create).await.map_err(super::map_error)?;
+            let replies =
+                conn.query_all(&[create, self.id_command()]).await.map_err(super::map_error)?;
+            if let Some(Ok(Value::BulkString(id))) = replies.get(1) {
+                self.known().id = Some(String::from_utf8_lossy(id).into_owned());
+            }
         }
         if let (true, Some(run_id)) = (write_run_id, &run_id) {
             let mut set = redis::cmd("HSET");
