@@ -557,7 +557,7 @@ impl StoreCollector {
         let lost = IntCounterVec::new(
             Opts::new(
                 "rangeway_store_losses_total",
-                "Times the state store may have lost sessions it cannot name, by kind: flushed, restarted, evicted (by Redis), failed (a write or lookup), started (without the records before), reported (by another instance).",
+                "Times the state store may have lost sessions it cannot name, by kind: flushed, restarted, evicted (by Redis), failed (a write), reported (by another instance).",
             ),
             &["kind"],
         )

@@ -236,6 +236,8 @@ fn design_example_parses_to_typed_values() {
     assert_eq!(config.state.backend, StateBackend::Memory);
     assert_eq!(config.state.ttl, Duration::from_secs(86_400));
     assert_eq!(config.state.key_prefix, "rangeway:");
+    assert_eq!(config.state.max_memory, 256 << 20);
+    assert_eq!(config.state.max_client_memory, (256 << 20) / 100);
 
     let with_default_timeouts = |name: &str, kind| UpstreamConfig {
         name: name.to_owned(),
@@ -660,6 +662,18 @@ fn bad_top_level() {
 }
 
 #[test]
+fn state_memory_and_client_share() {
+    let config = load_with(
+        &format!("[state]\nmax_memory = \"64MiB\"\nclient_share = 0.25\n{UPSTREAMS}{ROUTE}"),
+        &Env::default(),
+        &kinds_only(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.state.max_memory, 64 << 20);
+    assert_eq!(config.state.max_client_memory, 16 << 20);
+}
+
+#[test]
 fn bad_state_values() {
     let cases: &[(&str, &[(&str, &str)])] = &[
         ("backend = \"redis\"", &[("state.redis_url", "is required when backend = \"redis\"")]),
@@ -670,6 +684,10 @@ fn bad_state_values() {
         ("backend = \"memroy\"", &[("state.backend", "did you mean \"memory\"?")]),
         ("ttl = \"0s\"", &[("state.ttl", "0s is out of range — use from \"1s\" to \"365d\"")]),
         ("ttl = 86400", &[("state.ttl", "write \"86400s\"")]),
+        ("max_memory = \"512KiB\"", &[("state.max_memory", "use from 1048576 to")]),
+        ("max_memory = \"lots\"", &[("state.max_memory", "")]),
+        ("client_share = 0", &[("state.client_share", "is 0: no client could keep")]),
+        ("client_share = 1.5", &[("state.client_share", "is not a share from 0 to 1")]),
         ("key_prefix = \"a b\"", &[("state.key_prefix", "is not a usable key prefix")]),
         (
             "redis_url = \"http://127.0.0.1\"",

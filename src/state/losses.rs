@@ -10,8 +10,8 @@
 //!   session would have lived; only those ids are affected (and a few others, at the filter's
 //!   false-positive rate).
 //! - **Untraced**: the store cannot say which sessions it lost (a Redis flush, restart, failover
-//!   or eviction; a write or a lookup that failed; the embedded store started without its
-//!   records). For `ttl` after the latest such loss, every missing session may be a lost one.
+//!   or eviction; a write that failed). For `ttl` after the latest such loss, every missing
+//!   session may be a lost one.
 //!
 //! What the proxy does with a session that may be lost is in `docs/ranges-and-resume.md`: the
 //! whole representation, unless the object's version provably predates every session the store
@@ -37,21 +37,13 @@ pub enum Loss {
     Evicted,
     /// A write or a lookup failed: a session may not have been stored, or not read.
     Failed,
-    /// The embedded store started without the records of the process before it.
-    Started,
     /// Another instance sharing the store reported a loss.
     Reported,
 }
 
 impl Loss {
-    const ALL: [Self; 6] = [
-        Self::Flushed,
-        Self::Restarted,
-        Self::Evicted,
-        Self::Failed,
-        Self::Started,
-        Self::Reported,
-    ];
+    const ALL: [Self; 5] =
+        [Self::Flushed, Self::Restarted, Self::Evicted, Self::Failed, Self::Reported];
 
     /// A short, stable name for logs and metric labels.
     pub fn name(self) -> &'static str {
@@ -60,7 +52,6 @@ impl Loss {
             Self::Restarted => "restarted",
             Self::Evicted => "evicted",
             Self::Failed => "failed",
-            Self::Started => "started",
             Self::Reported => "reported",
         }
     }
