@@ -371,6 +371,7 @@ fn build_routes(
         if !built.chain.stages().is_empty() {
             metrics.middleware_route(&built.name);
         }
+        metrics.resume_route(&built.name);
         routes.push(built);
     }
     Ok(RouteTable::new(routes))

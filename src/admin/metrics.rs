@@ -368,10 +368,9 @@ impl Metrics {
         self.resumes_refused.with_label_values(&[route]).inc();
     }
 
-    /// A bare resume not served as asked, `answer`ed `whole` or `refused`: the store may have
-    /// lost its session.
-    pub fn resume_unvouched(&self, route: &str, answer: &str) {
-        self.resumes_unvouched.with_label_values(&[route, answer]).inc();
+    /// A bare resume not served as asked: the store may have lost its session.
+    pub fn resume_unvouched(&self, route: &str, answer: Unvouched) {
+        self.resumes_unvouched.with_label_values(&[route, answer.label()]).inc();
     }
 
     /// A request a signed-link route refused, by `reason` (`LinkError::reason`, or `expired`).
@@ -406,6 +405,14 @@ impl Metrics {
     /// an alert on its increase sees the first error.
     pub fn middleware_route(&self, route: &str) {
         let _ = self.middleware_errors.with_label_values(&[route]);
+    }
+
+    /// Exports the counts of resumes the store could not vouch for from the start, at 0: they are
+    /// rare, and an alert on their increase must see the first.
+    pub fn resume_route(&self, route: &str) {
+        for answer in Unvouched::ALL {
+            let _ = self.resumes_unvouched.with_label_values(&[route, answer.label()]);
+        }
     }
 
     pub fn middleware_error(&self, route: &str) {
@@ -510,6 +517,26 @@ pub struct ActiveDownload(IntGauge);
 impl Drop for ActiveDownload {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+/// How a bare resume whose session the store may have lost is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unvouched {
+    /// The whole object (200).
+    Whole,
+    /// Refused (412), for clients that append a 200's tail.
+    Refused,
+}
+
+impl Unvouched {
+    const ALL: [Self; 2] = [Self::Whole, Self::Refused];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Whole => "whole",
+            Self::Refused => "refused",
+        }
     }
 }
 

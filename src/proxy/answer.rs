@@ -16,6 +16,7 @@ use super::download::{DOWNLOAD_ID, DownloadId};
 use super::hop_by_hop::VIA;
 use super::origin_digest::ORIGIN_DIGEST_MISMATCH;
 use super::under_way::Limit;
+use crate::admin::metrics::Unvouched;
 use crate::config::ClientLimits;
 use crate::range::Shape;
 
@@ -293,15 +294,15 @@ impl Proxy {
         Ok(true)
     }
 
-    /// Counts and logs a bare resume whose session the store may have lost, by what it was
-    /// `answered` (`whole`, `refused`): see `LostSession`.
-    pub(super) fn unvouched(&self, ctx: &RequestCtx, route: &str, answered: &str) {
+    /// Counts and logs a bare resume whose session the store may have lost, by how it was
+    /// `answered`: see `LostSession`.
+    pub(super) fn unvouched(&self, ctx: &RequestCtx, route: &str, answered: Unvouched) {
         self.metrics.resume_unvouched(route, answered);
         let download = ctx.download.as_ref().map_or("-", |d| d.id.as_str());
         info!(
             route,
             download,
-            answered,
+            ?answered,
             "the state store may have lost this download's session: not resuming it"
         );
     }

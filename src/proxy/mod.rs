@@ -46,7 +46,7 @@ use rangeway_middleware::{ByteRange, Window};
 use tracing::{info, warn};
 
 use crate::admin::live::LiveResponses;
-use crate::admin::metrics::Metrics;
+use crate::admin::metrics::{Metrics, Unvouched};
 use crate::cache::{Outcome, SliceCache};
 use crate::config::ClientLimits;
 use crate::fingerprint::FingerprintKey;
@@ -573,7 +573,7 @@ impl ProxyHttp for Proxy {
             && !lost.predated_by(&answer_validators)
         {
             let route = ctx.route_name().to_owned();
-            self.unvouched(ctx, &route, "refused");
+            self.unvouched(ctx, &route, Unvouched::Refused);
             return refuse_lost_session(response, ctx);
         }
         // An Arc, not a copy of the name: the ctx is borrowed mutably below.
@@ -646,7 +646,7 @@ impl ProxyHttp for Proxy {
         match shape {
             Shape::Forward => {
                 if status == 200 && ctx.lost_session.is_some() {
-                    self.unvouched(ctx, route, "whole");
+                    self.unvouched(ctx, route, Unvouched::Whole);
                 }
                 if let Some(range) = response.headers.get(header::CONTENT_RANGE) {
                     ctx.served_range = range.to_str().unwrap_or("?").to_owned().into();

@@ -22,6 +22,7 @@ use super::answer::{ACCEPT_BYTES, answer_without_body, empty_answer, refuse_chan
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
 use super::plan::{PART_GAP, covering};
+use crate::admin::metrics::Unvouched;
 use crate::cache::{CacheBody, Outcome, OutputWriter, SliceCache, Version};
 use crate::fingerprint::fingerprint;
 use crate::range::{Asked, ClientRange, Shape, shape_response, validators};
@@ -214,7 +215,7 @@ impl Proxy {
         let output = match shape {
             Shape::Forward => {
                 if ctx.lost_session.is_some() && matches!(ctx.client_range, ClientRange::Bytes(_)) {
-                    self.unvouched(ctx, &route.name, "whole");
+                    self.unvouched(ctx, &route.name, Unvouched::Whole);
                 }
                 response.set_status(StatusCode::OK)?;
                 match output_len {
