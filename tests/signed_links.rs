@@ -1,6 +1,7 @@
 //! Routes of signed links: links made by `rangeway sign`, used by curl; refused when not genuine
-//! (403) or expired (410) — except a resume of a download begun before the link expired,
-//! within the route's grace, pinned to its version as every resume is.
+//! (403) — a path, a term or an origin's query parameter changed — or expired (410), except a
+//! resume of a download begun before the link expired, within the route's grace, of bytes that
+//! download began, pinned to its version as every resume is.
 
 mod support;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use support::clients::{CLIENT_TIMEOUT, ClientRun, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
+use support::http::get_until;
 use support::origin::Origin;
 use support::proxy::{Instance as _, ProxyProcess};
 use support::tmp::TempDir;
@@ -203,6 +205,36 @@ fn genuine_links_only_and_keys_rotate() {
     support::wait::log_line(&log, "SIGHUP: reloaded");
     assert_eq!(status(&url(&old), &[]), "403");
     assert_eq!(status(&url(&link), &[]), "200");
+}
+
+#[test]
+fn past_its_expiry_a_link_serves_only_bytes_its_download_began() {
+    let origin = Origin::start();
+    let object = test_bytes(100_000, 55);
+    origin.put("/files/one.bin", object.clone());
+    let (dir, keys, config) = signing(&origin, &format!("{NEW_KEY}\n"), "1h");
+    let proxy = ProxyProcess::start(&body(&origin, &keys, "1h"));
+    let link = sign(&config, &["/files/one.bin", "--expires-in", "2s"]);
+    let url = proxy.url(&link);
+    let id = ["-H", "X-Download-Id: one-byte"];
+
+    // One byte fetched in time, and recorded.
+    assert_eq!(status(&url, &[&id[..], &["-r", "0-0"]].concat()), "206");
+    get_until(&proxy.admin_url("/v1/downloads/one-byte"), |r| r.status == 200);
+    wait_expired(&link);
+
+    // Not a way to download the object again, or bytes never begun: 410.
+    for range in [&[][..], &["-r", "0-"], &["-r", "0-99"], &["-r", "50000-"], &["-r", "-100"]] {
+        assert_eq!(status(&url, &[&id[..], range].concat()), "410", "{range:?}");
+    }
+    // The rest of the byte begun: served, byte-exact.
+    let file = dir.join("rest.bin");
+    let path = file.to_str().unwrap();
+    let rest = curl(&[&id[..], &["-r", "1-", "-o", path, "-w", "%{http_code}", &url]].concat());
+    assert_eq!(rest.stdout, "206", "{rest}");
+    assert_eq!(sha256_file(&file), sha256_hex(&object[1..]));
+    assert_eq!(proxy.metric("rangeway_resumed_past_expiry_total", "by=\"link\""), 1);
+    assert_eq!(proxy.metric("rangeway_links_refused_total", "reason=\"expired\""), 5);
 }
 
 #[test]

@@ -14,6 +14,7 @@ mod answer;
 mod completion;
 mod context;
 pub mod download;
+mod grace;
 mod hop_by_hop;
 mod negotiation;
 mod origin_digest;
@@ -210,8 +211,8 @@ impl ProxyHttp for Proxy {
             return Ok(true);
         };
         // What runs out — a signed link, a presigned S3 URL — is refused once expired, except a
-        // ranged GET within the route's grace of a download begun before the expiry (checked
-        // against the download's session below).
+        // ranged GET within the route's grace that continues a download begun before the expiry
+        // (checked against the download's session below).
         let now = unix_now();
         let resume_within = |expires: u64, grace: Duration| {
             req.method == Method::GET
@@ -339,9 +340,9 @@ impl ProxyHttp for Proxy {
                 }
             }
             if let Some(lapse) = lapsed {
-                // Only the download that began before the expiry may go on.
-                let begun_before = stored.as_ref().is_some_and(|s| s.started_at <= lapse.expires());
-                if !begun_before {
+                // Only what began before the expiry may go on: see `grace`.
+                let expires = lapse.expires();
+                if !grace::continues_download(stored.as_ref(), expires, &ctx.client_range) {
                     refused_lapse = Some(lapse);
                 }
             }
@@ -403,7 +404,7 @@ impl ProxyHttp for Proxy {
         }
         if let Some(lapse) = refused_lapse {
             ctx.download = None;
-            ctx.refusal = Some("it expired before this download began");
+            ctx.refusal = Some("it expired, and this continues no download begun before");
             let route = ctx.route_name().to_owned();
             return self.refuse_lapsed(session, &route, lapse).await;
         }
