@@ -62,8 +62,8 @@ use crate::state::unix_now;
 use crate::state::{DownloadSession, Resumable, StateStore};
 use crate::traces::{self, Traces};
 use answer::{
-    ACCEPT_BYTES, Lapsed, answer_without_body, error_answer, error_kind, header_over_limits,
-    is_client_abort, refuse_changed, respond, set_partial,
+    ACCEPT_BYTES, Lapsed, answer_without_body, declares_body, error_answer, error_kind,
+    header_over_limits, is_client_abort, refuse_changed, respond, set_partial,
 };
 use completion::{Completions, Unfinished};
 use context::{BodyPlan, DownloadCtx, RequestCtx, ip_text};
@@ -198,6 +198,14 @@ impl ProxyHttp for Proxy {
             .await?;
             return Ok(true);
         }
+        if declares_body(&req.headers) {
+            // What follows the header on the connection may be read as anything: it ends here.
+            session.set_keepalive(None);
+            let problem = "a GET or HEAD request has no body: send it without one\n";
+            let close = [(header::CONNECTION, "close")];
+            respond(session, StatusCode::BAD_REQUEST, problem, &close).await?;
+            return Ok(true);
+        }
         let path = match NormalizedPath::parse(req.uri.path()) {
             Ok(path) => path,
             Err(e) => {
@@ -292,7 +300,7 @@ impl ProxyHttp for Proxy {
         ctx.client_ip = client_ip.map(ip_text);
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(route));
-        ctx.transport = Transport::choose(session, route);
+        ctx.transport = Transport::choose(route);
         ctx.coding_declined = route
             .chain
             .content_coding()
