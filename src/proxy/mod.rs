@@ -3,12 +3,12 @@
 //!
 //! [`Proxy`] is built once from config (routes, upstreams, limits, metrics, the store);
 //! `RequestCtx` (context.rs) is the per-request state pingora threads through the phases: route
-//! and parse in `request_filter`, which also chooses the way the answer takes (transport.rs);
-//! plan and send the upstream Range in `upstream_request_filter`; check the upstream's answer and
-//! shape the client's in `response_filter` (shaping.rs); cut the body in `response_body_filter`
-//! (synchronous, no allocation on passthrough); record in `logging`. Each way an answer can take —
-//! pingora's proxying, the relay, splice — is followed step by step in `LIFECYCLE.md` beside this
-//! file; `docs/architecture.md` has the whole.
+//! and parse in `request_filter`, which also chooses the way the answer takes (transport.rs) and
+//! plans the upstream Range; the relay (relay.rs, from `proxy_upstream_filter`) sends it; check
+//! the upstream's answer and shape the client's in `response_filter` (shaping.rs); cut the body
+//! in `response_body_filter` (synchronous, no allocation on passthrough); record in `logging`.
+//! Each way an answer can take — the relay, splice, sendfile — is followed step by step in
+//! `LIFECYCLE.md` beside this file; `docs/architecture.md` has the whole.
 
 mod answer;
 mod completion;
@@ -39,7 +39,7 @@ use pingora_core::modules::http::HttpModules;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
-use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use rangeway_middleware::chain::{Chain, ChainError, StageError};
 use rangeway_middleware::rfc9110::{RangeLimits, content_range};
@@ -70,7 +70,6 @@ use context::{BodyPlan, DownloadCtx, RequestCtx, ip_text};
 use download::{DownloadId, download_id, holding, object_key, object_version};
 use hop_by_hop::forwarded;
 use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
-use origin_request::client_side;
 use plan::{plan_parts, plan_upstream};
 use relay::Continuable;
 use shaping::{join, off_the_event_loop, remove_whole_object_checksums, upstream_stream};
@@ -379,8 +378,7 @@ impl ProxyHttp for Proxy {
                 }
             };
             if ranged && !ctx.transforms() {
-                let relayed = ctx.transport != Transport::Pingora;
-                plan_parts(ctx, record.as_ref().map(|r| &r.current), relayed, &req.headers);
+                plan_parts(ctx, record.as_ref().map(|r| &r.current), &req.headers);
             }
             if has_chain {
                 let current = record.map(|r| r.current);
@@ -427,10 +425,7 @@ impl ProxyHttp for Proxy {
         session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> Result<bool> {
-        // The way was chosen with the route (see transport.rs).
-        if ctx.transport == Transport::Pingora {
-            return Ok(true);
-        }
+        // Every request that gets here is relayed (see transport.rs): pingora never connects.
         let span = request_span(ctx.trace.as_ref());
         self.relay(session, ctx).instrument(span).await?;
         Ok(false)
@@ -439,57 +434,10 @@ impl ProxyHttp for Proxy {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut Self::CTX,
+        _ctx: &mut Self::CTX,
     ) -> Result<Box<HttpPeer>> {
-        let route = ctx
-            .route
-            .as_ref()
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        ctx.replica = route.upstream.choose();
-        // From the first try: what the upstream cost the response, connecting included.
-        ctx.upstream_asked.get_or_insert_with(Instant::now);
-        route.upstream.peer(ctx.replica).await
-    }
-
-    fn fail_to_connect(
-        &self,
-        _session: &mut Session,
-        _peer: &HttpPeer,
-        ctx: &mut Self::CTX,
-        mut e: Box<Error>,
-    ) -> Box<Error> {
-        // Nothing was sent: another replica can take the request (`upstream_peer` chooses it).
-        if let Some(upstream) = ctx.route.as_ref().map(|route| &route.upstream)
-            && upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries)
-        {
-            e.set_retry(true);
-        }
-        e
-    }
-
-    async fn upstream_request_filter(
-        &self,
-        session: &mut Session,
-        upstream_request: &mut RequestHeader,
-        ctx: &mut Self::CTX,
-    ) -> Result<()> {
-        let route = ctx
-            .route
-            .as_ref()
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        // pingora's: the client's request as pingora forwards it (its framing fields kept, for
-        // the body it sends), completed by the builder the relay's requests are.
-        let mut request = upstream_request.as_owned_parts();
-        origin_request::complete(&mut request, route, ctx, client_side(session))?;
-        *upstream_request = RequestHeader::from(request);
-        // Only pingora calls this, on the `Pingora` way: the relay builds its own requests.
-        if let Some(trace) = ctx.trace.as_mut() {
-            // Before the request is signed; `traceparent` is never among the signed fields. (The
-            // relay makes its span as it sends: the cache may answer instead.)
-            let attempt = traces::origin_attempt(&trace.span, upstream_request, "first");
-            trace.first_origin = Some(attempt);
-        }
-        route.upstream.authorize(upstream_request)
+        // Required by pingora, never called: `proxy_upstream_filter` relays every request.
+        Err(Error::explain(ErrorType::InternalError, "rangeway relays every request itself"))
     }
 
     async fn upstream_response_filter(
@@ -502,9 +450,6 @@ impl ProxyHttp for Proxy {
             && let Some(route) = ctx.route.as_ref()
         {
             route.upstream.failed(ctx.replica);
-        }
-        if let Some(attempt) = ctx.trace.as_ref().and_then(|t| t.first_origin.as_ref()) {
-            attempt.record("http.response.status_code", traces::int(response.status.as_u16()));
         }
         if ctx.transforms() {
             // The version a resume may have is the transformed representation's ETag: checked in response_filter.

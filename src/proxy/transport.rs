@@ -19,7 +19,9 @@ use crate::routes::origin_client::Exchange;
 /// How a request's answer travels from its origin to its client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum Transport {
-    /// pingora's own proxying: a request with a body, which the relay does not send.
+    /// None: rangeway answered the request itself before a way was chosen (a refusal, a 404).
+    /// Named `pingora` in logs and metrics, as when requests with a body were pingora's to
+    /// proxy; they are refused now.
     #[default]
     Pingora,
     /// rangeway's relay (`relay.rs`): its own upstream client, the answer through the same phases
