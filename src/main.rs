@@ -51,12 +51,18 @@ enum Command {
     },
     /// Print a signed link to PATH for the route of the config that serves it (a route with
     /// `[routes.signed_links]`), signed with its newest key: the path and query to give out.
+    /// The signature covers the query given with --query; a link whose query is changed is
+    /// refused.
     Sign {
         /// The TOML config; without it, the embedded default.
         #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
         /// The path clients will ask for, e.g. /files/release.iso.
         path: String,
+        /// The origin's query parameters the link carries, percent-encoded as they are to
+        /// reach the origin, e.g. 'versionId=3&response-content-disposition=attachment'.
+        #[arg(long, value_name = "QUERY", default_value = "")]
+        query: String,
         /// How long new downloads may begin with the link: 30m, 24h, 7d...
         #[arg(long, value_name = "DURATION", default_value = "24h")]
         expires_in: String,
@@ -114,12 +120,13 @@ fn main() -> ExitCode {
                 ExitCode::from(e.exit_code())
             }
         },
-        Command::Sign { config, path, expires_in, client, download_id, host, key_id } => {
+        Command::Sign { config, path, query, expires_in, client, download_id, host, key_id } => {
             let loaded = match load(config.as_deref(), &registry) {
                 Ok(loaded) => loaded,
                 Err(errors) => return config_failure(config.as_deref(), &errors),
             };
-            let request = SignRequest { path, expires_in, client, download_id, host, key_id };
+            let request =
+                SignRequest { path, query, expires_in, client, download_id, host, key_id };
             match sign(&loaded, &request) {
                 Ok(link) => {
                     println!("{link}");
@@ -211,6 +218,7 @@ fn decrypt(key_file: &Path) -> ExitCode {
 /// What `rangeway sign` was asked for.
 struct SignRequest {
     path: String,
+    query: String,
     expires_in: String,
     client: Option<String>,
     download_id: Option<String>,
@@ -245,6 +253,15 @@ fn sign(config: &Config, request: &SignRequest) -> Result<String, String> {
     if let Some(client) = request.client.as_deref().filter(|c| !rangeway::links::is_prefix(c)) {
         return Err(format!("--client {client}: give an address or a prefix (192.0.2.0/24)"));
     }
+    // A `?` is how a URL writes a query, not part of it.
+    let query = request.query.strip_prefix('?').unwrap_or(&request.query);
+    if rangeway::proxy::download::without_download_id(query) != query {
+        // It never reaches the origin, and a client may name its download by header as well.
+        return Err(format!(
+            "--query {query}: download_id is not signed — bind the link to a download with \
+             --download-id"
+        ));
+    }
     let key_id = request.key_id.as_deref().unwrap_or(signed.keys.newest());
     let expires = rangeway::state::unix_now().saturating_add(lifetime.as_secs());
     let terms = rangeway::links::LinkTerms {
@@ -252,8 +269,11 @@ fn sign(config: &Config, request: &SignRequest) -> Result<String, String> {
         client: request.client.clone(),
         id: request.download_id.clone(),
     };
-    let query = rangeway::links::sign(&signed.keys, key_id, &path.to_string(), &terms)
-        .ok_or_else(|| format!("--key-id {key_id}: the route's keys file has no such key"))?;
+    let query = rangeway::links::sign(&signed.keys, key_id, &path.to_string(), query, &terms)
+        .map_err(|e| match e {
+            rangeway::links::SignError::UnknownKey(_) => format!("--key-id {key_id}: {e}"),
+            _ => format!("--query {query}: {e}"),
+        })?;
     // The path as a URL writes it; its signature is over the decoded path, as clients send it
     // encoded one way or another.
     const KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC

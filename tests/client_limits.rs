@@ -1,6 +1,7 @@
 //! What one client may cost: a header dribbled byte by byte is cut off, an address may hold only
-//! so many connections, oversized headers are answered 431, and a client that stops reading is
-//! cut rather than held on to.
+//! so many connections, oversized headers are answered 431, a client that stops reading is cut
+//! rather than held on to, and a GET or HEAD with a body (a request smuggled in it) is answered
+//! 400 on a connection that ends there, the origin never asked.
 
 mod support;
 
@@ -77,6 +78,45 @@ fn a_header_dribbled_byte_by_byte_is_cut_off() {
         // Deliberate: idle longer than client_header_timeout (1 s) between two requests.
         std::thread::sleep(Duration::from_millis(1500));
     }
+}
+
+#[test]
+fn a_get_or_head_with_a_body_is_refused_and_its_connection_closed() {
+    let origin = Origin::start();
+    origin.put("/a.bin", test_bytes(100, 2));
+    let proxy = proxy(&origin, "");
+    // Each body is a whole request, as an origin that reads no body on a GET would take it.
+    let smuggled = "GET /a.bin HTTP/1.1\r\nHost: x\r\n\r\n";
+    let chunked = format!("{:x}\r\n{smuggled}\r\n0\r\n\r\n", smuggled.len());
+    let length = format!("Content-Length: {}\r\n", smuggled.len());
+    let cases = [
+        ("GET", length.clone(), smuggled.to_owned()),
+        ("HEAD", length.clone(), smuggled.to_owned()),
+        ("GET", "Transfer-Encoding: chunked\r\n".to_owned(), chunked.clone()),
+        ("HEAD", "Transfer-Encoding: chunked\r\n".to_owned(), chunked),
+        // A coding that is not chunked still frames a body to some origins.
+        ("GET", format!("Transfer-Encoding: gzip\r\n{length}"), smuggled.to_owned()),
+    ];
+    for (method, framing, body) in cases {
+        let mut stream = TcpStream::connect(proxy.addr()).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let request = format!("{method} /a.bin HTTP/1.1\r\nHost: x\r\n{framing}\r\n{body}");
+        stream.write_all(request.as_bytes()).expect("write");
+        let began = Instant::now();
+        let answer = String::from_utf8_lossy(&read_to_close(&mut stream)).into_owned();
+        let case = format!("{method} with {framing:?}");
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{case}: {answer}");
+        assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{case}: the body read: {answer}");
+        assert!(answer.to_ascii_lowercase().contains("connection: close"), "{case}: {answer}");
+        // Closed by rangeway, not by the read timeout.
+        assert!(began.elapsed() < Duration::from_secs(5), "{case}: kept open");
+    }
+    assert_eq!(origin.requests().len(), 0, "a request with a body reached the origin");
+    // No body: `Content-Length: 0` says so as well as no framing at all.
+    let empty = RawRequest::get("/a.bin").header("Content-Length", "0");
+    let served = Connection::open(proxy.addr()).expect("connect").send(&empty).expect("answer");
+    assert_eq!(served.status, 200);
+    assert_eq!(origin.requests().len(), 1);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Routes of signed links: links made by `rangeway sign`, used by curl; refused when not genuine
-//! (403) or expired (410) — except a resume of a download begun before the link expired,
-//! within the route's grace, pinned to its version as every resume is.
+//! (403) — a path, a term or an origin's query parameter changed — or expired (410), except a
+//! resume of a download begun before the link expired, within the route's grace, of bytes that
+//! download began, pinned to its version as every resume is.
 
 mod support;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use support::clients::{CLIENT_TIMEOUT, ClientRun, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
+use support::http::get_until;
 use support::origin::Origin;
 use support::proxy::{Instance as _, ProxyProcess};
 use support::tmp::TempDir;
@@ -79,6 +81,71 @@ fn status(url: &str, extra: &[&str]) -> String {
     curl(&[extra, &["-o", "/dev/null", "-w", "%{http_code}", url]].concat()).stdout
 }
 
+/// `rangeway sign` run with `args` that it refuses: what it says.
+fn sign_refused(config: &Path, args: &[&str]) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rangeway"));
+    command.args(["sign", "--config"]).arg(config).args(args);
+    let refused = run(command, CLIENT_TIMEOUT);
+    assert_eq!(refused.code(), Some(2), "{refused}");
+    refused.stderr
+}
+
+#[test]
+fn a_link_signs_the_origin_query_it_carries() {
+    let origin = Origin::start();
+    let object = test_bytes(100_000, 52);
+    origin.put("/files/v.bin", object.clone());
+    let (dir, keys, config) = signing(&origin, &format!("{NEW_KEY}\n"), "1h");
+    let proxy = ProxyProcess::start(&body(&origin, &keys, "1h"));
+    let query = "versionId=3&response-content-disposition=attachment%3B%20filename%3Dv.bin";
+
+    let link = sign(&config, &["/files/v.bin", "--query", query]);
+    assert!(link.starts_with(&format!("/files/v.bin?{query}&rw-expires=")), "{link}");
+    let file = dir.join("v.bin");
+    let fetched = curl(&["-o", file.to_str().unwrap(), "-w", "%{http_code}", &proxy.url(&link)]);
+    assert_eq!(fetched.stdout, "200", "{fetched}");
+    assert_eq!(sha256_file(&file), sha256_hex(&object));
+    // The origin got the signed query, and nothing of the link.
+    let targets: Vec<String> = origin.requests().into_iter().map(|r| r.target).collect();
+    assert_eq!(targets, [format!("/files/v.bin?{query}")]);
+    // The same query written otherwise (escapes in lower case, its parameters in another
+    // order), and rangeway's own download_id added: the same link.
+    let reordered = link.replace(
+        query,
+        "response-content-disposition=attachment%3b%20filename%3dv.bin&versionId=3",
+    );
+    assert_eq!(status(&proxy.url(&reordered), &[]), "200", "{reordered}");
+    assert_eq!(status(&proxy.url(&format!("{link}&download_id=mine")), &[]), "200");
+
+    let tampered = [
+        ("a changed parameter", link.replace("versionId=3", "versionId=2")),
+        ("an added parameter", format!("{link}&versionId=2")),
+        ("another added parameter", link.replace("versionId=3", "acl&versionId=3")),
+        ("a removed parameter", link.replace("versionId=3&", "")),
+        ("a space for a plus", link.replace("%20filename", "+filename")),
+    ];
+    for (what, tampered) in &tampered {
+        assert_eq!(status(&proxy.url(tampered), &[]), "403", "{what}: {tampered}");
+    }
+    let refused = proxy.metric("rangeway_links_refused_total", "reason=\"bad_signature\"");
+    assert_eq!(refused, tampered.len() as u64);
+    // A link signed without the query does not take one added to it.
+    let bare = sign(&config, &["/files/v.bin"]);
+    assert_eq!(status(&proxy.url(&bare), &[]), "200");
+    assert_eq!(status(&proxy.url(&format!("{bare}&versionId=3")), &[]), "403");
+
+    // What `sign` will not put in a link's query, and why.
+    for (query, says) in [
+        ("rw-id=x", "is a signed link's own"),
+        ("download_id=x", "--download-id"),
+        ("a=b c", "percent-encode it (%20)"),
+        ("a=100%", "%25"),
+    ] {
+        let said = sign_refused(&config, &["/files/v.bin", "--query", query]);
+        assert!(said.contains(says), "{query}: {said}");
+    }
+}
+
 #[test]
 fn genuine_links_only_and_keys_rotate() {
     let origin = Origin::start();
@@ -138,6 +205,36 @@ fn genuine_links_only_and_keys_rotate() {
     support::wait::log_line(&log, "SIGHUP: reloaded");
     assert_eq!(status(&url(&old), &[]), "403");
     assert_eq!(status(&url(&link), &[]), "200");
+}
+
+#[test]
+fn past_its_expiry_a_link_serves_only_bytes_its_download_began() {
+    let origin = Origin::start();
+    let object = test_bytes(100_000, 55);
+    origin.put("/files/one.bin", object.clone());
+    let (dir, keys, config) = signing(&origin, &format!("{NEW_KEY}\n"), "1h");
+    let proxy = ProxyProcess::start(&body(&origin, &keys, "1h"));
+    let link = sign(&config, &["/files/one.bin", "--expires-in", "2s"]);
+    let url = proxy.url(&link);
+    let id = ["-H", "X-Download-Id: one-byte"];
+
+    // One byte fetched in time, and recorded.
+    assert_eq!(status(&url, &[&id[..], &["-r", "0-0"]].concat()), "206");
+    get_until(&proxy.admin_url("/v1/downloads/one-byte"), |r| r.status == 200);
+    wait_expired(&link);
+
+    // Not a way to download the object again, or bytes never begun: 410.
+    for range in [&[][..], &["-r", "0-"], &["-r", "0-99"], &["-r", "50000-"], &["-r", "-100"]] {
+        assert_eq!(status(&url, &[&id[..], range].concat()), "410", "{range:?}");
+    }
+    // The rest of the byte begun: served, byte-exact.
+    let file = dir.join("rest.bin");
+    let path = file.to_str().unwrap();
+    let rest = curl(&[&id[..], &["-r", "1-", "-o", path, "-w", "%{http_code}", &url]].concat());
+    assert_eq!(rest.stdout, "206", "{rest}");
+    assert_eq!(sha256_file(&file), sha256_hex(&object[1..]));
+    assert_eq!(proxy.metric("rangeway_resumed_past_expiry_total", "by=\"link\""), 1);
+    assert_eq!(proxy.metric("rangeway_links_refused_total", "reason=\"expired\""), 5);
 }
 
 #[test]

@@ -112,25 +112,6 @@ fn large_untouched_bodies_are_spliced_byte_for_byte() {
 }
 
 #[test]
-fn a_get_with_a_body_is_proxied_whole_by_pingora() {
-    let (_origin, proxy, big, _small) = setup();
-    // The relay sends no request body, so a GET that has one goes pingora's way, body and all.
-    let mut client = TcpStream::connect(proxy.addr()).expect("connect");
-    client
-        .write_all(
-            b"GET /big.bin HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
-        )
-        .expect("send");
-    let mut raw = Vec::new();
-    client.read_to_end(&mut raw).expect("read");
-    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a header") + 4;
-    assert!(raw.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&raw[..head_end]));
-    assert!(raw[head_end..] == big, "other bytes than the object's");
-    proxy.metric_at_least("rangeway_requests_total", "", 1);
-    assert_eq!(spliced_bytes(&proxy, 0), 0, "a request with a body is not relayed");
-}
-
-#[test]
 fn a_spliced_download_is_recorded_for_resume() {
     let (_origin, proxy, big, _small) = setup();
     let whole = send(&proxy, RawRequest::get("/big.bin").header("X-Download-Id", "spliced"));

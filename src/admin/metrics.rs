@@ -127,7 +127,7 @@ impl Metrics {
         let transports = IntCounterVec::new(
             Opts::new(
                 "rangeway_transport_total",
-                "Requests answered, by route and the way their answer took: pingora (pingora's own proxying), relay (rangeway's upstream client, the body in chunks), splice (the relay, the body spliced socket to socket).",
+                "Requests answered, by route and the way their answer took: pingora (rangeway's own answer, before a way was chosen), relay (rangeway's upstream client, the body in chunks), splice (the relay, the body spliced socket to socket).",
             ),
             &["route", "transport"],
         )

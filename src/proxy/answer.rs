@@ -133,6 +133,19 @@ pub(super) fn header_over_limits(
         .then_some("the request header is larger than max_header_bytes allows\n")
 }
 
+/// Whether a request's header says a body follows: a `Content-Length` other than 0, or any
+/// `Transfer-Encoding` (a coding pingora would not read as chunked still frames a body to an
+/// origin that does). rangeway serves GET and HEAD, which have none to send: one that declares
+/// a body is refused rather than forwarded, for an origin that reads no body there would take
+/// it for the next request on the connection (request smuggling).
+pub(super) fn declares_body(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .any(|len| len.to_str().ok().and_then(|len| len.trim().parse::<u64>().ok()) != Some(0))
+}
+
 /// Turns an upstream answer into a 206 for `range`.
 pub(super) fn set_partial(
     response: &mut ResponseHeader,
@@ -339,5 +352,37 @@ impl Proxy {
             (HeaderName::from_static(DOWNLOAD_ID), download.id.as_str()),
         ];
         respond(session, StatusCode::PRECONDITION_FAILED, message, &extra).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderMap;
+
+    use super::*;
+
+    fn headers(fields: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append(*name, HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    #[test]
+    fn a_body_is_declared_by_its_framing() {
+        assert!(!declares_body(&headers(&[])));
+        assert!(!declares_body(&headers(&[("content-length", "0")])));
+        assert!(!declares_body(&headers(&[("content-length", "00")])));
+        for declared in [
+            &[("content-length", "5")][..],
+            &[("content-length", "x")],
+            &[("content-length", "0"), ("content-length", "5")],
+            &[("transfer-encoding", "chunked")],
+            &[("transfer-encoding", "gzip")],
+            &[("content-length", "0"), ("transfer-encoding", "chunked")],
+        ] {
+            assert!(declares_body(&headers(declared)), "{declared:?}");
+        }
     }
 }

@@ -3,17 +3,18 @@
 //!
 //! [`Proxy`] is built once from config (routes, upstreams, limits, metrics, the store);
 //! `RequestCtx` (context.rs) is the per-request state pingora threads through the phases: route
-//! and parse in `request_filter`, which also chooses the way the answer takes (transport.rs);
-//! plan and send the upstream Range in `upstream_request_filter`; check the upstream's answer and
-//! shape the client's in `response_filter` (shaping.rs); cut the body in `response_body_filter`
-//! (synchronous, no allocation on passthrough); record in `logging`. Each way an answer can take —
-//! pingora's proxying, the relay, splice — is followed step by step in `LIFECYCLE.md` beside this
-//! file; `docs/architecture.md` has the whole.
+//! and parse in `request_filter`, which also chooses the way the answer takes (transport.rs) and
+//! plans the upstream Range; the relay (relay.rs, from `proxy_upstream_filter`) sends it; check
+//! the upstream's answer and shape the client's in `response_filter` (shaping.rs); cut the body
+//! in `response_body_filter` (synchronous, no allocation on passthrough); record in `logging`.
+//! Each way an answer can take — the relay, splice, sendfile — is followed step by step in
+//! `LIFECYCLE.md` beside this file; `docs/architecture.md` has the whole.
 
 mod answer;
 mod completion;
 mod context;
 pub mod download;
+mod grace;
 mod hop_by_hop;
 mod negotiation;
 mod origin_digest;
@@ -38,7 +39,7 @@ use pingora_core::modules::http::HttpModules;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
-use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use rangeway_middleware::chain::{Chain, ChainError, StageError};
 use rangeway_middleware::rfc9110::{RangeLimits, content_range};
@@ -61,8 +62,8 @@ use crate::state::unix_now;
 use crate::state::{DownloadSession, Holding, Resumable, StateStore};
 use crate::traces::{self, Traces};
 use answer::{
-    ACCEPT_BYTES, Lapsed, answer_without_body, error_answer, error_kind, header_over_limits,
-    is_client_abort, refuse_changed, refuse_lost_session, respond, set_partial,
+    ACCEPT_BYTES, Lapsed, answer_without_body, declares_body, error_answer, error_kind,
+    header_over_limits, is_client_abort, refuse_changed, refuse_lost_session, respond, set_partial,
 };
 use completion::{Completions, Unfinished};
 use context::{BodyPlan, DownloadCtx, LostSession, RequestCtx, ip_text};
@@ -71,7 +72,6 @@ use download::{
 };
 use hop_by_hop::forwarded;
 use origin_digest::{ORIGIN_DIGEST_MISMATCH, OriginDigestCheck};
-use origin_request::client_side;
 use plan::{plan_parts, plan_upstream};
 use relay::Continuable;
 use shaping::{join, off_the_event_loop, remove_whole_object_checksums, upstream_stream};
@@ -199,6 +199,14 @@ impl ProxyHttp for Proxy {
             .await?;
             return Ok(true);
         }
+        if declares_body(&req.headers) {
+            // What follows the header on the connection may be read as anything: it ends here.
+            session.set_keepalive(None);
+            let problem = "a GET or HEAD request has no body: send it without one\n";
+            let close = [(header::CONNECTION, "close")];
+            respond(session, StatusCode::BAD_REQUEST, problem, &close).await?;
+            return Ok(true);
+        }
         let path = match NormalizedPath::parse(req.uri.path()) {
             Ok(path) => path,
             Err(e) => {
@@ -212,8 +220,8 @@ impl ProxyHttp for Proxy {
             return Ok(true);
         };
         // What runs out — a signed link, a presigned S3 URL — is refused once expired, except a
-        // ranged GET within the route's grace of a download begun before the expiry (checked
-        // against the download's session below).
+        // ranged GET within the route's grace that continues a download begun before the expiry
+        // (checked against the download's session below).
         let now = unix_now();
         let resume_within = |expires: u64, grace: Duration| {
             req.method == Method::GET
@@ -250,7 +258,10 @@ impl ProxyHttp for Proxy {
         let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
         let mut link = None;
         if let Some(signed) = &route.signed_links {
-            match links::verify(&signed.keys, &path.to_string(), req.uri.query(), client_ip, now) {
+            // Not signed: rangeway's `download_id` never reaches the origin, and a client may
+            // name its download by header as well (a link binds one with `rw-id`).
+            let query = req.uri.query().map(download::without_download_id);
+            match links::verify(&signed.keys, &path.to_string(), query.as_deref(), client_ip, now) {
                 Err(e) => {
                     self.metrics.link_refused(&route.name, e.reason());
                     let body = format!("{e}: ask whoever gave you the link for a new one\n");
@@ -290,7 +301,7 @@ impl ProxyHttp for Proxy {
         ctx.client_ip = client_ip.map(ip_text);
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(route));
-        ctx.transport = Transport::choose(session, route);
+        ctx.transport = Transport::choose(route);
         ctx.coding_declined = route
             .chain
             .content_coding()
@@ -316,8 +327,9 @@ impl ProxyHttp for Proxy {
                 && !req.headers.contains_key(header::IF_RANGE)
                 && !req.headers.contains_key(header::IF_MATCH);
             // The one store round trip before the response, for requests that continue a
-            // download and on routes whose stages learn. A store outage costs resume safety,
-            // the resume hint and the digests, never the response (the store reports it, once).
+            // download and on routes whose stages learn. A store outage costs the resume hint
+            // and the digests, never the response (the store reports it, once); the resumes it
+            // cannot vouch for are refused or answered whole (`LostSession`).
             let lookup = if ranged || has_chain {
                 let span = store_span(ctx.trace.as_ref(), StoreCall::Lookup);
                 Some(self.store.lookup(&id, &object, &route.stage_keys).instrument(span).await)
@@ -351,9 +363,9 @@ impl ProxyHttp for Proxy {
                 }
             }
             if let Some(lapse) = lapsed {
-                // Only the download that began before the expiry may go on.
-                let begun_before = stored.as_ref().is_some_and(|s| s.started_at <= lapse.expires());
-                if !begun_before {
+                // Only what began before the expiry may go on: see `grace`.
+                let expires = lapse.expires();
+                if !grace::continues_download(stored.as_ref(), expires, &ctx.client_range) {
                     refused_lapse = Some(lapse);
                 }
             }
@@ -382,8 +394,7 @@ impl ProxyHttp for Proxy {
                 }
             };
             if ranged && !ctx.transforms() {
-                let relayed = ctx.transport != Transport::Pingora;
-                plan_parts(ctx, record.as_ref().map(|r| &r.current), relayed, &req.headers);
+                plan_parts(ctx, record.as_ref().map(|r| &r.current), &req.headers);
             }
             if has_chain {
                 let current = record.map(|r| r.current);
@@ -427,7 +438,7 @@ impl ProxyHttp for Proxy {
         }
         if let Some(lapse) = refused_lapse {
             ctx.download = None;
-            ctx.refusal = Some("it expired before this download began");
+            ctx.refusal = Some("it expired, and this continues no download begun before");
             let route = ctx.route_name().to_owned();
             return self.refuse_lapsed(session, &route, lapse).await;
         }
@@ -442,10 +453,7 @@ impl ProxyHttp for Proxy {
         session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> Result<bool> {
-        // The way was chosen with the route (see transport.rs).
-        if ctx.transport == Transport::Pingora {
-            return Ok(true);
-        }
+        // Every request that gets here is relayed (see transport.rs): pingora never connects.
         let span = request_span(ctx.trace.as_ref());
         self.relay(session, ctx).instrument(span).await?;
         Ok(false)
@@ -454,57 +462,10 @@ impl ProxyHttp for Proxy {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut Self::CTX,
+        _ctx: &mut Self::CTX,
     ) -> Result<Box<HttpPeer>> {
-        let route = ctx
-            .route
-            .as_ref()
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        ctx.replica = route.upstream.choose();
-        // From the first try: what the upstream cost the response, connecting included.
-        ctx.upstream_asked.get_or_insert_with(Instant::now);
-        route.upstream.peer(ctx.replica).await
-    }
-
-    fn fail_to_connect(
-        &self,
-        _session: &mut Session,
-        _peer: &HttpPeer,
-        ctx: &mut Self::CTX,
-        mut e: Box<Error>,
-    ) -> Box<Error> {
-        // Nothing was sent: another replica can take the request (`upstream_peer` chooses it).
-        if let Some(upstream) = ctx.route.as_ref().map(|route| &route.upstream)
-            && upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries)
-        {
-            e.set_retry(true);
-        }
-        e
-    }
-
-    async fn upstream_request_filter(
-        &self,
-        session: &mut Session,
-        upstream_request: &mut RequestHeader,
-        ctx: &mut Self::CTX,
-    ) -> Result<()> {
-        let route = ctx
-            .route
-            .as_ref()
-            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
-        // pingora's: the client's request as pingora forwards it (its framing fields kept, for
-        // the body it sends), completed by the builder the relay's requests are.
-        let mut request = upstream_request.as_owned_parts();
-        origin_request::complete(&mut request, route, ctx, client_side(session))?;
-        *upstream_request = RequestHeader::from(request);
-        // Only pingora calls this, on the `Pingora` way: the relay builds its own requests.
-        if let Some(trace) = ctx.trace.as_mut() {
-            // Before the request is signed; `traceparent` is never among the signed fields. (The
-            // relay makes its span as it sends: the cache may answer instead.)
-            let attempt = traces::origin_attempt(&trace.span, upstream_request, "first");
-            trace.first_origin = Some(attempt);
-        }
-        route.upstream.authorize(upstream_request)
+        // Required by pingora, never called: `proxy_upstream_filter` relays every request.
+        Err(Error::explain(ErrorType::InternalError, "rangeway relays every request itself"))
     }
 
     async fn upstream_response_filter(
@@ -517,9 +478,6 @@ impl ProxyHttp for Proxy {
             && let Some(route) = ctx.route.as_ref()
         {
             route.upstream.failed(ctx.replica);
-        }
-        if let Some(attempt) = ctx.trace.as_ref().and_then(|t| t.first_origin.as_ref()) {
-            attempt.record("http.response.status_code", traces::int(response.status.as_u16()));
         }
         if ctx.transforms() {
             // The version a resume may have is the transformed representation's ETag: checked in response_filter.

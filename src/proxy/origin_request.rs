@@ -1,5 +1,4 @@
-//! The request rangeway sends an origin for a client's: one builder for both ways a request
-//! takes (the relay's, and pingora's own proxying in `upstream_request_filter`).
+//! The request rangeway sends an origin for a client's, which the relay sends.
 //!
 //! Built on `http::request::Parts`, not through `RequestHeader`'s setters: those spell every
 //! name out and parse it back (allocating for a name outside the standard set), and keep a map of

@@ -76,13 +76,12 @@ pub(super) fn plan_upstream(
     }
 }
 
-/// Ranges far apart are not read through: fetched apart where rangeway relays the body and knows
-/// the object's version to pin them to (the first stretch asked for with `If-Range` on it, the
-/// rest after it, see `relay`), else the Range is ignored — a 200 costs what the client takes.
+/// Ranges far apart are not read through: fetched apart where rangeway knows the object's version
+/// to pin them to (the first stretch asked for with `If-Range` on it, the rest after it, see
+/// `relay`), else the Range is ignored — a 200 costs what the client takes.
 pub(super) fn plan_parts(
     ctx: &mut RequestCtx,
     current: Option<&ObjectVersion>,
-    relayed: bool,
     request: &http::HeaderMap,
 ) {
     let ClientRange::Bytes(set) = &ctx.client_range else { return };
@@ -97,7 +96,7 @@ pub(super) fn plan_parts(
     let pinned = current.filter(|v| v.strong).and_then(|v| v.etag.clone());
     let first = fetches.and_then(|fetches| fetches.first().copied());
     match (first.zip(first.and_then(|f| f.last())), pinned) {
-        (Some((first, last)), Some(etag)) if relayed && !request.contains_key(header::IF_RANGE) => {
+        (Some((first, last)), Some(etag)) if !request.contains_key(header::IF_RANGE) => {
             ctx.sent_range = Some(RangeSpec::Closed { first: first.start(), last });
             ctx.planned_for = Some(etag);
             ctx.part_gap = Some(PART_GAP);

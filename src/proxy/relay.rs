@@ -531,8 +531,8 @@ impl Proxy {
     }
 
     /// Sends the request (`request`, made for `ctx.replica`) and reads the answer's header. When
-    /// the replica cannot be reached, the others are tried as pingora's proxying tries them
-    /// (`Upstream::retry_elsewhere`), with `base` and their Host (given when there are others).
+    /// the replica cannot be reached, the others are tried (`Upstream::retry_elsewhere`), with
+    /// `base` and their Host (given when there are others).
     async fn first_exchange(
         &self,
         route: &Route,

@@ -13,10 +13,6 @@ use crate::traces::{self, TARGET};
 pub(super) struct RequestTrace {
     /// The `request` span: from the request's arrival to its access line.
     pub(super) span: Span,
-    /// pingora's request to the origin (the `Pingora` transport), from when it is made
-    /// (`upstream_request_filter`, which sets its `traceparent`) to the response's end. The relay
-    /// makes its own requests' spans as it sends them (`OriginClient::send`).
-    pub(super) first_origin: Option<Span>,
     stages: Option<StagesWork>,
     client_writes: Option<ClientWrites>,
 }
@@ -56,7 +52,7 @@ impl Drop for StagesWork {
 
 impl RequestTrace {
     pub(super) fn new(span: Span) -> Self {
-        Self { span, first_origin: None, stages: None, client_writes: None }
+        Self { span, stages: None, client_writes: None }
     }
 
     /// `bytes` were handed to the client's connection, which took `blocked` to take them.

@@ -3,7 +3,7 @@
 //! answer's header is in, whether its body can bypass rangeway's memory ([`Transport::for_body`]). `LIFECYCLE.md`, beside this
 //! file, follows a request down each way.
 
-use http::{Method, header};
+use http::Method;
 use pingora_core::protocols::Stream;
 use pingora_core::protocols::http::ServerSession;
 use pingora_http::ResponseHeader;
@@ -19,7 +19,9 @@ use crate::routes::origin_client::Exchange;
 /// How a request's answer travels from its origin to its client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum Transport {
-    /// pingora's own proxying: a request with a body, which the relay does not send.
+    /// None: rangeway answered the request itself before a way was chosen (a refusal, a 404).
+    /// Named `pingora` in logs and metrics, as when requests with a body were pingora's to
+    /// proxy; they are refused now.
     #[default]
     Pingora,
     /// rangeway's relay (`relay.rs`): its own upstream client, the answer through the same phases
@@ -50,17 +52,10 @@ pub(super) enum BodyFrom<'a> {
 const SPLICE_MIN_BYTES: u64 = 256 * 1024;
 
 impl Transport {
-    /// The way of a request to `route`, before it goes upstream: the relay for a GET or HEAD
-    /// without a body (all but requests that misuse GET); pingora's proxying for the rest.
-    pub(super) fn choose(session: &Session, route: &Route) -> Self {
-        let req = session.req_header();
-        let without_body = !req.headers.contains_key(header::TRANSFER_ENCODING)
-            && req.headers.get(header::CONTENT_LENGTH).is_none_or(|len| len.as_bytes() == b"0");
-        if without_body && (req.method == Method::GET || req.method == Method::HEAD) {
-            Self::Relay { resume: route.upstream_resume }
-        } else {
-            Self::Pingora
-        }
+    /// The way of a request to `route`, before it goes upstream: the relay. (Requests reach it
+    /// only as GET or HEAD without a body: other methods and bodies are refused before.)
+    pub(super) fn choose(route: &Route) -> Self {
+        Self::Relay { resume: route.upstream_resume }
     }
 
     /// The way of a relayed answer's body, once its header is in: passed on by the kernel when

@@ -309,8 +309,8 @@ impl Upstream {
 
     /// A request could not be sent to `replica` (nothing reached it): marks it failed, counts
     /// the try in `tried`, and says whether another replica may take the request — each replica
-    /// is tried once at most. The one rule of failover, for pingora's proxying
-    /// (`fail_to_connect`) and the relay alike; the next replica is [`Self::choose`]'s.
+    /// is tried once at most. The one rule of failover, for the relay's first request and the
+    /// origin client's alike; the next replica is [`Self::choose`]'s.
     pub fn retry_elsewhere(&self, replica: usize, tried: &mut usize) -> bool {
         self.failed(replica);
         *tried += 1;
