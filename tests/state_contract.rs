@@ -553,9 +553,9 @@ async fn hostile_ids_work_and_keys_stay_bounded(backend: &Backend) {
     assert_eq!(store.downloads(false, 0, 100).await.expect("downloads").len(), hostile.len());
     if let Some(keys) = &backend.keys {
         let keys = keys(&prefix);
-        // A session, an object and the id's index per id, the index of all, and the epoch by
-        // which the store tells whether it lost its data.
-        assert_eq!(keys.len(), hostile.len() * 3 + 2, "{keys:?}");
+        // A session, an object and the id's index per id, the index of all, the one client's
+        // share, and the epoch by which the store tells whether it lost its data.
+        assert_eq!(keys.len(), hostile.len() * 3 + 3, "{keys:?}");
         assert!(keys.contains(&format!("{prefix}epoch")), "{keys:?}");
         for key in keys {
             assert!(key.len() <= prefix.len() + 36, "{key} is too long");

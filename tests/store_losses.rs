@@ -237,3 +237,40 @@ fn redis_losing_its_records_never_splices_a_resume() {
         }
     }
 }
+
+#[test]
+fn a_flood_through_redis_evicts_its_own_address_records_and_never_splices() {
+    let origin = Origin::start();
+    let work = TempDir::new("store-redis-flood");
+    let (v1, v2) = (test_bytes(LEN, 36), test_bytes(LEN, 37));
+    origin.put("/obj.bin", v1.clone());
+    let redis = RedisServer::start();
+    // A thousandth of 2 MiB: two sessions a client address, a KiB each.
+    let state = format!(
+        "{}ttl = \"1h\"\nmax_memory = \"2MiB\"\nclient_share = 0.001\n",
+        redis.state_section()
+    );
+    let proxy = Proxy::start(&body(&state, &origin));
+    let url = proxy.url("/obj.bin");
+    partial_download(&url, "victim-curl", "curl/8", &work.join("curl.bin"));
+
+    flood(&proxy, "127.0.0.2".parse().expect("an address"), "/obj.bin", 20);
+    // Recorded after each response: the last ones a moment later.
+    let evictions = proxy.metric_at_least("rangeway_store_evictions_total", "", 18);
+    assert!(
+        evictions >= 18,
+        "{evictions} evictions; {} {}",
+        redis.cli(&["--scan"]),
+        redis.cli(&["ZRANGE", "rangeway:evicted", "0", "-1"])
+    );
+    let kept = get(&proxy.admin_url("/v1/downloads/victim-curl"), &[]);
+    assert_eq!(kept.status, 200, "another address's flood evicted the victim");
+
+    flood(&proxy, "127.0.0.1".parse().expect("an address"), "/obj.bin", 20);
+    origin.put("/obj.bin", v2.clone());
+    curl_resumes_safely(&url, "victim-curl", &work.join("curl.bin"), &v1, &v2);
+    assert_eq!(proxy.metric("rangeway_resumes_unvouched_total", "answer=\"refused\""), 1);
+    // What one address holds stays within its share.
+    let sessions = redis.cli(&["--scan", "--pattern", "rangeway:ses:*"]);
+    assert!(sessions.lines().count() <= 2 * 2 + 1, "{sessions}");
+}

@@ -341,10 +341,7 @@ impl ProxyHttp for Proxy {
             let unvouched = bare_resume
                 && continues_past_start(&ctx.client_range)
                 && match &lookup {
-                    Some(Ok(found)) => {
-                        found.session.is_none()
-                            && self.store.losses().may_have_lost(&id, &object, now)
-                    }
+                    Some(Ok(found)) => found.session_may_be_lost,
                     Some(Err(_)) | None => true,
                 };
             let (stored, record, facts) = match lookup {

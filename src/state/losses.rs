@@ -113,9 +113,14 @@ impl Losses {
         }
     }
 
+    /// A record dropped to make room, traced by the store itself (Redis: by member).
+    pub fn count_eviction(&self) {
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The store dropped the session of `id` for `object` at Unix second `now` to make room.
     pub fn evicted(&self, id: &str, object: &str, now: u64) {
-        self.evictions.fetch_add(1, Ordering::Relaxed);
+        self.count_eviction();
         if let Some(filter) = &self.evicted {
             filter.lock().unwrap_or_else(PoisonError::into_inner).insert(
                 id,

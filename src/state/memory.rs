@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -11,6 +10,7 @@ use async_trait::async_trait;
 use super::facts::{StageFacts, merge_fields};
 use super::losses::Losses;
 use super::model::{Delivery, DownloadSession, ObjectRecord, VersionSent};
+use super::share::ClientGroup;
 use super::{Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth, unix_now};
 
 /// Sessions and object records in a map behind a mutex.
@@ -75,23 +75,6 @@ struct ClientShare {
     written: BTreeSet<u64>,
 }
 
-/// A client as its share is counted: an IPv4 address, or an IPv6 address's /64 (one subscriber's
-/// allocation, which a client can change addresses within at will).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct ClientGroup(u128);
-
-impl ClientGroup {
-    /// The group of a delivery's client (its address as text); none for a client without one.
-    fn of(client: &str) -> Option<Self> {
-        match client.parse::<IpAddr>().ok()? {
-            IpAddr::V4(v4) => Some(Self(u128::from(v4.to_bits()))),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => Some(Self(u128::from(v4.to_bits()))),
-                None => Some(Self(v6.to_bits() & !u128::from(u64::MAX))),
-            },
-        }
-    }
-}
 #[derive(Debug, Clone)]
 enum Key {
     /// A download id and the object it downloads.
@@ -416,7 +399,9 @@ impl StateStore for MemoryStore {
                 _ => None,
             })
             .collect();
-        Ok(Lookup { session, object: record, facts })
+        let session_may_be_lost =
+            session.is_none() && self.losses.may_have_lost(download_id, object, unix_now());
+        Ok(Lookup { session, object: record, facts, session_may_be_lost })
     }
 
     async fn learn(&self, object: &str, stage: &str, facts: &StageFacts) -> Result<(), StoreError> {
@@ -659,16 +644,6 @@ mod tests {
         assert!(inner.bytes > before);
         let counted: usize = inner.entries.values().map(|e| e.size).sum();
         assert_eq!(inner.bytes, counted);
-    }
-
-    #[test]
-    fn client_groups_are_addresses_and_ipv6_prefixes() {
-        let group = |text: &str| ClientGroup::of(text);
-        assert_eq!(group("2001:db8::1"), group("2001:db8::ffff:1"));
-        assert_ne!(group("2001:db8::1"), group("2001:db8:0:1::1"));
-        assert_ne!(group("192.0.2.1"), group("192.0.2.2"));
-        assert_eq!(group("::ffff:192.0.2.1"), group("192.0.2.1"));
-        assert_eq!(group("-"), None);
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ mod losses;
 mod memory;
 mod model;
 mod redis;
+mod share;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -159,6 +160,9 @@ pub struct Lookup {
     pub object: Option<ObjectRecord>,
     /// By the stage keys asked for, in their order: the facts stored, of whatever version.
     pub facts: Vec<Option<StageFacts>>,
+    /// No session was found, and the store may have lost it rather than never had it (see
+    /// [`Losses`]): a resume under this id cannot be vouched for.
+    pub session_may_be_lost: bool,
 }
 
 /// Why a store operation failed. None of the messages holds a credential.
@@ -212,11 +216,13 @@ pub async fn connect(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreE
             };
             Arc::new(MemoryStore::new(config.ttl, budget))
         }
-        StateBackend::Redis(target) => Arc::new(RedisStore::connect(
-            target,
-            config.ttl,
-            &config.key_prefix,
-            RedisOptions::default(),
-        )?),
+        StateBackend::Redis(target) => {
+            let sessions = config.max_client_memory / share::REDIS_RECORD_BYTES;
+            let options = RedisOptions {
+                max_client_sessions: usize::try_from(sessions).unwrap_or(usize::MAX).max(1),
+                ..RedisOptions::default()
+            };
+            Arc::new(RedisStore::connect(target, config.ttl, &config.key_prefix, options)?)
+        }
     })
 }

@@ -60,6 +60,7 @@ use super::model::{
     Delivery, DownloadSession, Ending, MAX_SESSION_VERSIONS, MAX_VERSIONS, ObjectRecord,
     UNREAD_SLACK,
 };
+use super::share::ClientGroup;
 use super::{DownloadHold, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth, unix_now};
 use crate::config::{DownloadLimits, RedisTarget, RedisUrl};
 
@@ -69,11 +70,16 @@ const OBJECT_SCRIPT: &str =
     concat!(include_str!("redis/common.lua"), include_str!("redis/object.lua"));
 const FACTS_SCRIPT: &str = include_str!("redis/facts.lua");
 const HOLDS_SCRIPT: &str = include_str!("redis/holds.lua");
+const SHARE_SCRIPT: &str = include_str!("redis/share.lua");
+
+/// The most evicted sessions remembered by member (`{prefix}evicted`) within `ttl`; past it the
+/// oldest are dropped and counted as a loss no id can be traced to.
+const MAX_EVICTED: usize = 100_000;
 
 /// Index entries read per round trip while listing active downloads.
 const LIST_BATCH: usize = 256;
 
-/// Timing of a [`RedisStore`].
+/// Timing and bounds of a [`RedisStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedisOptions {
     /// Bound on [`StateStore::lookup`], the call on the path of every request.
@@ -91,6 +97,10 @@ pub struct RedisOptions {
     pub hold_lease: Duration,
     /// How often the store checks whether Redis lost what it held (`redis/epoch.rs`).
     pub loss_check_interval: Duration,
+    /// The most download sessions one client address (an IPv6 client: its /64) keeps within
+    /// `ttl`; past it, its least recently written are evicted. No bound by default; `[state]`
+    /// sets one ([`super::connect`]).
+    pub max_client_sessions: usize,
 }
 
 impl Default for RedisOptions {
@@ -102,6 +112,7 @@ impl Default for RedisOptions {
             probe_interval: Duration::from_millis(500),
             hold_lease: Duration::from_secs(30),
             loss_check_interval: Duration::from_secs(1),
+            max_client_sessions: usize::MAX,
         }
     }
 }
@@ -118,6 +129,7 @@ pub struct RedisStore {
     object_script: Script,
     facts_script: Script,
     holds_script: Script,
+    share_script: Script,
     /// Names this store's holds apart from other instances' (random, per process).
     instance: String,
     health: Arc<StoreHealth>,
@@ -201,6 +213,7 @@ impl RedisStore {
             object_script: Script::new(OBJECT_SCRIPT),
             facts_script: Script::new(FACTS_SCRIPT),
             holds_script: Script::new(HOLDS_SCRIPT),
+            share_script: Script::new(SHARE_SCRIPT),
             instance: instance_id()?,
             health: Arc::new(StoreHealth::unknown(name.clone())),
             breaker: Arc::new(Breaker::new(options.probe_interval)),
@@ -338,7 +351,7 @@ impl RedisStore {
         self.read(reply, |r: &ObjectRecord| r.key == object)
     }
 
-    fn record_commands(&self, delivery: &Delivery) -> Result<[Cmd; 8], StoreError> {
+    fn record_commands(&self, delivery: &Delivery) -> Result<Vec<Cmd>, StoreError> {
         let fresh_session = codec::encode(&DownloadSession::begin(delivery))?;
         let fresh_object = codec::encode(&ObjectRecord::new(
             &delivery.object,
@@ -368,7 +381,59 @@ impl RedisStore {
         let [add, prune, expire] = self.index_commands(&self.keys.index(), &member, delivery.now);
         let [add_id, prune_id, expire_id] =
             self.index_commands(&self.keys.id_index(&delivery.id), &member, delivery.now);
-        Ok([session, object, add, prune, expire, add_id, prune_id, expire_id])
+        let mut commands = vec![session, object, add, prune, expire, add_id, prune_id, expire_id];
+        if let Some(client) = ClientGroup::of(&delivery.client) {
+            let mut share = evalsha(&self.share_script, &self.keys.client(client));
+            share
+                .arg(&member)
+                .arg(delivery.now)
+                .arg(self.ttl_ms)
+                .arg(self.ttl_secs)
+                .arg(self.options.max_client_sessions.max(1));
+            commands.push(share);
+        }
+        Ok(commands)
+    }
+
+    /// Drops the sessions `members` (a client's past its share) and remembers them as evicted
+    /// for `ttl`, so that their downloads' resumes are not taken for new ones (see
+    /// `state::losses`).
+    async fn evict(&self, members: &[String], now: u64) -> Result<(), StoreError> {
+        let evicted = self.keys.evicted();
+        let mut commands = Vec::with_capacity(members.len() + 4);
+        let mut add = redis::cmd("ZADD");
+        add.arg(&evicted);
+        for member in members {
+            let mut del = redis::cmd("DEL");
+            del.arg(self.keys.session_of(member));
+            commands.push(del);
+            add.arg(now).arg(member);
+        }
+        commands.push(add);
+        let mut prune = redis::cmd("ZREMRANGEBYSCORE");
+        prune.arg(&evicted).arg("-inf").arg(format!("({}", now.saturating_sub(self.ttl_secs)));
+        commands.push(prune);
+        let mut trim = redis::cmd("ZREMRANGEBYRANK");
+        trim.arg(&evicted).arg(0).arg(-(i64::try_from(MAX_EVICTED).unwrap_or(i64::MAX) + 1));
+        commands.push(trim);
+        let mut expire = redis::cmd("PEXPIRE");
+        expire.arg(&evicted).arg(self.ttl_ms);
+        commands.push(expire);
+        let replies = self.conn.query_all(&commands).await.map_err(map_error)?;
+        for reply in &replies {
+            if let Err(err) = reply {
+                return Err(map_error(err.clone()));
+            }
+        }
+        // The trim's count: evicted sessions no longer remembered by member.
+        let trimmed = replies.get(members.len() + 2).and_then(|r| r.as_ref().ok());
+        if trimmed.is_some_and(|count| !matches!(count, Value::Int(0))) {
+            self.losses.untraced(Loss::Evicted, now);
+        }
+        for _ in members {
+            self.losses.count_eviction();
+        }
+        Ok(())
     }
 
     /// Adds `member` to the listing `index` as updated `now`, and drops what expired from it.
@@ -427,13 +492,20 @@ impl RedisStore {
         let mut replies = self.conn.query_all(&commands).await.map_err(map_error)?;
         // After a restart or SCRIPT FLUSH, or on a new cluster node, the scripts must be loaded
         // again: load those reported missing, and run them again (they did not run).
-        let scripts = [&self.session_script, &self.object_script];
-        let missing: Vec<usize> = (0..scripts.len())
+        let share = commands.len() - 1;
+        let script_of = |i: usize| match i {
+            0 => Some(&self.session_script),
+            1 => Some(&self.object_script),
+            i if i == share && i >= 8 => Some(&self.share_script),
+            _ => None,
+        };
+        let missing: Vec<usize> = (0..commands.len())
+            .filter(|&i| script_of(i).is_some())
             .filter(|&i| matches!(replies.get(i), Some(Err(e)) if is_noscript(e)))
             .collect();
         if !missing.is_empty() {
             for &i in &missing {
-                if let Some(script) = scripts.get(i) {
+                if let Some(script) = script_of(i) {
                     self.conn.load(script).await.map_err(map_error)?;
                 }
             }
@@ -446,12 +518,21 @@ impl RedisStore {
                 }
             }
         }
+        let given_up = match replies.get(share) {
+            Some(Ok(reply)) if share >= 8 => {
+                redis::from_redis_value_ref::<Vec<String>>(reply).map_err(|_| unexpected(reply))?
+            }
+            _ => Vec::new(),
+        };
         let mut replies = replies.into_iter();
         let session = replies.next().ok_or_else(|| short_reply(0))?.map_err(map_error)?;
         // The object and index updates matter less than the session, but their failure is still
         // a failure of the store, reported as one.
         for reply in replies {
             reply.map_err(map_error)?;
+        }
+        if !given_up.is_empty() {
+            self.evict(&given_up, delivery.now).await?;
         }
         let bytes = match session {
             Value::BulkString(bytes) => bytes,
@@ -520,6 +601,9 @@ impl StateStore for RedisStore {
             commands.push(facts);
         }
         commands.push(self.epoch.id_command());
+        let mut evicted = redis::cmd("ZSCORE");
+        evicted.arg(self.keys.evicted()).arg(session_member(download_id, object));
+        commands.push(evicted);
         self.guarded(self.options.lookup_timeout, async {
             let replies = self.conn.query_all(&commands).await.map_err(map_error)?;
             let mut replies = replies.into_iter();
@@ -530,12 +614,21 @@ impl StateStore for RedisStore {
                 let reply = replies.next().ok_or_else(|| short_reply(2 + index))?;
                 facts.push(read_facts(reply.map_err(map_error)?)?);
             }
+            let now = unix_now();
             let epoch = replies.next().ok_or_else(|| short_reply(2 + stages.len()))?;
-            self.epoch.saw_id(&epoch.map_err(map_error)?, &self.losses, unix_now());
+            self.epoch.saw_id(&epoch.map_err(map_error)?, &self.losses, now);
+            let evicted = replies.next().ok_or_else(|| short_reply(3 + stages.len()))?;
+            let evicted_at = redis::from_redis_value::<Option<u64>>(evicted.map_err(map_error)?)
+                .map_err(|err| StoreError::Corrupt(err.to_string()))?;
+            let session = self.read_session(session, download_id, object)?;
+            let session_may_be_lost = session.is_none()
+                && (evicted_at.is_some_and(|at| now < at.saturating_add(self.ttl_secs))
+                    || self.losses.may_have_lost(download_id, object, now));
             Ok(Lookup {
-                session: self.read_session(session, download_id, object)?,
+                session,
                 object: self.read_object(record, object)?,
                 facts,
+                session_may_be_lost,
             })
         })
         .await
@@ -833,6 +926,16 @@ impl Keys {
 
     fn index(&self) -> String {
         format!("{}downloads", self.prefix)
+    }
+
+    /// The sessions of one client address, for its share.
+    fn client(&self, client: ClientGroup) -> String {
+        format!("{}cli:{}", self.prefix, hashed(&client.key()))
+    }
+
+    /// Sessions evicted for a client's share, by member, scored by when.
+    fn evicted(&self) -> String {
+        format!("{}evicted", self.prefix)
     }
 
     /// The leases, holders and clients of `route`'s downloads under way (see holds.lua), in one
