@@ -14,7 +14,7 @@ use support::clients::{CLIENT_TIMEOUT, ClientRun, run, sha256_file, sha256_hex, 
 use support::data::test_bytes;
 use support::origin::{Behaviour, Origin};
 use support::ports::free_port;
-use support::proxy::{Proxy, ProxyProcess};
+use support::proxy::{Proxy, ProxyProcess, usage};
 use support::tls::{TestPki, TlsFiles};
 use support::tmp::TempDir;
 use support::wait::{WITHIN, log_line, log_until};
@@ -545,22 +545,6 @@ fn attack(addr: SocketAddr, attack: Vec<u8>, within: Duration) -> Answered {
         .unwrap_or_else(|_| panic!("the server kept the attacking connection open for {within:?}"))
 }
 
-/// Resident and peak memory (KiB) and CPU time (user + system, clock ticks) of process `pid`.
-fn usage(pid: u32) -> (u64, u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
-    let kib = |key: &str| {
-        let line = status.lines().find(|l| l.starts_with(key)).expect("the field");
-        line.split_whitespace().nth(1).expect("its value").parse::<u64>().expect("its value")
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').expect("the stat line").1.split_whitespace().collect();
-    let ticks = fields[11].parse::<u64>().expect("the times")
-        + fields[12].parse::<u64>().expect("the times");
-    (kib("VmRSS:"), kib("VmHWM:"), ticks)
-}
-
 /// Bounds measured in debug builds on the 2-core machine (see docs/operations.md, "HTTP/2
 /// abuse"): rapid reset and CONTINUATION floods cost at most this much memory beyond the
 /// process's start.
@@ -891,4 +875,21 @@ fn a_client_that_hangs_up_over_tls_or_resets_its_h2_stream_frees_a_silent_origin
     assert!(client.try_wait().expect("s_client").is_none(), "the h2 connection was closed");
     let _ = client.kill();
     let _ = client.wait();
+}
+
+#[test]
+fn an_idle_h2_connection_is_closed_after_client_keepalive_timeout() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let port = free_port();
+    let body =
+        format!("{}{}", tls_section(port, &[(pki.localhost(), false)], ""), route_to(&origin));
+    let _proxy = Proxy::start_with_server(&body, "client_keepalive_timeout = \"1s\"\n");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let opened = std::time::Instant::now();
+    // The preface and SETTINGS, no stream: `attack` returns when the server closes the
+    // connection (and fails the test if it is still open after 5 s).
+    attack(addr, Vec::new(), Duration::from_secs(5));
+    let closed = opened.elapsed();
+    assert!(closed >= Duration::from_millis(900), "closed after {closed:?}, before the timeout");
 }
