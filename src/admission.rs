@@ -1,5 +1,6 @@
-//! What a client connection may cost before the proxy sees a request: connections per address,
-//! and how long its request header may take to arrive.
+//! What a client connection may cost before the proxy sees a request: connections per address
+//! and in all, how long its request header may take to arrive, and how long it may wait idle for
+//! the next one.
 //!
 //! pingora bounds a request header's size (1 MiB) and each read (60 s), but not the time the
 //! whole header takes: a client dribbling a byte every few seconds (slowloris) holds its
@@ -7,6 +8,11 @@
 //! connections (more than the limit are answered 503 and closed), and wraps each connection's
 //! stream so that a request header not complete within `client_header_timeout` of its first byte
 //! ends the connection.
+//!
+//! Every client connection holds a place among `max_connections` ([`Connections`]); an HTTP/1
+//! connection between two requests is idle there, closed after `client_keepalive_timeout`, or
+//! sooner when a new connection needs its place. (HTTP/2 connections count, and pingora closes
+//! them after the same time with no stream open; they are not chosen to make room.)
 //!
 //! On TLS listeners it also makes the TLS handshake, after the connection was counted and within
 //! the same deadline: pingora's own listeners would give a handshake 60 s, count it nowhere, and
@@ -16,7 +22,7 @@
 //! pingora's stream does not do for it: body bytes sent past pingora's writer (spliced) are
 //! accounted, and an HTTP/2 connection's writes are gathered (`Gather`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
@@ -28,6 +34,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures_util::task::AtomicWaker;
 use pingora_core::apps::ServerApp;
 use pingora_core::listeners::tls::Acceptor;
 use pingora_core::protocols::l4::socket::SocketAddr;
@@ -48,6 +55,11 @@ const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text
 charset=utf-8\r\ncontent-length: 39\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
 connections from your address\n";
 
+/// The answer to a connection past `max_connections` while none is idle.
+const FULL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; \
+charset=utf-8\r\ncontent-length: 28\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
+connections open\n";
+
 /// What a connection cut for its slow header is told, and logged with. pingora logs such a
 /// connection at ERROR, which would put the log's volume in the hands of whoever opens slow
 /// connections: the binary's log drops pingora's line for them (they are counted, in
@@ -59,6 +71,8 @@ pub struct Admission<A> {
     inner: Arc<A>,
     limits: ClientLimits,
     open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    /// Every listener's connections together, for `max_connections`.
+    connections: Arc<Connections>,
     metrics: Arc<Metrics>,
     /// On TLS listeners: what makes each connection's handshake.
     tls: Option<Arc<Acceptor>>,
@@ -66,7 +80,17 @@ pub struct Admission<A> {
 
 impl<A> Admission<A> {
     pub fn new(inner: A, limits: ClientLimits, metrics: Arc<Metrics>) -> Self {
-        Self { inner: Arc::new(inner), limits, open: Arc::default(), metrics, tls: None }
+        Self {
+            inner: Arc::new(inner),
+            limits,
+            open: Arc::default(),
+            connections: Arc::new(Connections {
+                state: Mutex::default(),
+                gauge: metrics.client_connections(),
+            }),
+            metrics,
+            tls: None,
+        }
     }
 
     /// The same application and per-address counts, for TLS listeners: each connection's
@@ -76,6 +100,7 @@ impl<A> Admission<A> {
             inner: Arc::clone(&self.inner),
             limits: self.limits,
             open: Arc::clone(&self.open),
+            connections: Arc::clone(&self.connections),
             metrics: Arc::clone(&self.metrics),
             tls: Some(Arc::new(acceptor)),
         }
@@ -153,6 +178,27 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
             // Not over TCP (a Unix socket): one local peer, nothing to count.
             None => None,
         };
+        let place = match self.connections.admit(self.limits.max_connections) {
+            Admitted::Free(place) => place,
+            Admitted::InPlaceOfIdle(place) => {
+                self.metrics.connection_refused("max_connections_idle");
+                debug!(
+                    limit = self.limits.max_connections,
+                    "max_connections reached: closed the longest idle connection to make room"
+                );
+                place
+            }
+            Admitted::Full => {
+                self.metrics.connection_refused("max_connections");
+                debug!(client = ?ip, limit = self.limits.max_connections, "refused a connection: max_connections are open and none is idle");
+                if self.tls.is_none() {
+                    let _ = stream.write_all(FULL).await;
+                    let _ = stream.flush().await;
+                }
+                let _ = AsyncWriteExt::shutdown(&mut stream).await;
+                return None;
+            }
+        };
         let stream = match &self.tls {
             // Boxed: its 8 KiB would otherwise be in the future of every request that comes
             // back on a kept-alive connection.
@@ -160,9 +206,13 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
             None => stream,
         };
         let mut watched = ClientConnection::new(stream, &self.limits, slot, &self.metrics);
+        watched.place = Some(place);
         if matches!(watched.inner.selected_alpn_proto(), Some(ALPN::H2)) {
             watched.phase = Phase::Frames;
             watched.gather = Some(Gather::default());
+        } else {
+            // A new connection waits for its first request as a kept-alive one for its next.
+            watched.response_ended();
         }
         self.inner.process_new(Box::new(watched), shutdown).await
     }
@@ -187,6 +237,114 @@ impl Drop for Slot {
             if *count == 0 {
                 open.remove(&self.ip);
             }
+        }
+    }
+}
+
+/// The client connections open on every listener, and which of them are idle (between two
+/// requests), longest idle first.
+#[derive(Debug)]
+struct Connections {
+    state: Mutex<ConnectionsState>,
+    /// `rangeway_client_connections`.
+    gauge: prometheus::IntGauge,
+}
+
+#[derive(Debug, Default)]
+struct ConnectionsState {
+    open: usize,
+    /// Idle connections by when they became idle (a sequence number).
+    idle: BTreeMap<u64, Arc<Presence>>,
+    next_idle: u64,
+}
+
+/// What [`Connections::admit`] decided.
+enum Admitted {
+    Free(Place),
+    /// The longest idle connection was told to close; the new one has its place.
+    InPlaceOfIdle(Place),
+    /// `max_connections` are open and none is idle.
+    Full,
+}
+
+/// What the registry and a connection share: whether it is idle, and its being told to close.
+#[derive(Debug, Default)]
+struct Presence {
+    /// Its key in the idle set, 0 when it is not there. Changed under the registry's lock only.
+    idle_key: AtomicU64,
+    /// Closed to make room: its place went to a new connection.
+    evicted: AtomicBool,
+    /// Its task, waiting to read its next request.
+    waker: AtomicWaker,
+}
+
+impl Connections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ConnectionsState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn admit(self: &Arc<Self>, max: usize) -> Admitted {
+        let mut state = self.lock();
+        let place = || Place { connections: Arc::clone(self), presence: Arc::default() };
+        if state.open < max {
+            state.open += 1;
+            self.gauge.set(state.open as i64);
+            return Admitted::Free(place());
+        }
+        let Some((_, idle)) = state.idle.pop_first() else { return Admitted::Full };
+        idle.idle_key.store(0, Ordering::Relaxed);
+        idle.evicted.store(true, Ordering::Release);
+        idle.waker.wake();
+        Admitted::InPlaceOfIdle(place())
+    }
+}
+
+/// A connection's place among all open ones, given back when the connection ends.
+#[derive(Debug)]
+struct Place {
+    connections: Arc<Connections>,
+    presence: Arc<Presence>,
+}
+
+impl Place {
+    fn idle(&self) {
+        let mut state = self.connections.lock();
+        if self.presence.idle_key.load(Ordering::Relaxed) != 0
+            || self.presence.evicted.load(Ordering::Acquire)
+        {
+            return;
+        }
+        state.next_idle += 1;
+        let key = state.next_idle;
+        self.presence.idle_key.store(key, Ordering::Relaxed);
+        state.idle.insert(key, Arc::clone(&self.presence));
+    }
+
+    fn busy(&self) {
+        if self.presence.idle_key.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut state = self.connections.lock();
+        let key = self.presence.idle_key.swap(0, Ordering::Relaxed);
+        state.idle.remove(&key);
+    }
+
+    fn evicted(&self) -> bool {
+        self.presence.evicted.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut state = self.connections.lock();
+        let key = self.presence.idle_key.swap(0, Ordering::Relaxed);
+        if key != 0 {
+            state.idle.remove(&key);
+        }
+        // An evicted connection's place is the new connection's already.
+        if !self.presence.evicted.load(Ordering::Acquire) {
+            state.open -= 1;
+            self.connections.gauge.set(state.open as i64);
         }
     }
 }
@@ -217,6 +375,14 @@ pub(crate) struct ClientConnection {
     /// for nothing).
     started: Option<(Instant, Option<Pin<Box<tokio::time::Sleep>>>)>,
     _slot: Option<Slot>,
+    /// Its place among `max_connections` (none in unit tests).
+    place: Option<Place>,
+    /// Set when a response has ended (the proxy's logging phase): the connection is idle until
+    /// its next request's first byte.
+    between_requests: AtomicBool,
+    keepalive_timeout: Duration,
+    /// The end of the idle wait, armed by the first read that waits after a response.
+    idle_timer: Option<Pin<Box<tokio::time::Sleep>>>,
     metrics: Arc<Metrics>,
     /// Body bytes that went to the client past pingora's writer (spliced, see proxy/splice.rs)
     /// and that it has still to be told of: its next writes are counted against them and go
@@ -344,6 +510,10 @@ impl ClientConnection {
             line_ended: false,
             started: None,
             _slot: slot,
+            place: None,
+            between_requests: AtomicBool::new(false),
+            keepalive_timeout: limits.keepalive_timeout,
+            idle_timer: None,
             metrics: Arc::clone(metrics),
             sent_aside: AtomicU64::new(0),
             gather: None,
@@ -374,6 +544,43 @@ impl ClientConnection {
         let lowat = if bounded { self.notsent_lowat } else { 0 };
         if let Err(e) = socket2::SockRef::from(&fd).set_tcp_notsent_lowat(lowat) {
             debug!(error = %e, "TCP_NOTSENT_LOWAT refused: the system's setting stays");
+        }
+    }
+
+    /// Its response has ended: until its next request begins it is idle, and may be closed (after
+    /// `client_keepalive_timeout`, or to make room for a new connection).
+    pub(crate) fn response_ended(&self) {
+        self.between_requests.store(true, Ordering::Relaxed);
+        if let Some(place) = &self.place {
+            place.idle();
+        }
+    }
+
+    /// Whether an idle connection is to be closed now; when not, its task is woken at its
+    /// keepalive deadline or when it is told to make room.
+    fn idle_over(&mut self, cx: &mut Context<'_>) -> bool {
+        if let Some(place) = &self.place {
+            place.presence.waker.register(cx.waker());
+            if place.evicted() {
+                return true;
+            }
+        }
+        let timeout = self.keepalive_timeout;
+        let timer = self.idle_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.metrics.connection_refused("keepalive_timeout");
+            debug!(?timeout, "idle longer than client_keepalive_timeout: closing the connection");
+            return true;
+        }
+        false
+    }
+
+    /// Bytes of the next request came: the connection is busy again.
+    fn next_request(&mut self) {
+        self.between_requests.store(false, Ordering::Relaxed);
+        self.idle_timer = None;
+        if let Some(place) = &self.place {
+            place.busy();
         }
     }
 
@@ -463,6 +670,15 @@ impl AsyncRead for ClientConnection {
         let result = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = result {
             this.saw(&buf.filled()[before..]);
+        }
+        if *this.between_requests.get_mut() {
+            match &result {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => this.next_request(),
+                // Nothing read: the end of the stream, as the client closing would be, which
+                // pingora takes quietly.
+                Poll::Pending if this.idle_over(cx) => return Poll::Ready(Ok(())),
+                _ => {}
+            }
         }
         if this.phase == Phase::Header
             && let Some((started, timer)) = this.started.as_mut()

@@ -109,6 +109,7 @@ pub fn build(
     upgrade: bool,
 ) -> Result<Built, StartError> {
     let chains = config.build_chains(registry).map_err(StartError::Middleware)?;
+    raise_descriptor_limit();
     if !upgrade {
         can_listen(config)?;
     }
@@ -194,6 +195,11 @@ pub fn build(
     .with_traces(config.traces.as_ref().map(|traces| Traces::new(traces.sampling)));
     let mut proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
     proxy.h2_options = Some(h2_options());
+    // HTTP/1's idle wait is timed by the admission's wrapper; HTTP/2's, with no stream open, by
+    // pingora's accept loop (which then drops the connection).
+    let mut server_options = pingora_core::apps::HttpServerOptions::default();
+    server_options.h2_idle_timeout = Some(config.server.client_limits.keepalive_timeout);
+    proxy.server_options = Some(server_options);
     let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics));
     // The TLS listeners: plain TCP to pingora, the handshake made by the admission (within the
     // client limits), the same proxy behind. A service of their own, so with worker threads of
@@ -244,6 +250,21 @@ pub fn build(
         dirs,
         certificates,
     })
+}
+
+/// Raises the soft limit on open descriptors to the hard one. The soft limit is often 1024, kept
+/// low for programs that use select(2), which rangeway does not; `max_connections` is sized from
+/// the hard limit.
+fn raise_descriptor_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current == limit.maximum {
+        return;
+    }
+    let raised = rustix::process::Rlimit { current: limit.maximum, maximum: limit.maximum };
+    if let Err(e) = setrlimit(Resource::Nofile, raised) {
+        warn!(error = %e, soft = ?limit.current, hard = ?limit.maximum, "cannot raise the descriptor limit (RLIMIT_NOFILE) to its hard limit: max_connections may be more than can be open");
+    }
 }
 
 /// The certificates `tls` names, loaded again (a reload's, or the start's after the check).

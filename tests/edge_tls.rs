@@ -14,7 +14,7 @@ use support::clients::{CLIENT_TIMEOUT, ClientRun, run, sha256_file, sha256_hex, 
 use support::data::test_bytes;
 use support::origin::{Behaviour, Origin};
 use support::ports::free_port;
-use support::proxy::{Proxy, ProxyProcess};
+use support::proxy::{Proxy, ProxyProcess, usage};
 use support::tls::{TestPki, TlsFiles};
 use support::tmp::TempDir;
 use support::wait::{WITHIN, log_line, log_until};
@@ -475,6 +475,22 @@ fn get_block(path: &str) -> Vec<u8> {
     block
 }
 
+/// What an HTTP/2 client sends first (RFC 9113 §3.4), before its SETTINGS.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// `openssl s_client` connected to `addr` over TLS with ALPN h2, carrying the frames written to
+/// its stdin and those read from its stdout.
+fn h2_over_s_client(addr: SocketAddr) -> std::process::Child {
+    Command::new("openssl")
+        .args(["s_client", "-quiet", "-alpn", "h2", "-servername", "localhost"])
+        .args(["-connect", &addr.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn openssl s_client")
+}
+
 /// What came back on an attacking connection, until the server closed it.
 #[derive(Debug, Default)]
 struct Answered {
@@ -487,18 +503,11 @@ struct Answered {
 /// fast as the connection takes it, and reads what comes back until the server closes the
 /// connection or `within` passes. openssl s_client carries the bytes both ways.
 fn attack(addr: SocketAddr, attack: Vec<u8>, within: Duration) -> Answered {
-    let mut client = Command::new("openssl")
-        .args(["s_client", "-quiet", "-alpn", "h2", "-servername", "localhost"])
-        .args(["-connect", &addr.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn openssl s_client");
+    let mut client = h2_over_s_client(addr);
     let mut stdin = client.stdin.take().expect("a piped stdin");
     let mut stdout = client.stdout.take().expect("a piped stdout");
     let writer = std::thread::spawn(move || {
-        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        let mut bytes = H2_PREFACE.to_vec();
         bytes.extend(frame(SETTINGS, 0, 0, &[]));
         bytes.extend(attack);
         // The server closing the connection mid-way ends the write: expected.
@@ -534,22 +543,6 @@ fn attack(addr: SocketAddr, attack: Vec<u8>, within: Duration) -> Answered {
     drop(writer);
     answered
         .unwrap_or_else(|_| panic!("the server kept the attacking connection open for {within:?}"))
-}
-
-/// Resident and peak memory (KiB) and CPU time (user + system, clock ticks) of process `pid`.
-fn usage(pid: u32) -> (u64, u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
-    let kib = |key: &str| {
-        let line = status.lines().find(|l| l.starts_with(key)).expect("the field");
-        line.split_whitespace().nth(1).expect("its value").parse::<u64>().expect("its value")
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').expect("the stat line").1.split_whitespace().collect();
-    let ticks = fields[11].parse::<u64>().expect("the times")
-        + fields[12].parse::<u64>().expect("the times");
-    (kib("VmRSS:"), kib("VmHWM:"), ticks)
 }
 
 /// Bounds measured in debug builds on the 2-core machine (see docs/operations.md, "HTTP/2
@@ -797,4 +790,106 @@ fn chromium_downloads_over_h2() {
     assert_eq!(seen["range_hex"], range.as_str());
     assert_eq!(seen["download_failure"], serde_json::Value::Null, "{seen}");
     assert_eq!(seen["download_sha256"], digest.as_str(), "the clicked download");
+}
+
+/// A client that goes away while the origin is silent is noticed at once over TLS too: an
+/// HTTP/1.1 client closing its connection, an HTTP/2 client resetting its stream (its connection
+/// kept open) or closing the connection. The origin's request is dropped and the download ends.
+#[test]
+fn a_client_that_hangs_up_over_tls_or_resets_its_h2_stream_frees_a_silent_origin() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    origin.put("/silent", test_bytes(1 << 20, 43));
+    origin.set_behaviour("/silent", Behaviour::Silent);
+    origin.put("/stalled", test_bytes(200_000, 44));
+    origin.set_behaviour("/stalled", Behaviour::SilentAfter(100_000));
+    let port = free_port();
+    let config = format!(
+        "{}[upstreams.origin]\nurl = \"{}\"\nread_timeout = \"60s\"\n\n\
+         [[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+        tls_section(port, &[(pki.localhost(), false)], ""),
+        origin.base_url()
+    );
+    let proxy = Proxy::start(&config);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let active = || proxy.metric("rangeway_active_downloads", "");
+    // Waits for the origin to have `asked` requests and the download to be under way; then
+    // `hang_up`, and the origin must see its connection closed within two seconds.
+    let hung_up_within_2s = |asked: usize, what: &str, hang_up: &mut dyn FnMut()| {
+        let closed = origin.closed_while_silent();
+        support::wait::until(&format!("{what}: the origin asked"), WITHIN, || {
+            (origin.requests().len() == asked && active() == 1).then_some(())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let at = std::time::Instant::now();
+        hang_up();
+        support::wait::until(
+            &format!("{what}: the origin's connection closed"),
+            Duration::from_secs(2),
+            || (origin.closed_while_silent() > closed).then_some(()),
+        );
+        eprintln!("{what}: the origin saw the hang-up after {:?}", at.elapsed());
+        support::wait::until(&format!("{what}: the download over"), WITHIN, || {
+            (active() == 0).then_some(())
+        });
+    };
+    let mut asked = 0;
+    for (protocol, path) in [
+        ("--http1.1", "/silent"),
+        ("--http1.1", "/stalled"),
+        ("--http2", "/silent"),
+        ("--http2", "/stalled"),
+    ] {
+        let url = format!("https://localhost:{port}{path}");
+        let mut client = Command::new("curl")
+            .args(["-sS", protocol, "--cacert"])
+            .arg(pki.ca_cert())
+            .args(["-o", "/dev/null", &url])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn curl");
+        asked += 1;
+        hung_up_within_2s(asked, &format!("curl {protocol} {path}"), &mut || {
+            let _ = client.kill();
+            let _ = client.wait();
+        });
+    }
+    // An HTTP/2 stream reset, the connection kept open.
+    let mut client = h2_over_s_client(addr);
+    let mut stdin = client.stdin.take().expect("a piped stdin");
+    let mut stdout = client.stdout.take().expect("a piped stdout");
+    // What the server sends (its SETTINGS, their ACK) is read and dropped.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let mut opening = H2_PREFACE.to_vec();
+    opening.extend(frame(SETTINGS, 0, 0, &[]));
+    opening.extend(frame(HEADERS, END_STREAM | END_HEADERS, 1, &get_block("/silent")));
+    stdin.write_all(&opening).expect("the request");
+    stdin.flush().expect("the request");
+    asked += 1;
+    hung_up_within_2s(asked, "an h2 stream reset", &mut || {
+        // CANCEL (0x8), as a browser cancelling a download.
+        stdin.write_all(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes())).expect("the reset");
+        stdin.flush().expect("the reset");
+    });
+    // A stream's reset is not the connection's end.
+    assert!(client.try_wait().expect("s_client").is_none(), "the h2 connection was closed");
+    let _ = client.kill();
+    let _ = client.wait();
+}
+
+#[test]
+fn an_idle_h2_connection_is_closed_after_client_keepalive_timeout() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let port = free_port();
+    let body =
+        format!("{}{}", tls_section(port, &[(pki.localhost(), false)], ""), route_to(&origin));
+    let _proxy = Proxy::start_with_server(&body, "client_keepalive_timeout = \"1s\"\n");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let opened = std::time::Instant::now();
+    // The preface and SETTINGS, no stream: `attack` returns when the server closes the
+    // connection (and fails the test if it is still open after 5 s).
+    attack(addr, Vec::new(), Duration::from_secs(5));
+    let closed = opened.elapsed();
+    assert!(closed >= Duration::from_millis(900), "closed after {closed:?}, before the timeout");
 }

@@ -37,6 +37,7 @@ pub struct Metrics {
     connections_refused: IntCounterVec,
     duration: HistogramVec,
     active: IntGauge,
+    client_connections: IntGauge,
     cache: CacheMetrics,
 }
 
@@ -255,7 +256,7 @@ impl Metrics {
         let connections_refused = IntCounterVec::new(
             Opts::new(
                 "rangeway_client_connections_refused_total",
-                "Client connections ended by a limit, by reason: per_client_limit (more open from one address than max_connections_per_client), header_timeout (a request header, or a TLS handshake, slower than client_header_timeout), tls_handshake (a TLS handshake that failed: a version, cipher or certificate the client would not take, or not TLS at all).",
+                "Client connections ended by a limit, by reason: per_client_limit (more open from one address than max_connections_per_client), header_timeout (a request header, or a TLS handshake, slower than client_header_timeout), tls_handshake (a TLS handshake that failed: a version, cipher or certificate the client would not take, or not TLS at all), keepalive_timeout (idle longer than client_keepalive_timeout), max_connections_idle (an idle connection closed to make room for a new one past max_connections), max_connections (a new connection refused: max_connections open, none idle).",
             ),
             &["reason"],
         )
@@ -274,6 +275,11 @@ impl Metrics {
         .expect("valid metric");
         let active = IntGauge::new("rangeway_active_downloads", "Responses in flight.")
             .expect("valid metric");
+        let client_connections = IntGauge::new(
+            "rangeway_client_connections",
+            "Client connections open, every listener's together (what max_connections bounds).",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(transports.clone()),
@@ -295,6 +301,7 @@ impl Metrics {
             Box::new(connections_refused.clone()),
             Box::new(duration.clone()),
             Box::new(active.clone()),
+            Box::new(client_connections.clone()),
         ] {
             registry.register(collector).expect("metric names are unique");
         }
@@ -329,6 +336,7 @@ impl Metrics {
             connections_refused,
             duration,
             active,
+            client_connections,
         }
     }
 
@@ -427,8 +435,8 @@ impl Metrics {
         self.upstream_resumes.with_label_values(&[route, outcome]).inc();
     }
 
-    /// A client connection ended by a limit: `per_client_limit`, `header_timeout` or
-    /// `tls_handshake`.
+    /// A client connection ended by a limit: `per_client_limit`, `header_timeout`,
+    /// `tls_handshake`, `keepalive_timeout`, `max_connections_idle` or `max_connections`.
     pub fn connection_refused(&self, reason: &str) {
         self.connections_refused.with_label_values(&[reason]).inc();
     }
@@ -475,6 +483,11 @@ impl Metrics {
     /// The cache is open (`true`) or configured and off.
     pub fn cache_enabled(&self, on: bool) {
         self.cache.enabled.set(i64::from(on));
+    }
+
+    /// The gauge of open client connections, which the admission keeps.
+    pub(crate) fn client_connections(&self) -> IntGauge {
+        self.client_connections.clone()
     }
 
     pub fn in_flight(&self) -> i64 {

@@ -29,6 +29,15 @@ const RUN_SLICES: u64 = 16;
 /// The most read from a slice for one chunk of an answer.
 const READ_BYTES: u64 = 256 * 1024;
 
+/// How long a fill goes on with no reader waiting on any of its slices: past it, the fill is
+/// given up and its origin request dropped (the clients that wanted it went away). A reader
+/// between two slices is not waiting for a moment; one that stays away this long finds the
+/// slices missing and fetches them again.
+const UNWANTED_AFTER: Duration = Duration::from_secs(1);
+
+/// How often a fill looks for its readers.
+const UNWANTED_POLL: Duration = Duration::from_millis(250);
+
 /// Slices being fetched, by slice.
 #[derive(Default)]
 pub(super) struct Fills {
@@ -695,13 +704,21 @@ impl RunFill {
                 Some(current) => current,
                 None => {
                     let rest = ByteRange::new(at, end).unwrap_or(super::NOTHING);
-                    match self.fetch_rest(rest, &mut attempts, started).await {
+                    let fetched = tokio::select! {
+                        fetched = self.fetch_rest(rest, &mut attempts, started) => fetched,
+                        () = unwanted(&self.run) => return self.give_up(),
+                    };
+                    match fetched {
                         Ok(fetched) => exchange.insert(fetched),
                         Err(failure) => return self.fail(failure),
                     }
                 }
             };
-            let chunk = match current.session.read_response_body().await {
+            let read = tokio::select! {
+                read = current.session.read_response_body() => read,
+                () = unwanted(&self.run) => return self.give_up(),
+            };
+            let chunk = match read {
                 Ok(Some(chunk)) if !chunk.is_empty() => chunk,
                 // Ended early or broke: continued from where it stopped, of the same version.
                 Ok(_) => {
@@ -791,6 +808,16 @@ impl RunFill {
         }
     }
 
+    /// No one waits for the run any more: its slices are left missing, for the next request that
+    /// needs them to fetch, and its origin request is dropped.
+    fn give_up(self) {
+        info!(route = %self.fetch.route.name, "a cache fill has no reader left: given up");
+        for claimed in self.run {
+            let len = self.version.slice_range(claimed.0.index).len();
+            abandon(&self.inner, claimed, len, FillFailure::Origin);
+        }
+    }
+
     /// The run cannot be fetched: every slice still claimed fails (its readers see it), and is
     /// left missing for the next request to fetch.
     fn fail(self, failure: FillFailure) {
@@ -804,6 +831,19 @@ impl RunFill {
         for claimed in self.run {
             let len = self.version.slice_range(claimed.0.index).len();
             abandon(&self.inner, claimed, len, failure);
+        }
+    }
+}
+
+/// Resolves once no reader has waited on any slice of `run` for [`UNWANTED_AFTER`].
+async fn unwanted(run: &std::collections::VecDeque<Claimed>) {
+    let mut alone_since = None;
+    loop {
+        tokio::time::sleep(UNWANTED_POLL).await;
+        if run.iter().any(|(_, fill, _)| fill.progress.receiver_count() > 0) {
+            alone_since = None;
+        } else if alone_since.get_or_insert_with(Instant::now).elapsed() >= UNWANTED_AFTER {
+            return;
         }
     }
 }

@@ -29,6 +29,14 @@ const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
 const MAX_NOTSENT_LOWAT: u64 = 1 << 30;
 /// Far above any machine this runs on; only there to catch a typo such as `threads = 80000`.
 const MAX_THREADS: usize = 1024;
+/// Descriptors kept aside from the clients' share: listeners, the store's connections, logs, the
+/// cache's files being read.
+const RESERVED_DESCRIPTORS: u64 = 256;
+/// What one client connection may hold at once: its socket, an origin connection, a splice's pipe
+/// (two).
+const DESCRIPTORS_PER_CONNECTION: u64 = 4;
+/// The default when the descriptor limit is unlimited or unknown, and the most that may be set.
+const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
 /// `[server]`.
 #[derive(Debug, Clone)]
@@ -77,6 +85,14 @@ pub struct ClientLimits {
     /// socket (`TCP_NOTSENT_LOWAT`). Default 128 KiB; 0 leaves the system's setting
     /// (`net.ipv4.tcp_notsent_lowat`, unbounded unless set).
     pub notsent_lowat: u32,
+    /// `client_keepalive_timeout`: how long a connection may wait for its next request (HTTP/1)
+    /// or have no stream open (HTTP/2) before it is closed. Default 60s.
+    pub keepalive_timeout: Duration,
+    /// `max_connections`: open client connections, all clients together; past it the longest
+    /// idle one is closed to make room, or, with none idle, the new one. Default: a quarter of
+    /// the descriptors the process may open, after [`RESERVED_DESCRIPTORS`] (see
+    /// [`default_max_connections`]).
+    pub max_connections: usize,
 }
 
 impl Default for ClientLimits {
@@ -88,8 +104,25 @@ impl Default for ClientLimits {
             max_header_bytes: 32 * 1024,
             max_header_fields: 100,
             notsent_lowat: DEFAULT_NOTSENT_LOWAT,
+            keepalive_timeout: Duration::from_secs(60),
+            max_connections: default_max_connections(descriptor_limit()),
         }
     }
+}
+
+/// The descriptors the process may open (`RLIMIT_NOFILE`): its hard limit, which `serve` raises
+/// the soft one to (`server::raise_descriptor_limit`); `None` when unlimited.
+pub(crate) fn descriptor_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum
+}
+
+/// `max_connections` when it is not set: each connection may hold
+/// [`DESCRIPTORS_PER_CONNECTION`], after [`RESERVED_DESCRIPTORS`] kept aside.
+fn default_max_connections(descriptors: Option<u64>) -> usize {
+    descriptors.map_or(MAX_CONNECTIONS_LIMIT, |limit| {
+        let share = limit.saturating_sub(RESERVED_DESCRIPTORS) / DESCRIPTORS_PER_CONNECTION;
+        usize::try_from(share).unwrap_or(MAX_CONNECTIONS_LIMIT).clamp(1, MAX_CONNECTIONS_LIMIT)
+    })
 }
 
 /// The admin API's bearer token, read at load time from the variable named by `admin_token_env`.
@@ -226,6 +259,29 @@ fn read_client_limits(ctx: &mut Ctx<'_>, table: &mut Table) -> Read<ClientLimits
     let max_header_fields = table
         .take("max_header_fields")
         .map_or(Ok(defaults.max_header_fields), |f| f.integer(ctx, 1..=256, "100"));
+    let keepalive_timeout =
+        timeout(table.take("client_keepalive_timeout"), ctx, defaults.keepalive_timeout);
+    let max_connections = table.take("max_connections").map_or(Ok(defaults.max_connections), |f| {
+        let (path, origin) = (f.path.clone(), f.origin().clone());
+        let max = f.integer(ctx, 1..=MAX_CONNECTIONS_LIMIT, "10000")?;
+        match descriptor_limit() {
+            Some(descriptors) if max as u64 > descriptors => Err(ctx.report(
+                &path,
+                &origin,
+                format!(
+                    "{max} connections cannot be open at once: the process may open \
+                         {descriptors} descriptors (RLIMIT_NOFILE), and each connection needs one"
+                ),
+                format!(
+                    "use at most {descriptors}, or leave it unset ({}: room for an origin \
+                         connection and a pipe each), or raise the limit (LimitNOFILE= in the \
+                         systemd unit, ulimit -n)",
+                    default_max_connections(Some(descriptors))
+                ),
+            )),
+            _ => Ok(max),
+        }
+    });
     let notsent_lowat = table.take("client_notsent_lowat").map_or(
         Ok(defaults.notsent_lowat),
         |f| {
@@ -249,6 +305,8 @@ fn read_client_limits(ctx: &mut Ctx<'_>, table: &mut Table) -> Read<ClientLimits
         max_header_bytes: max_header_bytes?,
         max_header_fields: max_header_fields?,
         notsent_lowat: notsent_lowat?,
+        keepalive_timeout: keepalive_timeout?,
+        max_connections: max_connections?,
     })
 }
 
@@ -285,6 +343,14 @@ mod tests {
         assert!(!sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.1:81")));
         assert!(!sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.2:80")));
         assert!(!sockets_collide(addr("127.0.0.1:0"), addr("127.0.0.1:0")));
+    }
+
+    #[test]
+    fn the_default_connection_cap_leaves_room_for_origins_and_files() {
+        assert_eq!(default_max_connections(Some(65_536)), 16_320);
+        assert_eq!(default_max_connections(Some(1024)), 192);
+        assert_eq!(default_max_connections(Some(10)), 1, "never none");
+        assert_eq!(default_max_connections(None), MAX_CONNECTIONS_LIMIT);
     }
 
     #[test]

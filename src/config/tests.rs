@@ -1719,6 +1719,19 @@ fn client_limits() {
         (Duration::from_secs(2), Duration::from_secs(300), 0)
     );
     assert_eq!((limits.max_header_bytes, limits.max_header_fields), (8192, 50));
+    let idle = format!(
+        "[server]\nclient_keepalive_timeout = \"2s\"\nmax_connections = 100\n{UPSTREAMS}{ROUTE}"
+    );
+    let limits = load_ok(&idle).server.client_limits;
+    assert_eq!((limits.keepalive_timeout, limits.max_connections), (Duration::from_secs(2), 100));
+    assert_eq!(ClientLimits::default().keepalive_timeout, Duration::from_secs(60));
+    // More connections than descriptors could never be open: refused, with the limit named.
+    if let Some(descriptors) = super::server::descriptor_limit().filter(|&d| d < 1_000_000) {
+        expect_errors(
+            &format!("[server]\nmax_connections = {}\n{UPSTREAMS}{ROUTE}", descriptors + 1),
+            &[("server.max_connections", "RLIMIT_NOFILE")],
+        );
+    }
     let sized = format!("[server]\nmax_header_bytes = \"16KiB\"\n{UPSTREAMS}{ROUTE}");
     assert_eq!(load_ok(&sized).server.client_limits.max_header_bytes, 16 * 1024);
     for (value, lowat) in [("\"1MiB\"", 1 << 20), ("0", 0), ("16384", 16 * 1024)] {
@@ -1733,8 +1746,14 @@ fn client_limits() {
         &format!("[server]\nmax_header_bytes = \"16 parsecs\"\n{UPSTREAMS}{ROUTE}"),
         &[("server.max_header_bytes", "unknown size unit")],
     );
-    let cases: [(&str, &[(&str, &str)]); 6] = [
+    let cases: [(&str, &[(&str, &str)]); 9] = [
         ("client_header_timeout = \"0s\"", &[("server.client_header_timeout", "out of range")]),
+        (
+            "client_keepalive_timeout = \"2h\"",
+            &[("server.client_keepalive_timeout", "out of range")],
+        ),
+        ("max_connections = 0", &[("server.max_connections", "0 is out of range")]),
+        ("max_connections = \"many\"", &[("server.max_connections", "expected an integer")]),
         (
             "client_notsent_lowat = \"4KiB\"",
             &[("server.client_notsent_lowat", "every few segments")],

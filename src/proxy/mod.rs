@@ -48,6 +48,7 @@ use tracing::{info, warn};
 
 use crate::admin::live::LiveResponses;
 use crate::admin::metrics::{Metrics, Unvouched};
+use crate::admission::ClientConnection;
 use crate::cache::{Outcome, SliceCache};
 use crate::config::ClientLimits;
 use crate::fingerprint::FingerprintKey;
@@ -778,6 +779,11 @@ impl ProxyHttp for Proxy {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
+        if let ServerSession::H1(h1) = session.as_downstream()
+            && let Some(connection) = ClientConnection::of(h1.stream())
+        {
+            connection.response_ended();
+        }
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         // What reached the client's connection, not what the body filter handed on.
         let sent = session.body_bytes_sent() as u64;

@@ -104,6 +104,8 @@ impl Proxy {
             policy.is_some() || route.upstream.replica_count() > 1 || ctx.part_gap.is_some();
         let base = asks_again.then(|| request.clone());
         ctx.upstream_asked = Some(Instant::now());
+        // Every wait on the origin (or on the cache's fetches) below ends when the client goes.
+        let watch = ClientWatch::of(session);
         // The slice cache answers as the origin would, or says to ask the origin. (The kernel ways
         // and the cache's answer are boxed futures: carried inline, their state would be in every
         // response's future, which pingora boxes and moves — 19 KiB where a small answer needs 7.)
@@ -111,7 +113,7 @@ impl Proxy {
             (Some(cache), Some(use_of)) => {
                 let asked = (&request, client_authorized(session, &route));
                 let answer = cache.answer(&route, use_of, asked, &self.origin_client, ctx.replica);
-                Some(Box::pin(answer).await)
+                Some(watch.unless_gone(session, Box::pin(answer)).await?)
             }
             (None, Some(_)) => Some(CacheAnswer::Bypass(Bypass::Off)),
             _ => None,
@@ -125,7 +127,8 @@ impl Proxy {
                 if let Some(CacheAnswer::Bypass(why)) = bypassed {
                     ctx.cache = Some(Outcome::Bypass(why));
                 }
-                let exchange = self.first_exchange(&route, ctx, request, base.as_ref()).await?;
+                let first = self.first_exchange(&route, ctx, request, base.as_ref());
+                let exchange = watch.unless_gone(session, first).await??;
                 let response =
                     exchange.session.response_header().map(answer_to_forward).ok_or_else(|| {
                         Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
@@ -231,7 +234,7 @@ impl Proxy {
         let mut held = Vec::new();
         let (mut held_len, mut pending) = (0, None);
         let done = loop {
-            match body.next_chunk(pump.read_max).await {
+            match watch.unless_gone(session, body.next_chunk(pump.read_max)).await? {
                 Ok(Some(chunk)) => {
                     held_len += chunk.len();
                     held.push(chunk);
@@ -294,35 +297,8 @@ impl Proxy {
         // While the origin is slow the client is watched, as pingora's proxying watches it: one
         // that hangs up ends the response at once, so that its download is recorded before the
         // client can come back to resume it.
-        let client = match session.as_downstream() {
-            ServerSession::H1(h1) => RawSocket::duplicate(h1.stream().id()).ok(),
-            _ => None,
-        };
-        let mut watching = client.is_some();
         loop {
-            let piece = {
-                // Polled to its end whatever the client does meanwhile: a read is not cut short.
-                let mut next = std::pin::pin!(reader.next());
-                loop {
-                    tokio::select! {
-                        piece = &mut next => break piece,
-                        hung_up = async {
-                            match &client {
-                                Some(client) => client.hung_up().await,
-                                None => false,
-                            }
-                        }, if watching => {
-                            if hung_up {
-                                let gone =
-                                    Error::explain(ErrorType::ConnectionClosed, "the client hung up");
-                                return Err(gone.into_down());
-                            }
-                            // It sent bytes (a pipelined request): they are not ours to read.
-                            watching = false;
-                        }
-                    }
-                }
-            };
+            let piece = watch.unless_gone(session, reader.next()).await?;
             match piece {
                 Piece::Chunk(chunk) => self.forward(session, ctx, Some(chunk), false).await?,
                 Piece::Skip(to) => ctx.skip_to(to)?,
@@ -398,7 +374,9 @@ impl Proxy {
         let live = ctx.live.as_ref();
         let mut sent = 0u64;
         let outcome = async {
-            while let Some(segment) = body.next(true).await? {
+            while let Some(segment) =
+                client.unless_closed(body.next(true)).await.ok_or_else(client_gone)??
+            {
                 let written = match segment {
                     Segment::File { file, offset, len } => client
                         .send_file(&file, offset, len, write, |n| {
@@ -454,7 +432,9 @@ impl Proxy {
         let outcome = loop {
             let result = async {
                 // The bytes that came with the header are in pingora's buffer: they go first.
-                if let Some(first) = exchange.session.read_response_body().await? {
+                // (Without any, pingora waits for the origin's: the client is watched meanwhile.)
+                let first = client.unless_closed(exchange.session.read_response_body()).await;
+                if let Some(first) = first.ok_or_else(client_gone)?? {
                     if let Some(pacer) = pacer.as_mut() {
                         pacer.wait(first.len()).await;
                     }
@@ -576,6 +556,54 @@ impl Proxy {
         }
         Ok(())
     }
+}
+
+/// How the relay learns that its client went away while the origin (or the cache's fetch) keeps
+/// it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2, its stream reset or its
+/// connection gone. Dropping the wait drops the origin's request with it.
+enum ClientWatch {
+    Socket(RawSocket),
+    Stream,
+    Unwatched,
+}
+
+impl ClientWatch {
+    fn of(session: &Session) -> Self {
+        match session.as_downstream() {
+            ServerSession::H1(h1) => {
+                RawSocket::duplicate(h1.stream().id()).map_or(Self::Unwatched, Self::Socket)
+            }
+            ServerSession::H2(_) => Self::Stream,
+            _ => Self::Unwatched,
+        }
+    }
+
+    /// `work`'s outcome, or a client-gone error as soon as the client is gone.
+    async fn unless_gone<T>(
+        &self,
+        session: &mut Session,
+        work: impl Future<Output = T>,
+    ) -> Result<T> {
+        let gone = async {
+            match (self, session.as_downstream_mut()) {
+                (Self::Socket(socket), _) => socket.closed().await,
+                (Self::Stream, ServerSession::H2(h2)) => {
+                    // Its reason does not matter: the stream will not take an answer.
+                    let _ = h2.idle().await;
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            done = work => Ok(done),
+            () = gone => Err(client_gone()),
+        }
+    }
+}
+
+/// The error a request ends with when its client went away.
+fn client_gone() -> Box<Error> {
+    Error::explain(ErrorType::ConnectionClosed, "the client hung up").into_down()
 }
 
 /// Writes `body` to the client: at once, or on a shaped route paced in steps (`pace.rs`). A traced

@@ -135,18 +135,32 @@ impl RawSocket {
         Ok(())
     }
 
-    /// Waits until the peer hangs up (`true`) or sends bytes, which are left for their reader
-    /// (`false`).
-    pub(super) async fn hung_up(&self) -> bool {
+    /// Waits until the peer closes the connection (its FIN or a reset). Bytes it sends meanwhile
+    /// (a pipelined request, a TLS alert) are left for their reader, and the watch goes on: a
+    /// client that sent its next request and then hung up is gone all the same.
+    pub(super) async fn closed(&self) {
         loop {
-            let Ok(mut guard) = self.fd.readable().await else { return true };
+            let Ok(mut guard) = self.fd.readable().await else { return };
+            if guard.ready().is_read_closed() {
+                return;
+            }
             let mut byte = [0u8; 1];
             let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
-            match guard.try_io(|fd| Ok(rustix::net::recv(fd.get_ref(), &mut byte, peek)?)) {
-                Ok(Ok((_, 0)) | Err(_)) => return true,
-                Ok(Ok(_)) => return false,
-                Err(_would_block) => {}
+            match rustix::net::recv(self.fd.get_ref(), &mut byte, peek) {
+                Ok((_, 0)) => return,
+                Err(e) if e != rustix::io::Errno::WOULDBLOCK => return,
+                // Bytes are waiting for their reader: readiness is edge-triggered, so the next
+                // wake-up is the peer's next bytes or its close, not these bytes again.
+                _ => guard.clear_ready(),
             }
+        }
+    }
+
+    /// `work`'s outcome, or `None` as soon as the peer closes the connection.
+    pub(super) async fn unless_closed<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            done = work => Some(done),
+            () = self.closed() => None,
         }
     }
 
@@ -363,7 +377,6 @@ pub(super) async fn splice(
     let mut upstream_error = None;
     // Bytes moved since this task last let the thread's other tasks run.
     let mut since_yield = 0;
-    let mut watch_client = true;
     while left > 0 || in_pipe > 0 {
         // While both sockets keep up, nothing here waits: the other connections of this thread
         // get their turn after each pipe-full, as they would between pingora's reads.
@@ -387,13 +400,8 @@ pub(super) async fn splice(
                 // body at once (and its download is recorded), not at the next bytes to send.
                 tokio::select! {
                     filled = from.wait_for(Interest::READABLE, timeouts.read, fill) => filled,
-                    hung_up = to.hung_up(), if watch_client => {
-                        if hung_up {
-                            return Err(SpliceError::Downstream(io::ErrorKind::ConnectionReset.into()));
-                        }
-                        // It sent bytes (a pipelined request): they are not ours to read.
-                        watch_client = false;
-                        continue;
+                    () = to.closed() => {
+                        return Err(SpliceError::Downstream(io::ErrorKind::ConnectionReset.into()));
                     }
                 }
             } else {

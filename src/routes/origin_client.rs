@@ -8,13 +8,26 @@ use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::protocols::http::v1::client::HttpSession as Http1Session;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
-use pingora_error::Result;
+use pingora_error::{Error, ErrorType, Result};
 use pingora_http::RequestHeader;
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 
 use super::upstream::Upstream;
 use crate::traces;
+
+/// Reads the answer's header. Interim answers (100, 102, 103 Early Hints) come before the final
+/// one: they are not the answer (RFC 9110 §15.2), and rangeway, which sent no Expect and answers
+/// with the final response only, drops them.
+async fn read_final_header(session: &mut HttpSession) -> Result<()> {
+    loop {
+        session.read_response_header().await?;
+        let status = session.response_header().map(|r| r.status.as_u16());
+        if !matches!(status, Some(100..=199)) || status == Some(101) {
+            return Ok(());
+        }
+    }
+}
 
 /// Why [`OriginClient::fetch_range`] has no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,19 +130,24 @@ impl OriginClient {
             };
             attempt.record("rangeway.connection_reused", reused);
             attempt.record("rangeway.connect_ms", asked.elapsed().as_secs_f64() * 1000.0);
-            let mut session =
-                HttpSession::H1(Http1Session::new_with_options(stream, peer.as_ref()));
+            let mut h1 = Http1Session::new_with_options(stream, peer.as_ref());
+            // pingora's session does not take the peer's read timeout (its own proxying sets
+            // it): without it, a body pingora reads waits on a silent origin forever.
+            h1.read_timeout = peer.options.read_timeout;
+            let mut session = HttpSession::H1(h1);
             session.write_request_header(Box::new(request)).await?;
             session.finish_request_body().await?;
-            // Interim answers (100, 102, 103 Early Hints) come before the final one: they are
-            // not the answer (RFC 9110 §15.2), and rangeway, which sent no Expect and answers
-            // with the final response only, drops them.
-            loop {
-                session.read_response_header().await?;
-                let status = session.response_header().map(|r| r.status.as_u16());
-                if !matches!(status, Some(100..=199)) || status == Some(101) {
-                    break;
-                }
+            // The whole header within read_timeout, not each read: an origin that answers a
+            // byte at a time must not hold the client longer than one that does not answer.
+            let header = read_final_header(&mut session);
+            match peer.options.read_timeout {
+                Some(limit) => tokio::time::timeout(limit, header).await.unwrap_or_else(|_| {
+                    Error::e_explain(
+                        ErrorType::ReadTimedout,
+                        format!("the response header took longer than read_timeout ({limit:?})"),
+                    )
+                })?,
+                None => header.await?,
             }
             Ok(Exchange { session, peer, attempt: tracing::Span::none() })
         };

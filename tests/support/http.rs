@@ -5,7 +5,7 @@
 //! redirects, hide chunking, turn a short body into an error without the bytes), so the
 //! comparisons between nginx and rangeway go through this instead.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
@@ -208,6 +208,29 @@ impl Connection {
     pub(crate) fn send_raw(&mut self, method: &str, head: &str) -> io::Result<Response> {
         self.reader.get_mut().write_all(head.as_bytes())?;
         read_response(&mut self.reader, method)
+    }
+
+    /// Sends `bytes` as they are, reading nothing: a request begun, or one whose answer
+    /// [`Connection::send_raw`] with nothing more to send reads later.
+    pub(crate) fn write_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.reader.get_mut().write_all(bytes)
+    }
+
+    /// Whether the server closes the connection within `within`, sending nothing more.
+    pub(crate) fn closed_within(&mut self, within: Duration) -> io::Result<bool> {
+        self.reader.get_mut().set_read_timeout(Some(within))?;
+        let mut byte = [0u8; 1];
+        let read = self.reader.read(&mut byte);
+        self.reader.get_mut().set_read_timeout(Some(IO_TIMEOUT))?;
+        match read {
+            Ok(0) => Ok(true),
+            Ok(_) => Err(invalid("bytes after the response".to_owned())),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Ok(false)
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(true),
+            Err(e) => Err(e),
+        }
     }
 
     fn head(&self, request: &RawRequest) -> String {

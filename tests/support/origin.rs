@@ -49,6 +49,12 @@ pub(crate) enum Behaviour {
     Interim(u16),
     /// The correct answer, its header sent after this long.
     Delayed(Duration),
+    /// Reads the request and never answers: the connection stays open, silent, until the client
+    /// closes it ([`Origin::closed_while_silent`] counts those).
+    Silent,
+    /// The correct answer's header and this many bytes of its body, then silence until the
+    /// client closes the connection (counted as for [`Behaviour::Silent`]).
+    SilentAfter(u64),
     /// The correct answer, or by the roll of a seeded die per response: a 503 (only to ranged
     /// requests: continuations), a body cut at a random byte, or a body that stalls at a random
     /// byte and is then cut.
@@ -111,6 +117,8 @@ struct Shared {
     rolls: AtomicU64,
     /// Object bytes put into answer bodies, counted as they are handed to the socket.
     body_bytes: AtomicU64,
+    /// Connections a silent answer was waiting on when the client closed them.
+    closed_while_silent: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -240,6 +248,12 @@ impl Origin {
     /// requests caused (the short text bodies of errors and 416s are not counted).
     pub(crate) fn body_bytes(&self) -> u64 {
         self.shared.body_bytes.load(Ordering::SeqCst)
+    }
+
+    /// How many connections the client closed while a [`Behaviour::Silent`] or
+    /// [`Behaviour::SilentAfter`] answer kept them waiting.
+    pub(crate) fn closed_while_silent(&self) -> u64 {
+        self.shared.closed_while_silent.load(Ordering::SeqCst)
     }
 
     /// Forgets the recorded requests, e.g. after a test's setup.
@@ -392,6 +406,10 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
     if let Behaviour::Delayed(delay) = behaviour {
         std::thread::sleep(delay);
     }
+    if behaviour == Behaviour::Silent {
+        silent_until_closed(shared, out);
+        return Ok(false);
+    }
     if let Behaviour::Interim(status) = behaviour {
         let link = if status == 103 { "Link: </hint.css>; rel=preload\r\n" } else { "" };
         out.write_all(format!("HTTP/1.1 {status} Interim\r\n{link}\r\n").as_bytes())?;
@@ -503,6 +521,13 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
             let _ = out.shutdown(Shutdown::Write);
             Ok(false)
         }
+        Behaviour::SilentAfter(sent) => {
+            let sent = usize::try_from(sent).unwrap_or(usize::MAX).min(body.len());
+            count(&body[..sent]);
+            out.write_all(&body[..sent])?;
+            silent_until_closed(shared, out);
+            Ok(false)
+        }
         Behaviour::Slow { chunk, delay } => {
             for (index, piece) in body.chunks(chunk.max(1)).enumerate() {
                 if index > 0 {
@@ -549,6 +574,15 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
             out.write_all(&body)?;
             Ok(keep_alive)
         }
+    }
+}
+
+/// Waits, sending nothing, until the client closes the connection (or the origin stops).
+fn silent_until_closed(shared: &Shared, connection: &mut TcpStream) {
+    let mut buf = [0u8; 4096];
+    while matches!(connection.read(&mut buf), Ok(n) if n > 0) {}
+    if !shared.stopping.load(Ordering::SeqCst) {
+        shared.closed_while_silent.fetch_add(1, Ordering::SeqCst);
     }
 }
 

@@ -290,3 +290,19 @@ impl Drop for ProxyProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Resident and peak memory (KiB) and CPU time (user + system, clock ticks) of process `pid`.
+pub(crate) fn usage(pid: u32) -> (u64, u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    let kib = |key: &str| {
+        let line = status.lines().find(|l| l.starts_with(key)).expect("the field");
+        line.split_whitespace().nth(1).expect("its value").parse::<u64>().expect("its value")
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').expect("the stat line").1.split_whitespace().collect();
+    let ticks = fields[11].parse::<u64>().expect("the times")
+        + fields[12].parse::<u64>().expect("the times");
+    (kib("VmRSS:"), kib("VmHWM:"), ticks)
+}
