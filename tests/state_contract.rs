@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use rangeway::config::{Config, DownloadLimits, RedisTarget, StateBackend, StateConfig};
 use rangeway::state::{
     self, Delivery, DownloadHold, DownloadSession, Ending, Held, Holding, Lookup, MAX_EXACT,
-    MAX_SESSION_VERSIONS, MAX_VERSIONS, ObjectRecord, ObjectVersion, RedisOptions, RedisStore,
-    Resumable, StageFacts, StateStore, StoreError, UNREAD_SLACK,
+    MAX_SESSION_VERSIONS, MAX_VERSIONS, MemoryBudget, MemoryStore, ObjectRecord, ObjectVersion,
+    RedisOptions, RedisStore, Resumable, StageFacts, StateStore, StoreError, UNREAD_SLACK,
 };
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::{Digest as StageDigest, RangeDigest, Segment, StageState};
@@ -1034,4 +1034,48 @@ async fn the_memory_store_holds_nothing() {
     assert_eq!(store.hold(&download("/", 1, "one"), &limits).await.expect("hold"), Held::Here);
     assert_eq!(store.hold(&download("/", 1, "two"), &limits).await.expect("hold"), Held::Here);
     assert_eq!(store.hold_lease(), None);
+}
+
+/// What the embedded store's records take of the process, beside what its budget counts: run with
+/// `cargo test --release --test state_contract -- --ignored --nocapture memory_store_bound`.
+#[tokio::test]
+#[ignore = "a measurement, not a test: run by hand"]
+async fn memory_store_bound() {
+    const DOWNLOADS: u64 = 50_000;
+    let resident = || {
+        let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+        let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).expect("VmRSS");
+        kib.trim().trim_end_matches(" kB").trim().parse::<usize>().expect("a number") * 1024
+    };
+    let budget = MemoryBudget { max_bytes: 1 << 34, per_client: 1 << 34 };
+    let store = MemoryStore::new(Duration::from_secs(600), budget);
+    let before = resident();
+    for i in 0..DOWNLOADS {
+        let version = ObjectVersion {
+            etag: Some("\"0123456789abcdef\"".to_owned()),
+            strong: true,
+            size: 4096,
+            last_modified: Some(1_700_000_000),
+            content_type: Some("application/octet-stream".to_owned()),
+        };
+        let delivery = Delivery {
+            id: format!("download-{i}"),
+            object: format!("files|/object-{}.bin", i % 10),
+            route: "/files/".to_owned(),
+            client: "192.0.2.1".to_owned(),
+            origin_version: version.clone(),
+            version,
+            range: ByteRange::new(0, 1).expect("a range"),
+            ending: Ending::Whole,
+            bytes: 1,
+            now: 1,
+        };
+        store.record(&delivery).await.expect("record");
+    }
+    let grown = resident() - before;
+    let counted = store.estimated_bytes();
+    println!(
+        "{DOWNLOADS} downloads: resident +{grown} bytes, counted {counted} ({:.2} of resident)",
+        counted as f64 / grown as f64
+    );
 }

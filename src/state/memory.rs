@@ -181,6 +181,11 @@ impl MemoryStore {
         }
     }
 
+    /// What the records take, as the budget counts them.
+    pub fn estimated_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // Nothing panics under the lock; were something to, the maps would still be usable (every
         // method copes with an order entry whose map entry is gone), and better than no state.
@@ -331,27 +336,31 @@ impl Inner {
     }
 }
 
-/// What an entry costs beyond its strings: the map's and the write order's slots, the entry, an
-/// `Arc` for a session. An estimate: the budget bounds the store within a small factor, not to
-/// the byte.
-const ENTRY_OVERHEAD: usize = 192;
+/// What an entry costs beyond its own bytes: its slots in the map and the write order, with the
+/// room they keep to grow. With [`ALLOCATION`], calibrated against the process's resident memory
+/// (docs/benchmarks.md, "The embedded store's bound"): the budget bounds what the store takes
+/// of the process, not only of its values.
+const ENTRY_OVERHEAD: usize = 960;
+
+/// What the allocator adds to each block it hands out.
+const ALLOCATION: usize = 32;
 
 /// The estimated memory of an entry: its key is held twice (the map and the write order).
 fn approx_size(key: &Key, value: &Value) -> usize {
-    let key_len = match key {
-        Key::Download(a, b) | Key::Facts(a, b) => a.len() + b.len(),
-        Key::Object(a) => a.len(),
+    let (key_len, key_blocks) = match key {
+        Key::Download(a, b) | Key::Facts(a, b) => (a.len() + b.len(), 4),
+        Key::Object(a) => (a.len(), 2),
     };
     let version_len = |v: &super::ObjectVersion| {
         std::mem::size_of_val(v)
-            + v.etag.as_ref().map_or(0, String::len)
-            + v.content_type.as_ref().map_or(0, String::len)
+            + v.etag.as_ref().map_or(0, |e| e.len() + ALLOCATION)
+            + v.content_type.as_ref().map_or(0, |c| c.len() + ALLOCATION)
     };
     let sent_len = |sent: &VersionSent| {
         version_len(&sent.version)
             + (sent.sent.len() + sent.ends.len())
                 * std::mem::size_of::<rangeway_middleware::ByteRange>()
-            + std::mem::size_of::<VersionSent>()
+            + 2 * ALLOCATION
     };
     let value_len = match value {
         Value::Download(s) => {
@@ -360,16 +369,20 @@ fn approx_size(key: &Key, value: &Value) -> usize {
                 + s.route.len()
                 + s.client.len()
                 + std::mem::size_of::<DownloadSession>()
+                + 6 * ALLOCATION
                 + s.versions.iter().map(sent_len).sum::<usize>()
         }
         Value::Object(r) => {
             r.key.len()
                 + version_len(&r.current)
+                + 2 * ALLOCATION
                 + r.versions.iter().map(|seen| version_len(&seen.version) + 16).sum::<usize>()
         }
-        Value::Facts(map) => map.iter().map(|(name, value)| name.len() + value.len() + 48).sum(),
+        Value::Facts(map) => {
+            map.iter().map(|(name, value)| name.len() + value.len() + 48 + 2 * ALLOCATION).sum()
+        }
     };
-    ENTRY_OVERHEAD + 2 * key_len + value_len
+    ENTRY_OVERHEAD + 2 * key_len + key_blocks * ALLOCATION + value_len
 }
 
 #[async_trait]
