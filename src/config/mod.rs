@@ -72,7 +72,7 @@ pub use rate::RateLimit;
 pub use route::{MiddlewareSpec, RouteConfig, UpstreamResume};
 pub use s3::{Addressing, S3ClientKeys, S3Credentials, S3Upstream};
 pub use secret::Secret;
-pub use server::{AdminToken, ClientLimits, ServerConfig};
+pub use server::{AdminToken, ClientLimits, IpNet, ServerConfig};
 pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
 pub use tls::{TlsCertificate, TlsConfig};
 pub use traces::{LogConfig, LogFormat, TracesConfig};
