@@ -172,6 +172,8 @@ fn parse_v1(bytes: &[u8]) -> Result<Parsed, ProxyHeaderError> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     /// A v2 header as a balancer writes it: `command` (0 LOCAL, 1 PROXY), `family_transport`,
@@ -330,5 +332,52 @@ mod tests {
         }
         let endless = [b"PROXY TCP4 ".as_slice(), &[b'1'; 200]].concat();
         assert_eq!(parse(&endless), Err(ProxyHeaderError::V1TooLong));
+    }
+
+    /// Bytes that begin like a header more often than chance would: a signature, then anything.
+    fn header_like() -> impl Strategy<Value = Vec<u8>> {
+        let start = prop_oneof![
+            Just(V2_SIGNATURE.to_vec()),
+            Just(b"PROXY ".to_vec()),
+            Just(b"PROXY TCP4 ".to_vec()),
+            Just(Vec::new()),
+        ];
+        (start, proptest::collection::vec(any::<u8>(), 0..300))
+            .prop_map(|(start, rest)| [start, rest].concat())
+    }
+
+    proptest! {
+        /// What `admission.rs` relies on, on any bytes: no panic; a header lies within the bytes
+        /// and parses the same alone; read exactly as asked from the first byte, the bytes give
+        /// the same answer, never asking past a header's end (a refusal may come only once the
+        /// first bytes asked for are in). (`fuzz/fuzz_targets/proxy_header.rs`
+        /// checks the same under libFuzzer.)
+        #[test]
+        fn reading_as_asked_agrees_with_reading_it_all(bytes in header_like()) {
+            let whole = parse(&bytes);
+            if let Ok(Parsed::Header { len, .. }) = whole {
+                prop_assert!(len <= bytes.len());
+                prop_assert_eq!(parse(&bytes[..len]), whole.clone());
+            }
+            let mut have = 0;
+            loop {
+                match parse(&bytes[..have]) {
+                    Ok(Parsed::Incomplete { at_least }) if at_least <= bytes.len() => {
+                        prop_assert!(at_least > have);
+                        have = at_least;
+                    }
+                    Ok(Parsed::Incomplete { .. }) => {
+                        // A header within the bytes would have been reached without asking past it.
+                        let header = matches!(whole, Ok(Parsed::Header { .. }));
+                        prop_assert!(!header, "asked past the header: {:?}", whole);
+                        break;
+                    }
+                    read_as_asked => {
+                        prop_assert_eq!(read_as_asked, whole.clone());
+                        break;
+                    }
+                }
+            }
+        }
     }
 }
