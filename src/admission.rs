@@ -109,21 +109,22 @@ impl<A> Admission<A> {
     /// `client_header_timeout`: the connection is then to be closed.
     async fn take_proxy_header(&self, stream: &mut Stream) -> bool {
         let peer = stream.get_socket_digest().and_then(|digest| digest.peer_addr().cloned());
-        let source = match tokio::time::timeout(
-            self.limits.header_timeout,
-            read_proxy_header(stream),
-        )
-        .await
+        let source = match tokio::time::timeout(self.limits.header_timeout, read_preface(stream))
+            .await
         {
-            Ok(Ok(Ok(source))) => source,
-            Ok(Ok(Err(e))) => {
+            Ok(Ok(Preface::Header(source))) => source,
+            Ok(Ok(Preface::Closed)) => {
+                debug!(client = ?peer, "a connection closed before its first byte");
+                return false;
+            }
+            Ok(Ok(Preface::Refused(e))) => {
                 self.metrics.connection_refused("proxy_protocol");
                 debug!(client = ?peer, error = %e, "closed a connection without a valid PROXY protocol header");
                 return false;
             }
             Ok(Err(e)) => {
                 self.metrics.connection_refused("proxy_protocol");
-                debug!(client = ?peer, error = %e, "the connection ended before its PROXY protocol header");
+                debug!(client = ?peer, error = %e, "the connection ended inside its PROXY protocol header");
                 return false;
             }
             Err(_) => {
@@ -239,12 +240,22 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
     }
 }
 
-/// The source address of the PROXY protocol header at the start of `stream`, reading no byte
-/// past it.
-async fn read_proxy_header(
-    stream: &mut Stream,
-) -> io::Result<Result<Option<std::net::SocketAddr>, ProxyHeaderError>> {
-    let mut header = Vec::new();
+/// What a connection that must begin with a PROXY protocol header began with.
+enum Preface {
+    /// A header naming the client (`None`: it names none, the peer is the client).
+    Header(Option<std::net::SocketAddr>),
+    Refused(ProxyHeaderError),
+    /// Nothing: closed before its first byte, as TCP checks (`/readyz`'s, a balancer's) are.
+    /// Not counted as refused, or every probe would be.
+    Closed,
+}
+
+/// Reads the PROXY protocol header at the start of `stream`, and no byte past it.
+async fn read_preface(stream: &mut Stream) -> io::Result<Preface> {
+    let mut header = vec![0u8];
+    if stream.read(&mut header).await? == 0 {
+        return Ok(Preface::Closed);
+    }
     loop {
         match proxy_protocol::parse(&header) {
             Ok(Parsed::Incomplete { at_least }) => {
@@ -252,8 +263,8 @@ async fn read_proxy_header(
                 header.resize(at_least, 0);
                 stream.read_exact(&mut header[have..]).await?;
             }
-            Ok(Parsed::Header { source, .. }) => return Ok(Ok(source)),
-            Err(e) => return Ok(Err(e)),
+            Ok(Parsed::Header { source, .. }) => return Ok(Preface::Header(source)),
+            Err(e) => return Ok(Preface::Refused(e)),
         }
     }
 }

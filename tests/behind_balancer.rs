@@ -190,6 +190,9 @@ fn written_headers_name_the_client_and_a_connection_without_one_is_closed() {
     let process = logged(&origin, "proxy_protocol = true\n", &log);
     let get = RawRequest::get("/a.bin");
 
+    // `/readyz` connects to the public listener and closes without a byte: not a refusal.
+    let ready = support::http::get(&process.admin_url("/readyz"), &[]);
+    assert_eq!(ready.status, 200);
     // No header: closed unanswered, and counted.
     let mut bare = Connection::open_from(loopback(1), process.addr(), b"").expect("connect");
     let wrote = std::io::Write::write_all(bare.stream(), b"GET /a.bin HTTP/1.1\r\nHost: a\r\n\r\n");
