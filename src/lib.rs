@@ -9,6 +9,7 @@ pub(crate) mod cache;
 pub(crate) mod client_address;
 pub mod config;
 pub mod fingerprint;
+pub mod ip_net;
 pub mod links;
 pub mod logging;
 pub mod origin;

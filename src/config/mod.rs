@@ -64,6 +64,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
 use std::path::Path;
 
+pub use crate::ip_net::IpNet;
 pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use errors::{ConfigError, ConfigErrors};
 pub use limits::{Count, DownloadLimits};
@@ -72,7 +73,7 @@ pub use rate::RateLimit;
 pub use route::{MiddlewareSpec, RouteConfig, UpstreamResume};
 pub use s3::{Addressing, S3ClientKeys, S3Credentials, S3Upstream};
 pub use secret::Secret;
-pub use server::{AdminToken, ClientLimits, IpNet, ServerConfig};
+pub use server::{AdminToken, ClientLimits, ServerConfig};
 pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
 pub use tls::{TlsCertificate, TlsConfig};
 pub use traces::{LogConfig, LogFormat, TracesConfig};

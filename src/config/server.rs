@@ -1,7 +1,7 @@
 //! `[server]`: listeners, the admin token, threads, shutdown.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use super::host::Host;
 use super::read::{Ctx, Field, Read, Table};
 use super::secret::{self, Secret, SecretKey};
 use super::tree::{Kind, Node};
+use crate::ip_net::IpNet;
 
 const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 8080));
@@ -62,71 +63,6 @@ pub struct ServerConfig {
     /// `admin_hosts`: names, besides `localhost` and the admin listener's own address, that the
     /// admin listener answers in `Host` (lower case, without port). Default none.
     pub admin_hosts: Vec<String>,
-}
-
-/// An IPv4 or IPv6 network in CIDR notation (`10.0.0.0/8`, `fd00::/8`); a bare address is one
-/// host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IpNet {
-    /// The network's address, its host bits cleared.
-    network: IpAddr,
-    prefix: u8,
-}
-
-impl IpNet {
-    /// Parses `10.0.0.0/8`, `::1/128` or a bare address. Host bits set below the prefix
-    /// (`10.0.0.1/8`) are refused: such an entry usually means another prefix was meant.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (address, prefix) = match text.split_once('/') {
-            Some((address, prefix)) => (address, Some(prefix)),
-            None => (text, None),
-        };
-        let network: IpAddr =
-            address.parse().map_err(|_| format!("{address:?} is not an IP address"))?;
-        let width = if network.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            None => width,
-            Some(prefix) => prefix
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= width)
-                .ok_or_else(|| format!("/{prefix} is not a prefix length from 0 to {width}"))?,
-        };
-        let net = Self { network, prefix };
-        if net.masked(network) != network {
-            return Err(format!(
-                "{network} has bits set past its /{prefix} (the network is {})",
-                net.masked(network)
-            ));
-        }
-        Ok(net)
-    }
-
-    /// Whether `ip` is in this network; an IPv4-mapped IPv6 address (`::ffff:10.0.0.1`, as a
-    /// dual-stack socket reports IPv4 peers) counts as its IPv4 address.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        ip.is_ipv4() == self.network.is_ipv4() && self.masked(ip) == self.network
-    }
-
-    fn masked(&self, ip: IpAddr) -> IpAddr {
-        match ip {
-            IpAddr::V4(v4) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
-                IpAddr::V4((u32::from(v4) & mask).into())
-            }
-            IpAddr::V6(v6) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
-                IpAddr::V6((u128::from(v6) & mask).into())
-            }
-        }
-    }
-}
-
-impl fmt::Display for IpNet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
-    }
 }
 
 /// Bounds on what one client connection may cost, whatever it does.
