@@ -261,6 +261,50 @@ fn x_forwarded_for_is_believed_from_a_trusted_peer_only() {
     );
 }
 
+/// A link bound to clients of 198.51.100.0/24 is judged by the address a PROXY header names, and
+/// by a trusted proxy's `X-Forwarded-For` behind it, never by the balancer's own address.
+#[test]
+fn a_signed_link_bound_to_a_client_sees_the_real_client() {
+    let origin = Origin::start();
+    origin.put("/files/a.bin", test_bytes(100, 5));
+    let work = TempDir::new("bound-link");
+    let keys = work.join("link-keys");
+    std::fs::write(&keys, "k1 0123456789abcdef0123456789abcdef\n").expect("write the keys");
+    let routes = format!(
+        "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/files/\"\n\
+         upstream = \"origin\"\n[routes.signed_links]\nkeys_file = \"{}\"\n",
+        origin.base_url(),
+        keys.display()
+    );
+    let config = work.join("sign.toml");
+    std::fs::write(&config, &routes).expect("write the config");
+    let mut sign = Command::new(env!("CARGO_BIN_EXE_rangeway"));
+    sign.args(["sign", "--config"]).arg(&config);
+    sign.args(["/files/a.bin", "--client", "198.51.100.0/24"]);
+    let signed = run(sign, CLIENT_TIMEOUT);
+    signed.assert_success();
+    let link = signed.stdout.trim().to_owned();
+    let server = "proxy_protocol = true\ntrusted_proxies = [\"10.0.0.0/8\"]\n";
+    let process = ProxyProcess::start_with(&routes, server, &[]);
+    let status = |source: &str, forwarded_for: Option<&str>| {
+        let preface = format!("PROXY TCP4 {source} 10.0.0.2 40000 80\r\n");
+        let mut get = RawRequest::get(&link);
+        if let Some(client) = forwarded_for {
+            get = get.header("X-Forwarded-For", client);
+        }
+        let mut connection = Connection::open_from(loopback(1), process.addr(), preface.as_bytes())
+            .expect("connect");
+        connection.send(&get).expect("a response").status
+    };
+    assert_eq!(status("198.51.100.22", None), 200);
+    assert_eq!(status("203.0.113.5", None), 403);
+    // A trusted proxy (10.1.1.1, named by the PROXY header) forwarding for a client.
+    assert_eq!(status("10.1.1.1", Some("198.51.100.30")), 200);
+    assert_eq!(status("10.1.1.1", Some("203.0.113.9")), 403);
+    // The same header from a client not trusted to write it is its own claim.
+    assert_eq!(status("203.0.113.5", Some("198.51.100.30")), 403);
+}
+
 #[test]
 fn the_admin_listener_answers_only_its_own_host_names() {
     let origin = Origin::start();
