@@ -6,7 +6,8 @@
 #   scripts/deps.sh --test    and testing it (scripts/test): the real servers and clients the
 #                             integration tests drive (nginx, redis-server, curl, wget, aria2c,
 #                             openssl, gzip, python3, chromium and a font for it to draw with,
-#                             haproxy to check deploy/balancer, h2load for many HTTP/2
+#                             haproxy to check deploy/balancer and run in front of rangeway,
+#                             h2load for many HTTP/2
 #                             streams on one connection), the
 #                             Python modules tests call (PyYAML; http_ece, the independent RFC 8188
 #                             implementation the aes128gcm interop test runs; Playwright, which
@@ -79,7 +80,8 @@ if [[ $testing == true ]]; then
     need gzip gzip
     need python3 python3
     need chromium chromium
-    # tests/deploy.rs checks deploy/balancer/haproxy.cfg with haproxy itself.
+    # tests/deploy.rs checks deploy/balancer/haproxy.cfg with haproxy itself; tests/behind_balancer.rs
+    # runs it in front of rangeway, sending the PROXY protocol.
     need haproxy haproxy
     # tests/get.rs: a real forward proxy (CONNECT tunnels) for rangeway get's https_proxy.
     need tinyproxy tinyproxy

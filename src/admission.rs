@@ -18,6 +18,12 @@
 //! the same deadline: pingora's own listeners would give a handshake 60 s, count it nowhere, and
 //! log each failed one (every scanner's) at ERROR.
 //!
+//! With `proxy_protocol` on, each connection must begin with a PROXY protocol header
+//! (`proxy_protocol.rs`), read here before anything else — before the connection is counted,
+//! before TLS — within the same deadline; its source address becomes the connection's peer for
+//! everything after, through the socket digest pingora hands every session. A connection without
+//! one is closed unanswered.
+//!
 //! Its wrapper is the one every client connection's bytes pass through, so it also carries what
 //! pingora's stream does not do for it: body bytes sent past pingora's writer (spliced) are
 //! accounted, and an HTTP/2 connection's writes are gathered (`Gather`).
@@ -40,15 +46,16 @@ use pingora_core::listeners::tls::Acceptor;
 use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_core::protocols::l4::stream::Stream as TcpStream;
 use pingora_core::protocols::{
-    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
-    UniqueIDType,
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+    Stream, UniqueID, UniqueIDType,
 };
 use pingora_core::server::ShutdownWatch;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tracing::{debug, warn};
 
 use crate::admin::metrics::Metrics;
 use crate::config::ClientLimits;
+use crate::proxy_protocol::{self, Parsed, ProxyHeaderError};
 
 /// The answer to a connection over its address's limit, written before its request is read.
 const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; \
@@ -76,6 +83,8 @@ pub struct Admission<A> {
     metrics: Arc<Metrics>,
     /// On TLS listeners: what makes each connection's handshake.
     tls: Option<Arc<Acceptor>>,
+    /// Whether each connection begins with a PROXY protocol header (`server.proxy_protocol`).
+    proxy_protocol: bool,
 }
 
 impl<A> Admission<A> {
@@ -90,7 +99,14 @@ impl<A> Admission<A> {
             }),
             metrics,
             tls: None,
+            proxy_protocol: false,
         }
+    }
+
+    /// The same, requiring a PROXY protocol header on every connection when `required`.
+    pub fn with_proxy_protocol(mut self, required: bool) -> Self {
+        self.proxy_protocol = required;
+        self
     }
 
     /// The same application and per-address counts, for TLS listeners: each connection's
@@ -103,7 +119,49 @@ impl<A> Admission<A> {
             connections: Arc::clone(&self.connections),
             metrics: Arc::clone(&self.metrics),
             tls: Some(Arc::new(acceptor)),
+            proxy_protocol: self.proxy_protocol,
         }
+    }
+
+    /// Reads the connection's PROXY protocol header and makes the client it names the stream's
+    /// peer. `false` (counted, logged at debug) when there is no valid header within
+    /// `client_header_timeout`: the connection is then to be closed.
+    async fn take_proxy_header(&self, stream: &mut Stream) -> bool {
+        let peer = stream.get_socket_digest().and_then(|digest| digest.peer_addr().cloned());
+        let source = match tokio::time::timeout(self.limits.header_timeout, read_preface(stream))
+            .await
+        {
+            Ok(Ok(Preface::Header(source))) => source,
+            Ok(Ok(Preface::Closed)) => {
+                debug!(client = ?peer, "a connection closed before its first byte");
+                return false;
+            }
+            Ok(Ok(Preface::Refused(e))) => {
+                self.metrics.connection_refused("proxy_protocol");
+                debug!(client = ?peer, error = %e, "closed a connection without a valid PROXY protocol header");
+                return false;
+            }
+            Ok(Err(e)) => {
+                self.metrics.connection_refused("proxy_protocol");
+                debug!(client = ?peer, error = %e, "the connection ended inside its PROXY protocol header");
+                return false;
+            }
+            Err(_) => {
+                self.metrics.connection_refused("header_timeout");
+                debug!(client = ?peer, "PROXY protocol header slower than client_header_timeout");
+                return false;
+            }
+        };
+        // LOCAL (a balancer's own health check): the peer is the client.
+        let Some(source) = source else { return true };
+        let Some(tcp) = stream.as_any().downcast_ref::<TcpStream>() else { return true };
+        let digest = SocketDigest::from_raw_fd(tcp.as_raw_fd());
+        let local = stream.get_socket_digest().and_then(|digest| digest.local_addr().cloned());
+        // Both cells are new and empty: neither set can fail.
+        let _ = digest.peer_addr.set(Some(SocketAddr::Inet(source)));
+        let _ = digest.local_addr.set(local);
+        stream.set_socket_digest(digest);
+        true
     }
 
     /// The TLS connection over `stream`, or `None` (counted, logged at debug) when its handshake
@@ -156,6 +214,10 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
         // A kept-alive connection comes back for its next request: admitted already.
         if stream.as_any().is::<ClientConnection>() {
             return self.inner.process_new(stream, shutdown).await;
+        }
+        if self.proxy_protocol && !self.take_proxy_header(&mut stream).await {
+            let _ = AsyncWriteExt::shutdown(&mut stream).await;
+            return None;
         }
         let ip = stream.get_socket_digest().and_then(|digest| match digest.peer_addr() {
             Some(SocketAddr::Inet(addr)) => Some(addr.ip()),
@@ -219,6 +281,35 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
 
     async fn cleanup(&self) {
         self.inner.cleanup().await;
+    }
+}
+
+/// What a connection that must begin with a PROXY protocol header began with.
+enum Preface {
+    /// A header naming the client (`None`: it names none, the peer is the client).
+    Header(Option<std::net::SocketAddr>),
+    Refused(ProxyHeaderError),
+    /// Nothing: closed before its first byte, as TCP checks (`/readyz`'s, a balancer's) are.
+    /// Not counted as refused, or every probe would be.
+    Closed,
+}
+
+/// Reads the PROXY protocol header at the start of `stream`, and no byte past it.
+async fn read_preface(stream: &mut Stream) -> io::Result<Preface> {
+    let mut header = vec![0u8];
+    if stream.read(&mut header).await? == 0 {
+        return Ok(Preface::Closed);
+    }
+    loop {
+        match proxy_protocol::parse(&header) {
+            Ok(Parsed::Incomplete { at_least }) => {
+                let have = header.len();
+                header.resize(at_least, 0);
+                stream.read_exact(&mut header[have..]).await?;
+            }
+            Ok(Parsed::Header { source, .. }) => return Ok(Preface::Header(source)),
+            Err(e) => return Ok(Preface::Refused(e)),
+        }
     }
 }
 

@@ -6,12 +6,15 @@
 pub mod admin;
 pub mod admission;
 pub(crate) mod cache;
+pub(crate) mod client_address;
 pub mod config;
 pub mod fingerprint;
+pub mod ip_net;
 pub mod links;
 pub mod logging;
 pub mod origin;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod range;
 pub(crate) mod representation;
 pub mod request_path;

@@ -31,6 +31,8 @@ use hmac::{Hmac, KeyInit as _, Mac as _};
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
+use crate::ip_net::IpNet;
+
 /// The query parameters of a signed link. All begin with `rw-`, which is how they are told from
 /// the origin's own parameters (and never forwarded to it).
 pub const EXPIRES: &str = "rw-expires";
@@ -372,36 +374,13 @@ fn encode(value: &str) -> String {
 
 /// Whether `text` is an address (`203.0.113.7`) or a CIDR prefix (`203.0.113.0/24`).
 pub fn is_prefix(text: &str) -> bool {
-    parse_prefix(text).is_some()
-}
-
-/// An address and its prefix length (the address's width when none is written).
-fn parse_prefix(text: &str) -> Option<(IpAddr, u32)> {
-    let (network, bits) = match text.split_once('/') {
-        Some((network, bits)) => (network, Some(bits.parse::<u32>().ok()?)),
-        None => (text, None),
-    };
-    let network = network.parse::<IpAddr>().ok()?;
-    let width = if network.is_ipv4() { 32 } else { 128 };
-    let bits = bits.unwrap_or(width);
-    (bits <= width).then_some((network, bits))
+    IpNet::covering(text).is_some()
 }
 
 /// Whether `ip` is in `prefix` (see [`is_prefix`]). A prefix that does not parse contains
 /// nothing.
 fn prefix_contains(prefix: &str, ip: IpAddr) -> bool {
-    let Some((network, bits)) = parse_prefix(prefix) else { return false };
-    let (network, ip, width) = match (network, ip) {
-        (IpAddr::V4(n), IpAddr::V4(i)) => (u128::from(n.to_bits()), u128::from(i.to_bits()), 32),
-        (IpAddr::V6(n), IpAddr::V6(i)) => (n.to_bits(), i.to_bits(), 128),
-        (IpAddr::V6(n), IpAddr::V4(i)) => (n.to_bits(), i.to_ipv6_mapped().to_bits(), 128),
-        (IpAddr::V4(n), IpAddr::V6(i)) => match i.to_ipv4_mapped() {
-            Some(i) => (u128::from(n.to_bits()), u128::from(i.to_bits()), 32),
-            None => return false,
-        },
-    };
-    let shift = width - bits;
-    shift >= 128 || (network >> shift) == (ip >> shift)
+    IpNet::covering(prefix).is_some_and(|net| net.contains(ip))
 }
 
 #[cfg(test)]

@@ -192,7 +192,8 @@ pub fn build(
         id_key,
     )
     .with_cache(cache.clone())
-    .with_traces(config.traces.as_ref().map(|traces| Traces::new(traces.sampling)));
+    .with_traces(config.traces.as_ref().map(|traces| Traces::new(traces.sampling)))
+    .with_trusted_proxies(config.server.trusted_proxies.clone());
     let mut proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
     proxy.h2_options = Some(h2_options());
     // HTTP/1's idle wait is timed by the admission's wrapper; HTTP/2's, with no stream open, by
@@ -200,7 +201,8 @@ pub fn build(
     let mut server_options = pingora_core::apps::HttpServerOptions::default();
     server_options.h2_idle_timeout = Some(config.server.client_limits.keepalive_timeout);
     proxy.server_options = Some(server_options);
-    let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics));
+    let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics))
+        .with_proxy_protocol(config.server.proxy_protocol);
     // The TLS listeners: plain TCP to pingora, the handshake made by the admission (within the
     // client limits), the same proxy behind. A service of their own, so with worker threads of
     // their own.
@@ -233,7 +235,8 @@ pub fn build(
         config.server.admin_token.clone(),
         live,
     )
-    .with_cache(cache);
+    .with_cache(cache)
+    .with_hosts(config.server.admin_listen, config.server.admin_hosts.clone());
     let mut admin = Service::new("admin".to_owned(), admin_app);
     admin.add_tcp(&config.server.admin_listen.to_string());
     admin.threads = Some(1);
@@ -593,6 +596,9 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("server.max_ranges", a.max_ranges != b.max_ranges),
         ("server.admin_token_env", token(a) != token(b)),
         ("server.upgrade_socket", a.upgrade_socket != b.upgrade_socket),
+        ("server.proxy_protocol", a.proxy_protocol != b.proxy_protocol),
+        ("server.trusted_proxies", a.trusted_proxies != b.trusted_proxies),
+        ("server.admin_hosts", a.admin_hosts != b.admin_hosts),
         ("the client limits of [server]", a.client_limits != b.client_limits),
         ("[state]", running.state != new.state),
         ("[cache]", running.cache != new.cache),

@@ -1,7 +1,9 @@
 //! The deployment files under deploy/ are checked offline: every YAML file parses, the Kubernetes
 //! objects are well-formed and probe the right admin endpoints, the ConfigMap's config passes
 //! `rangeway check` and gets its download id key from the Secret, and every metric the alerts and
-//! the Grafana board query is one a live rangeway really exports on /metrics.
+//! the Grafana board query is one a live rangeway really exports on /metrics. The balancer
+//! example sends the PROXY protocol to instances whose config requires it, and every name
+//! Prometheus scrapes the admin listener by is one that listener answers (`admin_hosts`).
 //!
 //! YAML is parsed by PyYAML (`python3-yaml`, installed by scripts/deps.sh), which prints each file
 //! as JSON for serde_json.
@@ -12,6 +14,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use rangeway::config::Config;
+use rangeway_middleware::chain::StageRegistry;
 use serde_json::Value;
 use support::http::{RawRequest, get_until, request};
 use support::origin::{Behaviour, Origin};
@@ -272,6 +276,22 @@ fn the_configmap_config_passes_rangeway_check() {
         String::from_utf8_lossy(&output.stderr)
     );
 
+    // The admin Service's name is one the admin listener answers in Host. (Read from the text:
+    // loading the config needs the Secret's variables in this process's environment.)
+    let admin_hosts: Vec<String> = str_at(config_map, "/data/rangeway.toml")
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("admin_hosts")?.trim().strip_prefix('='))
+        .and_then(|array| serde_json::from_str(array.trim()).ok())
+        .expect("the ConfigMap's config sets server.admin_hosts");
+    let admin_service = objects
+        .iter()
+        .map(|(_, o)| o)
+        .filter(|o| str_at(o, "/kind") == "Service")
+        .find(|o| o["spec"]["ports"][0]["targetPort"] == "admin")
+        .expect("the admin Service");
+    let name = str_at(admin_service, "/metadata/name");
+    assert!(admin_hosts.iter().any(|host| host == name), "{name} not in {admin_hosts:?}");
+
     // The example Secret's id key is a placeholder rangeway refuses: a deployment cannot run on a
     // key printed in a public file, from which anyone could compute other clients' download ids.
     let secret =
@@ -463,6 +483,31 @@ fn the_balancer_examples_are_valid_configs() {
     assert!(haproxy.status.success(), "{}", String::from_utf8_lossy(&haproxy.stderr));
     let text = std::fs::read_to_string(dir.join("haproxy.cfg")).expect("read");
     assert!(text.contains("hash-type consistent") && text.contains("balance uri"));
+    // Every instance is sent the PROXY protocol v2, and its config requires it.
+    let servers: Vec<&str> =
+        text.lines().map(str::trim).filter(|line| line.starts_with("server ")).collect();
+    assert!(!servers.is_empty());
+    for server in &servers {
+        assert!(server.contains(" send-proxy-v2"), "{server}");
+    }
+    let instance = Config::load(&dir.join("rangeway.toml"), &StageRegistry::new())
+        .unwrap_or_else(|e| panic!("balancer/rangeway.toml:\n{e}"));
+    assert!(instance.server.proxy_protocol);
+    // The static targets Prometheus scrapes are names the instances' admin listener answers.
+    let scrape = yaml_documents(&deploy_dir().join("prometheus").join("scrape.yml"));
+    let targets: Vec<&str> = scrape[0]["scrape_configs"]
+        .as_array()
+        .expect("scrape_configs")
+        .iter()
+        .flat_map(|job| job["static_configs"].as_array().into_iter().flatten())
+        .flat_map(|config| config["targets"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(!targets.is_empty());
+    for target in targets {
+        let host = target.rsplit_once(':').map_or(target, |(host, _)| host);
+        assert!(instance.server.admin_hosts.iter().any(|name| name == host), "{target}");
+    }
 
     let work = TempDir::new("balancer-nginx");
     let nginx = Command::new("nginx")

@@ -256,7 +256,7 @@ impl Metrics {
         let connections_refused = IntCounterVec::new(
             Opts::new(
                 "rangeway_client_connections_refused_total",
-                "Client connections ended by a limit, by reason: per_client_limit (more open from one address than max_connections_per_client), header_timeout (a request header, or a TLS handshake, slower than client_header_timeout), tls_handshake (a TLS handshake that failed: a version, cipher or certificate the client would not take, or not TLS at all), keepalive_timeout (idle longer than client_keepalive_timeout), max_connections_idle (an idle connection closed to make room for a new one past max_connections), max_connections (a new connection refused: max_connections open, none idle).",
+                "Client connections ended by a limit, by reason: per_client_limit (more open from one address than max_connections_per_client), header_timeout (a request header, a PROXY protocol header or a TLS handshake slower than client_header_timeout), tls_handshake (a TLS handshake that failed: a version, cipher or certificate the client would not take, or not TLS at all), proxy_protocol (no valid PROXY protocol header where proxy_protocol requires one), keepalive_timeout (idle longer than client_keepalive_timeout), max_connections_idle (an idle connection closed to make room for a new one past max_connections), max_connections (a new connection refused: max_connections open, none idle).",
             ),
             &["reason"],
         )

@@ -1,12 +1,17 @@
 //! The admin listener, never on the public port: health, readiness, metrics, the JSON API
 //! over downloads and objects (`/v1/...`, behind a bearer token when one is configured), and the
 //! live downloads page that shows the API (`/ui`).
+//!
+//! It answers only requests addressed to it: a `Host` that is its own address, `localhost` or a
+//! name in `server.admin_hosts`. A web page can point a name of its own at 127.0.0.1 (DNS
+//! rebinding) and have a browser read `/ui` and `/metrics`, which need no token; that browser
+//! still sends the page's name in `Host`, and is answered 421.
 
 pub mod live;
 pub mod metrics;
 mod ui;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +46,10 @@ pub struct Admin {
     token: Option<AdminToken>,
     live: Arc<LiveResponses>,
     cache: Option<Arc<SliceCache>>,
+    /// `server.admin_listen`'s address: a `Host` naming it is this listener.
+    listen_ip: Option<IpAddr>,
+    /// `server.admin_hosts`: the other names it answers to.
+    hosts: Vec<String>,
 }
 
 impl Admin {
@@ -52,7 +61,52 @@ impl Admin {
         token: Option<AdminToken>,
         live: Arc<LiveResponses>,
     ) -> Self {
-        Self { metrics, proxy_addr, store, routes, token, live, cache: None }
+        Self {
+            metrics,
+            proxy_addr,
+            store,
+            routes,
+            token,
+            live,
+            cache: None,
+            listen_ip: None,
+            hosts: Vec::new(),
+        }
+    }
+
+    /// The admin API, answering the `Host` names of `listen` (its address), `localhost` and
+    /// `hosts` (`server.admin_hosts`).
+    pub(crate) fn with_hosts(mut self, listen: SocketAddr, hosts: Vec<String>) -> Self {
+        self.listen_ip = Some(listen.ip());
+        self.hosts = hosts;
+        self
+    }
+
+    /// Whether the request is addressed to this listener. A request without `Host` (an HTTP/1.0
+    /// probe) is: no browser sends one.
+    fn addressed_here(&self, session: &ServerSession) -> bool {
+        let req = session.req_header();
+        let host = match req.headers.get(header::HOST) {
+            Some(value) => value.to_str().unwrap_or(""),
+            None => match req.uri.host() {
+                Some(host) => host,
+                None => return true,
+            },
+        };
+        let host = host_without_port(host).to_ascii_lowercase();
+        if host == "localhost" || self.hosts.contains(&host) {
+            return true;
+        }
+        let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() else {
+            return false;
+        };
+        // The address the client connected to is this listener's, whatever admin_listen's
+        // wildcard covers (a pod's IP, as Kubernetes probes and Prometheus use it).
+        let local = session.server_addr().and_then(|addr| addr.as_inet()).map(|addr| addr.ip());
+        [self.listen_ip, local]
+            .into_iter()
+            .flatten()
+            .any(|own| own.to_canonical() == ip.to_canonical())
     }
 
     /// The admin API, with the slice cache to show and purge.
@@ -250,6 +304,13 @@ impl Admin {
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if !self.addressed_here(session) {
+            return text(
+                StatusCode::MISDIRECTED_REQUEST,
+                "this admin listener does not answer that Host: use its address or localhost, \
+                 or add the name to server.admin_hosts\n",
+            );
+        }
         let req = session.req_header();
         let path = req.uri.path().to_owned();
         // DELETE only where the API drops something (`/v1/cache`).
@@ -343,6 +404,17 @@ fn bearer_token(value: &http::HeaderValue) -> Option<&[u8]> {
     let space = value.iter().position(|byte| *byte == b' ')?;
     let (scheme, token) = value.split_at(space);
     scheme.eq_ignore_ascii_case(b"bearer").then(|| token.trim_ascii_start())
+}
+
+/// A `Host` value's host: `name`, `10.0.0.1` or `[::1]`, without the port.
+fn host_without_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |end| &host[..=end]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
 }
 
 /// The decoded value of query parameter `name`.

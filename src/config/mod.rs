@@ -64,6 +64,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
 use std::path::Path;
 
+pub use crate::ip_net::IpNet;
 pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use errors::{ConfigError, ConfigErrors};
 pub use limits::{Count, DownloadLimits};

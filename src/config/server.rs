@@ -6,9 +6,11 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::host::Host;
 use super::read::{Ctx, Field, Read, Table};
 use super::secret::{self, Secret, SecretKey};
-use super::tree::Node;
+use super::tree::{Kind, Node};
+use crate::ip_net::IpNet;
 
 const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 8080));
@@ -61,6 +63,14 @@ pub struct ServerConfig {
     /// of this one when it gets SIGQUIT. Default `/tmp/rangeway-upgrade.sock`; instances on one
     /// machine each need their own.
     pub upgrade_socket: PathBuf,
+    /// `proxy_protocol`: every connection on the public listeners begins with a PROXY protocol
+    /// header (v2, or v1), whose source address is the client's. Default false.
+    pub proxy_protocol: bool,
+    /// `trusted_proxies`: peers whose `X-Forwarded-For` is believed. Default none.
+    pub trusted_proxies: Vec<IpNet>,
+    /// `admin_hosts`: names, besides `localhost` and the admin listener's own address, that the
+    /// admin listener answers in `Host` (lower case, without port). Default none.
+    pub admin_hosts: Vec<String>,
 }
 
 /// Bounds on what one client connection may cost, whatever it does.
@@ -209,6 +219,11 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<ServerConfig> 
             }
             Ok(PathBuf::from(text))
         });
+    let proxy_protocol = table.take("proxy_protocol").map_or(Ok(false), |f| f.boolean(ctx));
+    let trusted_proxies =
+        table.take("trusted_proxies").map_or(Ok(Vec::new()), |f| read_trusted_proxies(ctx, f));
+    let admin_hosts =
+        table.take("admin_hosts").map_or(Ok(Vec::new()), |f| read_admin_hosts(ctx, f));
     table.finish(ctx);
 
     let (listen, admin_listen) = (listen?, admin_listen?);
@@ -232,7 +247,117 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<ServerConfig> 
         max_ranges: max_ranges?,
         client_limits: client_limits?,
         upgrade_socket: upgrade_socket?,
+        proxy_protocol: proxy_protocol?,
+        trusted_proxies: trusted_proxies?,
+        admin_hosts: admin_hosts?,
     })
+}
+
+/// The strings of an array field, each with its key path, or reported on its own when it is not
+/// one; `example` is the field's value as a whole.
+fn string_items(
+    ctx: &mut Ctx<'_>,
+    field: Field,
+    example: &str,
+) -> Read<Vec<(String, Read<String>)>> {
+    let Field { path, key, node } = field;
+    let items = match node.kind {
+        Kind::Array(items) => items,
+        _ => {
+            return Err(ctx.report(
+                &path,
+                &node.origin,
+                format!("expected an array of strings, found {}", node.type_name()),
+                format!("write {key} = {example}"),
+            ));
+        }
+    };
+    let items = items.into_iter().enumerate().map(|(index, item)| {
+        let item_path = format!("{path}[{index}]");
+        let text = match item.kind {
+            Kind::Str(text) => Ok(text),
+            _ => Err(ctx.report(
+                &item_path,
+                &item.origin,
+                format!("expected a string, found {}", item.type_name()),
+                format!("write {key} = {example}"),
+            )),
+        };
+        (item_path, text)
+    });
+    Ok(items.collect())
+}
+
+/// Every item read, or the proof that at least one was reported.
+fn all_read<T>(items: impl IntoIterator<Item = Read<T>>) -> Read<Vec<T>> {
+    let mut all = Ok(Vec::new());
+    for item in items {
+        match (&mut all, item) {
+            (Ok(list), Ok(item)) => list.push(item),
+            (_, Err(reported)) => all = Err(reported),
+            (Err(_), Ok(_)) => {}
+        }
+    }
+    all
+}
+
+fn read_trusted_proxies(ctx: &mut Ctx<'_>, field: Field) -> Read<Vec<IpNet>> {
+    let origin = field.origin().clone();
+    let items = string_items(ctx, field, "[\"10.0.0.0/8\", \"fd00::/8\"]")?;
+    let nets: Vec<Read<IpNet>> = items
+        .into_iter()
+        .map(|(path, text)| {
+            let text = text?;
+            IpNet::parse(text.trim()).map_err(|problem| {
+                ctx.report(
+                    &path,
+                    &origin,
+                    format!("{text:?} is not a network: {problem}"),
+                    "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \
+                     \"192.0.2.7\" or \"fd00::/8\" (host names are not resolved)",
+                )
+            })
+        })
+        .collect();
+    all_read(nets)
+}
+
+fn read_admin_hosts(ctx: &mut Ctx<'_>, field: Field) -> Read<Vec<String>> {
+    let origin = field.origin().clone();
+    let items = string_items(ctx, field, "[\"rangeway-1.internal\"]")?;
+    let hosts: Vec<Read<String>> = items
+        .into_iter()
+        .map(|(path, text)| {
+            let text = text?;
+            let with_port = text.rsplit_once(':').filter(|(host, port)| {
+                !host.is_empty()
+                    && !host.contains(':')
+                    && !port.is_empty()
+                    && port.bytes().all(|b| b.is_ascii_digit())
+            });
+            if let Some((host, _)) = with_port {
+                return Err(ctx.report(
+                    &path,
+                    &origin,
+                    format!("{text:?} has a port"),
+                    format!("write {host:?}: names are matched without their port"),
+                ));
+            }
+            // As a Host field writes it: IPv6 in brackets.
+            Host::parse(&text.to_ascii_lowercase()).map(|host| host.to_string()).map_err(
+                |problem| {
+                    ctx.report(
+                        &path,
+                        &origin,
+                        format!("{text:?}: {problem}"),
+                        "write a host name as clients put it in Host, without port, e.g. \
+                         \"rangeway-1.internal\"",
+                    )
+                },
+            )
+        })
+        .collect();
+    all_read(hosts)
 }
 
 fn read_client_limits(ctx: &mut Ctx<'_>, table: &mut Table) -> Read<ClientLimits> {

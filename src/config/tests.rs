@@ -2141,3 +2141,49 @@ fn rate_limits_of_a_route() {
         expect_errors(&text, &expected);
     }
 }
+
+#[test]
+fn balancer_keys() {
+    let server = load_ok(&format!("{UPSTREAMS}{ROUTE}")).server;
+    assert!(!server.proxy_protocol);
+    assert!(server.trusted_proxies.is_empty() && server.admin_hosts.is_empty());
+    let text = format!(
+        "[server]\nproxy_protocol = true\n\
+         trusted_proxies = [\"10.0.0.0/8\", \"192.0.2.7\", \"fd00::/8\", \"::1\"]\n\
+         admin_hosts = [\"Rangeway-1.Internal\", \"10.0.0.5\", \"[fd00::5]\"]\n{UPSTREAMS}{ROUTE}"
+    );
+    let server = load_ok(&text).server;
+    assert!(server.proxy_protocol);
+    let nets: Vec<String> = server.trusted_proxies.iter().map(ToString::to_string).collect();
+    assert_eq!(nets, ["10.0.0.0/8", "192.0.2.7/32", "fd00::/8", "::1/128"]);
+    let ip = |text: &str| text.parse::<std::net::IpAddr>().expect("test address");
+    let [private, one, ula, _] = server.trusted_proxies[..] else { panic!("four networks") };
+    assert!(private.contains(ip("10.200.3.4")) && !private.contains(ip("11.0.0.1")));
+    assert!(private.contains(ip("::ffff:10.1.1.1")), "IPv4-mapped peers are IPv4");
+    assert!(one.contains(ip("192.0.2.7")) && !one.contains(ip("192.0.2.8")));
+    assert!(
+        ula.contains(ip("fdab::1"))
+            && !ula.contains(ip("fe80::1"))
+            && !ula.contains(ip("10.0.0.1"))
+    );
+    assert_eq!(server.admin_hosts, ["rangeway-1.internal", "10.0.0.5", "[fd00::5]"]);
+    let every_entry = "[server]\nproxy_protocol = \"yes\"\n\
+         trusted_proxies = [\"10.0.0.0/33\", \"10.0.0.1/8\", \"lb.internal\", 7, \"::/0\"]\n\
+         admin_hosts = [\"metrics.internal:9090\", \"a..b\"]\n";
+    expect_errors(
+        &format!("{every_entry}{UPSTREAMS}{ROUTE}"),
+        &[
+            ("server.proxy_protocol", "expected a boolean"),
+            ("server.trusted_proxies[0]", "/33 is not a prefix length from 0 to 32"),
+            ("server.trusted_proxies[1]", "bits set past its /8 (the network is 10.0.0.0)"),
+            ("server.trusted_proxies[2]", "\"lb.internal\" is not an IP address"),
+            ("server.trusted_proxies[3]", "expected a string, found an integer"),
+            ("server.admin_hosts[0]", "write \"metrics.internal\": names are matched without"),
+            ("server.admin_hosts[1]", "empty label"),
+        ],
+    );
+    expect_errors(
+        &format!("[server]\ntrusted_proxies = \"10.0.0.0/8\"\n{UPSTREAMS}{ROUTE}"),
+        &[("server.trusted_proxies", "write trusted_proxies = [\"10.0.0.0/8\", \"fd00::/8\"]")],
+    );
+}

@@ -52,6 +52,8 @@ pub struct RequestCtx {
     /// The client's IP address as text, formatted once: the derived download id, the
     /// download's record and `X-Forwarded-For` all write it.
     pub(super) client_ip: Option<String>,
+    /// The client as `client_address` found it (`None` off TCP, a Unix socket).
+    pub(super) client: Option<crate::client_address::Client>,
     pub(super) client_range: ClientRange,
     pub(super) sent_range: Option<RangeSpec>,
     pub(super) body: BodyPlan,
@@ -180,6 +182,7 @@ impl Default for RequestCtx {
             route: None,
             upstream_target: String::new(),
             client_ip: None,
+            client: None,
             client_range: ClientRange::Absent,
             sent_range: None,
             body: BodyPlan::Forward,

@@ -50,7 +50,8 @@ use crate::admin::live::LiveResponses;
 use crate::admin::metrics::{Metrics, Unvouched};
 use crate::admission::ClientConnection;
 use crate::cache::{Outcome, SliceCache};
-use crate::config::ClientLimits;
+use crate::client_address::{self, Client};
+use crate::config::{ClientLimits, IpNet};
 use crate::fingerprint::FingerprintKey;
 use crate::links;
 use crate::range::{Asked, ClientRange, IfRangeDate, Shape, shape_response, validators};
@@ -101,6 +102,8 @@ pub struct Proxy {
     rates: Arc<pace::SharedRates>,
     /// Which requests are traced, when traces are on.
     traces: Option<Traces>,
+    /// `server.trusted_proxies`: peers whose `X-Forwarded-For` names the client.
+    trusted_proxies: Vec<IpNet>,
 }
 
 impl Proxy {
@@ -130,7 +133,14 @@ impl Proxy {
             under_way,
             rates: Arc::default(),
             traces: None,
+            trusted_proxies: Vec::new(),
         }
+    }
+
+    /// The proxy, believing the `X-Forwarded-For` of peers in `trusted` (`server.trusted_proxies`).
+    pub(crate) fn with_trusted_proxies(mut self, trusted: Vec<IpNet>) -> Self {
+        self.trusted_proxies = trusted;
+        self
     }
 
     /// The proxy, tracing requests as `traces` says (`None`: traces are off).
@@ -183,6 +193,10 @@ impl ProxyHttp for Proxy {
             h1.set_pipelining_enabled(true);
         }
         let req = session.req_header();
+        ctx.client = session
+            .client_addr()
+            .and_then(|addr| addr.as_inet())
+            .map(|addr| client_address::client(addr.ip(), &req.headers, &self.trusted_proxies));
         if req.version == http::Version::HTTP_11 && !req.headers.contains_key(header::HOST) {
             // RFC 9112 §3.2. (pingora refuses two Host lines, and a Host that contradicts an
             // absolute-form target, itself.)
@@ -256,7 +270,7 @@ impl ProxyHttp for Proxy {
                 Ok(_) => {}
             }
         }
-        let client_ip = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+        let client_ip = ctx.client.map(|client| client.ip);
         let mut link = None;
         if let Some(signed) = &route.signed_links {
             // Not signed: rangeway's `download_id` never reaches the origin, and a client may
@@ -850,7 +864,10 @@ impl ProxyHttp for Proxy {
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
         let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
         // Formatted only when the line is written (tracing evaluates fields of enabled events).
-        let client = session.client_addr().map(tracing::field::display);
+        let logged_client = LoggedClient::of(ctx.client, session.client_addr());
+        let client = logged_client.as_ref().map(tracing::field::display);
+        let forwarded_by =
+            ctx.client.and_then(|client| client.forwarded_by).map(tracing::field::display);
         // The target as the client wrote it in HTTP/1 (HTTP/2 has the authority in the URI).
         // A signed link's signature shortened: the log must not hold a usable link.
         let path = links::redacted(req.uri.path_and_query().map_or("/", |p| p.as_str()));
@@ -870,7 +887,7 @@ impl ProxyHttp for Proxy {
             span.record("rangeway.cache", cache);
             span.record("http.response.status_code", traces::int(status));
             span.record("http.response.body.size", traces::int(sent));
-            if let Some(client) = session.client_addr() {
+            if let Some(client) = &logged_client {
                 span.record("client.address", tracing::field::display(client));
             }
             if e.is_some() || status >= 500 {
@@ -884,13 +901,13 @@ impl ProxyHttp for Proxy {
                 route, method = %req.method, path = %path, version, status,
                 range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                 upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
-                transport, cache, client, refused = ctx.refusal, trace_id,
+                transport, cache, client, forwarded_by, refused = ctx.refusal, trace_id,
             ),
             Some(e) if is_client_abort(e) => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %path, version, status,
                 range_asked = asked, range_served = %ctx.served_range, bytes = sent,
-                total_ms = elapsed.as_secs_f64() * 1000.0, transport, cache, client, trace_id,
+                total_ms = elapsed.as_secs_f64() * 1000.0, transport, cache, client, forwarded_by, trace_id,
                 "client went away before the end of the response"
             ),
             Some(e) => {
@@ -902,11 +919,39 @@ impl ProxyHttp for Proxy {
                     route, method = %req.method, path = %path, version, status,
                     range_asked = asked, range_served = %ctx.served_range, bytes = sent,
                     upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
-                    transport, cache, client, trace_id, error = %e,
+                    transport, cache, client, forwarded_by, trace_id, error = %e,
                 )
             }
         }
         // The request's spans end with its access line.
         ctx.trace = None;
+    }
+}
+
+/// The access line's `client`: the connection's peer and port (the PROXY protocol's source when
+/// a balancer sent one), or the address alone when a trusted proxy's `X-Forwarded-For` named it.
+enum LoggedClient<'a> {
+    Peer(&'a pingora_core::protocols::l4::socket::SocketAddr),
+    Forwarded(std::net::IpAddr),
+}
+
+impl<'a> LoggedClient<'a> {
+    fn of(
+        client: Option<Client>,
+        peer: Option<&'a pingora_core::protocols::l4::socket::SocketAddr>,
+    ) -> Option<Self> {
+        match client {
+            Some(Client { ip, forwarded_by: Some(_) }) => Some(Self::Forwarded(ip)),
+            _ => peer.map(Self::Peer),
+        }
+    }
+}
+
+impl std::fmt::Display for LoggedClient<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Peer(peer) => peer.fmt(f),
+            Self::Forwarded(ip) => ip.fmt(f),
+        }
     }
 }

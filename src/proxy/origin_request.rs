@@ -82,7 +82,10 @@ pub(super) fn complete(
         headers.remove(header::IF_RANGE);
     }
     headers.remove(header::PROXY_AUTHORIZATION);
-    if let Some(ip) = &ctx.client_ip {
+    // The hop rangeway was connected from: a trusted proxy whose list named the client (the
+    // client is in that list already), else the client.
+    let forwarded_by = ctx.client.and_then(|client| client.forwarded_by).map(super::ip_text);
+    if let Some(ip) = forwarded_by.as_ref().or(ctx.client_ip.as_ref()) {
         let forwarded = match headers.get(&X_FORWARDED_FOR) {
             // An earlier proxy's list, kept as its bytes.
             Some(earlier) => {
@@ -189,6 +192,21 @@ mod tests {
         for gone in ["proxy-authorization", "range", "if-range", "if-match"] {
             assert!(field(&request, gone).is_empty(), "{gone}");
         }
+    }
+
+    /// A client named by a trusted proxy's list is in that list already: the hop added is the
+    /// proxy's.
+    #[test]
+    fn a_forwarded_client_is_not_added_twice() {
+        let route = route();
+        let mut request = client(&[("host", "dl.example"), ("x-forwarded-for", "192.0.2.7")]);
+        let forwarded = crate::client_address::Client {
+            ip: "192.0.2.7".parse().unwrap(),
+            forwarded_by: Some("127.0.0.1".parse().unwrap()),
+        };
+        let ctx = RequestCtx { client: Some(forwarded), ..ctx(&route) };
+        complete(&mut request, &route, &ctx, ClientSide { authority: None, tls: false }).unwrap();
+        assert_eq!(field(&request, "x-forwarded-for"), ["192.0.2.7, 127.0.0.1"]);
     }
 
     #[test]

@@ -181,7 +181,7 @@ impl Proxy {
             response.remove_header(name);
         }
         ctx.pacer = route.rate_limit.as_ref().filter(|_| !head_only).and_then(|limit| {
-            let client = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+            let client = ctx.client.map(|client| client.ip);
             Pacer::new(limit, origin_rate, self.rates.of(&route.name, client, limit))
         });
         if let Some(pacer) = &ctx.pacer {

@@ -6,7 +6,7 @@
 //! comparisons between nginx and rangeway go through this instead.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 /// A server that sends nothing for this long has failed the test.
@@ -177,6 +177,33 @@ impl Connection {
         stream.set_write_timeout(Some(IO_TIMEOUT))?;
         stream.set_nodelay(true)?;
         Ok(Connection { reader: BufReader::new(stream), addr })
+    }
+
+    /// A connection from `source` (another loopback address, say: a second client on the same
+    /// machine) to `addr`, whose first bytes are `preface` (a PROXY protocol header, say).
+    pub(crate) fn open_from(
+        source: IpAddr,
+        addr: SocketAddr,
+        preface: &[u8],
+    ) -> io::Result<Connection> {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.bind(&SocketAddr::new(source, 0).into())?;
+        socket.connect_timeout(&addr.into(), CONNECT_TIMEOUT)?;
+        let mut stream = TcpStream::from(socket);
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        stream.set_nodelay(true)?;
+        stream.write_all(preface)?;
+        Ok(Connection { reader: BufReader::new(stream), addr })
+    }
+
+    /// The connection's socket, for what the requests above do not do: reading to its close.
+    pub(crate) fn stream(&mut self) -> &mut TcpStream {
+        self.reader.get_mut()
     }
 
     /// Sends `request` as given (plus `Host` when absent) and reads its response.
