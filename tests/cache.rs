@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use support::clients::{aria2c_download, curl_resume, sha256_file, sha256_hex, write_partial};
 use support::data::test_bytes;
-use support::http::{Response, get, head};
+use support::http::{RawRequest, Response, get, head};
 use support::nginx::{Nginx, NginxOptions};
 use support::origin::{Behaviour, Faults, Origin};
 use support::proxy::{Instance, Proxy, ProxyProcess};
@@ -484,6 +484,54 @@ fn what_a_shared_cache_may_not_keep_goes_to_the_origin() {
         (kept.body.as_slice(), kept.header("x-rangeway-cache")),
         (&object[..10], Some("miss"))
     );
+}
+
+/// An origin that builds its answer from the host it was asked for (`X-Forwarded-Host`, else
+/// `Host`), as web applications behind proxies do: the cache asks it with nothing of any
+/// client's, so a hostile client's `Host` never becomes what another client is served.
+#[test]
+fn a_clients_host_never_changes_what_others_are_served() {
+    let origin = Origin::start();
+    let object = test_bytes(2 * MIB + 5, 92);
+    origin.put_with_headers("/page.bin", object.clone(), &[("Cache-Control", "max-age=600")]);
+    origin.set_behaviour("/page.bin", Behaviour::ReflectHost);
+    let cache = TempDir::new("cache-host-dir");
+    let proxy = Proxy::start(&config(&origin.base_url(), cache.path(), "64MiB"));
+    // What the origin answers a clean request: links to its own host.
+    let clean = get(&origin.url("/page.bin"), &[]);
+    assert!(clean.body.starts_with(format!("http://{}/", origin.addr()).as_bytes()));
+    origin.clear_requests();
+
+    // The hostile client asks first, so its request is the one that starts every fetch.
+    let hostile = RawRequest::get("/page.bin")
+        .header("Host", "evil.example")
+        .header("X-Forwarded-Host", "evil.example")
+        .header("X-Forwarded-Proto", "https")
+        .header("Cookie", "session=attacker")
+        .header("User-Agent", "evil/1.0");
+    let first = support::http::request(proxy.addr(), &hostile).expect("an answer");
+    assert_eq!(first.header("x-rangeway-cache"), Some("miss"));
+    assert!(first.body == clean.body, "the hostile client gets the clean answer too");
+    for asked in origin.requests() {
+        for field in ["x-forwarded-host", "x-forwarded-for", "x-forwarded-proto", "cookie"] {
+            assert_eq!(
+                asked.header(field),
+                None,
+                "{field} in the cache's {} request",
+                asked.method
+            );
+        }
+        assert_ne!(asked.header("user-agent"), Some("evil/1.0"));
+        assert_eq!(asked.header("host"), Some(origin.addr().to_string().as_str()));
+    }
+
+    // Another client, whole and in ranges: the origin's clean answer, fields included.
+    let second = get(&proxy.url("/page.bin"), &[]);
+    assert_eq!(second.header("x-rangeway-cache"), Some("hit"));
+    assert!(second.body == clean.body, "the second client's bytes are the clean answer");
+    assert_eq!(second.header("content-location"), clean.header("content-location"));
+    let start = range(&proxy.url("/page.bin"), "bytes=0-63");
+    assert_eq!(start.body, &clean.body[..64]);
 }
 
 /// Decrypts with http_ece (an RFC 8188 implementation nobody here wrote), given the raw key.

@@ -333,7 +333,10 @@ impl SliceCache {
         };
         let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
         let object = (route.upstream.name().to_owned(), target.to_owned());
-        let ask = Ask { route, request, origin, replica, object };
+        let Some(base) = origin_request(route, request, replica, authorized) else {
+            return CacheAnswer::Bypass(Bypass::Request);
+        };
+        let ask = Ask { route, request, base: &base, origin, replica, object };
         let (version, revalidated) = match inner.version(&ask, &asked).await {
             Ok(found) => found,
             Err(bypass) => return CacheAnswer::Bypass(bypass),
@@ -355,7 +358,7 @@ impl SliceCache {
         let fetch = fill::Fetch {
             origin: Arc::clone(origin),
             route: Arc::clone(route),
-            base: Arc::new(request.clone()),
+            base: Arc::new(base),
             policy: route.upstream_resume.unwrap_or_default(),
         };
         let (body, started) = CacheBody::new(Arc::clone(inner), version, range, fetch);
@@ -519,6 +522,8 @@ pub(crate) struct CachedObject {
 struct Ask<'a> {
     route: &'a Arc<Route>,
     request: &'a RequestHeader,
+    /// What the cache asks the origin with ([`origin_request`]).
+    base: &'a RequestHeader,
     origin: &'a Arc<OriginClient>,
     replica: usize,
     /// (upstream, target).
@@ -632,20 +637,10 @@ impl Inner {
         ask: &Ask<'_>,
         stale: Option<&Version>,
     ) -> Result<Arc<Version>, Bypass> {
-        let Ask { route, request, origin, replica, object } = ask;
+        let Ask { route, request, base, origin, replica, object } = ask;
         let replica = *replica;
-        let mut head = RequestHeader::clone(request);
+        let mut head = RequestHeader::clone(base);
         head.set_method(Method::HEAD);
-        for name in [
-            header::RANGE,
-            header::IF_RANGE,
-            header::IF_MATCH,
-            header::IF_NONE_MATCH,
-            header::IF_MODIFIED_SINCE,
-            header::IF_UNMODIFIED_SINCE,
-        ] {
-            head.remove_header(&name);
-        }
         if let Some(stale) = stale {
             let _ = head.insert_header(header::IF_NONE_MATCH, stale.etag.as_str());
         }
@@ -849,6 +844,31 @@ impl Inner {
             }
         }
     }
+}
+
+/// The request the cache asks the origin with for the object `request` targets, made for
+/// `replica`: the target and the upstream's `Host` — what its answer is kept by — and nothing of
+/// the client's. An origin that answered by a client's field (`X-Forwarded-Host`, `Cookie`,
+/// `User-Agent`...) would have that client's answer stored and served to every other one. One
+/// exception: the client's `Authorization` (`authorized`) on a route that says such answers may
+/// be shared (`cache = { authorized = true }`): the origin needs it to answer at all, and the
+/// route vouches that its answer is the same for every client. An S3 upstream's signature is
+/// rangeway's own, made again for each request.
+fn origin_request(
+    route: &Route,
+    request: &RequestHeader,
+    replica: usize,
+    authorized: bool,
+) -> Option<RequestHeader> {
+    let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut base = route.upstream.request("GET", target, replica).ok()?;
+    // One representation is kept for every client: the object's own bytes, not an encoding of
+    // them some client accepts (RFC 9110 §12.5.3: without the field, any coding would do).
+    base.insert_header(header::ACCEPT_ENCODING, "identity").ok()?;
+    if authorized && let Some(credentials) = request.headers.get(header::AUTHORIZATION) {
+        base.insert_header(header::AUTHORIZATION, credentials.clone()).ok()?;
+    }
+    Some(base)
 }
 
 /// The range a 206 header states.
