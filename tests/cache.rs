@@ -389,6 +389,97 @@ fn the_size_bound_holds() {
     assert!(proxy.metric("rangeway_cache_disk_bytes", "") <= 16 * MIB as u64);
 }
 
+/// 20,000 distinct small objects through a cache of 16 MiB: everything it keeps — slices, their
+/// metadata, its folders — stays within `max_size` as `du` counts it and within `max_entries`
+/// (its default, 256 for 16 MiB) as `find` counts files and folders; the metrics say what `du`
+/// and `find` find. rangeway's memory before and after is printed (`--nocapture`).
+#[test]
+fn many_small_objects_stay_within_both_bounds() {
+    const OBJECTS: usize = 20_000;
+    const CLIENTS: usize = 16;
+    let origin = Origin::start();
+    let object = test_bytes(1000, 93);
+    // One object at the origin; each query is another object for the cache.
+    origin.put_with_headers("/small.bin", object.clone(), &[("Cache-Control", "max-age=600")]);
+    let cache = TempDir::new("cache-small-dir");
+    let proxy = ProxyProcess::start(&config(&origin.base_url(), cache.path(), "16MiB"));
+    assert_eq!(get(&proxy.url("/small.bin?z=warm"), &[]).body, object);
+    let before = rss_kib(proxy.pid());
+    let started = std::time::Instant::now();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let (url, object) = (proxy.url("/small.bin"), object.clone());
+            std::thread::spawn(move || {
+                for n in (client..OBJECTS).step_by(CLIENTS) {
+                    let answer = get(&format!("{url}?z={n}"), &[]);
+                    assert_eq!(answer.status, 200, "z={n}");
+                    assert!(answer.body == object, "z={n}: the object's bytes");
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().expect("a client got a wrong answer");
+    }
+    let took = started.elapsed();
+    assert!(proxy.metric("rangeway_cache_evictions_total", "") > 0);
+    // A slice is read as it is written: it may be renamed into place just after its last byte
+    // went out.
+    support::wait::until("no slice being written", Duration::from_secs(10), || {
+        files_named(cache.path(), ".part").is_empty().then_some(())
+    });
+    let after = rss_kib(proxy.pid());
+    let du = du_bytes(cache.path());
+    let entries = entry_count(cache.path());
+    let (metric_bytes, metric_entries) =
+        (proxy.metric("rangeway_cache_disk_bytes", ""), proxy.metric("rangeway_cache_entries", ""));
+    println!(
+        "{OBJECTS} objects in {took:?}: du {du} bytes, {entries} files and folders; \
+         rangeway's RSS {before} KiB before, {after} KiB after ({:+} KiB)",
+        after as i64 - before as i64
+    );
+    assert!(du <= 16 * MIB as u64, "du says {du} bytes, over max_size");
+    assert!(entries <= 256, "{entries} files and folders, over max_entries");
+    assert_eq!(metric_entries, entries, "rangeway_cache_entries against find");
+    // Within a block per entry of what du finds.
+    assert!(metric_bytes.abs_diff(du) <= 4096 * entries, "the metric {metric_bytes}, du {du}");
+    // What was evicted was evicted whole: a version's folder with its metadata and slice.
+    let listed = get(&proxy.admin_url("/v1/cache?prefix=/small.bin"), &[]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.body).expect("json");
+    let kept = listed["objects"].as_array().map_or(0, Vec::len) as u64;
+    assert!(kept > 0 && kept * 3 <= entries, "{kept} objects kept in {entries} entries");
+    // The objects kept are served without asking the origin.
+    origin.clear_requests();
+    let last = get(&proxy.url(&format!("/small.bin?z={}", OBJECTS - 1)), &[]);
+    assert_eq!(last.header("x-rangeway-cache"), Some("hit"));
+    assert!(origin.requests().is_empty());
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("read /proc/PID/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// What `du` finds under `dir`, in bytes (its blocks, as the disk holds them).
+fn du_bytes(dir: &Path) -> u64 {
+    let out = std::process::Command::new("du").args(["-s", "-B1"]).arg(dir).output().expect("du");
+    assert!(out.status.success(), "du failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().next().and_then(|n| n.parse().ok()).expect("du's total")
+}
+
+/// Files and folders under `dir`, `dir` included, as `find` counts them.
+fn entry_count(dir: &Path) -> u64 {
+    let out = std::process::Command::new("find").arg(dir).output().expect("find");
+    assert!(out.status.success(), "find failed");
+    out.stdout.iter().filter(|b| **b == b'\n').count() as u64
+}
+
 /// A cache folder that cannot be made, and one whose writes fail: downloads complete from the
 /// origin, and the failures are counted.
 #[test]
