@@ -894,3 +894,32 @@ fn millis(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(n: usize) -> (String, String) {
+        ("up".to_owned(), format!("/o{n}"))
+    }
+
+    #[test]
+    fn objects_remembered_as_uncacheable_are_bounded() {
+        let mut uncacheable = Uncacheable::new(100);
+        for n in 0..1000 {
+            uncacheable.insert(object(n));
+            assert!(uncacheable.since.len() <= 100 && uncacheable.order.len() <= 200, "at {n}");
+        }
+        // The latest are held; the oldest were forgotten (they cost a HEAD again).
+        assert!(uncacheable.holds(&object(999)) && uncacheable.holds(&object(900)));
+        assert!(!uncacheable.holds(&object(0)) && !uncacheable.holds(&object(899)));
+        // One object learned again and again (it turned cacheable and back) stays bounded.
+        for _ in 0..1000 {
+            uncacheable.insert(object(5000));
+        }
+        assert!(uncacheable.since.len() <= 100 && uncacheable.order.len() <= 200);
+        assert!(uncacheable.holds(&object(5000)));
+        uncacheable.remove(&object(5000));
+        assert!(!uncacheable.holds(&object(5000)));
+    }
+}
