@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use support::clients::{aria2c_download, curl_resume, sha256_file, sha256_hex, write_partial};
 use support::data::test_bytes;
-use support::http::{Response, get, head};
+use support::http::{RawRequest, Response, get, head};
 use support::nginx::{Nginx, NginxOptions};
 use support::origin::{Behaviour, Faults, Origin};
 use support::proxy::{Instance, Proxy, ProxyProcess};
@@ -389,6 +389,102 @@ fn the_size_bound_holds() {
     assert!(proxy.metric("rangeway_cache_disk_bytes", "") <= 16 * MIB as u64);
 }
 
+/// 20,000 distinct small objects through a cache of 16 MiB: everything it keeps — slices, their
+/// metadata, its folders — stays within `max_size` as `du` counts it and within `max_entries`
+/// (its default, 256 for 16 MiB) as `find` counts files and folders; the metrics say what `du`
+/// and `find` find. rangeway's memory before and after is printed (`--nocapture`).
+#[test]
+fn many_small_objects_stay_within_both_bounds() {
+    const OBJECTS: usize = 20_000;
+    const CLIENTS: usize = 16;
+    let origin = Origin::start();
+    let object = test_bytes(1000, 93);
+    // One object at the origin; each query is another object for the cache.
+    origin.put_with_headers("/small.bin", object.clone(), &[("Cache-Control", "max-age=600")]);
+    let cache = TempDir::new("cache-small-dir");
+    let proxy = ProxyProcess::start(&config(&origin.base_url(), cache.path(), "16MiB"));
+    assert_eq!(get(&proxy.url("/small.bin?z=warm"), &[]).body, object);
+    let before = rss_kib(proxy.pid());
+    let started = std::time::Instant::now();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let (addr, object) = (proxy.addr(), object.clone());
+            std::thread::spawn(move || {
+                // One connection each, kept alive: the cache's work, not connecting, is measured.
+                let mut connection = support::http::Connection::open(addr).expect("connect");
+                for n in (client..OBJECTS).step_by(CLIENTS) {
+                    let request = RawRequest::get(&format!("/small.bin?z={n}"));
+                    let answer = connection.send(&request).expect("an answer");
+                    assert_eq!(answer.status, 200, "z={n}");
+                    assert!(answer.body == object, "z={n}: the object's bytes");
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().expect("a client got a wrong answer");
+    }
+    let took = started.elapsed();
+    assert!(proxy.metric("rangeway_cache_evictions_total", "") > 0);
+    // A slice is read as it is written: it may be renamed into place just after its last byte
+    // went out.
+    support::wait::until("no slice being written", Duration::from_secs(10), || {
+        files_named(cache.path(), ".part").is_empty().then_some(())
+    });
+    let after = rss_kib(proxy.pid());
+    let du = du_bytes(cache.path());
+    let entries = entry_count(cache.path());
+    let (metric_bytes, metric_entries) =
+        (proxy.metric("rangeway_cache_disk_bytes", ""), proxy.metric("rangeway_cache_entries", ""));
+    println!(
+        "{OBJECTS} objects in {took:?}: du {du} bytes, {entries} files and folders; \
+         rangeway's RSS {before} KiB before, {after} KiB after ({:+} KiB)",
+        after as i64 - before as i64
+    );
+    assert!(du <= 16 * MIB as u64, "du says {du} bytes, over max_size");
+    assert!(entries <= 256, "{entries} files and folders, over max_entries");
+    assert_eq!(metric_entries, entries, "rangeway_cache_entries against find");
+    // Within a block per entry of what du finds.
+    assert!(metric_bytes.abs_diff(du) <= 4096 * entries, "the metric {metric_bytes}, du {du}");
+    // What was evicted was evicted whole: a version's folder with its metadata and slice.
+    let listed = get(&proxy.admin_url("/v1/cache?prefix=/small.bin"), &[]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.body).expect("json");
+    let kept = listed["objects"].as_array().map_or(0, Vec::len) as u64;
+    assert!(kept > 0 && kept * 3 <= entries, "{kept} objects kept in {entries} entries");
+    // What is kept is served without asking the origin.
+    let url = proxy.url("/small.bin?z=again");
+    assert_eq!(get(&url, &[]).header("x-rangeway-cache"), Some("miss"));
+    origin.clear_requests();
+    let again = get(&url, &[]);
+    assert_eq!(again.header("x-rangeway-cache"), Some("hit"));
+    assert!(again.body == object && origin.requests().is_empty());
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("read /proc/PID/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// What `du` finds under `dir`, in bytes (its blocks, as the disk holds them).
+fn du_bytes(dir: &Path) -> u64 {
+    let out = std::process::Command::new("du").args(["-s", "-B1"]).arg(dir).output().expect("du");
+    assert!(out.status.success(), "du failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().next().and_then(|n| n.parse().ok()).expect("du's total")
+}
+
+/// Files and folders under `dir`, `dir` included, as `find` counts them.
+fn entry_count(dir: &Path) -> u64 {
+    let out = std::process::Command::new("find").arg(dir).output().expect("find");
+    assert!(out.status.success(), "find failed");
+    out.stdout.iter().filter(|b| **b == b'\n').count() as u64
+}
+
 /// A cache folder that cannot be made, and one whose writes fail: downloads complete from the
 /// origin, and the failures are counted.
 #[test]
@@ -484,6 +580,54 @@ fn what_a_shared_cache_may_not_keep_goes_to_the_origin() {
         (kept.body.as_slice(), kept.header("x-rangeway-cache")),
         (&object[..10], Some("miss"))
     );
+}
+
+/// An origin that builds its answer from the host it was asked for (`X-Forwarded-Host`, else
+/// `Host`), as web applications behind proxies do: the cache asks it with nothing of any
+/// client's, so a hostile client's `Host` never becomes what another client is served.
+#[test]
+fn a_clients_host_never_changes_what_others_are_served() {
+    let origin = Origin::start();
+    let object = test_bytes(2 * MIB + 5, 92);
+    origin.put_with_headers("/page.bin", object.clone(), &[("Cache-Control", "max-age=600")]);
+    origin.set_behaviour("/page.bin", Behaviour::ReflectHost);
+    let cache = TempDir::new("cache-host-dir");
+    let proxy = Proxy::start(&config(&origin.base_url(), cache.path(), "64MiB"));
+    // What the origin answers a clean request: links to its own host.
+    let clean = get(&origin.url("/page.bin"), &[]);
+    assert!(clean.body.starts_with(format!("http://{}/", origin.addr()).as_bytes()));
+    origin.clear_requests();
+
+    // The hostile client asks first, so its request is the one that starts every fetch.
+    let hostile = RawRequest::get("/page.bin")
+        .header("Host", "evil.example")
+        .header("X-Forwarded-Host", "evil.example")
+        .header("X-Forwarded-Proto", "https")
+        .header("Cookie", "session=attacker")
+        .header("User-Agent", "evil/1.0");
+    let first = support::http::request(proxy.addr(), &hostile).expect("an answer");
+    assert_eq!(first.header("x-rangeway-cache"), Some("miss"));
+    assert!(first.body == clean.body, "the hostile client gets the clean answer too");
+    for asked in origin.requests() {
+        for field in ["x-forwarded-host", "x-forwarded-for", "x-forwarded-proto", "cookie"] {
+            assert_eq!(
+                asked.header(field),
+                None,
+                "{field} in the cache's {} request",
+                asked.method
+            );
+        }
+        assert_ne!(asked.header("user-agent"), Some("evil/1.0"));
+        assert_eq!(asked.header("host"), Some(origin.addr().to_string().as_str()));
+    }
+
+    // Another client, whole and in ranges: the origin's clean answer, fields included.
+    let second = get(&proxy.url("/page.bin"), &[]);
+    assert_eq!(second.header("x-rangeway-cache"), Some("hit"));
+    assert!(second.body == clean.body, "the second client's bytes are the clean answer");
+    assert_eq!(second.header("content-location"), clean.header("content-location"));
+    let start = range(&proxy.url("/page.bin"), "bytes=0-63");
+    assert_eq!(start.body, &clean.body[..64]);
 }
 
 /// Decrypts with http_ece (an RFC 8188 implementation nobody here wrote), given the raw key.

@@ -52,6 +52,7 @@ struct CacheMetrics {
     corrupt: IntCounter,
     write_errors: IntCounter,
     disk_bytes: IntGauge,
+    entries: IntGauge,
     enabled: IntGauge,
 }
 
@@ -95,7 +96,7 @@ impl CacheMetrics {
             ),
             evictions: counter(
                 "rangeway_cache_evictions_total",
-                "Slices evicted, least recently used first, to keep the cache under max_size.",
+                "Slices, and versions with their metadata, evicted least recently used first to keep the cache under max_size and max_entries.",
             ),
             corrupt: counter(
                 "rangeway_cache_corrupt_slices_total",
@@ -107,7 +108,11 @@ impl CacheMetrics {
             ),
             disk_bytes: gauge(
                 "rangeway_cache_disk_bytes",
-                "Bytes the cache's slices take on disk.",
+                "Bytes the cache takes on disk, as du counts them: its slices, their metadata files and its folders, in whole blocks.",
+            ),
+            entries: gauge(
+                "rangeway_cache_entries",
+                "Files and folders the cache keeps (bounded by max_entries).",
             ),
             enabled: gauge(
                 "rangeway_cache_enabled",
@@ -464,8 +469,8 @@ impl Metrics {
         self.cache.fill_failures.with_label_values(&[route]).inc();
     }
 
-    pub fn cache_evicted(&self, slices: u64) {
-        self.cache.evictions.inc_by(slices);
+    pub fn cache_evicted(&self, evicted: u64) {
+        self.cache.evictions.inc_by(evicted);
     }
 
     pub fn cache_corrupt(&self) {
@@ -476,8 +481,9 @@ impl Metrics {
         self.cache.write_errors.inc();
     }
 
-    pub fn cache_disk(&self, bytes: u64) {
+    pub fn cache_disk(&self, bytes: u64, entries: u64) {
         self.cache.disk_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.cache.entries.set(i64::try_from(entries).unwrap_or(i64::MAX));
     }
 
     /// The cache is open (`true`) or configured and off.

@@ -539,7 +539,6 @@ fn start_run(
     if run.is_empty() {
         return false;
     }
-    inner.metrics.cache_disk(inner.store.used_bytes());
     let task = RunFill {
         inner: Arc::clone(inner),
         version: Arc::clone(version),
@@ -568,12 +567,9 @@ fn claim(
         return None;
     }
     let len = version.slice_range(index).len();
-    let evicted = inner.store.reserve(len)?;
-    inner.metrics.cache_evicted(evicted);
-    let (file, part) = match inner.store.create_part(id) {
-        Ok(created) => created,
+    let (file, part) = match inner.store.claim(id, len) {
+        Ok(claimed) => claimed?,
         Err(e) => {
-            inner.store.unreserve(len);
             inner.write_failed(&e);
             return None;
         }
@@ -591,7 +587,7 @@ fn complete(inner: &Inner, (id, fill, part): Claimed, len: u64, crc: u32) {
     let progress = match completed {
         Ok(()) => Progress::Done,
         Err(e) => {
-            inner.store.unreserve(len);
+            inner.store.unclaim(id, len);
             inner.write_failed(&e);
             let _ = std::fs::remove_file(&part);
             Progress::Failed(FillFailure::Disk)
@@ -604,7 +600,7 @@ fn complete(inner: &Inner, (id, fill, part): Claimed, len: u64, crc: u32) {
 fn abandon(inner: &Inner, (id, fill, part): Claimed, len: u64, failure: FillFailure) {
     inner.fills.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     let _ = std::fs::remove_file(&part);
-    inner.store.unreserve(len);
+    inner.store.unclaim(id, len);
     fill.progress.send_replace(Progress::Failed(failure));
 }
 
@@ -660,11 +656,10 @@ impl OutputWriter {
             crc.update(bytes);
             *written += take as u64;
             claimed.1.progress.send_replace(Progress::Writing(*written));
-            if *written == slice.len() {
-                if let Some((claimed, len, crc)) = self.current.take() {
-                    complete(&self.inner, claimed, len, crc.finalize());
-                }
-                self.inner.metrics.cache_disk(self.inner.store.used_bytes());
+            if *written == slice.len()
+                && let Some((claimed, len, crc)) = self.current.take()
+            {
+                complete(&self.inner, claimed, len, crc.finalize());
             }
         }
     }
@@ -758,7 +753,6 @@ impl RunFill {
         if let Some(done) = exchange {
             self.fetch.origin.release(done).await;
         }
-        self.inner.metrics.cache_disk(self.inner.store.used_bytes());
     }
 
     /// The first slice of the run is written whole: into the store, and its readers told.

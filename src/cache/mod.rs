@@ -20,14 +20,16 @@
 //!   runs on its own task, so a client that goes away stops nothing others wait on. A fill that
 //!   fails leaves its slice missing (its waiters' answers are cut, never ended short); a changed
 //!   version drops the old one's slices.
-//! - **Bounds**: the slices' total size stays under `max_size`, least recently used first out.
+//! - **Bounds**: what the cache keeps — slices, versions' metadata, folders — stays within
+//!   `max_size` bytes on disk (as `du` counts them) and `max_entries` files and folders; the
+//!   least recently used slice or version goes first (see [`store`]).
 //!   A folder that cannot be written turns the cache off at start; a write that fails turns it off
 //!   for that slice, whose readers get the rest of it from the origin.
 
 mod fill;
 mod store;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -215,12 +217,46 @@ enum Turn {
     Wait(watch::Receiver<bool>),
 }
 
-/// What the cache knows of an object at its origin.
-#[derive(Debug, Clone)]
-enum Known {
-    Version(Arc<Version>),
-    /// Its answers may not be cached, as learned at this instant.
-    Uncacheable(Instant),
+/// Objects whose answers may not be cached, each sent to its origin for [`UNCACHEABLE_FOR`]
+/// from when that was learned: at most `max` of them, the oldest forgotten first when there are
+/// more (which costs that object a `HEAD` again).
+#[derive(Debug)]
+struct Uncacheable {
+    since: HashMap<(String, String), Instant>,
+    /// In the order they were learned (an object learned again is in it twice; its older place
+    /// is passed over).
+    order: VecDeque<((String, String), Instant)>,
+    max: usize,
+}
+
+impl Uncacheable {
+    fn new(max: usize) -> Self {
+        Self { since: HashMap::new(), order: VecDeque::new(), max }
+    }
+
+    fn holds(&self, object: &(String, String)) -> bool {
+        self.since.get(object).is_some_and(|at| at.elapsed() < UNCACHEABLE_FOR)
+    }
+
+    fn insert(&mut self, object: (String, String)) {
+        let now = Instant::now();
+        self.since.insert(object.clone(), now);
+        self.order.push_back((object, now));
+        while let Some((oldest, at)) = self.order.front() {
+            let over = self.since.len() > self.max || self.order.len() > 2 * self.max;
+            if !over && at.elapsed() < UNCACHEABLE_FOR {
+                break;
+            }
+            if self.since.get(oldest) == Some(at) {
+                self.since.remove(oldest);
+            }
+            self.order.pop_front();
+        }
+    }
+
+    fn remove(&mut self, object: &(String, String)) {
+        self.since.remove(object);
+    }
 }
 
 /// The cache, built once from config.
@@ -229,10 +265,10 @@ pub(crate) struct SliceCache {
 }
 
 struct Inner {
+    /// The slices, and the current version of each object (by upstream and target).
     store: SliceStore,
     slice_size: u64,
-    /// By (upstream, target).
-    objects: Mutex<HashMap<(String, String), Known>>,
+    uncacheable: Mutex<Uncacheable>,
     /// Objects being learned (a HEAD in flight): others wait for it rather than ask too.
     learning: Mutex<HashMap<(String, String), watch::Receiver<bool>>>,
     fills: Fills,
@@ -254,7 +290,14 @@ impl SliceCache {
     /// counted) when its folder cannot be made or written: rangeway then serves from the
     /// origin alone.
     pub(crate) fn open(config: &CacheConfig, metrics: &Arc<Metrics>) -> Option<Self> {
-        let (store, scanned) = match SliceStore::open(&config.dir, config.max_size) {
+        let bounds = store::Bounds { bytes: config.max_size, entries: config.max_entries };
+        let parse = |key, bytes: &[u8]| {
+            serde_json::from_slice::<Meta>(bytes)
+                .ok()
+                .and_then(|meta| Version::from_meta(meta, config.slice_size))
+                .filter(|version| version.key == key)
+        };
+        let (store, scanned) = match SliceStore::open(&config.dir, bounds, metrics, parse) {
             Ok(opened) => opened,
             Err(e) => {
                 warn!(dir = %config.dir.display(), error = %e, "the cache folder cannot be written: the cache is off, downloads come from the origin");
@@ -262,51 +305,24 @@ impl SliceCache {
                 return None;
             }
         };
-        let mut objects = HashMap::new();
-        let mut stale_versions = Vec::new();
-        for (key, bytes) in scanned.metas {
-            let version = serde_json::from_slice::<Meta>(&bytes)
-                .ok()
-                .and_then(|meta| Version::from_meta(meta, config.slice_size))
-                .filter(|version| version.key == key);
-            let Some(version) = version else {
-                stale_versions.push(key);
-                continue;
-            };
-            // The newest answer of an object is what it is; older versions' slices go.
-            let object = (version.upstream.clone(), version.target.clone());
-            match objects.get(&object) {
-                Some(Known::Version(known))
-                    if known.freshness.response_time >= version.freshness.response_time =>
-                {
-                    stale_versions.push(version.key);
-                }
-                other => {
-                    if let Some(Known::Version(older)) = other {
-                        stale_versions.push(older.key);
-                    }
-                    objects.insert(object, Known::Version(Arc::new(version)));
-                }
-            }
-        }
-        for key in stale_versions {
-            store.remove_version(key);
-        }
+        let used = store.used();
         info!(
             dir = %config.dir.display(),
-            objects = objects.len(),
+            objects = scanned.objects,
             slices = scanned.slices,
-            bytes = store.used_bytes(),
+            bytes = used.bytes,
+            entries = used.entries,
             removed = scanned.removed,
+            evicted = scanned.evicted,
             "the cache is open"
         );
-        metrics.cache_disk(store.used_bytes());
         metrics.cache_enabled(true);
+        let uncacheable = usize::try_from(config.max_entries).unwrap_or(usize::MAX);
         Some(Self {
             inner: Arc::new(Inner {
                 store,
                 slice_size: config.slice_size,
-                objects: Mutex::new(objects),
+                uncacheable: Mutex::new(Uncacheable::new(uncacheable)),
                 learning: Mutex::new(HashMap::new()),
                 fills: Fills::default(),
                 metrics: Arc::clone(metrics),
@@ -333,7 +349,10 @@ impl SliceCache {
         };
         let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
         let object = (route.upstream.name().to_owned(), target.to_owned());
-        let ask = Ask { route, request, origin, replica, object };
+        let Some(base) = origin_request(route, request, replica, authorized) else {
+            return CacheAnswer::Bypass(Bypass::Request);
+        };
+        let ask = Ask { route, request, base: &base, origin, replica, object };
         let (version, revalidated) = match inner.version(&ask, &asked).await {
             Ok(found) => found,
             Err(bypass) => return CacheAnswer::Bypass(bypass),
@@ -355,7 +374,7 @@ impl SliceCache {
         let fetch = fill::Fetch {
             origin: Arc::clone(origin),
             route: Arc::clone(route),
-            base: Arc::new(request.clone()),
+            base: Arc::new(base),
             policy: route.upstream_resume.unwrap_or_default(),
         };
         let (body, started) = CacheBody::new(Arc::clone(inner), version, range, fetch);
@@ -380,8 +399,7 @@ impl SliceCache {
     ) -> Arc<Version> {
         let inner = &self.inner;
         let object = (upstream.to_owned(), format!("{target} {identity}"));
-        let known = inner.objects.lock().unwrap_or_else(|p| p.into_inner()).get(&object).cloned();
-        if let Some(Known::Version(version)) = known
+        if let Some(version) = inner.store.current(&object)
             && version.etag == etag
             && version.len == len
         {
@@ -400,7 +418,7 @@ impl SliceCache {
             validators: validators_of(&headers),
             headers,
         });
-        inner.keep(&object, Arc::clone(&version), None);
+        inner.keep(Arc::clone(&version));
         version
     }
 
@@ -432,21 +450,20 @@ impl SliceCache {
     /// What the cache holds of the objects `selected` picks: each one's version, length and
     /// complete slices.
     pub(crate) fn listing(&self, selected: &Selection) -> Vec<CachedObject> {
-        let objects = self.inner.objects.lock().unwrap_or_else(|p| p.into_inner());
-        let mut listed: Vec<CachedObject> = objects
-            .iter()
-            .filter(|(object, _)| selected.picks(object))
-            .filter_map(|(_, known)| match known {
-                Known::Version(v) => Some(CachedObject {
-                    upstream: v.upstream.clone(),
-                    target: v.target.split(' ').next().unwrap_or_default().to_owned(),
-                    representation: v.target.split_once(' ').map(|(_, chain)| chain.to_owned()),
-                    etag: v.etag.clone(),
-                    len: v.len,
-                    slice_size: v.slice_size,
-                    slices: self.inner.store.slices_of(v.key),
-                }),
-                Known::Uncacheable(_) => None,
+        let mut listed: Vec<CachedObject> = self
+            .inner
+            .store
+            .versions()
+            .into_iter()
+            .filter(|v| selected.picks(&v.upstream, &v.target))
+            .map(|v| CachedObject {
+                upstream: v.upstream.clone(),
+                target: v.target.split(' ').next().unwrap_or_default().to_owned(),
+                representation: v.target.split_once(' ').map(|(_, chain)| chain.to_owned()),
+                etag: v.etag.clone(),
+                len: v.len,
+                slice_size: v.slice_size,
+                slices: self.inner.store.slices_of(v.key),
             })
             .collect();
         listed.sort_by(|a, b| (&a.upstream, &a.target).cmp(&(&b.upstream, &b.target)));
@@ -455,21 +472,10 @@ impl SliceCache {
 
     /// Drops the objects `selected` picks, their slices deleted: how many.
     pub(crate) fn purge(&self, selected: &Selection) -> usize {
-        let dropped: Vec<Known> = {
-            let mut objects = self.inner.objects.lock().unwrap_or_else(|p| p.into_inner());
-            let keys: Vec<(String, String)> =
-                objects.keys().filter(|object| selected.picks(object)).cloned().collect();
-            keys.iter().filter_map(|key| objects.remove(key)).collect()
-        };
-        let mut count = 0;
-        for known in dropped {
-            if let Known::Version(version) = known {
-                self.inner.store.remove_version(version.key);
-                count += 1;
-            }
-        }
-        self.inner.metrics.cache_disk(self.inner.store.used_bytes());
-        count
+        let store = &self.inner.store;
+        let picked =
+            store.versions().into_iter().filter(|v| selected.picks(&v.upstream, &v.target));
+        picked.filter_map(|v| store.remove_object(&(v.upstream.clone(), v.target.clone()))).count()
     }
 }
 
@@ -483,7 +489,7 @@ pub(crate) enum Selection {
 }
 
 impl Selection {
-    fn picks(&self, (upstream, target): &(String, String)) -> bool {
+    fn picks(&self, upstream: &str, target: &str) -> bool {
         let target = target.split(' ').next().unwrap_or_default();
         match self {
             Self::Object { upstream: u, path } => {
@@ -519,6 +525,8 @@ pub(crate) struct CachedObject {
 struct Ask<'a> {
     route: &'a Arc<Route>,
     request: &'a RequestHeader,
+    /// What the cache asks the origin with ([`origin_request`]).
+    base: &'a RequestHeader,
     origin: &'a Arc<OriginClient>,
     replica: usize,
     /// (upstream, target).
@@ -572,22 +580,21 @@ impl Inner {
         asked: &Asked,
     ) -> Result<(Arc<Version>, bool), Bypass> {
         let (request, object) = (ask.request, &ask.object);
-        let known = self.objects.lock().unwrap_or_else(|p| p.into_inner()).get(object).cloned();
+        if self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).holds(object) {
+            return Err(Bypass::Uncacheable);
+        }
         let now = SystemTime::now();
-        let stale = match &known {
-            Some(Known::Uncacheable(at)) if at.elapsed() < UNCACHEABLE_FOR => {
-                return Err(Bypass::Uncacheable);
-            }
-            Some(Known::Version(version)) => {
+        let stale = match self.store.current(object) {
+            Some(version) => {
                 let pinned = asked.pinned.as_deref() == Some(version.etag.as_str());
                 let fresh = version.freshness.serves_unvalidated(&request.headers, now)
                     && !asked.each_download;
                 if pinned || fresh {
-                    return Ok((Arc::clone(version), false));
+                    return Ok((version, false));
                 }
-                Some(Arc::clone(version))
+                Some(version)
             }
-            _ => None,
+            None => None,
         };
         // One request learns an object at a time; the others wait for it.
         let turn = {
@@ -614,13 +621,12 @@ impl Inner {
                 let _ = receiver.wait_for(|done| *done).await;
                 // What it learned holds for this request too, however strict the route: it
                 // was validated a moment ago.
-                let known =
-                    self.objects.lock().unwrap_or_else(|p| p.into_inner()).get(object).cloned();
-                match known {
-                    Some(Known::Version(version)) => Ok((version, false)),
-                    Some(Known::Uncacheable(_)) => Err(Bypass::Uncacheable),
-                    None => Err(Bypass::Origin),
+                if let Some(version) = self.store.current(object) {
+                    return Ok((version, false));
                 }
+                let uncacheable =
+                    self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).holds(object);
+                Err(if uncacheable { Bypass::Uncacheable } else { Bypass::Origin })
             }
         }
     }
@@ -632,20 +638,10 @@ impl Inner {
         ask: &Ask<'_>,
         stale: Option<&Version>,
     ) -> Result<Arc<Version>, Bypass> {
-        let Ask { route, request, origin, replica, object } = ask;
+        let Ask { route, request, base, origin, replica, object } = ask;
         let replica = *replica;
-        let mut head = RequestHeader::clone(request);
+        let mut head = RequestHeader::clone(base);
         head.set_method(Method::HEAD);
-        for name in [
-            header::RANGE,
-            header::IF_RANGE,
-            header::IF_MATCH,
-            header::IF_NONE_MATCH,
-            header::IF_MODIFIED_SINCE,
-            header::IF_UNMODIFIED_SINCE,
-        ] {
-            head.remove_header(&name);
-        }
         if let Some(stale) = stale {
             let _ = head.insert_header(header::IF_NONE_MATCH, stale.etag.as_str());
         }
@@ -683,7 +679,7 @@ impl Inner {
                 validators: validators_of(&headers),
                 headers,
             });
-            self.keep(object, Arc::clone(&version), None);
+            self.keep(Arc::clone(&version));
             return Ok(version);
         }
         // Slices are fetched with ranges: an origin that does not say it serves them (RFC 9110
@@ -712,13 +708,8 @@ impl Inner {
             .map(str::to_owned);
         let len = crate::range::content_length(&answer.headers);
         let (true, Some(etag), Some(len)) = (cacheable, etag, len) else {
-            let dropped = {
-                let mut objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
-                objects.insert(object.clone(), Known::Uncacheable(Instant::now()))
-            };
-            if let Some(Known::Version(old)) = dropped {
-                self.store.remove_version(old.key);
-            }
+            self.store.remove_object(object);
+            self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).insert(object.clone());
             return Err(if status == 200 { Bypass::Uncacheable } else { Bypass::Origin });
         };
         let headers = stored_fields(&answer.headers);
@@ -733,46 +724,25 @@ impl Inner {
             validators: validators_of(&headers),
             headers,
         });
-        self.keep(object, Arc::clone(&version), stale);
+        self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
+        self.keep(Arc::clone(&version));
         Ok(version)
     }
 
-    /// Records `version` as what the object is (and writes it beside its slices); the `replaced`
-    /// version's slices go when it is another.
-    fn keep(&self, object: &(String, String), version: Arc<Version>, replaced: Option<&Version>) {
-        if let Ok(meta) = serde_json::to_vec(&version.to_meta())
-            && let Err(e) = self.store.write_meta(version.key, &meta)
-        {
+    /// Records `version` as what its object is (written beside its slices); another version of
+    /// it kept before is dropped. When it cannot be kept (no room, a failing disk) it still
+    /// answers the request that learned it, and the next one learns it again.
+    fn keep(&self, version: Arc<Version>) {
+        let Ok(meta) = serde_json::to_vec(&version.to_meta()) else { return };
+        if let Err(e) = self.store.keep(version, &meta) {
             self.write_failed(&e);
-        }
-        let previous = {
-            let mut objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
-            objects.insert(object.clone(), Known::Version(Arc::clone(&version)))
-        };
-        let old = match (previous, replaced) {
-            (Some(Known::Version(old)), _) => Some(old.key),
-            (_, Some(replaced)) => Some(replaced.key),
-            _ => None,
-        };
-        if let Some(old) = old.filter(|old| *old != version.key) {
-            self.store.remove_version(old);
-            self.metrics.cache_disk(self.store.used_bytes());
         }
     }
 
     /// The version turned out not to be the origin's any more (a fill's `If-Match` failed):
     /// forgotten, its slices dropped.
     fn changed(&self, version: &Version) {
-        let object = (version.upstream.clone(), version.target.clone());
-        {
-            let mut objects = self.objects.lock().unwrap_or_else(|p| p.into_inner());
-            if matches!(objects.get(&object), Some(Known::Version(known)) if known.key == version.key)
-            {
-                objects.remove(&object);
-            }
-        }
         self.store.remove_version(version.key);
-        self.metrics.cache_disk(self.store.used_bytes());
     }
 
     /// A write to the cache failed: logged once, counted each time.
@@ -851,6 +821,31 @@ impl Inner {
     }
 }
 
+/// The request the cache asks the origin with for the object `request` targets, made for
+/// `replica`: the target and the upstream's `Host` — what its answer is kept by — and nothing of
+/// the client's. An origin that answered by a client's field (`X-Forwarded-Host`, `Cookie`,
+/// `User-Agent`...) would have that client's answer stored and served to every other one. One
+/// exception: the client's `Authorization` (`authorized`) on a route that says such answers may
+/// be shared (`cache = { authorized = true }`): the origin needs it to answer at all, and the
+/// route vouches that its answer is the same for every client. An S3 upstream's signature is
+/// rangeway's own, made again for each request.
+fn origin_request(
+    route: &Route,
+    request: &RequestHeader,
+    replica: usize,
+    authorized: bool,
+) -> Option<RequestHeader> {
+    let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut base = route.upstream.request("GET", target, replica).ok()?;
+    // One representation is kept for every client: the object's own bytes, not an encoding of
+    // them some client accepts (RFC 9110 §12.5.3: without the field, any coding would do).
+    base.insert_header(header::ACCEPT_ENCODING, "identity").ok()?;
+    if authorized && let Some(credentials) = request.headers.get(header::AUTHORIZATION) {
+        base.insert_header(header::AUTHORIZATION, credentials.clone()).ok()?;
+    }
+    Some(base)
+}
+
 /// The range a 206 header states.
 fn header_range(response: &ResponseHeader) -> Option<ByteRange> {
     use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
@@ -898,4 +893,33 @@ fn validators_of(headers: &HeaderMap) -> Validators {
 fn millis(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(n: usize) -> (String, String) {
+        ("up".to_owned(), format!("/o{n}"))
+    }
+
+    #[test]
+    fn objects_remembered_as_uncacheable_are_bounded() {
+        let mut uncacheable = Uncacheable::new(100);
+        for n in 0..1000 {
+            uncacheable.insert(object(n));
+            assert!(uncacheable.since.len() <= 100 && uncacheable.order.len() <= 200, "at {n}");
+        }
+        // The latest are held; the oldest were forgotten (they cost a HEAD again).
+        assert!(uncacheable.holds(&object(999)) && uncacheable.holds(&object(900)));
+        assert!(!uncacheable.holds(&object(0)) && !uncacheable.holds(&object(899)));
+        // One object learned again and again (it turned cacheable and back) stays bounded.
+        for _ in 0..1000 {
+            uncacheable.insert(object(5000));
+        }
+        assert!(uncacheable.since.len() <= 100 && uncacheable.order.len() <= 200);
+        assert!(uncacheable.holds(&object(5000)));
+        uncacheable.remove(&object(5000));
+        assert!(!uncacheable.holds(&object(5000)));
+    }
 }

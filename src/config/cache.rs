@@ -14,6 +14,15 @@ const DEFAULT_SLICE: u64 = 4 << 20;
 const MIN_SIZE: u64 = 16 << 20;
 const MAX_SIZE: u64 = 1 << 50;
 const DEFAULT_SIZE: u64 = 10 << 30;
+/// Without `max_entries`, one entry (a file or a folder) for each 64 KiB of `max_size`: a slice
+/// of the default size is one entry for 4 MiB, so a cache of large objects never meets the bound,
+/// while one of many small objects (three entries each: a folder, its metadata, a slice) meets
+/// it before `max_size` — which bounds the cache's inodes and rangeway's memory for its index.
+const BYTES_PER_ENTRY: u64 = 64 << 10;
+/// Room for a few objects' folders, metadata and slices; at most 2³², past which a number is a
+/// mistake.
+const MIN_ENTRIES: u64 = 64;
+const MAX_ENTRIES: u64 = 1 << 32;
 
 /// `[cache]`: present when the section is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,8 +30,12 @@ const DEFAULT_SIZE: u64 = 10 << 30;
 pub struct CacheConfig {
     /// Where slices are kept; created at start when missing.
     pub dir: PathBuf,
-    /// The most the slices may take on disk, in bytes. Default 10 GiB.
+    /// The most the cache may take on disk, in bytes, as `du` counts them: its slices, their
+    /// metadata files and its folders, in whole blocks. Default 10 GiB.
     pub max_size: u64,
+    /// The most files and folders the cache may keep (and records its index holds). Default
+    /// `max_size` / 64 KiB, at least 64.
+    pub max_entries: u64,
     /// The bytes of an object each slice holds (the last one of an object fewer). Default 4 MiB.
     pub slice_size: u64,
 }
@@ -72,8 +85,14 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<Option<CacheCo
     let slice_size = table
         .take("slice_size")
         .map_or(Ok(DEFAULT_SLICE), |f| f.size(ctx, MIN_SLICE..=MAX_SLICE, "\"4MiB\""));
+    let max_entries =
+        table.take("max_entries").map(|f| f.integer(ctx, MIN_ENTRIES..=MAX_ENTRIES, "100000"));
     table.finish(ctx);
     let (dir, max_size, slice_size) = (dir?, max_size?, slice_size?);
+    let max_entries = match max_entries {
+        Some(read) => read?,
+        None => (max_size / BYTES_PER_ENTRY).clamp(MIN_ENTRIES, MAX_ENTRIES),
+    };
     if max_size < 4 * slice_size {
         return Err(ctx.report_at(
             "cache.max_size",
@@ -81,7 +100,7 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<Option<CacheCo
             "make max_size at least four times slice_size",
         ));
     }
-    Ok(Some(CacheConfig { dir, max_size, slice_size }))
+    Ok(Some(CacheConfig { dir, max_size, max_entries, slice_size }))
 }
 
 fn read_dir(ctx: &mut Ctx<'_>, field: Field) -> Read<PathBuf> {

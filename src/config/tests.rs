@@ -1858,6 +1858,8 @@ fn cache_section_and_routes() {
     let config = load_ok(&text);
     let section = config.cache.as_ref().expect("a cache");
     assert_eq!((section.max_size, section.slice_size), (10 << 30, 4 << 20));
+    // One entry for each 64 KiB of max_size.
+    assert_eq!(section.max_entries, 163_840);
     assert_eq!(config.routes[0].cache, Some(RouteCache::default()));
     assert_eq!(config.routes[1].cache, None, "a local folder is not cached by default");
     // Sizes with units; a route's table; off by a route, and from the environment.
@@ -1867,9 +1869,15 @@ fn cache_section_and_routes() {
     );
     let config = load_ok(&text);
     assert_eq!(
-        config.cache.as_ref().map(|c| (c.max_size, c.slice_size)),
-        Some((64 << 20, 1 << 20))
+        config.cache.as_ref().map(|c| (c.max_size, c.slice_size, c.max_entries)),
+        Some((64 << 20, 1 << 20, 1024))
     );
+    // max_entries said, and from the environment.
+    let text = format!("{cache}max_size = \"16MiB\"\nmax_entries = 100000\n{UPSTREAMS}{ROUTE}");
+    assert_eq!(load_ok(&text).cache.map(|c| c.max_entries), Some(100_000));
+    let env = Env::from_pairs([("RANGEWAY__CACHE__MAX_ENTRIES", "5000")]);
+    let from_env = load_with(&format!("{cache}{UPSTREAMS}{ROUTE}"), &env, &kinds()).expect("loads");
+    assert_eq!(from_env.cache.map(|c| c.max_entries), Some(5000));
     let route = config.routes[0].cache.expect("on");
     assert_eq!((route.revalidate, route.authorized), (Revalidate::EachDownload, true));
     assert_eq!(load_ok(&format!("{cache}{UPSTREAMS}{ROUTE}cache = false\n")).routes[0].cache, None);
@@ -1888,6 +1896,16 @@ fn cache_section_and_routes() {
             vec![("cache.max_size", "fewer than four slices")],
         ),
         (format!("{cache}size = 1\n"), vec![("cache.size", "unknown key")]),
+        (format!("{cache}max_entries = 10\n"), vec![("cache.max_entries", "out of range")]),
+        (
+            format!("{cache}max_entries = \"lots\"\n"),
+            vec![("cache.max_entries", "expected an integer")],
+        ),
+        // Every problem at once.
+        (
+            format!("{cache}max_entries = -1\nslice_size = \"16MiB\"\n"),
+            vec![("cache.max_entries", "out of range"), ("cache.slice_size", "out of range")],
+        ),
     ];
     for (section, expected) in cases {
         expect_errors(&format!("{section}{UPSTREAMS}{ROUTE}"), &expected);

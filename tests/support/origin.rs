@@ -55,6 +55,10 @@ pub(crate) enum Behaviour {
     /// The correct answer's header and this many bytes of its body, then silence until the
     /// client closes the connection (counted as for [`Behaviour::Silent`]).
     SilentAfter(u64),
+    /// The object built from the host it was asked for, as a web application behind a proxy
+    /// builds its links: `http://HOST/` (the request's `X-Forwarded-Host`, else its `Host`) over
+    /// the start of the body and in `Content-Location`, the ETag and length the object's.
+    ReflectHost,
     /// The correct answer, or by the roll of a seeded die per response: a 503 (only to ranged
     /// requests: continuations), a body cut at a random byte, or a body that stalls at a random
     /// byte and is then cut.
@@ -475,6 +479,16 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
     response.header("Last-Modified", &last_modified);
     for (name, value) in &object.extra_headers {
         response.header(name, value);
+    }
+    let mut object = object;
+    if behaviour == Behaviour::ReflectHost {
+        let host = request.header("x-forwarded-host").or_else(|| request.header("host"));
+        let link = format!("http://{}/", host.unwrap_or_default());
+        response.header("Content-Location", &link);
+        let mut body = object.body.to_vec();
+        let n = link.len().min(body.len());
+        body[..n].copy_from_slice(&link.as_bytes()[..n]);
+        object.body = Bytes::from(body);
     }
     if behaviour != Behaviour::IgnoreRange {
         response.header("Accept-Ranges", "bytes");
