@@ -253,7 +253,7 @@ impl Inner {
         let entry = self.entries.get_mut(lookup).filter(|entry| entry.expires > now)?;
         let written = self.next_write;
         self.next_write += 1;
-        let Some((stored_key, _)) = self.order.remove(&entry.written) else { return None };
+        let (stored_key, _) = self.order.remove(&entry.written)?;
         let changed = change(&mut entry.value);
         let size = approx_size(&stored_key, &entry.value);
         self.order.insert(written, (stored_key, expires));
@@ -463,9 +463,10 @@ impl StateStore for MemoryStore {
                 session
             }
         };
-        let observed = inner.update(KeyRef::Object(object), expires, now, |value| match value {
-            Value::Object(record) => record.observe(&delivery.origin_version, delivery.now),
-            _ => {}
+        let observed = inner.update(KeyRef::Object(object), expires, now, |value| {
+            if let Value::Object(record) = value {
+                record.observe(&delivery.origin_version, delivery.now);
+            }
         });
         if observed.is_none() {
             let record =
