@@ -192,6 +192,16 @@ impl<A> Admission<A> {
     }
 
     /// A place for a connection from `ip`, or `None` when its address has all it may have.
+    /// Ends a connection refused before its request is read, with `answer` unless it is TLS (a
+    /// TLS client would read an answer in plain text as a broken handshake).
+    async fn refuse(&self, mut stream: Stream, answer: &[u8]) {
+        if self.tls.is_none() {
+            let _ = stream.write_all(answer).await;
+            let _ = stream.flush().await;
+        }
+        let _ = AsyncWriteExt::shutdown(&mut stream).await;
+    }
+
     fn admit(&self, ip: IpAddr) -> Option<Slot> {
         let limit = self.limits.max_connections_per_client;
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
@@ -228,12 +238,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
                 self.metrics.connection_refused("per_client_limit");
                 // Counted, and only at debug: a client over its limit must not flood the log.
                 debug!(client = ?ip, limit = self.limits.max_connections_per_client, "refused a connection: its address has as many open as max_connections_per_client allows");
-                // A TLS client would read an answer in plain text as a broken handshake.
-                if self.tls.is_none() {
-                    let _ = stream.write_all(TOO_MANY).await;
-                    let _ = stream.flush().await;
-                }
-                let _ = AsyncWriteExt::shutdown(&mut stream).await;
+                self.refuse(stream, TOO_MANY).await;
                 return None;
             }
             Some(Some(slot)) => Some(slot),
@@ -253,11 +258,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
             Admitted::Full => {
                 self.metrics.connection_refused("max_connections");
                 debug!(client = ?ip, limit = self.limits.max_connections, "refused a connection: max_connections are open and none is idle");
-                if self.tls.is_none() {
-                    let _ = stream.write_all(FULL).await;
-                    let _ = stream.flush().await;
-                }
-                let _ = AsyncWriteExt::shutdown(&mut stream).await;
+                self.refuse(stream, FULL).await;
                 return None;
             }
         };
