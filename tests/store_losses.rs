@@ -17,7 +17,7 @@ use support::data::test_bytes;
 use support::http::get;
 use support::origin::Origin;
 use support::proxy::Proxy;
-use support::redis::RedisServer;
+use support::redis::{RedisServer, id_key_line};
 use support::tmp::TempDir;
 use support::wait;
 
@@ -240,6 +240,13 @@ fn redis_losing_its_records_never_splices_a_resume() {
 
 #[test]
 fn a_flood_through_redis_evicts_its_own_address_records_and_never_splices() {
+    // Both protocols: RESP3 answers a score as a double, a hash as a map.
+    for protocol in ["", "?protocol=resp3"] {
+        flood_through_redis(protocol);
+    }
+}
+
+fn flood_through_redis(protocol: &str) {
     let origin = Origin::start();
     let work = TempDir::new("store-redis-flood");
     let (v1, v2) = (test_bytes(LEN, 36), test_bytes(LEN, 37));
@@ -247,8 +254,9 @@ fn a_flood_through_redis_evicts_its_own_address_records_and_never_splices() {
     let redis = RedisServer::start();
     // A thousandth of 2 MiB: two sessions a client address, a KiB each.
     let state = format!(
-        "{}ttl = \"1h\"\nmax_memory = \"2MiB\"\nclient_share = 0.001\n",
-        redis.state_section()
+        "[state]\nbackend = \"redis\"\nredis_url = \"{}{protocol}\"\n{}ttl = \"1h\"\nmax_memory = \"2MiB\"\nclient_share = 0.001\n",
+        redis.url(),
+        id_key_line()
     );
     let proxy = Proxy::start(&body(&state, &origin));
     let url = proxy.url("/obj.bin");

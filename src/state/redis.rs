@@ -618,8 +618,10 @@ impl StateStore for RedisStore {
             let epoch = replies.next().ok_or_else(|| short_reply(2 + stages.len()))?;
             self.epoch.saw_id(&epoch.map_err(map_error)?, &self.losses, now);
             let evicted = replies.next().ok_or_else(|| short_reply(3 + stages.len()))?;
-            let evicted_at = redis::from_redis_value::<Option<u64>>(evicted.map_err(map_error)?)
-                .map_err(|err| StoreError::Corrupt(err.to_string()))?;
+            // A score: a string in RESP2, a double in RESP3.
+            let evicted_at = redis::from_redis_value::<Option<f64>>(evicted.map_err(map_error)?)
+                .map_err(|err| StoreError::Corrupt(err.to_string()))?
+                .map(|at| at as u64);
             let session = self.read_session(session, download_id, object)?;
             let session_may_be_lost = session.is_none()
                 && (evicted_at.is_some_and(|at| now < at.saturating_add(self.ttl_secs))
