@@ -17,7 +17,7 @@ use support::data::test_bytes;
 use support::http::get;
 use support::origin::Origin;
 use support::proxy::Proxy;
-use support::redis::{RedisServer, id_key_line};
+use support::redis::{RedisCluster, RedisServer, id_key_line};
 use support::tmp::TempDir;
 use support::wait;
 
@@ -281,4 +281,44 @@ fn flood_through_redis(protocol: &str) {
     // What one address holds stays within its share.
     let sessions = redis.cli(&["--scan", "--pattern", "rangeway:ses:*"]);
     assert!(sessions.lines().count() <= 2 * 2 + 1, "{sessions}");
+}
+
+#[test]
+fn a_cluster_node_that_restarts_empty_never_splices_a_resume() {
+    let origin = Origin::start();
+    let work = TempDir::new("store-cluster");
+    let (v1, v2) = (test_bytes(LEN, 38), test_bytes(LEN, 39));
+    origin.put("/obj.bin", v1.clone());
+    let mut cluster = RedisCluster::start();
+    let nodes = cluster.urls().iter().map(|url| format!("\"{url}\"")).collect::<Vec<_>>();
+    let state = format!(
+        "[state]\nbackend = \"redis\"\nredis_url = [{}]\n{}ttl = \"1h\"\n",
+        nodes.join(", "),
+        id_key_line()
+    );
+    let proxy = Proxy::start(&body(&state, &origin));
+    let url = proxy.url("/obj.bin");
+    // Enough downloads that some are kept on a node the epoch is not on.
+    let victims: Vec<String> = (0..8).map(|i| format!("victim-{i}")).collect();
+    for victim in &victims {
+        partial_download(&url, victim, "curl/8", &work.join(victim));
+    }
+    let holds_epoch = |node: &RedisServer| node.cli(&["EXISTS", "rangeway:epoch"]).trim() == "1";
+    wait::until("the store's epoch", Duration::from_secs(10), || {
+        cluster.nodes().iter().any(holds_epoch).then_some(())
+    });
+    // Every node but the epoch's loses its data: only their processes tell.
+    let others: Vec<usize> =
+        (0..cluster.nodes().len()).filter(|&i| !holds_epoch(&cluster.nodes()[i])).collect();
+    for index in others {
+        cluster.restart_node(index);
+    }
+    wait::until("the restarts to be seen", Duration::from_secs(10), || {
+        (proxy.metric("rangeway_store_losses_total", "kind=\"restarted\"") > 0).then_some(())
+    });
+    origin.put("/obj.bin", v2.clone());
+    for victim in &victims {
+        curl_resumes_safely(&url, victim, &work.join(victim), &v1, &v2);
+    }
+    assert!(proxy.metric("rangeway_resumes_unvouched_total", "answer=\"refused\"") > 0);
 }

@@ -254,6 +254,13 @@ impl RedisCluster {
         }
     }
 
+    /// Starts node `index` again on its port, empty (as [`Self::restart`] does every node), and
+    /// waits until the cluster is whole.
+    pub(crate) fn restart_node(&mut self, index: usize) {
+        self.nodes[index].restart();
+        self.wait_until_ok();
+    }
+
     /// Starts every node again on its port; each reads its cluster config back, so the cluster
     /// re-forms with the same slots (and no data). Waits until it is whole.
     pub(crate) fn restart(&mut self) {

@@ -13,14 +13,17 @@
 //!   unreachable is known only to the instance that made it), so that every instance sharing the
 //!   store treats it alike.
 //!
-//! Each instance also watches `evicted_keys` (`INFO stats`): keys evicted under `maxmemory` are
-//! a loss it cannot trace to ids.
+//! Each instance also watches, on every primary of a cluster, `run_id` (another process: a restart
+//! or a failover; on a cluster also a primary at a new address) and `evicted_keys` (`INFO
+//! stats`: keys evicted under `maxmemory`), losses it cannot trace to ids.
 //!
-//! On a Redis Cluster the epoch lives on the node that owns its slot, and `INFO` is not read:
-//! a node of the cluster that loses its data without the epoch's is not seen.
+//! On a Redis Cluster the epoch lives on the node that owns its slot: a node that is flushed
+//! while its process goes on, or that restarts while no instance watches, is not seen.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{Cmd, Script, Value};
 
 use super::{Conn, StoreError, instance_id};
@@ -43,10 +46,17 @@ pub(super) struct Epoch {
 #[derive(Debug, Default)]
 struct Known {
     id: Option<String>,
-    run_id: Option<String>,
-    evicted_keys: Option<u64>,
+    /// By node (`""` for a single server): its `run_id` and `evicted_keys`.
+    servers: HashMap<String, Server>,
     /// The latest `lost_at` read or written.
     lost_at: u64,
+}
+
+/// One Redis process as `INFO` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Server {
+    run_id: String,
+    evicted_keys: Option<u64>,
 }
 
 impl Epoch {
@@ -95,20 +105,15 @@ impl Epoch {
         losses: &Losses,
         now: u64,
     ) -> Result<(), StoreError> {
-        let mut read = vec![hgetall(&self.key)];
-        let single = matches!(conn, Conn::Single(_));
-        if single {
-            read.push(info("server"));
-            read.push(info("stats"));
-        }
-        let mut replies = conn.query_all(&read).await.map_err(super::map_error)?.into_iter();
-        let fields = fields(replies.next().transpose().map_err(super::map_error)?);
-        let server = replies.next().transpose().map_err(super::map_error)?.map(info_text);
-        let stats = replies.next().transpose().map_err(super::map_error)?.map(info_text);
-        let run_id =
-            server.as_deref().and_then(|text| info_field(text, "run_id")).map(str::to_owned);
-        let evicted = stats.as_deref().and_then(|text| info_field(text, "evicted_keys"));
-        let evicted = evicted.and_then(|n| n.parse::<u64>().ok());
+        let read = conn.query_all(&[hgetall(&self.key)]).await.map_err(super::map_error)?;
+        let fields = fields(read.into_iter().next().transpose().map_err(super::map_error)?);
+        let servers = servers(conn).await?;
+        // A single server's identity is kept in the epoch too, so that a restart while no
+        // instance watched is seen by the first to come back.
+        let run_id = match conn {
+            Conn::Single(_) => servers.get("").map(|server| server.run_id.clone()),
+            Conn::Cluster(_) => None,
+        };
 
         let stored_id = field(&fields, "id");
         let stored_run = field(&fields, "run_id");
@@ -134,18 +139,14 @@ impl Epoch {
                     None => write_run_id = true,
                     Some(_) => {}
                 }
-                // Counters restart with the process: compared only within one.
-                if known.run_id.as_ref() != Some(run_id) {
-                    known.evicted_keys = None;
-                }
-                if let (Some(before), Some(now_evicted)) = (known.evicted_keys, evicted)
-                    && now_evicted > before
-                {
-                    lost.push(Loss::Evicted);
-                }
-                known.run_id = Some(run_id.clone());
-                known.evicted_keys = evicted;
             }
+            for loss in server_losses(&known.servers, &servers) {
+                // A single server's restart is seen both ways: counted once.
+                if !lost.contains(&loss) {
+                    lost.push(loss);
+                }
+            }
+            known.servers = servers;
             if stored_lost > known.lost_at {
                 known.lost_at = stored_lost;
                 // Another instance's loss, or one this instance published itself.
@@ -192,6 +193,79 @@ impl Epoch {
         }
         Ok(())
     }
+}
+
+/// What changed between two checks of the servers: another process on a node (a restart, or a
+/// failover to a replica), a new primary (a failover to another address), or keys evicted.
+fn server_losses(before: &HashMap<String, Server>, now: &HashMap<String, Server>) -> Vec<Loss> {
+    let mut lost = Vec::new();
+    if before.is_empty() {
+        return lost;
+    }
+    for (node, server) in now {
+        match before.get(node) {
+            None => lost.push(Loss::Restarted),
+            Some(seen) if seen.run_id != server.run_id => lost.push(Loss::Restarted),
+            // Counters restart with the process: compared only within one.
+            Some(seen) => {
+                if let (Some(earlier), Some(later)) = (seen.evicted_keys, server.evicted_keys)
+                    && later > earlier
+                {
+                    lost.push(Loss::Evicted);
+                }
+            }
+        }
+    }
+    lost
+}
+
+/// `INFO server` and `INFO stats` of the single server (node `""`), or of every primary of a
+/// cluster, by its address.
+async fn servers(conn: &Conn) -> Result<HashMap<String, Server>, StoreError> {
+    let by_node = |reply: Value| -> Vec<(String, String)> {
+        match reply {
+            Value::Map(pairs) => {
+                pairs.into_iter().map(|(node, info)| (info_text(node), info_text(info))).collect()
+            }
+            other => vec![(String::new(), info_text(other))],
+        }
+    };
+    let (server, stats) = match conn {
+        Conn::Single(_) => {
+            let replies =
+                conn.query_all(&[info("server"), info("stats")]).await.map_err(super::map_error)?;
+            let mut replies = replies.into_iter();
+            let mut next = || -> Result<Vec<(String, String)>, StoreError> {
+                let reply = replies.next().transpose().map_err(super::map_error)?;
+                Ok(reply.map(info_text).map(|text| vec![(String::new(), text)]).unwrap_or_default())
+            };
+            (next()?, next()?)
+        }
+        Conn::Cluster(cluster) => {
+            let primaries = || RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            let mut cluster = cluster.clone();
+            let server = cluster
+                .route_command(info("server"), primaries())
+                .await
+                .map_err(super::map_error)?;
+            let stats = cluster
+                .route_command(info("stats"), primaries())
+                .await
+                .map_err(super::map_error)?;
+            (by_node(server), by_node(stats))
+        }
+    };
+    Ok(server
+        .into_iter()
+        .filter_map(|(node, text)| {
+            let run_id = info_field(&text, "run_id")?.to_owned();
+            let evicted_keys = stats
+                .iter()
+                .find(|(of, _)| *of == node)
+                .and_then(|(_, text)| info_field(text, "evicted_keys")?.parse().ok());
+            Some((node, Server { run_id, evicted_keys }))
+        })
+        .collect())
 }
 
 fn hgetall(key: &str) -> Cmd {
@@ -241,6 +315,24 @@ mod tests {
         assert_eq!(info_field(text, "run_id"), Some("abc123"));
         assert_eq!(info_field(text, "evicted_keys"), Some("42"));
         assert_eq!(info_field(text, "evicted"), None);
+    }
+
+    #[test]
+    fn servers_that_changed_are_losses() {
+        let server =
+            |run_id: &str, evicted| Server { run_id: run_id.to_owned(), evicted_keys: evicted };
+        let nodes = |list: &[(&str, Server)]| -> HashMap<String, Server> {
+            list.iter().map(|(node, s)| ((*node).to_owned(), s.clone())).collect()
+        };
+        let before = nodes(&[("a:1", server("r1", Some(0))), ("b:2", server("r2", Some(5)))]);
+        assert_eq!(server_losses(&HashMap::new(), &before), vec![], "the first check");
+        assert_eq!(server_losses(&before, &before), vec![]);
+        let restarted = nodes(&[("a:1", server("r9", Some(0))), ("b:2", server("r2", Some(5)))]);
+        assert_eq!(server_losses(&before, &restarted), vec![Loss::Restarted]);
+        let evicted = nodes(&[("a:1", server("r1", Some(0))), ("b:2", server("r2", Some(6)))]);
+        assert_eq!(server_losses(&before, &evicted), vec![Loss::Evicted]);
+        let failed_over = nodes(&[("a:1", server("r1", Some(0))), ("c:3", server("r3", None))]);
+        assert_eq!(server_losses(&before, &failed_over), vec![Loss::Restarted]);
     }
 
     #[test]
