@@ -581,25 +581,27 @@ impl StoreCollector {
         )
         .expect("valid metric");
         gauge.set(i64::from(health.is_up()));
-        let failed = IntCounter::new(
+        let counter = |name: &str, help: &str, value: u64| {
+            let counter = IntCounter::new(name, help).expect("valid metric");
+            counter.inc_by(value);
+            counter
+        };
+        let failed = counter(
             "rangeway_store_errors_total",
             "State store operations that failed (timeouts, outages, errors).",
-        )
-        .expect("valid metric");
-        failed.inc_by(health.errors_total());
-        let unreadable_values = IntCounter::new(
+            health.errors_total(),
+        );
+        let unreadable_values = counter(
             "rangeway_store_unreadable_total",
             "Stored values that could not be read and were taken as absent.",
-        )
-        .expect("valid metric");
-        unreadable_values.inc_by(health.unreadable_total());
+            health.unreadable_total(),
+        );
         let losses = store.losses();
-        let evictions = IntCounter::new(
+        let evictions = counter(
             "rangeway_store_evictions_total",
-            "Records the embedded store evicted to stay within [state] max_memory.",
-        )
-        .expect("valid metric");
-        evictions.inc_by(losses.evictions_total());
+            "Records evicted to keep the embedded store within [state] max_memory, or a client within its client_share (embedded store and Redis).",
+            losses.evictions_total(),
+        );
         let lost = IntCounterVec::new(
             Opts::new(
                 "rangeway_store_losses_total",

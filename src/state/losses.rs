@@ -33,7 +33,8 @@ pub enum Loss {
     /// Another Redis process answers (a restart or a failover): writes since its last
     /// persistence or replication may be gone.
     Restarted,
-    /// Redis evicted keys under `maxmemory`.
+    /// Keys evicted that no id can be traced to: by Redis under `maxmemory`, or by rangeway
+    /// past the evicted sessions it remembers by member.
     Evicted,
     /// A write or a lookup failed: a session may not have been stored, or not read.
     Failed,
