@@ -19,7 +19,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use tracing::warn;
@@ -40,11 +40,20 @@ pub enum Loss {
     Failed,
     /// Another instance sharing the store reported a loss.
     Reported,
+    /// rangeway stopped without saving its embedded store (killed, crashed, the host down):
+    /// found at the next start.
+    Crashed,
 }
 
 impl Loss {
-    const ALL: [Self; 5] =
-        [Self::Flushed, Self::Restarted, Self::Evicted, Self::Failed, Self::Reported];
+    const ALL: [Self; 6] = [
+        Self::Flushed,
+        Self::Restarted,
+        Self::Evicted,
+        Self::Failed,
+        Self::Reported,
+        Self::Crashed,
+    ];
 
     /// A short, stable name for logs and metric labels.
     pub fn name(self) -> &'static str {
@@ -54,6 +63,7 @@ impl Loss {
             Self::Evicted => "evicted",
             Self::Failed => "failed",
             Self::Reported => "reported",
+            Self::Crashed => "crashed",
         }
     }
 
@@ -77,6 +87,10 @@ pub struct Losses {
     evicted: Option<Mutex<EvictedIds>>,
     evictions: AtomicU64,
     evictions_logged_at: AtomicU64,
+    /// Unix seconds of the latest eviction; 0 while there was none.
+    evicted_at: AtomicU64,
+    /// The store waits for what its predecessor saved (an upgrade): any session may be there.
+    awaiting_predecessor: AtomicBool,
 }
 
 impl Losses {
@@ -93,6 +107,8 @@ impl Losses {
             evicted: evicted_filter_bytes.map(|bytes| Mutex::new(EvictedIds::new(bytes))),
             evictions: AtomicU64::new(0),
             evictions_logged_at: AtomicU64::new(0),
+            evicted_at: AtomicU64::new(0),
+            awaiting_predecessor: AtomicBool::new(false),
         }
     }
 
@@ -122,6 +138,7 @@ impl Losses {
     /// The store dropped the session of `id` for `object` at Unix second `now` to make room.
     pub fn evicted(&self, id: &str, object: &str, now: u64) {
         self.count_eviction();
+        self.evicted_at.fetch_max(now, Ordering::Relaxed);
         if let Some(filter) = &self.evicted {
             filter.lock().unwrap_or_else(PoisonError::into_inner).insert(
                 id,
@@ -143,7 +160,7 @@ impl Losses {
     /// Whether the session of `id` for `object`, found missing at Unix second `now`, may have
     /// been lost rather than never begun.
     pub fn may_have_lost(&self, id: &str, object: &str, now: u64) -> bool {
-        if self.untraced_since(now).is_some() {
+        if self.untraced_since(now).is_some() || self.awaiting_predecessor.load(Ordering::Relaxed) {
             return true;
         }
         self.evicted.as_ref().is_some_and(|filter| {
@@ -160,6 +177,30 @@ impl Losses {
     pub fn untraced_since(&self, now: u64) -> Option<u64> {
         let at = self.untraced_at.load(Ordering::Relaxed);
         (at != 0 && now < at.saturating_add(self.ttl_secs)).then_some(at)
+    }
+
+    /// Until [`Self::predecessor_done`], every session not found may be one the process this one
+    /// takes over from (an upgrade) holds and has not handed over yet.
+    pub fn await_predecessor(&self) {
+        self.awaiting_predecessor.store(true, Ordering::Relaxed);
+    }
+
+    /// The predecessor's sessions are in, or it is gone.
+    pub fn predecessor_done(&self) {
+        self.awaiting_predecessor.store(false, Ordering::Relaxed);
+    }
+
+    /// What a snapshot keeps of the losses: the latest untraced loss and the latest eviction, in
+    /// Unix seconds (0: none).
+    pub fn saved(&self) -> (u64, u64) {
+        (self.untraced_at.load(Ordering::Relaxed), self.evicted_at.load(Ordering::Relaxed))
+    }
+
+    /// Takes over a predecessor's losses, as [`Self::saved`] gave them: its untraced losses hold
+    /// as they were, and its evictions, whose ids the filter does not carry over, become untraced
+    /// from when the last happened. Neither is counted or logged again.
+    pub fn carry_over(&self, (untraced_at, evicted_at): (u64, u64)) {
+        self.untraced_at.fetch_max(untraced_at.max(evicted_at), Ordering::Relaxed);
     }
 
     /// The records' lifetime, in seconds.
@@ -322,6 +363,21 @@ mod tests {
         losses.untraced(Loss::Failed, 2000);
         losses.untraced(Loss::Reported, 1500);
         assert_eq!(losses.untraced_since(2050), Some(2000));
+    }
+
+    #[test]
+    fn a_predecessors_losses_carry_over_and_its_handover_covers_every_id() {
+        let losses = Losses::new("test".to_owned(), TTL, Some(1024));
+        losses.await_predecessor();
+        assert!(losses.may_have_lost("a", "o", 1000));
+        losses.predecessor_done();
+        assert!(!losses.may_have_lost("a", "o", 1000));
+        // Its evictions, whose ids are not carried, count as untraced from the last.
+        losses.carry_over((900, 950));
+        assert_eq!(losses.untraced_since(1000), Some(950));
+        assert!(losses.untraced_totals().all(|(_, n)| n == 0), "carried, not counted again");
+        losses.evicted("b", "o", 1010);
+        assert_eq!(losses.saved(), (950, 1010));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use super::facts::{StageFacts, merge_fields};
 use super::losses::Losses;
@@ -168,6 +169,23 @@ enum Value {
     Facts(BTreeMap<String, Vec<u8>>),
 }
 
+/// One entry as a snapshot keeps it (`state::snapshot`).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct SavedEntry {
+    /// Unix seconds.
+    expires: u64,
+    client: Option<ClientGroup>,
+    record: SavedRecord,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum SavedRecord {
+    Download(DownloadSession),
+    Object(ObjectRecord),
+    Facts { object: String, stage: String, fields: BTreeMap<String, Vec<u8>> },
+}
+
 impl MemoryStore {
     /// A store whose entries live `ttl` after their last write, within `budget`.
     pub fn new(ttl: Duration, budget: MemoryBudget) -> Self {
@@ -184,6 +202,76 @@ impl MemoryStore {
     /// What the records take, as the budget counts them.
     pub fn estimated_bytes(&self) -> usize {
         self.lock().bytes
+    }
+
+    /// Every live entry, the least recently written first.
+    pub(super) fn saved_entries(&self) -> Vec<SavedEntry> {
+        let (now, unix) = (Instant::now(), unix_now());
+        let inner = self.lock();
+        inner
+            .order
+            .values()
+            .filter_map(|(key, _)| {
+                let entry = inner.entries.get(key).filter(|entry| entry.expires > now)?;
+                let record = match (key, &entry.value) {
+                    (Key::Download(..), Value::Download(session)) => {
+                        SavedRecord::Download(DownloadSession::clone(session))
+                    }
+                    (Key::Object(_), Value::Object(record)) => SavedRecord::Object(record.clone()),
+                    (Key::Facts(object, stage), Value::Facts(fields)) => SavedRecord::Facts {
+                        object: object.clone(),
+                        stage: stage.clone(),
+                        fields: fields.clone(),
+                    },
+                    _ => return None,
+                };
+                let left = entry.expires.saturating_duration_since(now).as_secs();
+                Some(SavedEntry {
+                    expires: unix.saturating_add(left),
+                    client: entry.client,
+                    record,
+                })
+            })
+            .collect()
+    }
+
+    /// Adds `saved`, written by a predecessor, to what this store holds (in the order given:
+    /// the least recently written first). An entry this store holds too is merged with it: a
+    /// session holds what both sent ([`DownloadSession::merge`]); of an object's record and a
+    /// stage's facts, this store's (the later) is kept.
+    pub(super) fn restore(&self, saved: impl IntoIterator<Item = SavedEntry>) -> usize {
+        let (now, unix) = (Instant::now(), unix_now());
+        let mut inner = self.lock();
+        let mut restored = 0;
+        for SavedEntry { expires, client, record } in saved {
+            let Some(left) = expires.checked_sub(unix).filter(|left| *left > 0) else { continue };
+            let expires = now + Duration::from_secs(left).min(self.ttl);
+            let (key, value) = match record {
+                SavedRecord::Download(mut session) => {
+                    let key = KeyRef::Download(&session.id, &session.object);
+                    if let Some(Value::Download(held)) = inner.get(key, now) {
+                        session.merge(held);
+                    }
+                    let key = Key::Download(session.id.clone(), session.object.clone());
+                    (key, Value::Download(Arc::new(session)))
+                }
+                SavedRecord::Object(record) => {
+                    if inner.get(KeyRef::Object(&record.key), now).is_some() {
+                        continue;
+                    }
+                    (Key::Object(record.key.clone()), Value::Object(record))
+                }
+                SavedRecord::Facts { object, stage, fields } => {
+                    if inner.get(KeyRef::Facts(&object, &stage), now).is_some() {
+                        continue;
+                    }
+                    (Key::Facts(object, stage), Value::Facts(fields))
+                }
+            };
+            self.insert(&mut inner, key, value, expires, client);
+            restored += 1;
+        }
+        restored
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -593,6 +681,39 @@ mod tests {
         // The filter's two generations come on top of the records.
         let max_bytes = records * MemoryBudget::FILTER_SHARE / (MemoryBudget::FILTER_SHARE - 2) + 1;
         MemoryBudget { max_bytes, per_client: client_pairs * pair + pair / 2 }
+    }
+
+    #[tokio::test]
+    async fn saved_records_restore_into_a_successor_and_merge_with_its_own() {
+        let budget = MemoryBudget { max_bytes: 1 << 20, per_client: 1 << 20 };
+        let (old, new) = (
+            MemoryStore::new(Duration::from_secs(60), budget),
+            MemoryStore::new(Duration::from_secs(60), budget),
+        );
+        old.record(&delivery("d", "o", 1)).await.expect("recorded");
+        old.record(&delivery("other", "p", 1)).await.expect("recorded");
+        // Meanwhile the successor sent the same download the next bytes, of another version.
+        let mut later = delivery("d", "o", 2);
+        later.version.etag = Some("\"f\"".to_owned());
+        later.range = ByteRange::new(5, 10).expect("valid");
+        new.record(&later).await.expect("recorded");
+
+        let saved = old.saved_entries();
+        assert_eq!(saved.len(), 4, "two sessions and two objects' records");
+        let text: Vec<String> =
+            saved.iter().map(|e| serde_json::to_string(e).expect("encodes")).collect();
+        let read = text.iter().map(|line| serde_json::from_str(line).expect("decodes"));
+        assert_eq!(new.restore(read), 3, "the successor's own record of `o` is kept");
+
+        let found = new.lookup("d", "o", &[]).await.expect("looked up");
+        let session = found.session.expect("the merged session");
+        let etags: Vec<_> = session.versions.iter().map(|s| s.version.etag.clone()).collect();
+        assert_eq!(etags, [Some("\"f\"".to_owned()), Some("\"e\"".to_owned())]);
+        assert_eq!(session.bytes, 10);
+        assert!(new.lookup("other", "p", &[]).await.expect("looked up").session.is_some());
+        // The successor's object record is the later word.
+        let record = new.object("o").await.expect("looked up").expect("a record");
+        assert_eq!(record.seen_at, 2);
     }
 
     #[tokio::test]

@@ -259,6 +259,37 @@ impl DownloadSession {
         self.latest().is_some_and(VersionSent::is_complete)
     }
 
+    /// Adds what `other`, the same download recorded by another process (its predecessor during
+    /// an upgrade), holds: every version either was sent, with what either sent of it. The result
+    /// claims no less than both did, so a bare resume either could vouch for is checked against
+    /// both.
+    pub fn merge(&mut self, other: &DownloadSession) {
+        let newer = other.updated_at > self.updated_at;
+        // The newer session's versions first: the one sent to most recently leads.
+        let mine = std::mem::take(&mut self.versions);
+        let (mut versions, theirs) =
+            if newer { (other.versions.clone(), mine) } else { (mine, other.versions.clone()) };
+        for sent in &theirs {
+            match versions.iter_mut().find(|mine| mine.version.same_as(&sent.version)) {
+                Some(mine) => mine.merge(sent),
+                None => versions.push(sent.clone()),
+            }
+        }
+        if versions.len() > MAX_SESSION_VERSIONS {
+            versions.truncate(MAX_SESSION_VERSIONS);
+            self.forgot = true;
+        }
+        self.versions = versions;
+        self.forgot |= other.forgot;
+        self.bytes = self.bytes.saturating_add(other.bytes).min(MAX_EXACT);
+        self.started_at = self.started_at.min(other.started_at);
+        if newer {
+            self.route.clone_from(&other.route);
+            self.client.clone_from(&other.client);
+            self.updated_at = other.updated_at;
+        }
+    }
+
     fn add(&mut self, delivery: &Delivery) {
         let mut sent = match self.versions.iter().position(|s| s.version.same_as(&delivery.version))
         {
@@ -314,6 +345,18 @@ impl VersionSent {
     /// Whether every byte of the version was sent.
     pub fn is_complete(&self) -> bool {
         self.sent.covers(self.version.size)
+    }
+
+    /// Adds what `other`, of the same version, sent and where its clients may have stopped.
+    fn merge(&mut self, other: &VersionSent) {
+        for range in other.sent.iter() {
+            self.overflowed |= self.sent.insert(range).is_err();
+        }
+        for range in other.ends.iter() {
+            self.overflowed |= self.ends.insert(range).is_err();
+        }
+        self.partial |= other.partial;
+        self.overflowed |= other.overflowed;
     }
 
     fn add(&mut self, range: ByteRange, ending: Ending) {
@@ -445,6 +488,28 @@ mod tests {
         assert!(s.of_version(&v2).is_some_and(VersionSent::is_complete));
         assert!(!s.is_complete(), "the latest version, v1, is unfinished");
         assert_eq!((s.bytes, s.started_at, s.updated_at), (150 * MIB, 10, 20));
+    }
+
+    #[test]
+    fn a_merged_session_vouches_for_no_more_than_either_did() {
+        // During an upgrade, the old process sent 8 MiB of v1, the new one 15 MiB of v2.
+        let (v1, v2) = (version("1", 64 * MIB), version("2", 64 * MIB));
+        let old = recorded(&[delivery(&v1, (0, 8 * MIB), Ending::Cut, 1)]);
+        let new = recorded(&[delivery(&v2, (0, 15 * MIB), Ending::Cut, 2)]);
+        let mut merged = new.clone();
+        merged.merge(&old);
+        assert_eq!(
+            merged,
+            recorded(&[
+                delivery(&v1, (0, 8 * MIB), Ending::Cut, 1),
+                delivery(&v2, (0, 15 * MIB), Ending::Cut, 2),
+            ])
+        );
+        let mut other_way = old;
+        other_way.merge(&new);
+        assert_eq!(other_way.versions, merged.versions, "the newer session's versions lead");
+        assert_eq!(merged.resumable(Holding::Prefix(5 * MIB)), Resumable::Neither);
+        assert_eq!(merged.resumable(Holding::Prefix(15 * MIB)), Resumable::Only(&v2));
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 /// A client as its share is counted: an IPv4 address, or an IPv6 address's /64 (one subscriber's
 /// allocation, which a client can change addresses within at will).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub(super) struct ClientGroup(u128);
 
 impl ClientGroup {
