@@ -25,14 +25,14 @@ use crate::admin::metrics::Metrics;
 use crate::admission::Admission;
 use crate::cache::SliceCache;
 use crate::config::TlsConfig;
-use crate::config::{Config, HttpUpstream, IdKeySource, UpstreamKind};
+use crate::config::{Config, HttpUpstream, IdKeySource, StateConfig, UpstreamKind};
 use crate::fingerprint::FingerprintKey;
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Proxy;
 use crate::routes::health::HealthChecks;
 use crate::routes::upstream::{ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError};
 use crate::routes::{Route, RouteSwitch, RouteTable};
-use crate::state::{self, StoreError};
+use crate::state::{self, SnapshotFile, StateStore, StoreError};
 use crate::tls::{Certificates, SniResolver};
 use crate::traces::Traces;
 use pingora_core::listeners::tls::Acceptor;
@@ -60,6 +60,8 @@ pub enum StartError {
     Route { index: usize, source: crate::request_path::PathError },
     #[error("cannot make a key for download ids: {0}")]
     IdKey(getrandom::Error),
+    #[error("{0}")]
+    Snapshot(#[from] state::SnapshotError),
     #[error("nothing listens on {0}: the server stopped or could not bind it")]
     NotListening(SocketAddr),
     #[error(
@@ -97,6 +99,8 @@ pub struct Built {
     pub dirs: BTreeMap<String, DirService>,
     /// What the TLS listeners present, which a reload replaces.
     pub certificates: Option<Arc<SniResolver>>,
+    /// Where the embedded store is kept when the process stops.
+    pub snapshot: Option<Arc<SnapshotFile>>,
 }
 
 /// Builds the pingora server: a `dir` origin per `dir` upstream, the proxy, the admin listener.
@@ -119,7 +123,7 @@ pub fn build(
         .enable_all()
         .build()
         .map_err(StartError::StoreRuntime)?;
-    let store = store_runtime.block_on(state::connect(&config.state))?;
+    let (store, snapshot) = open_store(&config.state, &store_runtime, upgrade)?;
     let range_limits = RangeLimits::with_max_ranges(config.server.max_ranges);
     let metrics = Arc::new(Metrics::new());
     metrics.watch_store(Arc::clone(&store));
@@ -176,9 +180,11 @@ pub fn build(
     let routes_in_force = Arc::clone(&routes);
     server.add_service(background_service("health checks", HealthChecks::new(Arc::clone(&routes))));
     let live = Arc::new(LiveResponses::new());
-    let id_key = match &config.state.id_key {
-        IdKeySource::Configured(key) => FingerprintKey::new(key.expose().as_bytes()),
-        IdKeySource::Generated => FingerprintKey::generate().map_err(StartError::IdKey)?,
+    let id_key = match (&config.state.id_key, &config.state.snapshot_file) {
+        (IdKeySource::Configured(key), _) => FingerprintKey::new(key.expose().as_bytes()),
+        // The ids the records are kept under must name the same downloads after a restart.
+        (IdKeySource::Generated, Some(file)) => FingerprintKey::new(&SnapshotFile::id_key(file)?),
+        (IdKeySource::Generated, None) => FingerprintKey::generate().map_err(StartError::IdKey)?,
     };
     let cache =
         config.cache.as_ref().and_then(|cache| SliceCache::open(cache, &metrics)).map(Arc::new);
@@ -252,7 +258,34 @@ pub fn build(
         routes: routes_in_force,
         dirs,
         certificates,
+        snapshot,
     })
+}
+
+/// A store, and the file it is kept in across restarts if it is.
+type OpenedStore = (Arc<dyn StateStore>, Option<Arc<SnapshotFile>>);
+
+/// The store `state` describes, and the file the embedded store is kept in, if any.
+fn open_store(
+    state: &StateConfig,
+    runtime: &tokio::runtime::Runtime,
+    upgrade: bool,
+) -> Result<OpenedStore, StartError> {
+    Ok(match &state.snapshot_file {
+        Some(file) => {
+            let memory = Arc::new(state::memory_store(state));
+            let snapshot = SnapshotFile::open(Arc::clone(&memory), file, upgrade)?;
+            (memory, Some(snapshot))
+        }
+        None => (runtime.block_on(state::connect(state))?, None),
+    })
+}
+
+/// Saves the embedded store, if it is kept: the process is about to end.
+fn save_snapshot(snapshot: Option<&SnapshotFile>) {
+    if let Some(Err(e)) = snapshot.map(SnapshotFile::save) {
+        warn!(error = %e, "the embedded store's records are lost with this process");
+    }
 }
 
 /// Raises the soft limit on open descriptors to the hard one. The soft limit is often 1024, kept
@@ -459,9 +492,14 @@ pub fn run(
         certificates: built.certificates,
     };
     reloader.watch_hangups();
-    let watch = DrainOnTerminate { metrics: built.metrics, grace: config.server.grace_period };
+    let watch = DrainOnTerminate {
+        metrics: built.metrics,
+        grace: config.server.grace_period,
+        snapshot: built.snapshot.clone(),
+    };
     let _store = built.store;
     built.server.run(RunArgs { shutdown_signal: Box::new(watch) });
+    save_snapshot(built.snapshot.as_deref());
     Ok(())
 }
 
@@ -625,6 +663,7 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
 struct DrainOnTerminate {
     metrics: Arc<Metrics>,
     grace: Duration,
+    snapshot: Option<Arc<SnapshotFile>>,
 }
 
 #[async_trait]
@@ -633,12 +672,12 @@ impl ShutdownSignalWatch for DrainOnTerminate {
         let signal = UnixShutdownSignalWatch.recv().await;
         match signal {
             ShutdownSignal::GracefulTerminate => {
-                watch_drain(Arc::clone(&self.metrics), self.grace, Duration::ZERO);
+                Drain::new(self, Duration::ZERO).watch();
             }
             // pingora hands the sockets over, then keeps accepting beside the new process for
             // its close timeout (5 s) before it stops: the drain begins after that.
             ShutdownSignal::GracefulUpgrade => {
-                watch_drain(Arc::clone(&self.metrics), self.grace, UPGRADE_CLOSE_TIMEOUT);
+                Drain::new(self, UPGRADE_CLOSE_TIMEOUT).watch();
             }
             _ => {}
         }
@@ -649,50 +688,72 @@ impl ShutdownSignalWatch for DrainOnTerminate {
 /// How long pingora keeps accepting after it handed its sockets to a new process.
 const UPGRADE_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Ends the process when the drain, beginning `after` from now, is over; see
-/// [`DrainOnTerminate`].
-fn watch_drain(metrics: Arc<Metrics>, grace: Duration, after: Duration) {
-    use tokio::signal::unix::{SignalKind, signal};
-    use tokio::time::sleep;
-    let watcher = move || {
-        // pingora's own runtime is no longer driven once the signal is handed over.
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-            return;
-        };
-        runtime.block_on(async move {
-            let (Ok(mut interrupt), Ok(mut terminate)) =
-                (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+/// The drain after a graceful signal; see [`DrainOnTerminate`].
+struct Drain {
+    metrics: Arc<Metrics>,
+    grace: Duration,
+    /// When the drain begins, from now.
+    after: Duration,
+    snapshot: Option<Arc<SnapshotFile>>,
+}
+
+impl Drain {
+    fn new(signalled: &DrainOnTerminate, after: Duration) -> Self {
+        Self {
+            metrics: Arc::clone(&signalled.metrics),
+            grace: signalled.grace,
+            after,
+            snapshot: signalled.snapshot.clone(),
+        }
+    }
+
+    /// Ends the process, its embedded store saved, when the drain is over.
+    fn watch(self) {
+        use tokio::signal::unix::{SignalKind, signal};
+        use tokio::time::sleep;
+        let Self { metrics, grace, after, snapshot } = self;
+        let watcher = move || {
+            // pingora's own runtime is no longer driven once the signal is handed over.
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build()
             else {
                 return;
             };
-            sleep(after).await;
-            info!(in_flight = metrics.in_flight(), ?grace, "draining: new connections are refused");
-            // Idle twice in a row, so that a request read just as the listeners closed counts.
-            let drained = async {
-                let mut idle_before = false;
-                loop {
-                    sleep(Duration::from_millis(50)).await;
-                    let idle = metrics.in_flight() == 0;
-                    if idle && idle_before {
-                        return;
+            runtime.block_on(async move {
+                let (Ok(mut interrupt), Ok(mut terminate)) =
+                    (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+                else {
+                    return;
+                };
+                sleep(after).await;
+                info!(in_flight = metrics.in_flight(), ?grace, "draining: new connections are refused");
+                // Idle twice in a row, so that a request read just as the listeners closed counts.
+                let drained = async {
+                    let mut idle_before = false;
+                    loop {
+                        sleep(Duration::from_millis(50)).await;
+                        let idle = metrics.in_flight() == 0;
+                        if idle && idle_before {
+                            return;
+                        }
+                        idle_before = idle;
                     }
-                    idle_before = idle;
+                };
+                tokio::select! {
+                    () = drained => info!("drained: no response in flight"),
+                    _ = interrupt.recv() => info!("SIGINT during the drain: stopping now"),
+                    _ = terminate.recv() => info!("a second SIGTERM during the drain: stopping now"),
+                    // pingora's grace period ends about now: its shutdown takes over.
+                    () = sleep(grace) => return,
                 }
-            };
-            tokio::select! {
-                () = drained => info!("drained: no response in flight"),
-                _ = interrupt.recv() => info!("SIGINT during the drain: stopping now"),
-                _ = terminate.recv() => info!("a second SIGTERM during the drain: stopping now"),
-                // pingora's grace period ends about now: its shutdown takes over.
-                () = sleep(grace) => return,
-            }
-            // Spans still batched go out before the process ends (exit skips destructors).
-            crate::traces::flush();
-            std::process::exit(0);
-        });
-    };
-    if let Err(e) = std::thread::Builder::new().name("rangeway-drain".into()).spawn(watcher) {
-        warn!(error = %e, "cannot watch the drain; the grace period runs out in full");
+                save_snapshot(snapshot.as_deref());
+                // Spans still batched go out before the process ends (exit skips destructors).
+                crate::traces::flush();
+                std::process::exit(0);
+            });
+        };
+        if let Err(e) = std::thread::Builder::new().name("rangeway-drain".into()).spawn(watcher) {
+            warn!(error = %e, "cannot watch the drain; the grace period runs out in full");
+        }
     }
 }
 
@@ -717,20 +778,26 @@ pub struct Running {
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
     store: Option<StoreRuntime>,
+    snapshot: Option<Arc<SnapshotFile>>,
 }
 
 impl Running {
     /// Starts the server and waits until the proxy and admin listeners accept connections.
     pub fn start(config: &Config, registry: &StageRegistry) -> Result<Self, StartError> {
-        let Built { server, endpoints, store, .. } = build(config, registry, false)?;
+        let Built { server, endpoints, store, snapshot, .. } = build(config, registry, false)?;
         let (stop, stopped) = oneshot::channel();
         let watch = FastShutdownOn(Mutex::new(Some(stopped)));
         let thread = std::thread::Builder::new()
             .name("rangeway-server".into())
             .spawn(move || server.run(RunArgs { shutdown_signal: Box::new(watch) }))
             .map_err(StartError::Thread)?;
-        let running =
-            Self { endpoints, stop: Some(stop), thread: Some(thread), store: Some(store) };
+        let running = Self {
+            endpoints,
+            stop: Some(stop),
+            thread: Some(thread),
+            store: Some(store),
+            snapshot,
+        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         for addr in [running.endpoints.proxy, running.endpoints.admin] {
             loop {
@@ -759,6 +826,7 @@ impl Drop for Running {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        save_snapshot(self.snapshot.as_deref());
         // Dropping a runtime blocks on its tasks' shutdown; don't do that on a runtime thread.
         if let Some(StoreRuntime(runtime)) = self.store.take() {
             runtime.shutdown_background();

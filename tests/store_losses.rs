@@ -16,7 +16,7 @@ use support::clients::{run, sha256_hex};
 use support::data::test_bytes;
 use support::http::get;
 use support::origin::Origin;
-use support::proxy::Proxy;
+use support::proxy::{Instance, Proxy, ProxyProcess};
 use support::redis::{RedisCluster, RedisServer, id_key_line};
 use support::tmp::TempDir;
 use support::wait;
@@ -160,6 +160,126 @@ fn an_object_older_than_every_lost_session_still_resumes() {
     run(curl, Duration::from_secs(30)).assert_success();
     assert_eq!(sha256_hex(&std::fs::read(&file).expect("file")), sha256_hex(&object));
     assert_eq!(proxy.metric("rangeway_resumes_unvouched_total", ""), 0);
+}
+
+/// Two partial downloads through a rangeway on the embedded store kept in `snapshot_file`: one
+/// under an explicit id, one under the id derived from the client (which needs the key kept).
+struct KeptDownloads {
+    origin: Origin,
+    work: TempDir,
+    v1: Vec<u8>,
+    v2: Vec<u8>,
+}
+
+impl KeptDownloads {
+    const DERIVED_AGENT: &str = "curl/8.5.0";
+
+    fn start(tag: &str) -> (KeptDownloads, ProxyProcess) {
+        let origin = Origin::start();
+        let work = TempDir::new(tag);
+        let (v1, v2) = (test_bytes(LEN, 41), test_bytes(LEN, 42));
+        origin.put("/same.bin", v1.clone());
+        origin.put("/replaced.bin", v1.clone());
+        let state = format!(
+            "[state]\nttl = \"1h\"\nsnapshot_file = \"{}\"\n",
+            work.join("kept/sessions").display()
+        );
+        let server = format!("upgrade_socket = \"{}\"", work.join("upgrade.sock").display());
+        let proxy = ProxyProcess::start_with(&body(&state, &origin), &server, &[]);
+        let kept = KeptDownloads { origin, work, v1, v2 };
+        for name in ["same.bin", "replaced.bin"] {
+            partial_download(&proxy.url(&format!("/{name}")), name, "curl/8", &kept.file(name));
+        }
+        let mut curl = Command::new("curl");
+        curl.args(["-fsS", "-A", Self::DERIVED_AGENT, "-r", &format!("0-{}", PARTIAL - 1), "-o"])
+            .arg(kept.file("derived.bin"))
+            .arg(proxy.url("/same.bin"));
+        run(curl, Duration::from_secs(30)).assert_success();
+        (kept, proxy)
+    }
+
+    fn file(&self, name: &str) -> std::path::PathBuf {
+        self.work.join(format!("partial-{name}"))
+    }
+
+    /// The downloads resumed through `proxy` after `/replaced.bin` became v2: those of the
+    /// unchanged object end whole, and that of the replaced one is refused or whole.
+    fn resume(&self, proxy: &ProxyProcess) {
+        self.origin.put("/replaced.bin", self.v2.clone());
+        let same = proxy.url("/same.bin");
+        let mut curl = Command::new("curl");
+        curl.args(["-fsS", "-C", "-", "-H", "X-Download-Id: same.bin", "-o"])
+            .arg(self.file("same.bin"))
+            .arg(&same);
+        run(curl, Duration::from_secs(30)).assert_success();
+        let mut curl = Command::new("curl");
+        curl.args(["-fsS", "-C", "-", "-A", Self::DERIVED_AGENT, "-o"])
+            .arg(self.file("derived.bin"))
+            .arg(&same);
+        run(curl, Duration::from_secs(30)).assert_success();
+        for name in ["same.bin", "derived.bin"] {
+            let got = std::fs::read(self.file(name)).expect("the resumed file");
+            assert!(got == self.v1, "{name}: resumed to {} bytes, not the object", got.len());
+        }
+        let replaced = proxy.url("/replaced.bin");
+        curl_resumes_safely(
+            &replaced,
+            "replaced.bin",
+            &self.file("replaced.bin"),
+            &self.v1,
+            &self.v2,
+        );
+    }
+}
+
+#[test]
+fn a_graceful_restart_keeps_the_embedded_stores_sessions() {
+    let (kept, proxy) = KeptDownloads::start("store-restart");
+    proxy.signal("TERM");
+    let mut proxy = proxy;
+    assert!(proxy.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    let next = proxy.restart(&kept.work.join("next.log"));
+    kept.resume(&next);
+    // The replaced object's resume was refused on the session's word: nothing was lost.
+    assert_eq!(next.metric("rangeway_store_losses_total", ""), 0);
+    assert_eq!(next.metric("rangeway_resumes_unvouched_total", ""), 0);
+    let log = std::fs::read_to_string(kept.work.join("next.log")).expect("the log");
+    assert!(log.contains("restored the embedded store's records"), "{log}");
+}
+
+#[test]
+fn rangeway_killed_never_splices_a_resume() {
+    let (kept, mut proxy) = KeptDownloads::start("store-killed");
+    proxy.signal("KILL");
+    assert!(proxy.wait_exit(Duration::from_secs(20)).is_some());
+    let next = proxy.restart(&kept.work.join("next.log"));
+    kept.origin.put("/replaced.bin", kept.v2.clone());
+    let url = next.url("/replaced.bin");
+    curl_resumes_safely(&url, "replaced.bin", &kept.file("replaced.bin"), &kept.v1, &kept.v2);
+    let wget_dir = kept.work.join("wget");
+    std::fs::create_dir_all(&wget_dir).expect("a folder for wget");
+    std::fs::write(wget_dir.join("replaced.bin"), &kept.v1[..PARTIAL]).expect("wget's partial");
+    wget_resumes_safely(&url, "replaced.bin", &wget_dir, &kept.v1, &kept.v2);
+    assert_eq!(next.metric("rangeway_store_losses_total", "kind=\"crashed\""), 1);
+    assert!(next.metric("rangeway_resumes_unvouched_total", "answer=\"refused\"") >= 1);
+}
+
+#[test]
+fn an_upgrade_hands_the_embedded_stores_sessions_over() {
+    let (kept, mut old) = KeptDownloads::start("store-upgrade");
+    let new = old.upgrade(&kept.work.join("new.log"));
+    // The new process waits for the old one's sockets until this signal.
+    std::thread::sleep(Duration::from_millis(500));
+    old.signal("QUIT");
+    assert!(old.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    let log = kept.work.join("new.log");
+    wait::until("the new process to restore the records", Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("restored the embedded store's records").then_some(())
+    });
+    kept.resume(&new);
+    assert_eq!(new.metric("rangeway_store_losses_total", ""), 0);
+    assert_eq!(new.metric("rangeway_resumes_unvouched_total", ""), 0);
 }
 
 /// Waits until an instance has named the store's epoch (within its first check).

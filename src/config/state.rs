@@ -1,6 +1,7 @@
 //! `[state]`: where resume state lives.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::host::{Host, split_host_port};
@@ -44,6 +45,10 @@ pub struct StateConfig {
     /// What one client address (an IPv6 client: its /64) may hold of `max_memory`, so that no
     /// client pushes out the others' records: `client_share` (default 0.01) of it.
     pub max_client_memory: u64,
+    /// Where the embedded store keeps its records across a restart or an upgrade of rangeway
+    /// (`state::SnapshotFile`); with the memory backend only. None by default: a restart then
+    /// forgets every download under way.
+    pub snapshot_file: Option<PathBuf>,
 }
 
 /// Where the secret key that derived download ids are made with comes from (see
@@ -156,6 +161,7 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
             "write client_share = 0.01 (1 % of max_memory per client address), or more",
         ))
     });
+    let snapshot_file = table.take("snapshot_file").map(|f| snapshot_file(ctx, f));
     table.finish(ctx);
 
     let backend = match (backend.transpose()?, redis_url) {
@@ -181,6 +187,14 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
                 ),
             ));
         }
+    };
+    let snapshot_file = match (snapshot_file.transpose(), &backend) {
+        (Ok(Some(_)), StateBackend::Redis(_)) => Err(ctx.report_at(
+            "state.snapshot_file",
+            "is for the memory store: Redis keeps the records itself",
+            "remove snapshot_file, or use backend = \"memory\"",
+        )),
+        (file, _) => file,
     };
     let id_key = match (id_key_env.transpose()?, id_key_file.transpose()?, &backend) {
         (Some(_), Some(_), _) => {
@@ -214,7 +228,23 @@ pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
         id_key,
         max_memory,
         max_client_memory: share_of(max_memory, client_share),
+        snapshot_file: snapshot_file?,
     })
+}
+
+/// `snapshot_file`: a path, its folder created at start if missing.
+fn snapshot_file(ctx: &mut Ctx<'_>, field: Field) -> Read<PathBuf> {
+    let (path, origin) = (field.path.clone(), field.origin().clone());
+    let file = field.string(ctx, "\"/var/lib/rangeway/sessions\"")?;
+    if file.is_empty() || file.ends_with('/') {
+        return Err(ctx.report(
+            &path,
+            &origin,
+            "does not name a file",
+            "name a file in a folder rangeway may write, e.g. snapshot_file = \"/var/lib/rangeway/sessions\"",
+        ));
+    }
+    Ok(PathBuf::from(file))
 }
 
 /// `share` (from 0 to 1) of `bytes`, at least one byte.

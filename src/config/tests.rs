@@ -671,6 +671,15 @@ fn state_memory_and_client_share() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(config.state.max_memory, 64 << 20);
     assert_eq!(config.state.max_client_memory, 16 << 20);
+    assert_eq!(config.state.snapshot_file, None);
+    let config = load_with(
+        &format!("[state]\nsnapshot_file = \"/var/lib/rangeway/sessions\"\n{UPSTREAMS}{ROUTE}"),
+        &Env::default(),
+        &kinds_only(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let expected = std::path::Path::new("/var/lib/rangeway/sessions");
+    assert_eq!(config.state.snapshot_file.as_deref(), Some(expected));
 }
 
 #[test]
@@ -726,6 +735,15 @@ fn bad_state_values() {
             &[("state.redis_url", "mixes redis:// and rediss://")],
         ),
         ("redis_ur = \"redis://a\"", &[("state.redis_ur", "did you mean `redis_url`?")]),
+        ("snapshot_file = \"\"", &[("state.snapshot_file", "does not name a file")]),
+        ("snapshot_file = \"/var/lib/\"", &[("state.snapshot_file", "does not name a file")]),
+        (
+            "redis_url = \"redis://a\"\nid_key_env = \"K\"\nsnapshot_file = \"/s\"",
+            &[
+                ("state.id_key_env", "environment variable K is not set"),
+                ("state.snapshot_file", "is for the memory store"),
+            ],
+        ),
     ];
     for &(state, expected) in cases {
         expect_errors(&format!("[state]\n{state}\n{UPSTREAMS}{ROUTE}"), expected);

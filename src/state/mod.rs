@@ -19,6 +19,7 @@ mod memory;
 mod model;
 mod redis;
 mod share;
+mod snapshot;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub use self::model::{
     ObjectRecord, ObjectVersion, Resumable, SeenVersion, UNREAD_SLACK, VersionSent,
 };
 pub use self::redis::{RedisOptions, RedisStore};
+pub use self::snapshot::{SnapshotError, SnapshotFile};
 use crate::config::{DownloadLimits, StateBackend, StateConfig};
 
 /// Now, in the Unix seconds the records keep.
@@ -209,13 +211,7 @@ impl StoreError {
 /// store's connections, one that lives as long as the store.
 pub async fn connect(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreError> {
     Ok(match &config.backend {
-        StateBackend::Memory => {
-            let budget = MemoryBudget {
-                max_bytes: usize::try_from(config.max_memory).unwrap_or(usize::MAX),
-                per_client: usize::try_from(config.max_client_memory).unwrap_or(usize::MAX),
-            };
-            Arc::new(MemoryStore::new(config.ttl, budget))
-        }
+        StateBackend::Memory => Arc::new(memory_store(config)),
         StateBackend::Redis(target) => {
             let sessions = config.max_client_memory / share::REDIS_RECORD_BYTES;
             let options = RedisOptions {
@@ -225,4 +221,13 @@ pub async fn connect(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreE
             Arc::new(RedisStore::connect(target, config.ttl, &config.key_prefix, options)?)
         }
     })
+}
+
+/// The embedded store `config` describes (whatever its backend).
+pub fn memory_store(config: &StateConfig) -> MemoryStore {
+    let budget = MemoryBudget {
+        max_bytes: usize::try_from(config.max_memory).unwrap_or(usize::MAX),
+        per_client: usize::try_from(config.max_client_memory).unwrap_or(usize::MAX),
+    };
+    MemoryStore::new(config.ttl, budget)
 }

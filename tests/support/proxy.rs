@@ -232,17 +232,32 @@ impl ProxyProcess {
     /// Starts a second rangeway with this one's config and `--upgrade`, logging to `log`: it
     /// takes the listening sockets over once this one gets SIGQUIT.
     pub(crate) fn upgrade(&self, log: &std::path::Path) -> ProxyProcess {
-        let dir = super::tmp::TempDir::new("rangeway-upgrade");
+        self.successor(&["--upgrade"], log)
+    }
+
+    /// Starts rangeway again with this one's config, once this one has exited, and waits until
+    /// it listens; logging to `log`.
+    pub(crate) fn restart(&self, log: &std::path::Path) -> ProxyProcess {
+        let next = self.successor(&[], log);
+        for addr in [next.proxy, next.admin] {
+            super::ports::wait_for_port(addr, std::time::Duration::from_secs(20))
+                .expect("rangeway listens");
+        }
+        next
+    }
+
+    fn successor(&self, args: &[&str], log: &std::path::Path) -> ProxyProcess {
+        let dir = super::tmp::TempDir::new("rangeway-successor");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_rangeway"))
             .arg("serve")
             .arg("--config")
             .arg(self.dir.join("rangeway.toml"))
-            .arg("--upgrade")
+            .args(args)
             .current_dir(dir.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(log).expect("create the log file"))
             .spawn()
-            .expect("spawn rangeway --upgrade");
+            .expect("spawn rangeway");
         ProxyProcess {
             child,
             proxy: self.proxy,
