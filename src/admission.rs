@@ -53,9 +53,9 @@ use pingora_core::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tracing::{debug, warn};
 
-use crate::admin::metrics::Metrics;
 use crate::config::ClientLimits;
 use crate::proxy_protocol::{self, Parsed, ProxyHeaderError};
+use crate::telemetry::metrics::Metrics;
 
 /// The answer to a connection over its address's limit, written before its request is read.
 const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; \

@@ -22,5 +22,6 @@ pub mod routes;
 pub mod s3;
 pub mod server;
 pub mod state;
+pub mod telemetry;
 pub mod tls;
 pub mod traces;

@@ -20,8 +20,6 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::admin::Admin;
-use crate::admin::live::LiveResponses;
-use crate::admin::metrics::Metrics;
 use crate::admission::Admission;
 use crate::cache::SliceCache;
 use crate::config::TlsConfig;
@@ -33,6 +31,8 @@ use crate::routes::health::HealthChecks;
 use crate::routes::upstream::{ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError};
 use crate::routes::{Route, RouteSwitch, RouteTable};
 use crate::state::{self, SnapshotFile, StateStore, StoreError};
+use crate::telemetry::live::LiveResponses;
+use crate::telemetry::metrics::Metrics;
 use crate::tls::{Certificates, SniResolver};
 use crate::traces::Traces;
 use pingora_core::listeners::tls::Acceptor;

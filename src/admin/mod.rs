@@ -7,8 +7,6 @@
 //! rebinding) and have a browser read `/ui` and `/metrics`, which need no token; that browser
 //! still sends the page's name in `Host`, and is answered 421.
 
-pub mod live;
-pub mod metrics;
 mod ui;
 
 use std::net::{IpAddr, SocketAddr};
@@ -27,8 +25,8 @@ use crate::representation::current_digests;
 use crate::request_path::NormalizedPath;
 use crate::routes::{Route, RouteSwitch};
 use crate::state::{DownloadSession, StateStore, unix_now};
-use live::LiveResponses;
-use metrics::Metrics;
+use crate::telemetry::live::LiveResponses;
+use crate::telemetry::metrics::Metrics;
 
 /// Most downloads one `/v1/downloads` page lists.
 const MAX_PAGE: usize = 1000;

@@ -46,10 +46,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::admin::metrics::Metrics;
 use crate::config::{CacheConfig, Revalidate, RouteCache};
 use crate::routes::Route;
 use crate::routes::origin_client::OriginClient;
+use crate::telemetry::metrics::Metrics;
 use fill::Fills;
 pub(crate) use fill::{CacheBody, OutputWriter, Segment};
 use store::{SliceId, SliceStore, VersionKey};

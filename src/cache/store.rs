@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::Version;
-use crate::admin::metrics::Metrics;
+use crate::telemetry::metrics::Metrics;
 
 /// The first bytes of every slice file.
 const MAGIC: &[u8; 8] = b"RWSLICE1";

@@ -16,9 +16,9 @@ use super::download::{DOWNLOAD_ID, DownloadId};
 use super::hop_by_hop::VIA;
 use super::origin_digest::ORIGIN_DIGEST_MISMATCH;
 use super::under_way::Limit;
-use crate::admin::metrics::Unvouched;
 use crate::config::ClientLimits;
 use crate::range::Shape;
+use crate::telemetry::metrics::Unvouched;
 
 /// An authorization that ran out: served only for a resume, within the route's grace, of a
 /// download that began before it expired.

@@ -20,12 +20,12 @@ use super::download::{DOWNLOAD_ID, SENT_PREFIX};
 use super::origin_digest::OriginDigestCheck;
 use super::s3;
 use super::transport::Transport;
-use crate::admin::live::LiveGuard;
-use crate::admin::metrics::ActiveDownload;
 use crate::range::{ClientRange, IfRangeDate};
 use crate::representation::{ChainPass, StoredFacts};
 use crate::routes::Route;
 use crate::state::{Delivery, DownloadSession, Ending, ObjectVersion, unix_now};
+use crate::telemetry::live::LiveGuard;
+use crate::telemetry::metrics::ActiveDownload;
 
 /// What the proxy does to the upstream body on its way to the client.
 #[derive(Debug, Default)]

@@ -46,8 +46,6 @@ use rangeway_middleware::rfc9110::{RangeLimits, content_range};
 use rangeway_middleware::{ByteRange, Window};
 use tracing::{info, warn};
 
-use crate::admin::live::LiveResponses;
-use crate::admin::metrics::{Metrics, Unvouched};
 use crate::admission::ClientConnection;
 use crate::cache::{Outcome, SliceCache};
 use crate::client_address::{self, Client};
@@ -62,6 +60,8 @@ use crate::routes::origin_client::OriginClient;
 use crate::s3::verify as s3_verify;
 use crate::state::unix_now;
 use crate::state::{DownloadSession, Holding, Resumable, StateStore};
+use crate::telemetry::live::LiveResponses;
+use crate::telemetry::metrics::{Metrics, Unvouched};
 use crate::traces::{self, Traces};
 use answer::{
     ACCEPT_BYTES, Lapsed, answer_without_body, declares_body, error_answer, error_kind,

@@ -40,7 +40,6 @@ use super::pace::Pacer;
 use super::shaping::upstream_stream;
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
 use super::transport::{BodyFrom, KernelBody};
-use crate::admin::metrics::Metrics;
 use crate::admission::ClientConnection;
 use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome, Segment, SliceCache};
 use crate::config::RouteCache;
@@ -48,6 +47,7 @@ use crate::config::UpstreamResume;
 use crate::range::content_length;
 use crate::routes::Route;
 use crate::routes::origin_client::{Exchange, FetchError, OriginClient};
+use crate::telemetry::metrics::Metrics;
 
 /// What a broken body can be continued with: the stream's end and the version it is of.
 pub(super) struct Continuable {

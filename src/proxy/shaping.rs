@@ -22,7 +22,6 @@ use super::answer::{ACCEPT_BYTES, answer_without_body, empty_answer, refuse_chan
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
 use super::plan::{PART_GAP, covering};
-use crate::admin::metrics::Unvouched;
 use crate::cache::{CacheBody, Outcome, OutputWriter, SliceCache, Version};
 use crate::fingerprint::fingerprint;
 use crate::range::{Asked, ClientRange, Shape, shape_response, validators};
@@ -31,6 +30,7 @@ use crate::representation::{
 };
 use crate::routes::Route;
 use crate::state::{Ending, ObjectVersion};
+use crate::telemetry::metrics::Unvouched;
 
 /// The fewest bytes a response must promise to be shown in the admin API while in flight. One
 /// with fewer is over about as soon as it began (the relay holds its first 64 KiB before writing
