@@ -20,7 +20,7 @@ use super::store::{HEADER_LEN, OpenSlice, SliceId};
 use super::{Inner, Version};
 use crate::config::UpstreamResume;
 use crate::routes::Route;
-use crate::routes::origin_client::{Exchange, FetchError, OriginClient};
+use crate::routes::origin_client::{Exchange, FetchError, OriginClient, Pinned, Tries};
 
 /// The most slices one origin request fetches: a request for a whole large object is answered
 /// run by run, so that requests for its far parts start runs of their own rather than wait.
@@ -469,13 +469,14 @@ impl CacheBody {
     /// `range` of the version, from the origin, past the cache.
     async fn origin_range(&self, range: ByteRange) -> Result<Box<Exchange>> {
         let Some(fetch) = &self.fetch else { return Err(fill_failed(FillFailure::Disk)) };
-        let upstream = &fetch.route.upstream;
-        let replica = upstream.choose();
-        let mut request = RequestHeader::clone(&fetch.base);
-        request.insert_header(http::header::HOST, upstream.host_header(replica).clone())?;
-        let version = (self.version.etag.as_str(), self.version.len);
-        match fetch.origin.fetch_range(upstream, replica, request, range, version).await {
-            Ok(exchange) => Ok(Box::new(exchange)),
+        let pinned = Pinned { etag: &self.version.etag, len: self.version.len };
+        let (upstream, once) = (&fetch.route.upstream, &UpstreamResume::ONCE);
+        match fetch
+            .origin
+            .fetch(upstream, &fetch.base, range, pinned, once, &mut Tries::new())
+            .await
+        {
+            Ok((exchange, _)) => Ok(Box::new(exchange)),
             Err(FetchError::Changed) => {
                 self.inner.changed(&self.version);
                 Err(fill_failed(FillFailure::Changed))
@@ -685,7 +686,7 @@ struct RunFill {
 
 impl RunFill {
     async fn run(mut self) {
-        let (started, mut attempts) = (Instant::now(), 0);
+        let mut tries = Tries::new();
         let Some(first) = self.run.front().map(|(id, ..)| id.index) else { return };
         let last = self.run.back().map_or(first, |(id, ..)| id.index);
         let mut at = self.version.slice_range(first).start();
@@ -700,7 +701,7 @@ impl RunFill {
                 None => {
                     let rest = ByteRange::new(at, end).unwrap_or(super::NOTHING);
                     let fetched = tokio::select! {
-                        fetched = self.fetch_rest(rest, &mut attempts, started) => fetched,
+                        fetched = self.fetch_rest(rest, &mut tries) => fetched,
                         () = unwanted(&self.run) => return self.give_up(),
                     };
                     match fetched {
@@ -718,11 +719,13 @@ impl RunFill {
                 // Ended early or broke: continued from where it stopped, of the same version.
                 Ok(_) => {
                     exchange = None;
+                    tries.after_failure();
                     continue;
                 }
                 Err(e) => {
                     info!(route = %self.fetch.route.name, at, error = %e, "a cache fill broke off: continuing it");
                     exchange = None;
+                    tries.after_failure();
                     continue;
                 }
             };
@@ -762,43 +765,23 @@ impl RunFill {
         }
     }
 
-    /// `range` of the version from the origin, pinned with `If-Match`, within the route's
-    /// attempts and deadline.
+    /// `range` of the version from the origin, within the route's attempts and deadline.
     async fn fetch_rest(
         &self,
         range: ByteRange,
-        attempts: &mut u32,
-        started: Instant,
+        tries: &mut Tries,
     ) -> std::result::Result<Exchange, FillFailure> {
-        let upstream = &self.fetch.route.upstream;
-        let policy = self.fetch.policy;
-        let mut backoff = policy.backoff;
-        loop {
-            if *attempts >= policy.attempts || started.elapsed() >= policy.deadline {
-                return Err(FillFailure::Origin);
-            }
-            if *attempts > 0 {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
-            }
-            *attempts += 1;
-            let replica = upstream.choose();
-            let mut request = RequestHeader::clone(&self.fetch.base);
-            if request
-                .insert_header(http::header::HOST, upstream.host_header(replica).clone())
-                .is_err()
-            {
-                return Err(FillFailure::Origin);
-            }
-            let version = (self.version.etag.as_str(), self.version.len);
-            let left = policy.deadline.saturating_sub(started.elapsed());
-            let fetching =
-                self.fetch.origin.fetch_range(upstream, replica, request, range, version);
-            match tokio::time::timeout(left, fetching).await {
-                Ok(Ok(exchange)) => return Ok(exchange),
-                Ok(Err(FetchError::Changed)) => return Err(FillFailure::Changed),
-                Ok(Err(FetchError::Failed)) | Err(_) => {}
-            }
+        let pinned = Pinned { etag: &self.version.etag, len: self.version.len };
+        let (upstream, base) = (&self.fetch.route.upstream, &self.fetch.base);
+        match self
+            .fetch
+            .origin
+            .fetch(upstream, base, range, pinned, &self.fetch.policy, tries)
+            .await
+        {
+            Ok((exchange, _)) => Ok(exchange),
+            Err(FetchError::Changed) => Err(FillFailure::Changed),
+            Err(FetchError::Failed) => Err(FillFailure::Origin),
         }
     }
 

@@ -38,8 +38,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use pingora_http::{RequestHeader, ResponseHeader};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{
-    EntityTag, Precondition, RangeLimits, RangeRequest, Resolution, Validators,
-    evaluate_preconditions, if_range_holds, parse_range_header,
+    Precondition, RangeLimits, RangeRequest, Resolution, Validators, evaluate_preconditions,
+    if_range_holds, parse_range_header,
 };
 use rangeway_middleware::rfc9111::{self, Freshness};
 use serde::{Deserialize, Serialize};
@@ -184,7 +184,7 @@ impl Version {
         let freshness = Freshness::of(&headers, at(meta.request_time), at(meta.response_time));
         Some(Self {
             key: VersionKey::of(&meta.upstream, &meta.target, &meta.etag, slice_size),
-            validators: validators_of(&headers),
+            validators: crate::range::validators(&headers),
             upstream: meta.upstream,
             target: meta.target,
             etag: meta.etag,
@@ -415,7 +415,7 @@ impl SliceCache {
             len,
             slice_size: inner.slice_size,
             freshness: Freshness::of(&headers, now, now),
-            validators: validators_of(&headers),
+            validators: crate::range::validators(&headers),
             headers,
         });
         inner.keep(Arc::clone(&version));
@@ -676,7 +676,7 @@ impl Inner {
                 len: stale.len,
                 slice_size: stale.slice_size,
                 freshness: Freshness::of(&headers, asked_at, answered_at),
-                validators: validators_of(&headers),
+                validators: crate::range::validators(&headers),
                 headers,
             });
             self.keep(Arc::clone(&version));
@@ -721,7 +721,7 @@ impl Inner {
             len,
             slice_size: self.slice_size,
             freshness: Freshness::of(&headers, asked_at, answered_at),
-            validators: validators_of(&headers),
+            validators: crate::range::validators(&headers),
             headers,
         });
         self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
@@ -879,15 +879,6 @@ fn stored_fields(headers: &HeaderMap) -> HeaderMap {
         }
     }
     kept
-}
-
-fn validators_of(headers: &HeaderMap) -> Validators {
-    Validators {
-        etag: headers.get(header::ETAG).and_then(|v| EntityTag::parse(v.as_bytes())),
-        last_modified: headers
-            .get(header::LAST_MODIFIED)
-            .and_then(|v| httpdate::parse_http_date(v.to_str().ok()?).ok()),
-    }
 }
 
 fn millis(time: SystemTime) -> u64 {

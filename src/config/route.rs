@@ -80,6 +80,11 @@ pub struct UpstreamResume {
     pub backoff: Duration,
 }
 
+impl UpstreamResume {
+    /// One try, however long it takes: what a fetch made once is bounded by.
+    pub const ONCE: Self = Self { attempts: 1, deadline: Duration::MAX, backoff: Duration::ZERO };
+}
+
 impl Default for UpstreamResume {
     fn default() -> Self {
         Self { attempts: 5, deadline: Duration::from_secs(30), backoff: Duration::from_millis(100) }

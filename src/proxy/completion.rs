@@ -19,9 +19,10 @@ use rangeway_middleware::chain::ObjectVersion as StageObject;
 use tracing::Instrument as _;
 use tracing::{debug, info};
 
+use crate::config::UpstreamResume;
 use crate::representation::{ChainPass, StoredFacts, version_key};
 use crate::routes::Route;
-use crate::routes::origin_client::OriginClient;
+use crate::routes::origin_client::{OriginClient, Pinned, Tries};
 use crate::state::{self, StateStore};
 
 /// What a completion pass needs to know, taken from the request that finished the download.
@@ -98,15 +99,16 @@ impl Completions {
         let Some(from) = known.completion_start(&route.chain, version.size) else {
             return Ok(false);
         };
-        let replica = route.upstream.choose();
-        let mut request = route.upstream.request("GET", &target, replica)?;
+        let mut request = route.upstream.request("GET", &target, route.upstream.choose())?;
         request.insert_header(header::ACCEPT_ENCODING, "identity")?;
         let stream = ByteRange::new(from, version.size).ok_or_else(|| {
             Error::explain(ErrorType::InternalError, "a completion pass past the object's end")
         })?;
-        let mut exchange = self
+        let pinned = Pinned { etag, len: version.size };
+        let (once, mut tries) = (&UpstreamResume::ONCE, Tries::new());
+        let (mut exchange, _) = self
             .client
-            .fetch_range(&route.upstream, replica, request, stream, (etag, version.size))
+            .fetch(&route.upstream, &request, stream, pinned, once, &mut tries)
             .await
             .map_err(|e| {
                 let why = format!("the origin gave no answer for the rest of the object: {e:?}");

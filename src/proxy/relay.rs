@@ -46,7 +46,7 @@ use crate::config::RouteCache;
 use crate::config::UpstreamResume;
 use crate::range::content_length;
 use crate::routes::Route;
-use crate::routes::origin_client::{Exchange, FetchError, OriginClient};
+use crate::routes::origin_client::{Exchange, OriginClient, Pinned, Tries, pinned_range};
 use crate::telemetry::metrics::Metrics;
 
 /// What a broken body can be continued with: the stream's end and the version it is of.
@@ -292,8 +292,7 @@ impl Proxy {
         // The rest is read (and continued) by this task between its writes: a download holds the
         // chunk being written and no more (a reader of its own let ahead held three more); the
         // kernel's socket buffers still take the origin's bytes while the client's are written.
-        let mut reader =
-            BodyReader { pump, body: Some(body), pending, started: Instant::now(), attempts: 0 };
+        let mut reader = BodyReader { pump, body: Some(body), pending, tries: Tries::new() };
         // While the origin is slow the client is watched, as pingora's proxying watches it: one
         // that hangs up ends the response at once, so that its download is recorded before the
         // client can come back to resume it.
@@ -422,7 +421,7 @@ impl Proxy {
             read: exchange.read_timeout().unwrap_or(Duration::MAX),
             write: self.client_limits.write_timeout,
         };
-        let (start, started, mut attempts) = (pump.at, Instant::now(), 0);
+        let (start, mut tries) = (pump.at, Tries::new());
         let mut sent = 0;
         // Where the body of the exchange being spliced began, in `sent`: for its span.
         let mut attempt_from = 0;
@@ -491,7 +490,7 @@ impl Proxy {
                 Err(e) if *e.esource() == ErrorSource::Upstream => {
                     exchange.ended(sent - attempt_from, "cut");
                     pump.at = start + sent;
-                    match pump.continued(e, started, &mut attempts).await {
+                    match pump.continued(e, &mut tries).await {
                         Ok(next) => {
                             exchange = next;
                             attempt_from = sent;
@@ -876,9 +875,8 @@ struct BodyReader {
     body: Option<UpstreamBody>,
     /// The error the last read before this reader failed with.
     pending: Option<Box<Error>>,
-    /// When the reading began: the resume policy's time budget counts from here.
-    started: Instant,
-    attempts: u32,
+    /// The continuations tried, counted from when the reading began.
+    tries: Tries,
 }
 
 impl BodyReader {
@@ -924,7 +922,7 @@ impl BodyReader {
                 }
                 Err(broke) => {
                     body.ended(pump.at - pump.attempt_from, "cut");
-                    match pump.continued(broke, self.started, &mut self.attempts).await {
+                    match pump.continued(broke, &mut self.tries).await {
                         Ok(next) => {
                             pump.attempt_from = pump.at;
                             self.body = Some(UpstreamBody::Origin {
@@ -946,12 +944,7 @@ impl BodyReader {
 impl Pump {
     /// The body broke with `broke` at `self.at`: a continuation of it, or the error to cut the
     /// client's response with.
-    async fn continued(
-        &mut self,
-        broke: Box<Error>,
-        started: Instant,
-        attempts: &mut u32,
-    ) -> Result<Exchange> {
+    async fn continued(&mut self, broke: Box<Error>, tries: &mut Tries) -> Result<Exchange> {
         self.route.upstream.failed(self.replica);
         let Some(policy) = self.policy else { return Err(broke) };
         let at = self.at;
@@ -965,10 +958,11 @@ impl Pump {
             info!(route = %self.route.name, at, error = %broke, "the origin broke off a body that cannot be continued (no strong ETag or length): cutting the response");
             return Err(broke);
         };
-        // After a failure: a pause before the first try too.
-        match self.fetch(range, &policy, true, started, attempts).await {
+        tries.after_failure();
+        match self.fetch(range, &policy, tries).await {
             Ok(exchange) => {
                 self.metrics.upstream_resume(&self.route.name, "resumed");
+                let attempts = tries.made();
                 info!(route = %self.route.name, at, attempts, "the origin broke off the body; continued it from where it broke");
                 Ok(exchange)
             }
@@ -990,14 +984,13 @@ impl Pump {
         }
         let once = UpstreamResume { attempts: 1, ..UpstreamResume::default() };
         let policy = self.policy.unwrap_or(once);
-        let (started, mut attempts) = (Instant::now(), 0);
         self.at = part.start();
         if let Some(continuable) = self.continuable.as_mut() {
             // A break within the stretch is continued up to its end.
             continuable.end = part.end();
         }
         let exchange =
-            self.fetch(part, &policy, false, started, &mut attempts).await.map_err(|outcome| {
+            self.fetch(part, &policy, &mut Tries::new()).await.map_err(|outcome| {
                 warn!(route = %self.route.name, at = part.start(), outcome, "a stretch of a multipart answer could not be fetched: cutting the response");
                 Error::explain(ErrorType::ReadError, "fetching a stretch of the ranges asked for")
                     .into_up()
@@ -1011,10 +1004,7 @@ impl Pump {
         let ((cache, use_of, authorized), base, continuable) =
             (self.cache.as_ref()?, self.base.as_ref()?, self.continuable.as_ref()?);
         let mut request = base.clone();
-        request.remove_header(&header::IF_RANGE);
-        let asked = format!("bytes={}-{}", part.start(), part.last()?);
-        request.insert_header(header::RANGE, asked).ok()?;
-        request.insert_header(header::IF_MATCH, continuable.etag.as_str()).ok()?;
+        pinned_range(&mut request, part, &continuable.etag)?;
         let asked = (&request, *authorized);
         let answer = cache.answer(&self.route, *use_of, asked, &self.client, self.replica).await;
         match answer {
@@ -1024,57 +1014,26 @@ impl Pump {
     }
 
     /// Asks the origin (perhaps another replica, holding the same version: `If-Match` says so)
-    /// for `range` of the version the body is of, within the policy's attempts and deadline,
-    /// pausing before each try after the first (and before the first `after_failure`): the
-    /// exchange, whose answer is the 206 of exactly that range of that version. `Err` names the
-    /// outcome: `changed` or `failed`. What continuations and the stretches of a multipart
-    /// answer are fetched with.
+    /// for `range` of the version the body is of, within `policy` and the `tries` made before:
+    /// the exchange, whose answer is the 206 of exactly that range of that version. `Err` names
+    /// the outcome: `changed` or `failed`.
     async fn fetch(
         &mut self,
         range: ByteRange,
         policy: &UpstreamResume,
-        after_failure: bool,
-        started: Instant,
-        attempts: &mut u32,
+        tries: &mut Tries,
     ) -> std::result::Result<Exchange, &'static str> {
         let (Some(base), Some(continuable)) = (&self.base, &self.continuable) else {
             return Err("failed");
         };
+        let pinned = Pinned { etag: &continuable.etag, len: continuable.complete_len };
         let upstream = &self.route.upstream;
-        let mut backoff = policy.backoff;
-        let mut pause = after_failure;
-        loop {
-            if *attempts >= policy.attempts {
-                return Err("failed");
+        match self.client.fetch(upstream, base, range, pinned, policy, tries).await {
+            Ok((exchange, replica)) => {
+                self.replica = replica;
+                Ok(exchange)
             }
-            *attempts += 1;
-            let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
-                return Err("failed");
-            };
-            if pause {
-                tokio::time::sleep(backoff.min(left)).await;
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
-            }
-            pause = true;
-            let replica = upstream.choose();
-            let mut request = base.clone();
-            request
-                .insert_header(header::HOST, upstream.host_header(replica).clone())
-                .map_err(|_| "failed")?;
-            let Some(left) = policy.deadline.checked_sub(started.elapsed()) else {
-                return Err("failed");
-            };
-            let version = (continuable.etag.as_str(), continuable.complete_len);
-            let fetching = self.client.fetch_range(upstream, replica, request, range, version);
-            match tokio::time::timeout(left, fetching).await {
-                Ok(Ok(exchange)) => {
-                    self.replica = replica;
-                    return Ok(exchange);
-                }
-                Ok(Err(FetchError::Changed)) => return Err(FetchError::Changed.outcome()),
-                // Not the answer asked for, or none in time: try again.
-                Ok(Err(FetchError::Failed)) | Err(_) => {}
-            }
+            Err(failed) => Err(failed.outcome()),
         }
     }
 }

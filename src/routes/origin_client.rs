@@ -3,6 +3,8 @@
 //! reads ([`OriginClient::fetch_range`]) — and the length of an object whose origin would not
 //! say it.
 
+use std::time::{Duration, Instant};
+
 use http::header;
 use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::http::client::HttpSession;
@@ -14,7 +16,11 @@ use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 
 use super::upstream::Upstream;
+use crate::config::UpstreamResume;
 use crate::traces;
+
+/// The longest wait between two tries of a fetch.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Reads the answer's header. Interim answers (100, 102, 103 Early Hints) come before the final
 /// one: they are not the answer (RFC 9110 §15.2), and rangeway, which sent no Expect and answers
@@ -46,6 +52,57 @@ impl FetchError {
             Self::Failed => "failed",
         }
     }
+}
+
+/// A version of an object as a request for a range of it pins it: its strong ETag (sent as
+/// `If-Match`) and its length (which the answer's `Content-Range` must name).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pinned<'a> {
+    pub(crate) etag: &'a str,
+    pub(crate) len: u64,
+}
+
+/// The tries made for one piece of a body, which an [`UpstreamResume`] bounds: a body's
+/// continuations count together, from when the first began.
+#[derive(Debug)]
+pub(crate) struct Tries {
+    started: Instant,
+    made: u32,
+    /// The next try follows a failure: it waits its backoff first.
+    pause: bool,
+}
+
+impl Tries {
+    pub(crate) fn new() -> Self {
+        Self { started: Instant::now(), made: 0, pause: false }
+    }
+
+    /// The body broke: the next try waits its backoff first.
+    pub(crate) fn after_failure(&mut self) {
+        self.pause = true;
+    }
+
+    pub(crate) fn made(&self) -> u32 {
+        self.made
+    }
+}
+
+/// Makes `request` ask for `range` of the version whose strong ETag is `etag`, and of nothing
+/// else: `Range` and `If-Match`, no other condition. `None` for an empty range or an ETag that
+/// is no header value.
+pub(crate) fn pinned_range(
+    request: &mut RequestHeader,
+    range: ByteRange,
+    etag: &str,
+) -> Option<()> {
+    let asked = format!("bytes={}-{}", range.start(), range.last()?);
+    request.insert_header(header::RANGE, asked).ok()?;
+    request.insert_header(header::IF_MATCH, etag).ok()?;
+    // The version is pinned by If-Match alone.
+    for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+        request.remove_header(&name);
+    }
+    Some(())
 }
 
 /// A connection pool of rangeway's own, apart from the proxy's. HTTP/1 only, as rangeway's
@@ -170,29 +227,63 @@ impl OriginClient {
         exchanged.map_err(|e| e.into_up())
     }
 
-    /// Asks `replica` of `upstream` for `range` of the version whose strong ETag is `etag` and
-    /// whose length is `complete_len`: `request` (made for that replica; its `Host` is kept) with
-    /// that `Range` and `If-Match`, signed. The exchange when the answer is exactly that — a 206
-    /// of `range` (or a 200 when `range` is the whole version), of that ETag and length — ready
-    /// for its body to be read. What continuations, the stretches of ranges far apart and
-    /// completion passes are read with.
-    pub(crate) async fn fetch_range(
+    /// Asks `upstream` for `range` of the version `pinned`, within `policy`'s attempts and
+    /// deadline and the `tries` made before: `base` (the request as any replica is asked it)
+    /// sent to a replica chosen for each try, with its `Host`. A try after a failure waits the
+    /// backoff first, doubled for each next one (at most 5 s). The exchange whose answer is
+    /// exactly that range of that version, and the replica that gave it. What every request for
+    /// a piece of a known version is made with: a broken body's continuation, the stretches of
+    /// ranges far apart, a cache fill, a completion pass.
+    pub(crate) async fn fetch(
+        &self,
+        upstream: &Upstream,
+        base: &RequestHeader,
+        range: ByteRange,
+        pinned: Pinned<'_>,
+        policy: &UpstreamResume,
+        tries: &mut Tries,
+    ) -> std::result::Result<(Exchange, usize), FetchError> {
+        let mut backoff = policy.backoff;
+        loop {
+            let left = || policy.deadline.checked_sub(tries.started.elapsed());
+            if tries.made >= policy.attempts || left().is_none() {
+                return Err(FetchError::Failed);
+            }
+            tries.made += 1;
+            if tries.pause {
+                tokio::time::sleep(backoff.min(left().unwrap_or_default())).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            tries.pause = true;
+            let replica = upstream.choose();
+            let mut request = base.clone();
+            request
+                .insert_header(header::HOST, upstream.host_header(replica).clone())
+                .map_err(|_| FetchError::Failed)?;
+            let Some(left) = left() else { return Err(FetchError::Failed) };
+            let asked = self.fetch_range(upstream, replica, request, range, pinned);
+            match tokio::time::timeout(left, asked).await {
+                Ok(Ok(exchange)) => return Ok((exchange, replica)),
+                Ok(Err(FetchError::Changed)) => return Err(FetchError::Changed),
+                // Not the answer asked for, or none in time: try again.
+                Ok(Err(FetchError::Failed)) | Err(_) => {}
+            }
+        }
+    }
+
+    /// Asks `replica` of `upstream` for `range` of the version `pinned`: `request` (made for that
+    /// replica; its `Host` is kept) with that `Range` and `If-Match`, signed. The exchange when
+    /// the answer is exactly that — a 206 of `range` (or a 200 when `range` is the whole
+    /// version), of that ETag and length — ready for its body to be read.
+    async fn fetch_range(
         &self,
         upstream: &Upstream,
         replica: usize,
         mut request: RequestHeader,
         range: ByteRange,
-        (etag, complete_len): (&str, u64),
+        Pinned { etag, len: complete_len }: Pinned<'_>,
     ) -> std::result::Result<Exchange, FetchError> {
-        let last = range.last().ok_or(FetchError::Failed)?;
-        let asked = format!("bytes={}-{last}", range.start());
-        for (name, value) in [(header::RANGE, asked.as_str()), (header::IF_MATCH, etag)] {
-            request.insert_header(name, value).map_err(|_| FetchError::Failed)?;
-        }
-        // The version is pinned by If-Match alone.
-        for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
-            request.remove_header(&name);
-        }
+        pinned_range(&mut request, range, etag).ok_or(FetchError::Failed)?;
         let exchange =
             self.send(upstream, replica, request, "range").await.map_err(|_| FetchError::Failed)?;
         let Some(answer) = exchange.session.response_header() else {
