@@ -84,7 +84,8 @@ pub(super) fn complete(
     headers.remove(header::PROXY_AUTHORIZATION);
     // The hop rangeway was connected from: a trusted proxy whose list named the client (the
     // client is in that list already), else the client.
-    let forwarded_by = ctx.client.and_then(|client| client.forwarded_by).map(super::ip_text);
+    let forwarded_by =
+        ctx.client.and_then(|client| client.forwarded_by).map(super::context::ip_text);
     if let Some(ip) = forwarded_by.as_ref().or(ctx.client_ip.as_ref()) {
         let forwarded = match headers.get(&X_FORWARDED_FOR) {
             // An earlier proxy's list, kept as its bytes.

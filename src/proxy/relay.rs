@@ -27,7 +27,7 @@ use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::protocols::http::{HttpTask, ServerSession};
 use pingora_error::{Error, ErrorSource, ErrorType, OrErr, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
-use pingora_proxy::{ProxyHttp, Session};
+use pingora_proxy::Session;
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 use tracing::{info, warn};
@@ -81,11 +81,7 @@ impl Continuable {
 impl Proxy {
     /// Answers the request with rangeway's own upstream client, continuing the body when its
     /// origin fails mid-way. Called instead of pingora's proxying.
-    pub(super) async fn relay(
-        &self,
-        session: &mut Session,
-        ctx: &mut Box<RequestCtx>,
-    ) -> Result<()> {
+    pub(super) async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
         let policy = ctx.transport.resume();
         let route = ctx
             .route
@@ -139,8 +135,8 @@ impl Proxy {
         };
         let stream = upstream_stream(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
-        self.upstream_response_filter(session, &mut response, ctx).await?;
-        self.response_filter(session, &mut response, ctx).await?;
+        self.check_resume_version(&response, ctx);
+        self.shape(session, &mut response, ctx).await?;
         // A transformed representation the cache holds: its bytes, not the origin's (which a
         // cache body fetches only as it is read: nothing, then).
         let body = match ctx.cached_output.take() {
@@ -214,7 +210,7 @@ impl Proxy {
             (_, None) => {
                 // A cached answer without a body (HEAD, 304, 412, 416).
                 let mut end = None;
-                self.response_body_filter(session, &mut end, true, ctx)?;
+                self.filter_body(&mut end, true, ctx)?;
                 session.write_response_header(Box::new(response), end.is_none()).await?;
                 if end.is_some() {
                     session.write_response_body(end, true).await?;
@@ -258,7 +254,7 @@ impl Proxy {
         let (count, mut kept) = (held.len(), 0);
         for i in 0..count {
             let mut body = Some(std::mem::take(&mut held[i]));
-            self.response_body_filter(session, &mut body, done && i + 1 == count, ctx)?;
+            self.filter_body(&mut body, done && i + 1 == count, ctx)?;
             if let Some(body) = body {
                 held[kept] = body;
                 kept += 1;
@@ -272,7 +268,7 @@ impl Proxy {
             if count == 0 {
                 // No body: the filter still sees the end (once).
                 let mut body = None;
-                self.response_body_filter(session, &mut body, true, ctx)?;
+                self.filter_body(&mut body, true, ctx)?;
                 held.extend(body);
             }
             session.write_response_header(Box::new(response), false).await?;
@@ -544,12 +540,12 @@ impl Proxy {
     async fn forward(
         &self,
         session: &mut Session,
-        ctx: &mut Box<RequestCtx>,
+        ctx: &mut RequestCtx,
         chunk: Option<Bytes>,
         end: bool,
     ) -> Result<()> {
         let mut body = chunk;
-        self.response_body_filter(session, &mut body, end, ctx)?;
+        self.filter_body(&mut body, end, ctx)?;
         if body.is_some() || end {
             write_out(session, ctx, body, end).await?;
         }
