@@ -403,6 +403,47 @@ fn flood_through_redis(protocol: &str) {
     assert!(sessions.lines().count() <= 2 * 2 + 1, "{sessions}");
 }
 
+/// A `[state]` section that puts rangeway's state in `cluster`.
+fn cluster_state(cluster: &RedisCluster) -> String {
+    let nodes = cluster.urls().iter().map(|url| format!("\"{url}\"")).collect::<Vec<_>>();
+    format!(
+        "[state]\nbackend = \"redis\"\nredis_url = [{}]\n{}ttl = \"1h\"\n",
+        nodes.join(", "),
+        id_key_line()
+    )
+}
+
+fn holds_epoch(node: &RedisServer) -> bool {
+    node.cli(&["EXISTS", "rangeway:epoch"]).trim() == "1"
+}
+
+/// The nodes the epoch is not on, once an instance has named it.
+fn nodes_without_the_epoch(cluster: &RedisCluster) -> Vec<usize> {
+    wait::until("the store's epoch", Duration::from_secs(10), || {
+        cluster.nodes().iter().any(holds_epoch).then_some(())
+    });
+    (0..cluster.nodes().len()).filter(|&i| !holds_epoch(&cluster.nodes()[i])).collect()
+}
+
+/// Waits until an instance has laid every slot's marker (the epoch says when).
+fn wait_for_markers(cluster: &RedisCluster) {
+    wait::until("the slots' markers", Duration::from_secs(10), || {
+        let laid =
+            |node: &RedisServer| !node.cli(&["HGET", "rangeway:epoch", "laid"]).trim().is_empty();
+        cluster.nodes().iter().filter(|node| holds_epoch(node)).any(laid).then_some(())
+    });
+}
+
+/// Downloads interrupted part-way under ids `victim-0..8`: enough that some sessions are kept
+/// on a node the epoch is not on.
+fn victims(url: &str, work: &TempDir) -> Vec<String> {
+    let victims: Vec<String> = (0..8).map(|i| format!("victim-{i}")).collect();
+    for victim in &victims {
+        partial_download(url, victim, "curl/8", &work.join(victim));
+    }
+    victims
+}
+
 #[test]
 fn a_cluster_node_that_restarts_empty_never_splices_a_resume() {
     let origin = Origin::start();
@@ -410,31 +451,69 @@ fn a_cluster_node_that_restarts_empty_never_splices_a_resume() {
     let (v1, v2) = (test_bytes(LEN, 38), test_bytes(LEN, 39));
     origin.put("/obj.bin", v1.clone());
     let mut cluster = RedisCluster::start();
-    let nodes = cluster.urls().iter().map(|url| format!("\"{url}\"")).collect::<Vec<_>>();
-    let state = format!(
-        "[state]\nbackend = \"redis\"\nredis_url = [{}]\n{}ttl = \"1h\"\n",
-        nodes.join(", "),
-        id_key_line()
-    );
-    let proxy = Proxy::start(&body(&state, &origin));
+    let proxy = Proxy::start(&body(&cluster_state(&cluster), &origin));
     let url = proxy.url("/obj.bin");
-    // Enough downloads that some are kept on a node the epoch is not on.
-    let victims: Vec<String> = (0..8).map(|i| format!("victim-{i}")).collect();
-    for victim in &victims {
-        partial_download(&url, victim, "curl/8", &work.join(victim));
-    }
-    let holds_epoch = |node: &RedisServer| node.cli(&["EXISTS", "rangeway:epoch"]).trim() == "1";
-    wait::until("the store's epoch", Duration::from_secs(10), || {
-        cluster.nodes().iter().any(holds_epoch).then_some(())
-    });
+    let victims = victims(&url, &work);
     // Every node but the epoch's loses its data: only their processes tell.
-    let others: Vec<usize> =
-        (0..cluster.nodes().len()).filter(|&i| !holds_epoch(&cluster.nodes()[i])).collect();
-    for index in others {
+    for index in nodes_without_the_epoch(&cluster) {
         cluster.restart_node(index);
     }
     wait::until("the restarts to be seen", Duration::from_secs(10), || {
         (proxy.metric("rangeway_store_losses_total", "kind=\"restarted\"") > 0).then_some(())
+    });
+    origin.put("/obj.bin", v2.clone());
+    for victim in &victims {
+        curl_resumes_safely(&url, victim, &work.join(victim), &v1, &v2);
+    }
+    assert!(proxy.metric("rangeway_resumes_unvouched_total", "answer=\"refused\"") > 0);
+}
+
+#[test]
+fn a_cluster_node_flushed_while_running_never_splices_a_resume() {
+    let origin = Origin::start();
+    let work = TempDir::new("store-cluster-flush");
+    let (v1, v2) = (test_bytes(LEN, 40), test_bytes(LEN, 41));
+    origin.put("/obj.bin", v1.clone());
+    let cluster = RedisCluster::start();
+    let proxy = Proxy::start(&body(&cluster_state(&cluster), &origin));
+    let url = proxy.url("/obj.bin");
+    wait_for_markers(&cluster);
+    let victims = victims(&url, &work);
+    // Every node but the epoch's forgets all, its process going on: no run_id tells, only the
+    // markers of the flushed slots, missing beside the sessions.
+    for index in nodes_without_the_epoch(&cluster) {
+        cluster.nodes()[index].cli(&["FLUSHALL"]);
+    }
+    origin.put("/obj.bin", v2.clone());
+    for victim in &victims {
+        curl_resumes_safely(&url, victim, &work.join(victim), &v1, &v2);
+    }
+    assert!(proxy.metric("rangeway_store_losses_total", "kind=\"flushed\"") > 0);
+    assert_eq!(proxy.metric("rangeway_store_losses_total", "kind=\"restarted\""), 0);
+    assert!(proxy.metric("rangeway_resumes_unvouched_total", "answer=\"refused\"") > 0);
+}
+
+#[test]
+fn a_cluster_node_restarted_while_rangeway_was_down_never_splices() {
+    let origin = Origin::start();
+    let work = TempDir::new("store-cluster-unwatched");
+    let (v1, v2) = (test_bytes(LEN, 42), test_bytes(LEN, 43));
+    origin.put("/obj.bin", v1.clone());
+    let mut cluster = RedisCluster::start();
+    let state = body(&cluster_state(&cluster), &origin);
+    let proxy = Proxy::start(&state);
+    wait_for_markers(&cluster);
+    let victims = victims(&proxy.url("/obj.bin"), &work);
+    drop(proxy);
+    // No instance watches: the restarts' new run_ids are the first any instance sees.
+    for index in nodes_without_the_epoch(&cluster) {
+        cluster.restart_node(index);
+    }
+    let proxy = Proxy::start(&state);
+    let url = proxy.url("/obj.bin");
+    // Its first check lays the markers again, and finds them missing beside the others.
+    wait::until("the loss to be seen", Duration::from_secs(10), || {
+        (proxy.metric("rangeway_store_losses_total", "kind=\"flushed\"") > 0).then_some(())
     });
     origin.put("/obj.bin", v2.clone());
     for victim in &victims {

@@ -218,7 +218,7 @@ impl RedisStore {
             health: Arc::new(StoreHealth::unknown(name.clone())),
             breaker: Arc::new(Breaker::new(options.probe_interval)),
             losses: Arc::new(Losses::new(name, ttl.as_secs(), None)),
-            epoch: Arc::new(Epoch::new(key_prefix)),
+            epoch: Arc::new(Epoch::new(key_prefix, matches!(target, RedisTarget::Cluster(_)))),
         };
         // Connect now rather than on the first request, and say at start-up whether Redis is
         // there: a `PING`, through the same health accounting as every operation.
@@ -588,9 +588,11 @@ impl StateStore for RedisStore {
         object: &str,
         stages: &[String],
     ) -> Result<Lookup, StoreError> {
-        let mut commands = Vec::with_capacity(2 + stages.len());
+        let mut commands = Vec::with_capacity(4 + stages.len());
+        let session_key = self.keys.session(download_id, object);
+        let (guard, guard_command) = self.epoch.guard(&session_key);
         let mut session = redis::cmd("GET");
-        session.arg(self.keys.session(download_id, object));
+        session.arg(session_key);
         commands.push(session);
         let mut record = redis::cmd("GET");
         record.arg(self.keys.object(object));
@@ -600,7 +602,7 @@ impl StateStore for RedisStore {
             facts.arg(self.keys.facts(object, stage));
             commands.push(facts);
         }
-        commands.push(self.epoch.id_command());
+        commands.push(guard_command);
         let mut evicted = redis::cmd("ZSCORE");
         evicted.arg(self.keys.evicted()).arg(session_member(download_id, object));
         commands.push(evicted);
@@ -616,7 +618,7 @@ impl StateStore for RedisStore {
             }
             let now = unix_now();
             let epoch = replies.next().ok_or_else(|| short_reply(2 + stages.len()))?;
-            self.epoch.saw_id(&epoch.map_err(map_error)?, &self.losses, now);
+            self.epoch.saw(guard, &epoch.map_err(map_error)?, &self.losses, now);
             let evicted = replies.next().ok_or_else(|| short_reply(3 + stages.len()))?;
             // A score: a string in RESP2, a double in RESP3.
             let evicted_at = redis::from_redis_value::<Option<f64>>(evicted.map_err(map_error)?)
