@@ -108,7 +108,8 @@ impl Proxy {
         let watch = ClientWatch::of(session);
         // The slice cache answers as the origin would, or says to ask the origin. (The kernel ways
         // and the cache's answer are boxed futures: carried inline, their state would be in every
-        // response's future, which pingora boxes and moves — 19 KiB where a small answer needs 7.)
+        // response's future, which pingora boxes and moves, also where a small answer needs none
+        // of it; see docs/benchmarks.md, "Boxed futures".)
         let cached = match (&self.cache, route.cache) {
             (Some(cache), Some(use_of)) => {
                 let asked = (&request, client_authorized(session, &route));
@@ -709,9 +710,9 @@ enum Piece {
 }
 
 /// The most read from an origin's socket at once: four times pingora's read size. On a middleware
-/// route each chunk costs a read, a call of every stage and a write to the client; at 64 KiB (and a
-/// hop between two tasks each) that made a checksum+aes128gcm download of 10 MiB cost 15.6-19.1
-/// ms of CPU, at 256 KiB 13.1-14.9 (100 at once). What a download holds grows with it.
+/// route each chunk costs a read, a call of every stage and a write to the client, so fewer,
+/// larger chunks cost a download less CPU than pingora's 64 KiB (see docs/benchmarks.md, "Relay
+/// read size"). What a download holds grows with it.
 const READ_BYTES: usize = 256 * 1024;
 
 /// The rest of a body of known length, read from the origin's socket by rangeway.
