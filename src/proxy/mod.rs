@@ -589,7 +589,7 @@ impl ProxyHttp for Proxy {
             if result.is_ok() && !matches!(ctx.body, BodyPlan::Discard) {
                 ctx.origin_digest = origin_digest;
             }
-            self.go_live(ctx);
+            self.go_live(session, ctx);
             return result;
         }
         // The upstream body's place in the object, for stages that observe it (read before the
@@ -677,7 +677,7 @@ impl ProxyHttp for Proxy {
         if !matches!(ctx.body, BodyPlan::Discard) {
             ctx.origin_digest = origin_digest;
         }
-        self.go_live(ctx);
+        self.go_live(session, ctx);
         Ok(())
     }
 

@@ -53,15 +53,21 @@ pub(super) struct RawSocket {
     fd: AsyncFd<OwnedFd>,
 }
 
+/// A duplicate of the socket `raw`, a live connection's (pingora's session holds it, and the
+/// caller holds the session for longer than this call).
+#[allow(unsafe_code)]
+pub(super) fn duplicate_fd(raw: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: `raw` is open for the length of this call (above); it is only borrowed to be
+    // duplicated, and the duplicate is what the caller owns.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
+    Ok(rustix::io::fcntl_dupfd_cloexec(borrowed, 0)?)
+}
+
 impl RawSocket {
     /// Takes hold of the socket `raw`, owned by a connection that outlives this value.
     #[allow(unsafe_code)]
     pub(super) fn duplicate(raw: RawFd) -> io::Result<Self> {
-        // SAFETY: `raw` is the descriptor of a live connection (pingora's session holds it, and
-        // the caller holds the session for longer than this call); it is only borrowed to be
-        // duplicated, and the duplicate is what this value owns.
-        let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
-        let owned = rustix::io::fcntl_dupfd_cloexec(borrowed, 0)?;
+        let owned = duplicate_fd(raw)?;
         // SAFETY: an `OwnedFd` is open and names the same description until it is dropped, which
         // the `AsyncFd` owning it does last.
         let fd = unsafe { AsyncFd::register(owned) }.map_err(io::Error::from)?;
