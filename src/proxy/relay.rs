@@ -95,8 +95,9 @@ impl Proxy {
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());
         origin_request::complete(&mut request, &route, ctx, client_side(session))?;
-        let mut request = RequestHeader::from(request);
-        route.upstream.authorize(&mut request)?;
+        // Not signed here: an S3 request is signed once, last, where it is sent (its
+        // `traceparent` set first when it is traced), in `first_exchange`.
+        let request = RequestHeader::from(request);
         // What other replicas, continuations and the stretches of a multipart answer fetched
         // apart are asked with: the same fields, another Host (and Range). Kept only where there
         // are such to ask.
@@ -523,9 +524,11 @@ impl Proxy {
     ) -> Result<Exchange> {
         let upstream = &route.upstream;
         let mut sent = match ctx.trace.is_some() {
-            // Its span and `traceparent` (in the request's span, the relay's), then signed again.
+            // Its span and `traceparent` (in the request's span, the relay's), then signed.
             true => self.origin_client.send(upstream, ctx.replica, request, "first").await,
             false => {
+                let mut request = request;
+                upstream.authorize(&mut request)?;
                 let untraced = tracing::Span::none();
                 self.origin_client.exchange(upstream, ctx.replica, request, untraced).await
             }
