@@ -16,11 +16,51 @@ bench_setup() {
 
 # Every process a bench starts goes into $pids; the trap stops them (and their children: nginx
 # masters take their workers down on SIGTERM) and removes the scratch directory.
+#
+# bench_init NAME [--no-summary]: the scratch directory ($work, under $TMPDIR) holds the objects,
+# configs, logs and raw captures; it is removed on exit unless KEEP_RAW=1 (then its path is
+# printed at the end). Unless --no-summary (the load harness writes its own report), what the run
+# prints also goes into its one summary file, benches/results/NAME-<date>-<time>.md (RESULTS=DIR
+# for another directory, RESULTS= for none): the command, its parameters, the commit and the
+# machine, then the output as printed. A run that fails leaves no summary.
 bench_init() {
-    work=$(mktemp -d "/tmp/$1.XXXXXX")
+    work=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
     pids=()
+    summary=
+    if [[ ${2:-} != --no-summary ]]; then
+        local name=${1#rangeway-}
+        bench_summary "${name%-bench}"
+    fi
     trap bench_cleanup EXIT
     trap 'exit 130' INT TERM
+}
+# bench_summary NAME: starts the run's summary file (see bench_init); stdout is copied into it.
+bench_summary() {
+    local dir=${RESULTS-benches/results} name params=
+    [[ -n $dir ]] || return 0
+    # The script's parameters as this run has them: every upper-case variable it reads that is set.
+    [[ -f $0 ]] && for name in $(grep -oE '\$\{[A-Z][A-Z0-9_]*' "$0" | cut -c3- | sort -u); do
+        [[ -v $name ]] && params+=" $name=${!name}"
+    done
+    mkdir -p "$dir"
+    summary="$dir/$1-$(date -u +%Y-%m-%d-%H%M%S).md"
+    {
+        echo "# $1 ($(date -u +%Y-%m-%d))"
+        echo
+        echo "- command: \`$(tr '\0' ' ' < /proc/$$/cmdline | sed 's/ $//')\`"
+        echo "- parameters:${params:- (none)}"
+        echo "- rangeway: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src middleware Cargo.toml Cargo.lock || echo ' (modified)')"
+        echo "- machine: $(nproc) CPUs, $(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo), $(uname -sr)"
+        echo "- taken: $(date -Is); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo "- raw captures: not kept (the scratch directory under \$TMPDIR; KEEP_RAW=1 keeps it)"
+        echo
+        echo "What the run printed:"
+        echo
+        echo '```'
+    } > "$summary"
+    exec 3>&1
+    exec > >(tee -a "$summary")
+    summary_tee=$!
 }
 bench_cleanup() {
     local status=$? p f
@@ -32,7 +72,21 @@ bench_cleanup() {
     fi
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$work"
+    if [[ -n ${summary:-} ]]; then
+        exec >&3 3>&-
+        wait "$summary_tee" 2>/dev/null || true
+        if [[ $status -eq 0 ]]; then
+            echo '```' >> "$summary"
+            echo "summary written: $summary"
+        else
+            rm -f "$summary"
+        fi
+    fi
+    if [[ ${KEEP_RAW:-0} == 1 ]]; then
+        echo "raw captures and scratch files kept: $work"
+    else
+        rm -rf "$work"
+    fi
 }
 
 # A port nobody listens on now: the kernel picks it, python releases it, the caller binds it.

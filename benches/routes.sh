@@ -19,7 +19,7 @@ bash scripts/deps.sh --bench
 cargo build --release --bin rangeway >/dev/null
 source benches/lib.sh
 bin="$(release_dir)/rangeway"
-bench_init rangeway-bench
+bench_init rangeway-routes-bench
 
 mkdir -p "$work/root" "$work/nginx"
 fill_object "$work/root/big.bin" $((size_mib * 1024 * 1024))

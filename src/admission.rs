@@ -263,8 +263,8 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
             }
         };
         let stream = match &self.tls {
-            // Boxed: its 8 KiB would otherwise be in the future of every request that comes
-            // back on a kept-alive connection.
+            // Boxed: its state would otherwise be in the future of every request that comes
+            // back on a kept-alive connection (see docs/benchmarks.md, "Boxed futures").
             Some(acceptor) => Box::pin(self.handshake(acceptor, stream)).await?,
             None => stream,
         };
@@ -498,8 +498,9 @@ const SEND_AT: usize = 48 * 1024;
 
 /// HTTP/2's writes gathered into fewer, larger ones. The h2 crate writes each DATA frame on its
 /// own (16 KiB, the size clients allow) and flushes after each; over TLS every frame became two
-/// records (16 384 bytes and its 9-byte header) and a `writev`: 57 976 for a GiB, where HTTP/1.1
-/// makes about 16 000. Gathered, they go out as full records, [`SEND_AT`] or more a write.
+/// records (the frame and its 9-byte header) and a `writev`, several times HTTP/1.1's writes for
+/// the same bytes (see docs/benchmarks.md, "HTTP/2 writes gathered"). Gathered, they go out as
+/// full records, [`SEND_AT`] or more a write.
 ///
 /// A flush that follows writes is answered at once while less than [`SEND_AT`] is gathered, and the
 /// connection's task woken: h2 goes on to its next frame, and a flush with no write before it —
@@ -618,10 +619,11 @@ impl ClientConnection {
     /// (`TCP_NOTSENT_LOWAT`), or lets the system's setting decide again. A response the kernel
     /// sends itself (sendfile, splice) is bounded: each call then pushes what it queued out at
     /// once, where a deep queue leaves that work to whatever runs when the client's ACKs come
-    /// back — on cache hits 1.7-1.8× the MB/s at 0.7× the machine's CPU per GB. One written from
+    /// back — on cache hits more MB/s at less of the machine's CPU per GB. One written from
     /// rangeway's buffers is not: there the bound only splits each write in two (more calls and
-    /// wake-ups, measured on an aes128gcm route). A connection keeps its setting until a
-    /// response of the other way; one that the socket refuses leaves the system's.
+    /// wake-ups, worse on an aes128gcm route). Both measured: see docs/benchmarks.md, "The unsent
+    /// bound". A connection keeps its setting until a response of the other way; one that the
+    /// socket refuses leaves the system's.
     pub(crate) fn bound_unsent(&self, bounded: bool) {
         if self.notsent_lowat == 0
             || self.unsent_bounded.swap(bounded, Ordering::Relaxed) == bounded

@@ -97,7 +97,8 @@ pub(crate) fn hex(digest: &[u8], bytes: usize) -> String {
 
 fn push_hex(text: &mut String, digest: &[u8], bytes: usize) {
     // By table, not `write!`: a download id is derived on every GET, and formatting the 16
-    // bytes one by one cost about as many instructions as hashing them (callgrind: 3.7k, 4k).
+    // bytes one by one cost about as many instructions as hashing them (see docs/benchmarks.md,
+    // "Instructions per request").
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for byte in digest.iter().take(bytes) {
         text.push(char::from(DIGITS[usize::from(byte >> 4)]));

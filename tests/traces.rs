@@ -334,7 +334,14 @@ fn an_s3_route_still_signs_with_a_traceparent_sent_and_waits_on_fills_are_spans(
         credentials.display(),
         origin.base_url()
     );
-    let proxy = ProxyProcess::start_logged(&body, &QUICK_EXPORT, &work.join("rangeway.log"));
+    // Each signature is a debug line of the upstream's: one a request, however it is traced.
+    let log = work.join("rangeway.log");
+    let env = [QUICK_EXPORT[0], ("RUST_LOG", "warn,rangeway::routes::upstream=debug")];
+    let proxy = ProxyProcess::start_logged(&body, &env, &log);
+    let signatures = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().filter(|line| line.contains("signed an S3 request")).count()
+    };
 
     // s3s-fs checks every signature: the traceparent set on the request does not break it.
     let traceparent = "00-5555555555555555555555555555aaaa-6666666666666666-01";
@@ -346,6 +353,11 @@ fn an_s3_route_still_signs_with_a_traceparent_sent_and_waits_on_fills_are_spans(
         &[("traceparent", traceparent), ("Range", "bytes=1000-1999")],
     );
     assert_eq!((ranged.status, &ranged.body[..]), (206, &object[1000..2000]));
+    support::wait::until("the signatures logged", Duration::from_secs(5), || {
+        (signatures() >= 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(signatures(), 2, "two traced S3 requests, each signed once (over its traceparent)");
     let spans = receiver.trace("5555555555555555555555555555aaaa", &["origin", "origin"]);
     let attempt = spans.iter().find(|s| s["name"] == "origin").expect("the S3 request's span");
     assert_eq!(attempt["attributes"]["http.response.status_code"], 200, "{attempt}");

@@ -160,3 +160,96 @@ fn the_page_shows_a_download_making_progress() {
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG at {}", screenshot.display());
     println!("screenshot: {} ({} bytes; {})", screenshot.display(), png.len(), seen["browser"]);
 }
+
+/// A client reading `/paced.bin` at about `rate` bytes a second through a small receive buffer
+/// (so that its kernel holds little ahead of it), as a rate-limited curl reads; counts what it
+/// read into `read`.
+fn paced_download(
+    url: std::net::SocketAddr,
+    id: &str,
+    rate: usize,
+    read: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> thread::JoinHandle<()> {
+    use std::io::{Read, Write};
+    let request = format!(
+        "GET /paced.bin HTTP/1.1\r\nHost: {url}\r\nX-Download-Id: {id}\r\nConnection: close\r\n\r\n"
+    );
+    thread::spawn(move || {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
+        socket.connect(&url.into()).expect("connect");
+        let mut stream = std::net::TcpStream::from(socket);
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        stream.write_all(request.as_bytes()).expect("request");
+        // Steps of a tenth of a second, as curl's --limit-rate paces its reads.
+        let step = rate / 10;
+        let mut buffer = vec![0; step];
+        let started = Instant::now();
+        let mut total = 0usize;
+        loop {
+            let mut got = 0;
+            while got < step {
+                match stream.read(&mut buffer[got..]) {
+                    Ok(n) if n > 0 => got += n,
+                    // The end, or the proxy stopped once the test has seen enough.
+                    _ => return,
+                }
+            }
+            total += got;
+            read.fetch_add(got as u64, std::sync::atomic::Ordering::Relaxed);
+            let due = Duration::from_secs_f64(total as f64 / rate as f64);
+            thread::sleep(due.saturating_sub(started.elapsed()));
+        }
+    })
+}
+
+/// A download whose client reads slower than the origin sends: the admin API's bytes (which the
+/// page's rate is taken from, between polls) follow what the client takes, so the rate is near
+/// the client's, not 0 B/s while the kernel's buffers drain.
+#[test]
+fn a_slow_clients_download_moves_at_its_rate_in_the_live_view() {
+    const RATE: usize = 1024 * 1024;
+    let origin = Origin::start();
+    origin.put("/paced.bin", test_bytes(64 * 1024 * 1024, 33));
+    // A route of rangeway's own writes (a middleware chain), whose client socket queues what the
+    // kernel lets it, megabytes on loopback.
+    let proxy = ProxyProcess::start(&format!(
+        "[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n  [[routes.middleware]]\n  kind = \"checksum\"\n  algorithms = [\"sha256\"]\n",
+        origin.base_url()
+    ));
+    let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let addr: std::net::SocketAddr =
+        proxy.url("").trim_start_matches("http://").parse().expect("the proxy's address");
+    let client = paced_download(addr, "paced-1", RATE, std::sync::Arc::clone(&read));
+
+    let bytes = || -> Option<u64> {
+        let page = get(&proxy.admin_url("/v1/downloads"), &[]);
+        let page: Value = serde_json::from_slice(&page.body).ok()?;
+        let downloads = page["downloads"].as_array()?;
+        downloads.iter().find(|d| d["id"] == "paced-1").and_then(|d| d["bytes"].as_u64())
+    };
+    support::wait::until("the download in the live view", CLIENT_TIMEOUT, bytes);
+    // Past the start, when the buffers on the way fill.
+    thread::sleep(Duration::from_secs(2));
+    // Polled as the page polls; each rate over two seconds, as the page's window holds several.
+    let mut samples = Vec::new();
+    for _ in 0..9 {
+        let taken = read.load(std::sync::atomic::Ordering::Relaxed);
+        samples.push((Instant::now(), bytes().expect("still in flight"), taken));
+        thread::sleep(Duration::from_secs(1));
+    }
+    for pair in samples.windows(3) {
+        let ((at, before, _), (later, after, taken)) = (pair[0], pair[2]);
+        let rate = (after - before) as f64 / (later - at).as_secs_f64();
+        assert!(
+            rate > RATE as f64 * 0.3 && rate < RATE as f64 * 3.0,
+            "the live view's rate is {rate:.0} B/s where the client reads {RATE} B/s: {samples:?}"
+        );
+        // What the view counts is what the client took, give or take what its small receive
+        // buffer and one chunk hold, never megabytes ahead.
+        assert!(after <= taken + 1024 * 1024, "{after} counted, {taken} read: {samples:?}");
+    }
+    drop(proxy);
+    client.join().expect("the client");
+}

@@ -152,7 +152,9 @@ def markdown(meta, summary, raw_name, svg_name):
         f"- {meta['objects']}; {meta['runs']}; {meta['pinning']}",
         f"- uptime before: `{meta['uptime_before'].strip()}`",
         f"- uptime after: `{meta['uptime_after'].strip()}`",
-        f"- raw rows: [{raw_name}]({raw_name}); chart: [{svg_name}]({svg_name})",
+        f"- taken: {meta['date']}",
+        f"- raw captures (outside the repository): `{raw_name}`, its `.meta`, the chart "
+        f"`{svg_name}`",
         "",
         "Medians over the repetitions. MB/s counts what wrk received (headers included). *proxy CPU* is "
         "the proxy process's user+system time (all threads; nginx's worker, not its master) over the "
@@ -296,9 +298,8 @@ def main():
     with open(meta_path) as f:
         meta = dict(line.rstrip("\n").split("\t", 1) for line in f if "\t" in line)
     summary = summarise(load_rows(raw_path))
-    name = lambda p: p.rsplit("/", 1)[-1]  # noqa: E731
     with open(md_path, "w") as f:
-        f.write(markdown(meta, summary, name(raw_path), name(svg_path)))
+        f.write(markdown(meta, summary, raw_path, svg_path))
     with open(svg_path, "w") as f:
         f.write(svg(meta, summary))
 

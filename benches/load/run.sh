@@ -15,7 +15,9 @@
 # (nbthread 1), and pingora's proxy alone (no hooks: the floor of any proxy on pingora, not a peer).
 # The proxy under test runs on core PROXY_CPU; origin and wrk on CLIENT_CPU. Each
 # workload runs every target once per repetition, the order rotated each repetition. Results:
-# benches/results/load-<date>.{md,svg,tsv}, the table also printed.
+# the one summary, benches/results/load-<date>.md (the tables, the machine, the versions, the
+# command), also printed; the raw captures (every run's row in .tsv, the .meta the report is drawn
+# from, the .svg chart, a profile) go to a directory outside the repository, printed at the end.
 #
 # Everything listens on 127.0.0.1 ports chosen at run time and is stopped on exit.
 set -euo pipefail
@@ -51,7 +53,9 @@ WRK_TIMEOUT=${WRK_TIMEOUT:-60}             # seconds: wrk counts slower requests
                                            # leaves them out of its latency histogram, so this
                                            # must exceed the slowest expected response (a 10 MiB
                                            # gzip body among 100 is ~13 s here)
-OUT=${OUT:-benches/results}                # where the report goes (relative to the repo)
+OUT=${OUT:-benches/results}                # where the summary (.md) goes (relative to the repo)
+RAW_DIR=${RAW_DIR:-}                       # where the raw captures go; a new directory under
+                                           # $TMPDIR (or /tmp) by default, printed at the end
 RANGEWAY_BIN=${RANGEWAY_BIN:-}             # another rangeway binary to run (an A/B of a change)
 RANGEWAY_SERVER=${RANGEWAY_SERVER:-}       # a line for rangeway's [server] (an A/B of a setting,
                                            # e.g. 'client_notsent_lowat = 0')
@@ -69,7 +73,7 @@ PROFILE=${PROFILE:-}                       # perf: sample rangeway during its fi
                                            # the medians of REPS >= 3 are not); kernel: the proxy
                                            # core sampled (kernel and user functions) during every
                                            # proxy's first run; client: the same of the client
-                                           # core (origin and wrk), by process; profile beside report
+                                           # core (origin and wrk), by process; profile with the raw captures
 
 command_line="PRESET=$PRESET DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP LARGE_MIB=$LARGE_MIB"
 command_line+=" LARGE_CONC=$LARGE_CONC SMALL_BYTES=$SMALL_BYTES SMALL_CONC=$SMALL_CONC BESIDE_CONC=$BESIDE_CONC"
@@ -88,7 +92,7 @@ cargo build --release --bin rangeway --example pingora-floor >/dev/null
 source benches/lib.sh
 release=$(release_dir)
 bin=${RANGEWAY_BIN:-"$release/rangeway"}
-bench_init rangeway-load
+bench_init rangeway-load --no-summary
 if [[ -n $SYSTEM_NOTSENT_LOWAT ]]; then
     system_lowat=$(sysctl -n net.ipv4.tcp_notsent_lowat)
     sysctl -qw net.ipv4.tcp_notsent_lowat="$SYSTEM_NOTSENT_LOWAT"
@@ -437,8 +441,9 @@ echo "machine after: $end_uptime"
 
 # ---- report -----------------------------------------------------------------------------------
 stamp=$(date +%Y-%m-%d-%H%M)
-mkdir -p "$OUT"
-cp "$raw" "$OUT/load-$stamp.tsv"
+[[ -n $RAW_DIR ]] || RAW_DIR=$(mktemp -d "${TMPDIR:-/tmp}/rangeway-load-$stamp.XXXXXX")
+mkdir -p "$OUT" "$RAW_DIR"
+cp "$raw" "$RAW_DIR/load-$stamp.tsv"
 {
     printf 'date\t%s\n' "$(date -Is)"
     printf 'command\t%s\n' "$command_line"
@@ -456,17 +461,19 @@ cp "$raw" "$OUT/load-$stamp.tsv"
     printf 'objects\tlarge %s MiB at %s connections; small %s B at %s (beside the large: at %s); resume: random %s KiB ranges of %s MiB at %s\n' \
         "$LARGE_MIB" "$LARGE_CONC" "$SMALL_BYTES" "$SMALL_CONC" "$BESIDE_CONC" "$RESUME_RANGE_KIB" "$RESUME_MIB" "$RESUME_CONC"
     printf 'runs\t%s repetitions of %s s per target and workload (after %s s of warm-up)\n' "$REPS" "$DURATION" "$WARMUP"
-} > "$OUT/load-$stamp.meta"
-python3 benches/load/report.py "$OUT/load-$stamp.tsv" "$OUT/load-$stamp.meta" \
-    "$OUT/load-$stamp.md" "$OUT/load-$stamp.svg"
+} > "$RAW_DIR/load-$stamp.meta"
+python3 benches/load/report.py "$RAW_DIR/load-$stamp.tsv" "$RAW_DIR/load-$stamp.meta" \
+    "$OUT/load-$stamp.md" "$RAW_DIR/load-$stamp.svg"
 cat "$OUT/load-$stamp.md"
 echo
-echo "written: $OUT/load-$stamp.md, .svg, .tsv (every run) and .meta (machine, versions, command);"
-echo "the report can be redrawn from the last two: python3 benches/load/report.py X.tsv X.meta X.md X.svg"
+echo "summary written: $OUT/load-$stamp.md"
+echo "raw captures (outside the repository): $RAW_DIR/load-$stamp.tsv (every run), .meta (machine,"
+echo "versions, command), .svg (chart)${PROFILE:+, -profile.txt}; the summary can be redrawn from"
+echo "the first two: python3 benches/load/report.py X.tsv X.meta X.md X.svg"
 
 # ---- profile ----------------------------------------------------------------------------------
 # A flat profile: where rangeway's CPU time went, by shared object and function.
-profile="$OUT/load-$stamp-profile.txt"
+profile="$RAW_DIR/load-$stamp-profile.txt"
 # perf's comment lines, blank lines, and the padding and empty columns it ends each line with.
 tidy() { grep -v '^#' | grep -v '^$' | sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//'; }
 # first_run FILE PREFIX: for a profile file named PREFIX-WORKLOAD-TARGET.EXT, sets $name

@@ -1,7 +1,8 @@
-"""One table from benches/load/sweep.sh's points: python3 benches/load/sweep.py POINTS_DIR.
+"""One summary from benches/load/sweep.sh's points: python3 benches/load/sweep.py POINTS_DIR.
 
-Each point is a directory SIZE-CONC holding run.sh's load-*.tsv; the figures are report.py's
-medians. Standard library only.
+Each point is a directory SIZE-CONC holding run.sh's load-*.tsv and load-*.md; the tables' figures
+are report.py's medians, and each point's report follows them, its headings one level down, so
+that the sweep is one file. Standard library only.
 """
 
 import glob
@@ -51,6 +52,30 @@ def main(points_dir):
         return f"{ours['machine_cpu_per_gb'] / min(p['machine_cpu_per_gb'] for p in peers):.2f}×"
 
     table(points, targets, lambda s: f"{s['machine_cpu_per_gb']:.2f}", machine_versus)
+    reports(points_dir)
+
+
+def reports(points_dir):
+    """Each point's report (run.sh's load-*.md), under a heading of its own."""
+    found = []
+    for path in glob.glob(os.path.join(points_dir, "*-*", "load-*.md")):
+        size, conc = os.path.basename(os.path.dirname(path)).split("-")
+        found.append((int(size), int(conc), path))
+    if not found:
+        return
+    print()
+    print("## Each point's report")
+    print()
+    print("The load harness's report of every point, as benches/load/run.sh wrote it (headings one")
+    print("level down).")
+    for size, conc, path in sorted(found):
+        with open(path) as f:
+            lines = f.read().rstrip("\n").split("\n")
+        stamp = os.path.basename(path)[:-3]
+        print()
+        print(f"### {size} MiB × {conc} connections: {lines[0].lstrip('# ')} ({stamp})")
+        for line in lines[1:]:
+            print("##" + line if line.startswith("## ") else line)
 
 
 def table(points, targets, cell, versus):

@@ -8,7 +8,9 @@
 #
 # DURATION grows with the point's bytes in flight, so that every connection finishes a few
 # downloads: at least DURATION, and 3 s per GiB the connections hold at once.
-# Writes benches/results/sweep-<date>.md (and keeps each point's report beside it).
+# Writes one summary, benches/results/sweep-<date>.md: the tables, then each point's report. Each
+# point's raw captures and log go under RAW_DIR (a new directory under $TMPDIR or /tmp by
+# default), outside the repository; its path is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONCS=${CONCS:-10 50 100 200}
@@ -17,18 +19,20 @@ DURATION=${DURATION:-10}
 REPS=${REPS:-2}
 OUT=${OUT:-benches/results}
 stamp=$(date -u +%Y-%m-%d-%H%M)
-points="$OUT/sweep-$stamp"
-mkdir -p "$points"
+points=${RAW_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/rangeway-sweep-$stamp.XXXXXX")}
+mkdir -p "$points" "$OUT"
 for size in $SIZES_MIB; do
     for conc in $CONCS; do
         duration=$(( DURATION > size * conc * 3 / 1024 ? DURATION : size * conc * 3 / 1024 ))
         echo "== $size MiB x $conc connections, $REPS x $duration s"
         PRESET=full WORKLOADS=large LARGE_MIB=$size LARGE_CONC=$conc DURATION=$duration RESUME_MIB=1 \
-            REPS=$REPS WARMUP=2 OUT="$points/$size-$conc" bash benches/load/run.sh \
+            REPS=$REPS WARMUP=2 OUT="$points/$size-$conc" RAW_DIR="$points/$size-$conc" \
+            bash benches/load/run.sh \
             > "$points/$size-$conc.log" 2>&1 || { tail -20 "$points/$size-$conc.log" >&2; exit 1; }
         grep -E '^  large ' "$points/$size-$conc.log" || true
     done
 done
 python3 benches/load/sweep.py "$points" > "$OUT/sweep-$stamp.md"
 cat "$OUT/sweep-$stamp.md"
-echo "written: $OUT/sweep-$stamp.md (each point's report under $points/)"
+echo "summary written: $OUT/sweep-$stamp.md"
+echo "raw captures (outside the repository): $points/ (each point's .tsv, .meta, .svg, report and log)"

@@ -21,9 +21,10 @@ const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
 const DEFAULT_MAX_RANGES: usize = 16;
 const DEFAULT_UPGRADE_SOCKET: &str = "/tmp/rangeway-upgrade.sock";
 const MAX_RANGES_LIMIT: usize = 1000;
-/// Measured on cache hits (docs/benchmarks.md): a socket that queues no more than this unsent
-/// pushes its bytes out in the call that writes them, instead of leaving the transmit work to
-/// the ACKs; eight times what Cloudflare's edge sets, so that a fast long path stays full.
+/// Measured on cache hits (see docs/benchmarks.md, "The unsent bound"): a socket that queues no
+/// more than this unsent pushes its bytes out in the call that writes them, instead of leaving
+/// the transmit work to the ACKs; eight times what Cloudflare's edge sets, so that a fast long
+/// path stays full.
 const DEFAULT_NOTSENT_LOWAT: u32 = 128 * 1024;
 /// Below this a socket would wake its writer for every few segments.
 const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;

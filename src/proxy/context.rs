@@ -349,7 +349,8 @@ impl DownloadCtx {
 }
 
 /// `ip` as text, for `RequestCtx::client_ip`. An IPv4 address is written digit by digit: through
-/// `Display`, which formats each octet with padding support, it cost 1.5k instructions a request.
+/// `Display`, which formats each octet with padding support, it was a visible part of a small
+/// request's instructions (see docs/benchmarks.md, "Instructions per request").
 pub(super) fn ip_text(ip: IpAddr) -> String {
     let IpAddr::V4(v4) = ip else {
         return ip.to_string();

@@ -34,9 +34,10 @@ const ADDED_TO_ANSWERS: usize = 6;
 /// A copy of `origin`'s answer for the relay to forward, with room for the fields it adds.
 ///
 /// Built rather than cloned: a clone's map is the origin's exact size, so the first field added
-/// grows it, and pingora's map of each name's spelling with it (adding `X-Download-Id` cost 2.8 k
-/// instructions a small response that way, 1.0 k to this copy). The copy keeps no spelling: HTTP/1 clients get each name
-/// in pingora's usual spelling (`Content-Length`) or in lower case (names are case-insensitive,
+/// grows it, and pingora's map of each name's spelling with it (the first field added cost a small
+/// response much more that way than it costs this copy; see docs/benchmarks.md, "Instructions per
+/// request"). The copy keeps no spelling: HTTP/1 clients get each name in pingora's usual
+/// spelling (`Content-Length`) or in lower case (names are case-insensitive,
 /// RFC 9110 §5.1; HTTP/2 has only lower case), and the reason phrase is the status's own.
 pub(super) fn answer_to_forward(origin: &ResponseHeader) -> ResponseHeader {
     let mut headers = HeaderMap::with_capacity(origin.headers.len() + ADDED_TO_ANSWERS);

@@ -91,8 +91,9 @@ impl Proxy {
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());
         origin_request::complete(&mut request, &route, ctx, client_side(session))?;
-        let mut request = RequestHeader::from(request);
-        route.upstream.authorize(&mut request)?;
+        // Not signed here: an S3 request is signed once, last, where it is sent (its
+        // `traceparent` set first when it is traced), by `OriginClient::send`.
+        let request = RequestHeader::from(request);
         // What other replicas, continuations and the stretches of a multipart answer fetched
         // apart are asked with: the same fields, another Host (and Range). Kept only where there
         // are such to ask.
@@ -104,7 +105,8 @@ impl Proxy {
         let watch = ClientWatch::of(session);
         // The slice cache answers as the origin would, or says to ask the origin. (The kernel ways
         // and the cache's answer are boxed futures: carried inline, their state would be in every
-        // response's future, which pingora boxes and moves — 19 KiB where a small answer needs 7.)
+        // response's future, which pingora boxes and moves, also where a small answer needs none
+        // of it; see docs/benchmarks.md, "Boxed futures".)
         let cached = match (&self.cache, route.cache) {
             (Some(cache), Some(use_of)) => {
                 let asked = (&request, client_authorized(session, &route));
@@ -516,14 +518,9 @@ impl Proxy {
         base: Option<&RequestHeader>,
     ) -> Result<Exchange> {
         let upstream = &route.upstream;
-        let mut sent = match ctx.trace.is_some() {
-            // Its span and `traceparent` (in the request's span, the relay's), then signed again.
-            true => self.origin_client.send(upstream, ctx.replica, request, "first").await,
-            false => {
-                let untraced = tracing::Span::none();
-                self.origin_client.exchange(upstream, ctx.replica, request, untraced).await
-            }
-        };
+        // Its span and `traceparent` when traced (in the request's span, the relay's), then
+        // signed.
+        let mut sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
         while let (Err(_), Some(base)) = (&sent, base) {
             if !upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries) {
                 break;
@@ -704,9 +701,9 @@ enum Piece {
 }
 
 /// The most read from an origin's socket at once: four times pingora's read size. On a middleware
-/// route each chunk costs a read, a call of every stage and a write to the client; at 64 KiB (and a
-/// hop between two tasks each) that made a checksum+aes128gcm download of 10 MiB cost 15.6-19.1
-/// ms of CPU, at 256 KiB 13.1-14.9 (100 at once). What a download holds grows with it.
+/// route each chunk costs a read, a call of every stage and a write to the client, so fewer,
+/// larger chunks cost a download less CPU than pingora's 64 KiB (see docs/benchmarks.md, "Relay
+/// read size"). What a download holds grows with it.
 const READ_BYTES: usize = 256 * 1024;
 
 /// The rest of a body of known length, read from the origin's socket by rangeway.

@@ -106,7 +106,7 @@ impl Proxy {
             if result.is_ok() && !matches!(ctx.body, BodyPlan::Discard) {
                 ctx.origin_digest = origin_digest;
             }
-            self.go_live(ctx);
+            self.go_live(session, ctx);
             return result;
         }
         self.shape_plain(session, response, ctx, &answer_validators, version, origin_digest)
@@ -209,7 +209,7 @@ impl Proxy {
         if !matches!(ctx.body, BodyPlan::Discard) {
             ctx.origin_digest = origin_digest;
         }
-        self.go_live(ctx);
+        self.go_live(session, ctx);
         Ok(())
     }
 

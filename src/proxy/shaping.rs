@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Method, StatusCode, header};
+use pingora_core::protocols::http::ServerSession;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
@@ -326,7 +327,9 @@ impl Proxy {
     }
 
     /// Shows the response in the admin API while it is in flight, when it delivers to a download.
-    pub(super) fn go_live(&self, ctx: &mut RequestCtx) {
+    /// On HTTP/1 the live view holds a duplicate of the client's socket, so that it counts what
+    /// the client took, not what was written ahead of it (see `admin::live::LiveResponse`).
+    pub(super) fn go_live(&self, session: &Session, ctx: &mut RequestCtx) {
         if matches!(ctx.body, BodyPlan::Discard) {
             return;
         }
@@ -337,7 +340,11 @@ impl Proxy {
         // What the response will record at its end, before any byte went out; the parts of a
         // multipart answer are not shown as they go.
         if let Some(delivery) = ctx.delivery(0, false).filter(|d| d.ending != Ending::Parts) {
-            ctx.live = Some(self.live.register(delivery));
+            let client = match session.as_downstream() {
+                ServerSession::H1(h1) => super::splice::duplicate_fd(h1.stream().id()).ok(),
+                _ => None,
+            };
+            ctx.live = Some(self.live.register(delivery, client));
         }
     }
 

@@ -22,10 +22,9 @@ use tracing::debug;
 
 /// The most a pipe holds, and so what one spliced body has in flight between the origin's socket
 /// and the client's; the kernel moves up to this much a call. The largest pipe an unprivileged
-/// process may ask for (`fs.pipe-max-size`). Under default TCP settings, side by side with
-/// 256 KiB pipes (docs/benchmarks.md), 1 MiB took rangeway's CPU per GB from 0.62–0.69 to
-/// 0.39–0.45 s at 10 MiB × 10 and × 50 connections, and 512 KiB from 0.68–0.79 to 0.55–0.56 s at
-/// 10 MiB × 200.
+/// process may ask for (`fs.pipe-max-size`). Larger pipes mean fewer, larger splice calls: under
+/// default TCP settings they cut rangeway's CPU per GB against 256 KiB ones, among few bodies and
+/// among many (see docs/benchmarks.md, "Pipe sizes").
 const PIPE_MAX_BYTES: usize = 1 << 20;
 
 /// The least a spliced body gets: the kernel's default pipe. A body that cannot have one is
@@ -42,8 +41,8 @@ const PIPE_MIN_BYTES: usize = 64 << 10;
 const PIPES_MAX_BYTES: usize = 128 << 20;
 
 /// The most one sendfile(2) is asked to send, as nginx's `sendfile_max_chunk`: a call holds the
-/// socket's lock while it copies, and other work of the thread waits. (16 MiB measured the same,
-/// 0.224 against 0.209 CPU s/GB in benches/cache.sh, within the runs' spread.)
+/// socket's lock while it copies, and other work of the thread waits. A larger cap saved no CPU
+/// on cache hits (see docs/benchmarks.md, "The sendfile chunk").
 const SENDFILE_BYTES: usize = 2 << 20;
 
 /// A socket rangeway writes or reads itself, beside the connection object that owns it.
@@ -54,15 +53,21 @@ pub(super) struct RawSocket {
     fd: AsyncFd<OwnedFd>,
 }
 
+/// A duplicate of the socket `raw`, a live connection's (pingora's session holds it, and the
+/// caller holds the session for longer than this call).
+#[allow(unsafe_code)]
+pub(super) fn duplicate_fd(raw: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: `raw` is open for the length of this call (above); it is only borrowed to be
+    // duplicated, and the duplicate is what the caller owns.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
+    Ok(rustix::io::fcntl_dupfd_cloexec(borrowed, 0)?)
+}
+
 impl RawSocket {
     /// Takes hold of the socket `raw`, owned by a connection that outlives this value.
     #[allow(unsafe_code)]
     pub(super) fn duplicate(raw: RawFd) -> io::Result<Self> {
-        // SAFETY: `raw` is the descriptor of a live connection (pingora's session holds it, and
-        // the caller holds the session for longer than this call); it is only borrowed to be
-        // duplicated, and the duplicate is what this value owns.
-        let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
-        let owned = rustix::io::fcntl_dupfd_cloexec(borrowed, 0)?;
+        let owned = duplicate_fd(raw)?;
         // SAFETY: an `OwnedFd` is open and names the same description until it is dropped, which
         // the `AsyncFd` owning it does last.
         let fd = unsafe { AsyncFd::register(owned) }.map_err(io::Error::from)?;

@@ -168,7 +168,7 @@ impl OriginClient {
     /// Sends `request` as it is (already authorized, its `traceparent` set for `attempt`, its
     /// span) and reads the answer's header. A replica that cannot be reached is passed over for
     /// a while (one that answers 5xx is, by whoever reads the answer).
-    pub(crate) async fn exchange(
+    async fn exchange(
         &self,
         upstream: &Upstream,
         replica: usize,

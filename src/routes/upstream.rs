@@ -353,13 +353,18 @@ impl Upstream {
 
     /// The last step before `request` goes out: for an S3 upstream, the client's own
     /// authentication fields are dropped and the request is signed. Nothing for other upstreams.
+    /// Called once a request, as it goes out: a signature is a few HMACs, and one computed
+    /// before the last field is set covers the wrong request (logged at debug, one line a
+    /// signature, so that each request can be seen signed once).
     pub fn authorize(&self, request: &mut RequestHeader) -> Result<()> {
         let Some(signer) = &self.signer else {
             return Ok(());
         };
         signer.sign(request, SystemTime::now()).map_err(|e| {
             Error::because(ErrorType::InternalError, format!("upstream {}", self.name), e)
-        })
+        })?;
+        tracing::debug!(upstream = %self.name, path = %request.uri, "signed an S3 request");
+        Ok(())
     }
 
     /// A request for `target` (path and query) with `replica`'s Host, ready for

@@ -5,6 +5,7 @@
 //! state plus what the instance asked is sending now.
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -21,11 +22,23 @@ pub struct LiveResponses {
 
 /// One response in flight: what it delivers to which download, from which byte, and how many
 /// bytes it has sent so far.
+///
+/// Bytes count as sent once the client's connection took them: a body is written into the
+/// client's socket ahead of the client, as far as the kernel's buffers go (megabytes on a fast
+/// path), and the writes then stop until a client reading slower than the origin sends has made
+/// room. Counted when written, a slow client's download leapt ahead and then stood still for
+/// seconds at a time, and the live page's rate (the bytes between two polls) read 0 B/s. So what
+/// the socket still holds (its send queue: neither acknowledged nor sent) is taken off, and the
+/// count moves as the client reads.
 #[derive(Debug)]
 pub struct LiveResponse {
     /// The delivery as it will be recorded, but for its range, bytes and time.
     delivery: Delivery,
+    /// Body bytes written to the client's connection.
     sent: AtomicU64,
+    /// A duplicate of the client's socket when the response has it to itself (HTTP/1), for what
+    /// is still queued in it.
+    client: Option<OwnedFd>,
 }
 
 /// A response's place in [`LiveResponses`]; leaves it when dropped (the response ended).
@@ -42,9 +55,10 @@ impl LiveResponses {
     }
 
     /// Adds a response that makes `delivery` (whose range starts where the response does, and whose
-    /// time is when it began).
-    pub fn register(self: &Arc<Self>, delivery: Delivery) -> LiveGuard {
-        let entry = Arc::new(LiveResponse { delivery, sent: AtomicU64::new(0) });
+    /// time is when it began), written to `client` (a duplicate of the client's socket, when the
+    /// response has the connection to itself).
+    pub fn register(self: &Arc<Self>, delivery: Delivery, client: Option<OwnedFd>) -> LiveGuard {
+        let entry = Arc::new(LiveResponse { delivery, sent: AtomicU64::new(0), client });
         let key = self.next.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(key, Arc::clone(&entry));
         LiveGuard { registry: Arc::clone(self), key, entry }
@@ -133,11 +147,34 @@ impl LiveResponses {
 impl LiveResponse {
     /// What the response has delivered so far, as the store would record it at its end.
     fn delivery(&self, now: u64) -> Option<Delivery> {
-        let sent = self.sent.load(Ordering::Relaxed);
+        let sent = self.taken();
         let range =
             ByteRange::from_len(self.delivery.range.start(), sent).filter(|r| !r.is_empty())?;
         Some(Delivery { range, bytes: sent, now, ..self.delivery.clone() })
     }
+}
+
+impl LiveResponse {
+    /// The body bytes the client's connection took: those written, less what its socket still
+    /// queues (which may include a little of the header, or TLS's framing: never below 0).
+    fn taken(&self) -> u64 {
+        let written = self.sent.load(Ordering::Relaxed);
+        let queued = self.client.as_ref().and_then(|fd| unsent(fd).ok()).unwrap_or(0);
+        written.saturating_sub(queued)
+    }
+}
+
+/// The bytes a TCP socket's send queue holds: written, not yet acknowledged by the peer
+/// (`SIOCOUTQ`, tcp(7)).
+#[allow(unsafe_code)]
+fn unsent(fd: &OwnedFd) -> rustix::io::Result<u64> {
+    /// `SIOCOUTQ`, the same number as `TIOCOUTQ` (asm-generic/ioctls.h).
+    const SIOCOUTQ: rustix::ioctl::Opcode = 0x5411;
+    // SAFETY: SIOCOUTQ writes one `int` through its argument, which the getter provides.
+    let queued = unsafe {
+        rustix::ioctl::ioctl(fd.as_fd(), rustix::ioctl::Getter::<SIOCOUTQ, std::ffi::c_int>::new())
+    }?;
+    Ok(u64::try_from(queued).unwrap_or(0))
 }
 
 impl LiveGuard {
@@ -187,7 +224,7 @@ mod tests {
     #[test]
     fn responses_in_flight_add_to_the_stored_session_until_they_end() {
         let live = Arc::new(LiveResponses::new());
-        let guard = live.register(delivery("d", 40));
+        let guard = live.register(delivery("d", 40), None);
         assert_eq!(live.merged("d", "r|/o", None, 1), None, "nothing sent yet");
         guard.sent(10);
         let session = live.merged("d", "r|/o", None, 7).expect("in flight");
@@ -200,7 +237,7 @@ mod tests {
         assert_eq!(listed.len(), 1);
         assert!(live.unlisted(&listed, 1).is_empty());
 
-        let other = live.register(delivery("e", 0));
+        let other = live.register(delivery("e", 0), None);
         other.sent(100);
         assert!(live.merged("e", "r|/o", None, 1).expect("in flight").is_complete());
         drop(guard);

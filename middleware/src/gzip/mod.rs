@@ -345,7 +345,8 @@ impl StageFactory for GzipFactory {
         }
     }
 
-    /// Level 6 compresses tens of MiB/s: a 1 MiB block costs tens of milliseconds.
+    /// A push at level 6 compresses a whole block, long enough to stall the thread's other
+    /// connections (see docs/benchmarks.md, "Stage throughput (criterion)").
     fn blocks(&self) -> bool {
         true
     }
