@@ -15,6 +15,7 @@ mod admit;
 mod answer;
 mod completion;
 mod context;
+mod deliver;
 pub mod download;
 mod grace;
 mod hop_by_hop;
@@ -25,10 +26,11 @@ mod origin_request;
 mod pace;
 mod plan;
 mod record;
-mod relay;
 mod s3;
 mod shape;
 mod shaping;
+mod source;
+mod source_body;
 mod splice;
 mod traced;
 mod transform;
@@ -59,6 +61,7 @@ use crate::traces::Traces;
 use answer::{error_answer, respond};
 use completion::Completions;
 use context::RequestCtx;
+use deliver::ClientWatch;
 use traced::{RequestTrace, request_span};
 
 /// The proxy, built once from config and shared by every request.
@@ -149,7 +152,19 @@ impl Proxy {
             return Ok(());
         }
         let span = request_span(ctx.trace.as_ref());
-        self.relay(session, ctx).instrument(span).await
+        async {
+            let route = ctx
+                .route
+                .clone()
+                .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
+            let watch = ClientWatch::of(session);
+            let mut sourced = self.source(session, ctx, &route, &watch).await?;
+            self.check_resume_version(&sourced.response, ctx);
+            self.shape(session, &mut sourced.response, ctx).await?;
+            self.deliver(session, ctx, &route, sourced, &watch).await
+        }
+        .instrument(span)
+        .await
     }
 }
 

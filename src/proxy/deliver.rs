@@ -1,0 +1,590 @@
+//! The deliver step of the pipeline, rangeway's one delivery engine: the client's answer written
+//! — its header once, its body the one way chosen for it (transport.rs): spliced from the
+//! origin's socket to the client's (splice.rs), sent from the cache's files (sendfile), or read
+//! and copied through the transform step, paced on a shaped route (pace.rs). Every wait on the
+//! source ends when the client goes.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Method;
+use pingora_core::protocols::http::{HttpTask, ServerSession};
+use pingora_error::{Error, ErrorSource, ErrorType, OrErr, Result};
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+
+use super::Proxy;
+use super::context::RequestCtx;
+use super::pace::Pacer;
+use super::source::Sourced;
+use super::source_body::{BodyReader, Piece, Pump, READ_BYTES, UpstreamBody};
+use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
+use super::transport::{BodyFrom, KernelBody};
+use crate::admission::ClientConnection;
+use crate::cache::{CacheBody, Segment};
+use crate::routes::Route;
+use crate::routes::origin_client::{Exchange, Tries};
+
+/// The first bytes of a body the transform step has passed, held until the header goes out.
+struct Held {
+    chunks: Vec<Bytes>,
+    /// The error the read after them failed with.
+    pending: Option<Box<Error>>,
+    /// They are the whole body.
+    done: bool,
+}
+
+impl Proxy {
+    /// Writes the client's answer, shaped in `ctx`, with the source's body.
+    pub(super) async fn deliver(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        route: &Arc<Route>,
+        sourced: Sourced,
+        watch: &ClientWatch,
+    ) -> Result<()> {
+        let Sourced { mut response, body, stream, continuable, base, policy } = sourced;
+        // A transformed representation the cache holds: its bytes, not the origin's (which a
+        // cache body fetches only as it is read: nothing, then).
+        let body = ctx.cached_output.take().map(UpstreamBody::Cache).or(body);
+        let authorized = super::source::client_authorized(session, route);
+        let parts = std::mem::take(&mut ctx.rest_parts).into();
+        let mut pump = Pump::new(
+            self,
+            route,
+            (stream, continuable, base, policy),
+            parts,
+            ctx.replica,
+            authorized,
+        );
+        let head_only = session.req_header().method == Method::HEAD;
+        self.pace(ctx, route, &mut response, head_only);
+        if let Some(pacer) = &ctx.pacer {
+            pump.read_max = pacer.step().min(READ_BYTES);
+        }
+        let from = match &body {
+            Some(UpstreamBody::Origin { exchange, .. }) => Some(BodyFrom::Origin(exchange)),
+            Some(UpstreamBody::Cache(_)) => Some(BodyFrom::Cache),
+            None => None,
+        };
+        // A shaped origin body is spliced in paced steps; a shaped cache body goes through the
+        // paced writer (sendfile has no steps).
+        let kernel_way = from
+            .filter(|from| ctx.pacer.is_none() || matches!(from, BodyFrom::Origin(_)))
+            .and_then(|from| {
+                ctx.transport.for_body(session, ctx.passes_body_untouched(), from, &response)
+            });
+        unsent_bounded(session, kernel_way.is_some());
+        match (kernel_way, body) {
+            (
+                Some((way, KernelBody { client, len, pipe: Some(pipe) })),
+                Some(UpstreamBody::Origin { exchange, .. }),
+            ) => {
+                ctx.transport = way;
+                let spliced =
+                    self.splice(session, ctx, response, (client, len, pipe), *exchange, pump);
+                Box::pin(spliced).await
+            }
+            (Some((way, KernelBody { client, len, .. })), Some(UpstreamBody::Cache(cached))) => {
+                ctx.transport = way;
+                Box::pin(self.send_files(session, ctx, response, (client, len), cached)).await
+            }
+            (_, Some(body)) if head_only => {
+                session.write_response_header(Box::new(response), true).await?;
+                body.release(&self.origin_client).await;
+                Ok(())
+            }
+            (_, Some(body)) => self.copy(session, ctx, response, body, pump, watch).await,
+            (_, None) => {
+                // A cached answer without a body (HEAD, 304, 412, 416).
+                let mut end = None;
+                self.filter_body(&mut end, true, ctx)?;
+                session.write_response_header(Box::new(response), end.is_none()).await?;
+                if end.is_some() {
+                    session.write_response_body(end, true).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The route's pacer for this response, at the rate its limits and the origin's rate field
+    /// allow; the origin's rate field is for rangeway, not the client.
+    fn pace(
+        &self,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        response: &mut ResponseHeader,
+        head_only: bool,
+    ) {
+        let origin_header = route.rate_limit.as_ref().and_then(|l| l.origin_header.as_ref());
+        let origin_rate = origin_header.and_then(|name| {
+            let value = response.headers.get(name)?.to_str().ok()?.trim().parse::<u64>().ok();
+            value.filter(|rate| *rate > 0)
+        });
+        if let Some(name) = origin_header {
+            response.remove_header(name);
+        }
+        ctx.pacer = route.rate_limit.as_ref().filter(|_| !head_only).and_then(|limit| {
+            let client = ctx.client.map(|client| client.ip);
+            Pacer::new(limit, origin_rate, self.rates.of(&route.name, client, limit))
+        });
+    }
+
+    /// Reads the body through the transform step and writes it to the client: the header once
+    /// the first [`HOLD_BYTES`] passed (or all of the body), then every chunk as it comes, the
+    /// body continued where it breaks.
+    async fn copy(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        response: ResponseHeader,
+        mut body: UpstreamBody,
+        mut pump: Pump,
+        watch: &ClientWatch,
+    ) -> Result<()> {
+        let Held { chunks, pending, done } =
+            self.hold(session, ctx, &mut body, &mut pump, watch).await?;
+        if done {
+            // Pooled before the client hears of the end: its next request may want it.
+            body.release(&self.origin_client).await;
+            session.write_response_header(Box::new(response), false).await?;
+            let out = chunks.len();
+            if out == 0 {
+                return session.write_response_body(None, true).await;
+            }
+            for (i, chunk) in chunks.into_iter().enumerate() {
+                write_out(session, ctx, Some(chunk), i + 1 == out).await?;
+            }
+            return Ok(());
+        }
+        session.write_response_header(Box::new(response), false).await?;
+        for chunk in chunks {
+            write_out(session, ctx, Some(chunk), false).await?;
+        }
+        // The rest is read (and continued) by this task between its writes: a download holds the
+        // chunk being written and no more (a reader of its own let ahead held three more); the
+        // kernel's socket buffers still take the origin's bytes while the client's are written.
+        let mut reader = BodyReader::new(pump, body, pending);
+        // While the origin is slow the client is watched, as pingora's proxying watches it: one
+        // that hangs up ends the response at once, so that its download is recorded before the
+        // client can come back to resume it.
+        loop {
+            let piece = watch.unless_gone(session, reader.next()).await?;
+            match piece {
+                Piece::Chunk(chunk) => self.forward(session, ctx, Some(chunk), false).await?,
+                Piece::Skip(to) => ctx.skip_to(to)?,
+                Piece::End => return self.forward(session, ctx, None, true).await,
+                Piece::Broken(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The first [`HOLD_BYTES`] of the body, or all of it, through the transform step: a small
+    /// body it refuses (one failing its origin's digest) is then answered with an error status
+    /// rather than a cut 200 — what pingora does with the header and body it reads in one go.
+    async fn hold(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        body: &mut UpstreamBody,
+        pump: &mut Pump,
+        watch: &ClientWatch,
+    ) -> Result<Held> {
+        let mut chunks = Vec::new();
+        let (mut held_len, mut pending) = (0, None);
+        let done = loop {
+            match watch.unless_gone(session, body.next_chunk(pump.read_max)).await? {
+                Ok(Some(chunk)) => {
+                    held_len += chunk.len();
+                    chunks.push(chunk);
+                    if body.done() {
+                        break true;
+                    }
+                    if held_len >= HOLD_BYTES {
+                        break false;
+                    }
+                }
+                Ok(None) => break true,
+                Err(e) => {
+                    pending = Some(e);
+                    break false;
+                }
+            }
+        };
+        // This exchange's body is all there is to the answer, unless more stretches follow.
+        let done = done && pump.parts.is_empty();
+        // Filtered in place: what the filter passes on takes the place of what it was given.
+        let (count, mut kept) = (chunks.len(), 0);
+        for i in 0..count {
+            let mut chunk = Some(std::mem::take(&mut chunks[i]));
+            self.filter_body(&mut chunk, done && i + 1 == count, ctx)?;
+            if let Some(chunk) = chunk {
+                chunks[kept] = chunk;
+                kept += 1;
+            }
+        }
+        chunks.truncate(kept);
+        if done && count == 0 {
+            // No body: the filter still sees the end (once).
+            let mut end = None;
+            self.filter_body(&mut end, true, ctx)?;
+            chunks.extend(end);
+        }
+        pump.at += held_len as u64;
+        Ok(Held { chunks, pending, done })
+    }
+
+    /// Answers with `response` and splices its body from the origin's socket to the client's
+    /// (see splice.rs), continuing it where the origin breaks it off as the relay does.
+    async fn splice(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        response: ResponseHeader,
+        (client, len, mut pipe): (RawSocket, u64, Pipe),
+        exchange: Exchange,
+        pump: Pump,
+    ) -> Result<()> {
+        write_header_now(session, response).await?;
+        let spliced = self.splice_body(ctx, &client, &mut pipe, len, exchange, pump).await;
+        self.account_sent_aside(session, ctx, spliced).await
+    }
+
+    /// Ends a response whose body went past pingora's writer (`ctx.spliced` bytes of it, then
+    /// `outcome`). pingora's writer is told of those bytes, as writes its connection swallows:
+    /// it then counts them, frames the response as complete and keeps the connection, as for
+    /// any other response.
+    async fn account_sent_aside(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        outcome: Result<()>,
+    ) -> Result<()> {
+        if !sent_aside(session, ctx.spliced) {
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "a spliced response was not accounted",
+            ));
+        }
+        let mut left = ctx.spliced;
+        while left > 0 {
+            let n = left.min(SENT_ASIDE.len() as u64) as usize;
+            session.write_response_body(Some(Bytes::from_static(&SENT_ASIDE[..n])), false).await?;
+            left -= n as u64;
+        }
+        outcome?;
+        if unaccounted(session) != 0 {
+            // What is left would swallow the next response's bytes: the connection must end.
+            session.set_keepalive(None);
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "a spliced body was not accounted",
+            ));
+        }
+        session.write_response_body(None, true).await
+    }
+
+    /// Answers with `response` and sends its body from the cache's files to the client's socket
+    /// (sendfile(2)); what is still being fetched goes out as it arrives. Accounted to pingora as
+    /// a splice is.
+    async fn send_files(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        response: ResponseHeader,
+        (client, len): (RawSocket, u64),
+        mut body: Box<CacheBody>,
+    ) -> Result<()> {
+        write_header_now(session, response).await?;
+        let write = self.client_limits.write_timeout;
+        let live = ctx.live.as_ref();
+        let mut sent = 0u64;
+        let outcome = async {
+            while let Some(segment) =
+                client.unless_closed(body.next(true)).await.ok_or_else(client_gone)??
+            {
+                let written = match segment {
+                    Segment::File { file, offset, len } => client
+                        .send_file(&file, offset, len, write, |n| {
+                            live.inspect(|live| live.sent(n));
+                        })
+                        .await
+                        .map(|()| len),
+                    Segment::Bytes(bytes) => client.write_all(&bytes, write).await.map(|()| {
+                        live.inspect(|live| live.sent(bytes.len()));
+                        bytes.len() as u64
+                    }),
+                };
+                sent += written
+                    .or_err(ErrorType::WriteError, "writing the body")
+                    .map_err(|e| e.into_down())?;
+            }
+            Ok::<(), Box<Error>>(())
+        }
+        .await;
+        ctx.spliced = sent;
+        let outcome = outcome.and_then(|()| {
+            if sent == len {
+                Ok(())
+            } else {
+                Err(Error::explain(ErrorType::InternalError, "a cached body was not its length"))
+            }
+        });
+        self.account_sent_aside(session, ctx, outcome).await
+    }
+
+    /// Splices the `len` bytes of body from `exchange` (and its continuations) to `client`.
+    async fn splice_body(
+        &self,
+        ctx: &mut RequestCtx,
+        client: &RawSocket,
+        pipe: &mut Pipe,
+        len: u64,
+        mut exchange: Exchange,
+        mut pump: Pump,
+    ) -> Result<()> {
+        let timeouts = Timeouts {
+            // As pingora: no read timeout configured, none applied.
+            read: exchange.read_timeout().unwrap_or(Duration::MAX),
+            write: self.client_limits.write_timeout,
+        };
+        let (start, mut tries) = (pump.at, Tries::new());
+        let mut sent = 0;
+        // Where the body of the exchange being spliced began, in `sent`: for its span.
+        let mut attempt_from = 0;
+        // A shaped body is spliced in paced steps: the kernel still moves every byte.
+        let mut pacer = ctx.pacer.take();
+        let live = ctx.live.as_ref();
+        let outcome = loop {
+            let result = async {
+                // The bytes that came with the header are in pingora's buffer: they go first.
+                // (Without any, pingora waits for the origin's: the client is watched meanwhile.)
+                let first = client.unless_closed(exchange.session.read_response_body()).await;
+                if let Some(first) = first.ok_or_else(client_gone)?? {
+                    if let Some(pacer) = pacer.as_mut() {
+                        pacer.wait(first.len()).await;
+                    }
+                    client
+                        .write_all(&first, timeouts.write)
+                        .await
+                        .or_err(ErrorType::WriteError, "writing the body")
+                        .map_err(|e| e.into_down())?;
+                    sent += first.len() as u64;
+                    live.inspect(|live| live.sent(first.len()));
+                }
+                let origin =
+                    super::transport::plain_socket(exchange.session.stream()).ok_or_else(|| {
+                        Error::explain(
+                            ErrorType::InternalError,
+                            "the origin connection cannot be spliced",
+                        )
+                    })?;
+                let mut left = len - sent;
+                let mut delivered = |n: usize| {
+                    sent += n as u64;
+                    live.inspect(|live| live.sent(n));
+                };
+                let spliced = match pacer.as_mut() {
+                    None => splice(&origin, client, pipe, left, timeouts, delivered).await,
+                    Some(pacer) => {
+                        let mut spliced = Ok(());
+                        while left > 0 && spliced.is_ok() {
+                            let step = left.min(pacer.step() as u64);
+                            pacer.wait(step as usize).await;
+                            spliced =
+                                splice(&origin, client, pipe, step, timeouts, &mut delivered).await;
+                            left -= step;
+                        }
+                        spliced
+                    }
+                };
+                spliced.map_err(|e| match e {
+                    SpliceError::Upstream(e) => {
+                        Error::because(ErrorType::ReadError, "reading the body", e).into_up()
+                    }
+                    SpliceError::Downstream(e) => {
+                        Error::because(ErrorType::WriteError, "writing the body", e).into_down()
+                    }
+                })
+            }
+            .await;
+            match result {
+                Ok(()) => {
+                    exchange.ended(sent - attempt_from, "complete");
+                    self.origin_client.release_read_past(exchange);
+                    break Ok(());
+                }
+                Err(e) if *e.esource() == ErrorSource::Upstream => {
+                    exchange.ended(sent - attempt_from, "cut");
+                    pump.at = start + sent;
+                    match pump.continued(e, &mut tries).await {
+                        Ok(next) => {
+                            exchange = next;
+                            attempt_from = sent;
+                        }
+                        Err(e) => break Err(e),
+                    }
+                }
+                Err(e) => {
+                    exchange.ended(sent - attempt_from, "client_gone");
+                    break Err(e);
+                }
+            }
+        };
+        ctx.pacer = pacer;
+        ctx.spliced = sent;
+        outcome
+    }
+
+    /// One chunk (or the end) through the body filter, then to the client.
+    async fn forward(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        chunk: Option<Bytes>,
+        end: bool,
+    ) -> Result<()> {
+        let mut body = chunk;
+        self.filter_body(&mut body, end, ctx)?;
+        if body.is_some() || end {
+            write_out(session, ctx, body, end).await?;
+        }
+        Ok(())
+    }
+}
+
+/// How the relay learns that its client went away while the origin (or the cache's fetch) keeps
+/// it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2, its stream reset or its
+/// connection gone. Dropping the wait drops the origin's request with it.
+pub(super) enum ClientWatch {
+    Socket(RawSocket),
+    Stream,
+    Unwatched,
+}
+
+impl ClientWatch {
+    pub(super) fn of(session: &Session) -> Self {
+        match session.as_downstream() {
+            ServerSession::H1(h1) => {
+                RawSocket::duplicate(h1.stream().id()).map_or(Self::Unwatched, Self::Socket)
+            }
+            ServerSession::H2(_) => Self::Stream,
+            _ => Self::Unwatched,
+        }
+    }
+
+    /// `work`'s outcome, or a client-gone error as soon as the client is gone.
+    pub(super) async fn unless_gone<T>(
+        &self,
+        session: &mut Session,
+        work: impl Future<Output = T>,
+    ) -> Result<T> {
+        let gone = async {
+            match (self, session.as_downstream_mut()) {
+                (Self::Socket(socket), _) => socket.closed().await,
+                (Self::Stream, ServerSession::H2(h2)) => {
+                    // Its reason does not matter: the stream will not take an answer.
+                    let _ = h2.idle().await;
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            done = work => Ok(done),
+            () = gone => Err(client_gone()),
+        }
+    }
+}
+
+/// The error a request ends with when its client went away.
+pub(super) fn client_gone() -> Box<Error> {
+    Error::explain(ErrorType::ConnectionClosed, "the client hung up").into_down()
+}
+
+/// Writes `body` to the client: at once, or on a shaped route paced in steps (`pace.rs`). A traced
+/// request counts the time the client held the writes up (pacing not included).
+async fn write_out(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    body: Option<Bytes>,
+    end: bool,
+) -> Result<()> {
+    if ctx.pacer.is_none()
+        && let Some(trace) = ctx.trace.as_mut()
+    {
+        let (began, len) = (Instant::now(), body.as_ref().map_or(0, Bytes::len));
+        let written = session.write_response_body(body, end).await;
+        trace.client_wrote(len, began.elapsed());
+        return written;
+    }
+    let Some(pacer) = ctx.pacer.as_mut() else {
+        return session.write_response_body(body, end).await;
+    };
+    let Some(mut body) = body else {
+        return session.write_response_body(None, end).await;
+    };
+    while body.len() > pacer.step() {
+        let step = body.split_to(pacer.step());
+        pacer.wait(step.len()).await;
+        session.write_response_body(Some(step), false).await?;
+    }
+    pacer.wait(body.len()).await;
+    session.write_response_body(Some(body), end).await
+}
+
+/// What pingora's writer is handed for the bytes that went past it: never read, never sent (see
+/// `ClientConnection::note_sent_aside`); zeroed, so it costs no memory until something reads it.
+static SENT_ASIDE: [u8; 1 << 20] = [0; 1 << 20];
+
+/// Tells the client connection that `bytes` of body went out past pingora's writer. `false` when
+/// it cannot be told (no admission wrapper): pingora's writes would then reach the client.
+fn sent_aside(session: &Session, bytes: u64) -> bool {
+    let ServerSession::H1(h1) = session.as_downstream() else { return false };
+    let Some(watched) = ClientConnection::of(h1.stream()) else { return false };
+    watched.note_sent_aside(bytes);
+    true
+}
+
+/// Bounds the client socket's unsent bytes for a body the kernel sends, and lifts the bound for
+/// one rangeway writes (see `ClientConnection::bound_unsent`).
+fn unsent_bounded(session: &Session, kernel_way: bool) {
+    if let ServerSession::H1(h1) = session.as_downstream()
+        && let Some(watched) = ClientConnection::of(h1.stream())
+    {
+        watched.bound_unsent(kernel_way);
+    }
+}
+
+/// Bytes the client connection was told went past pingora's writer and it has not written since.
+fn unaccounted(session: &Session) -> u64 {
+    match session.as_downstream() {
+        ServerSession::H1(h1) => {
+            ClientConnection::of(h1.stream()).map_or(0, ClientConnection::unaccounted)
+        }
+        _ => 0,
+    }
+}
+
+/// Writes the response header and sends it at once, before the body goes out by another way:
+/// pingora buffers a header with a Content-Length until body bytes follow, and offers no flush
+/// of its own. A failed task after the header is its way to one ("flush what we have and quit").
+async fn write_header_now(session: &mut Session, response: ResponseHeader) -> Result<()> {
+    const FLUSHED: ErrorType = ErrorType::Custom("HeaderFlushed");
+    let ServerSession::H1(h1) = session.as_downstream_mut() else {
+        return Err(Error::explain(ErrorType::InternalError, "splicing to a client not on HTTP/1"));
+    };
+    let tasks =
+        vec![HttpTask::Header(Box::new(response), false), HttpTask::Failed(Error::new(FLUSHED))];
+    match h1.response_duplex_vec(tasks).await {
+        Err(e) if *e.etype() == FLUSHED => Ok(()),
+        Err(e) => Err(e),
+        Ok(_) => Err(Error::explain(ErrorType::InternalError, "the header was not flushed")),
+    }
+}
+
+/// How much of a body the relay reads before it sends the header (see `relay`).
+const HOLD_BYTES: usize = 64 * 1024;

@@ -1,0 +1,132 @@
+//! The source step of the pipeline: the request rangeway sends for the client's, asked of the
+//! slice cache (which answers as the origin would, or says to ask the origin) or of the origin
+//! itself, another replica when one cannot be reached. What comes back is the source's answer:
+//! its header, and its body to read (source_body.rs).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::Session;
+use rangeway_middleware::ByteRange;
+
+use super::Proxy;
+use super::context::RequestCtx;
+use super::deliver::ClientWatch;
+use super::hop_by_hop::{answer_to_forward, end_to_end};
+use super::origin_request::{self, client_side};
+use super::shaping::upstream_stream;
+use super::source_body::{BodySource, Continuable, UpstreamBody};
+use crate::cache::{Bypass, CacheAnswer, Outcome};
+use crate::config::UpstreamResume;
+use crate::routes::Route;
+use crate::routes::origin_client::Exchange;
+
+/// The source's answer, before it is shaped into the client's.
+pub(super) struct Sourced {
+    pub(super) response: ResponseHeader,
+    /// `None` for an answer without a body (a cached HEAD, 304, 412, 416).
+    pub(super) body: Option<UpstreamBody>,
+    /// Where the body sits in the object, when the answer says.
+    pub(super) stream: Option<ByteRange>,
+    /// What a broken body can be continued with: its strong ETag and length.
+    pub(super) continuable: Option<Continuable>,
+    /// The request continuations, other replicas and the stretches of a multipart answer are
+    /// asked with (their Host and Range set): kept only where there are such to ask.
+    pub(super) base: Option<RequestHeader>,
+    /// How a broken body is continued; `None` on routes that do not continue bodies.
+    pub(super) policy: Option<UpstreamResume>,
+}
+
+impl Proxy {
+    /// Asks the source what the plan in `ctx` says: the slice cache on a route that uses one,
+    /// else the origin. Every wait on either ends when the client goes (`watch`).
+    pub(super) async fn source(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        route: &Arc<Route>,
+        watch: &ClientWatch,
+    ) -> Result<Sourced> {
+        let policy = ctx.transport.resume();
+        ctx.replica = route.upstream.choose();
+        // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
+        let mut request = end_to_end(session.req_header());
+        origin_request::complete(&mut request, route, ctx, client_side(session))?;
+        // Not signed here: an S3 request is signed once, last, where it is sent (its
+        // `traceparent` set first when it is traced), by `OriginClient::send`.
+        let request = RequestHeader::from(request);
+        let asks_again =
+            policy.is_some() || route.upstream.replica_count() > 1 || ctx.part_gap.is_some();
+        let base = asks_again.then(|| request.clone());
+        ctx.upstream_asked = Some(Instant::now());
+        // The kernel ways and the cache's answer are boxed futures: carried inline, their state
+        // would be in every response's future, which pingora boxes and moves, also where a small
+        // answer needs none of it; see docs/benchmarks.md, "Boxed futures".
+        let cached = match (&self.cache, route.cache) {
+            (Some(cache), Some(use_of)) => {
+                let asked = (&request, client_authorized(session, route));
+                let answer = cache.answer(route, use_of, asked, &self.origin_client, ctx.replica);
+                Some(watch.unless_gone(session, Box::pin(answer)).await?)
+            }
+            (None, Some(_)) => Some(CacheAnswer::Bypass(Bypass::Off)),
+            _ => None,
+        };
+        let (response, body) = match cached {
+            Some(CacheAnswer::Served { header, body, outcome }) => {
+                ctx.cache = Some(outcome);
+                (*header, body.map(UpstreamBody::Cache))
+            }
+            bypassed => {
+                if let Some(CacheAnswer::Bypass(why)) = bypassed {
+                    ctx.cache = Some(Outcome::Bypass(why));
+                }
+                let first = self.first_exchange(route, ctx, request, base.as_ref());
+                let exchange = watch.unless_gone(session, first).await??;
+                let response =
+                    exchange.session.response_header().map(answer_to_forward).ok_or_else(|| {
+                        Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
+                    })?;
+                let exchange = Box::new(exchange);
+                (response, Some(UpstreamBody::Origin { exchange, source: BodySource::Unread }))
+            }
+        };
+        let stream = upstream_stream(response.status.as_u16(), &response.headers);
+        let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
+        Ok(Sourced { response, body, stream, continuable, base, policy })
+    }
+
+    /// Sends the request (`request`, made for `ctx.replica`) and reads the answer's header. When
+    /// the replica cannot be reached, the others are tried (`Upstream::retry_elsewhere`), with
+    /// `base` and their Host (given when there are others).
+    async fn first_exchange(
+        &self,
+        route: &Route,
+        ctx: &mut RequestCtx,
+        request: RequestHeader,
+        base: Option<&RequestHeader>,
+    ) -> Result<Exchange> {
+        let upstream = &route.upstream;
+        // Its span and `traceparent` when traced (in the request's span, the relay's), then
+        // signed.
+        let mut sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
+        while let (Err(_), Some(base)) = (&sent, base) {
+            if !upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries) {
+                break;
+            }
+            ctx.replica = upstream.choose();
+            let mut request = base.clone();
+            request.insert_header(header::HOST, upstream.host_header(ctx.replica).clone())?;
+            sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
+        }
+        sent
+    }
+}
+
+/// Whether the client's own `Authorization` goes upstream with its request: not to an S3
+/// upstream, where rangeway signs with its own keys.
+pub(super) fn client_authorized(session: &Session, route: &Route) -> bool {
+    session.req_header().headers.contains_key(header::AUTHORIZATION) && !route.upstream.is_s3()
+}
