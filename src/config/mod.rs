@@ -1,22 +1,27 @@
 //! rangeway's configuration: a TOML file, overridden by `RANGEWAY__SECTION__KEY` environment
-//! variables, validated in one pass that reports every problem with its path and its fix.
+//! variables, validated in one pass that reports every problem with its path and its fix, and
+//! where the value is: its line and column in the file, or the variable that set it.
 //!
 //! ```text
-//! routes[1].upstream: no upstream named "orign" — did you mean "origin"? Otherwise define …
-//! server.grace_period: 30 is a bare number, without a unit — write "30s" (or another unit: ...)
+//! routes[1].upstream (line 14, column 1): no upstream named "orign" — did you mean "origin"? …
+//! server.threads: expected an integer (set by RANGEWAY__SERVER__THREADS) — set it to a whole …
 //! ```
 //!
 //! # Sources
-//! The file is read through the `config` crate; then every variable named
-//! `RANGEWAY__<SEGMENT>__<SEGMENT>...` sets the key those segments name, e.g.
+//! The `config` crate layers them: the file, then every variable named
+//! `RANGEWAY__<SEGMENT>__<SEGMENT>...` as an override of the key those segments name, e.g.
 //! `RANGEWAY__SERVER__LISTEN=0.0.0.0:8080` or `RANGEWAY__UPSTREAMS__ORIGIN__URL=http://minio:9000`.
+//! It fills serde-derived raw structs (`raw.rs`) whose leaves keep the values as written, and the
+//! validation pass (`check.rs` and a file per section) makes the typed [`Config`] of them.
+//!
 //! Environment values are text and are read as the file's values would be (`true`, `4`, `"30s"`);
 //! a `redis_url` list is written as a TOML array. A numeric segment addresses an existing array
 //! element (`RANGEWAY__ROUTES__0__UPSTREAM=local`); elements can only be added in the file.
 //!
-//! Variable names are case-insensitive (the `config` crate lowercases them), so a segment matches
-//! a key ignoring case: `RANGEWAY__UPSTREAMS__S3EAST__URL` overrides `[upstreams.S3East]`. Two
-//! upstream names that differ only in case are therefore refused.
+//! Variable names are case-insensitive, so a segment matches a key of the file ignoring case:
+//! `RANGEWAY__UPSTREAMS__S3EAST__URL` overrides `[upstreams.S3East]`. Two upstream names that
+//! differ only in case are therefore refused, and so are two variables naming one key, or one
+//! naming a key inside the other's.
 //!
 //! # State
 //! Without `backend`, a `redis_url` selects Redis (someone who wrote one wants shared state); an
