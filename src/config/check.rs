@@ -452,6 +452,22 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// `check`'s result for `value` when it is written: `Some(None)` when it is not, `None` when
+/// `check` reported a problem.
+pub(super) fn checked<X, T>(
+    value: Option<X>,
+    check: impl FnOnce(X) -> Option<T>,
+) -> Option<Option<T>> {
+    value.map_or(Some(None), |value| check(value).map(Some))
+}
+
+/// `all` and `item`, while every item so far was good.
+pub(super) fn push<T>(all: Option<Vec<T>>, item: Option<T>) -> Option<Vec<T>> {
+    let (mut all, item) = (all?, item?);
+    all.push(item);
+    Some(all)
+}
+
 /// "a string", "an integer", ... for type errors. Never the value itself: it may be a secret.
 pub(super) fn type_name(value: &Value) -> &'static str {
     match value.kind {

@@ -155,7 +155,13 @@ impl Config {
         let errors = [errors, v.errors].concat();
         match config {
             Some(config) if errors.is_empty() => Ok(config),
-            // A check that returns `None` has always reported why.
+            // A check returns `None` after reporting why; should one ever not, the load must
+            // still fail with something said rather than an empty list.
+            None if errors.is_empty() => Err(ConfigErrors::one(ConfigError::new(
+                name,
+                "was refused without a reason",
+                "report this as a bug of rangeway, with the config",
+            ))),
             _ => Err(ConfigErrors::new(errors)),
         }
     }

@@ -9,7 +9,7 @@ use http::HeaderName;
 
 use super::cache::{self, RouteCache};
 use super::chains::{self, MiddlewareSpec};
-use super::check::{Ctx, suggest};
+use super::check::{Ctx, checked, push, suggest};
 use super::host::split_host_port;
 use super::raw::{
     Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
@@ -194,10 +194,7 @@ pub(super) fn check_all(
                 claimed.insert(key, index);
             }
         }
-        routes = routes.zip(route).map(|(mut all, route)| {
-            all.push(route);
-            all
-        });
+        routes = push(routes, route);
     }
     routes
 }
@@ -253,12 +250,11 @@ fn check_one(
         // check` reports a bad option beside, say, an unknown upstream.
         chains::check(v, at, specs);
     }
-    let s3_client_keys = r
-        .s3_client_keys_file
-        .as_ref()
-        .map(|value| secret::read_client_keys(v, &key("s3_client_keys_file"), value));
+    let s3_client_keys = checked(r.s3_client_keys_file.as_ref(), |value| {
+        secret::read_client_keys(v, &key("s3_client_keys_file"), value)
+    });
     let s3_presigned_grace = match (&r.s3_presigned_grace, &s3_client_keys) {
-        (Some(_), None) => v.fail(
+        (Some(_), Some(None)) => v.fail(
             &key("s3_presigned_grace"),
             "has no effect without s3_client_keys_file",
             "add s3_client_keys_file, or remove this key",
@@ -282,10 +278,10 @@ fn check_one(
     let s3_response_overrides =
         v.boolean(&key("s3_response_overrides"), &r.s3_response_overrides).or(false);
     let signed_links =
-        r.signed_links.as_ref().map(|raw| signed_links(v, &key("signed_links"), raw));
+        checked(r.signed_links.as_ref(), |raw| signed_links(v, &key("signed_links"), raw));
     let download_limits =
-        r.download_limits.as_ref().map(|raw| download_limits(v, &key("download_limits"), raw));
-    let rate_limit = r.rate_limit.as_ref().map(|raw| rate_limit(v, &key("rate_limit"), raw));
+        checked(r.download_limits.as_ref(), |raw| download_limits(v, &key("download_limits"), raw));
+    let rate_limit = checked(r.rate_limit.as_ref(), |raw| rate_limit(v, &key("rate_limit"), raw));
     let cache = match (&r.cache, around.cache) {
         (Some(_), false) => v.fail(
             &key("cache"),
@@ -308,14 +304,14 @@ fn check_one(
             upstream: upstream?,
             strip_prefix: strip_prefix?,
             middleware: middleware?,
-            s3_client_keys: s3_client_keys.map_or(Some(None), |keys| keys.map(Some))?,
+            s3_client_keys: s3_client_keys?,
             s3_presigned_grace: s3_presigned_grace?,
             upstream_resume: upstream_resume?,
             s3_response_overrides: s3_response_overrides?,
             cache: cache?,
-            signed_links: signed_links.map_or(Some(None), |links| links.map(Some))?,
-            download_limits: download_limits.map_or(Some(None), |limits| limits.map(Some))?,
-            rate_limit: rate_limit.map_or(Some(None), |limit| limit.map(Some))?,
+            signed_links: signed_links?,
+            download_limits: download_limits?,
+            rate_limit: rate_limit?,
         })
     };
     (claim, route())
@@ -444,10 +440,7 @@ fn middleware(
                 });
                 Some(MiddlewareSpec { kind: kind.ok()?, options, path: at.to_string() })
             });
-        specs = specs.zip(spec).map(|(mut all, spec)| {
-            all.push(spec);
-            all
-        });
+        specs = push(specs, spec);
     }
     specs
 }

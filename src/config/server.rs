@@ -6,7 +6,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::check::Ctx;
+use super::check::{Ctx, checked};
 use super::host::Host;
 use super::raw::{Raw, RawServer};
 use super::secret::{self, Secret, SecretKey};
@@ -180,7 +180,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
     let admin_listen = v
         .socket_addr(&key("admin_listen"), &r.admin_listen, "127.0.0.1:9090")
         .or(DEFAULT_ADMIN_LISTEN);
-    let admin_token = r.admin_token_env.as_ref().map(|value| {
+    let admin_token = checked(r.admin_token_env.as_ref(), |value| {
         let secret = SecretKey {
             example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
             holds: "the token",
@@ -249,7 +249,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
     Some(ServerConfig {
         listen,
         admin_listen,
-        admin_token: admin_token.map_or(Some(None), |token| token.map(Some))?,
+        admin_token: admin_token?,
         threads: threads?,
         grace_period: grace_period.or(DEFAULT_GRACE_PERIOD)?,
         max_ranges: max_ranges.or(DEFAULT_MAX_RANGES)?,

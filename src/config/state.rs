@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ::config::{Value, ValueKind};
 
-use super::check::{Ctx, Problem, read_small_file, suggest, type_name};
+use super::check::{Ctx, Problem, checked, read_small_file, suggest, type_name};
 use super::host::{Host, split_host_port};
 use super::raw::{Raw, RawState};
 use super::secret::{self, Secret, SecretKey};
@@ -157,7 +157,8 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
             format!("use at most {MAX_KEY_PREFIX_LEN} printable ASCII characters without spaces, e.g. \"rangeway:\""),
         ))
     });
-    let id_key_env = r.id_key_env.as_ref().map(|value| id_key_env(v, &key("id_key_env"), value));
+    let id_key_env =
+        checked(r.id_key_env.as_ref(), |value| id_key_env(v, &key("id_key_env"), value));
     let id_key_file =
         v.parsed(&key("id_key_file"), &r.id_key_file, "\"/etc/rangeway/id_key\"", id_key_file);
     let max_memory =
@@ -209,11 +210,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
         ),
         (file, _) => file,
     };
-    let id_key = match (
-        id_key_env.map_or(Some(None), |key| key.map(Some))?,
-        id_key_file.opt()?,
-        &backend,
-    ) {
+    let id_key = match (id_key_env?, id_key_file.opt()?, &backend) {
         (Some(_), Some(_), _) => {
             return v.fail(
                 &key("id_key_file"),

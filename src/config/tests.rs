@@ -1973,7 +1973,8 @@ fn cache_section_and_routes() {
     let text = format!("{cache}max_size = \"16MiB\"\nmax_entries = 100000\n{UPSTREAMS}{ROUTE}");
     assert_eq!(load_ok(&text).cache.map(|c| c.max_entries), Some(100_000));
     let env = Env::from_pairs([("RANGEWAY__CACHE__MAX_ENTRIES", "5000")]);
-    let set_by_env = load_with(&format!("{cache}{UPSTREAMS}{ROUTE}"), &env, &kinds()).expect("loads");
+    let set_by_env =
+        load_with(&format!("{cache}{UPSTREAMS}{ROUTE}"), &env, &kinds()).expect("loads");
     assert_eq!(set_by_env.cache.map(|c| c.max_entries), Some(5000));
     let route = config.routes[0].cache.expect("on");
     assert_eq!((route.revalidate, route.authorized), (Revalidate::EachDownload, true));

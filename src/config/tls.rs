@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use ::config::{Value, ValueKind};
 
-use super::check::{Ctx, Got};
+use super::check::{Ctx, Got, push};
 use super::raw::{Raw, RawCertificate, RawTls};
 use super::server::ServerConfig;
 use super::source::Path;
@@ -139,10 +139,7 @@ fn check_listen(
             addr => addr.ok(),
         };
         seen.extend(addr);
-        addrs = addrs.zip(addr).map(|(mut all, addr)| {
-            all.push(addr);
-            all
-        });
+        addrs = push(addrs, addr);
     }
     addrs
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ::config::Value;
 
-use super::check::{Ctx, Got, Problem, read_small_file};
+use super::check::{Ctx, Got, Problem, checked, read_small_file};
 use super::host::{Host, split_host_port};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
 use super::secret::{self, S3Credentials, SecretKey};
@@ -215,7 +215,7 @@ fn check_one(
         v.refuse(at, &keys, |key| format!("{key} applies to S3 upstreams only"), fix);
     }
     let health_check =
-        r.health_check.as_ref().map(|raw| health_check(v, &key("health_check"), raw));
+        checked(r.health_check.as_ref(), |raw| health_check(v, &key("health_check"), raw));
     let kind = match (&r.urls, &r.url, &r.dir) {
         (Some(urls), None, None) => {
             if s3 {
@@ -258,7 +258,7 @@ fn check_one(
             format!("add url = {URL_EXAMPLE} for an HTTP(S) origin, or dir = \"./data\" for a local folder"),
         ),
     };
-    let (kind, health_check) = (kind?, health_check.map_or(Some(None), |check| check.map(Some))?);
+    let (kind, health_check) = (kind?, health_check?);
     if let (UpstreamKind::Dir { .. }, Some(_)) = (&kind, &health_check) {
         return v.fail(
             &key("health_check"),
@@ -668,7 +668,7 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
             OTHERWISE,
         ),
     );
-    let token = r.session_token_env.as_ref().map(|value| {
+    let token = checked(r.session_token_env.as_ref(), |value| {
         let key = secret_key(
             "session_token_env = \"RANGEWAY_S3_SESSION_TOKEN\"",
             "the session token",
@@ -680,7 +680,7 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
     Some(S3Credentials {
         access_key_id,
         secret_access_key,
-        session_token: token.map_or(Some(None), |token| token.map(|(_, token)| Some(token)))?,
+        session_token: token?.map(|(_, token)| token),
         source: format!("environment variables {access_var}/{secret_var}"),
     })
 }
