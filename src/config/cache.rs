@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 
-use super::read::{Ctx, Field, Read, Table};
-use super::tree::{Kind, Node, Origin};
+use super::check::Ctx;
+use super::raw::{Raw, RawCache, RawRouteCache};
+use super::source::Path;
 
 /// 1 MiB to 8 MiB: smaller slices cost a file and an origin request each for little; larger ones
 /// make a cold small range fetch more than it needs.
@@ -67,92 +68,65 @@ pub enum Revalidate {
     EachDownload,
 }
 
-pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<Option<CacheConfig>> {
-    let Some(node) = node else { return Ok(None) };
-    let example = "[cache] with dir = \"/var/cache/rangeway\"";
-    let mut table = Table::new(ctx, "cache", "[cache]", node, example)?;
-    let dir = match table.take("dir") {
-        Some(field) => read_dir(ctx, field),
-        None => Err(ctx.report_at(
-            "cache.dir",
+pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Option<CacheConfig>> {
+    let Some(raw) = raw else { return Some(None) };
+    let at = Path::default().key("cache");
+    let r = v.table(&at, raw, "[cache] with dir = \"/var/cache/rangeway\"")?;
+    let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
+    let dir = match &r.dir {
+        Some(value) => v
+            .parsed(&at.key("dir"), value, "\"/var/cache/rangeway\"", |dir| {
+                if dir.is_empty() || dir.contains('\0') {
+                    return Err(("is not a usable path".to_owned(), fix.to_owned()));
+                }
+                match std::fs::metadata(dir) {
+                    Ok(meta) if !meta.is_dir() => {
+                        Err((format!("{dir:?} exists but is not a directory"), fix.to_owned()))
+                    }
+                    // A folder that cannot be written is found at start, and turns the cache off
+                    // rather than the server: downloads go on from the origin.
+                    _ => Ok(PathBuf::from(dir)),
+                }
+            })
+            .ok(),
+        None => v.fail(
+            &at.key("dir"),
             "is missing",
             "add dir = \"/var/cache/rangeway\" (a folder rangeway may write), or remove [cache]",
-        )),
+        ),
     };
-    let max_size = table
-        .take("max_size")
-        .map_or(Ok(DEFAULT_SIZE), |f| f.size(ctx, MIN_SIZE..=MAX_SIZE, "\"10GiB\""));
-    let slice_size = table
-        .take("slice_size")
-        .map_or(Ok(DEFAULT_SLICE), |f| f.size(ctx, MIN_SLICE..=MAX_SLICE, "\"4MiB\""));
+    let max_size =
+        v.size(&at.key("max_size"), &r.max_size, MIN_SIZE..=MAX_SIZE, "\"10GiB\"").or(DEFAULT_SIZE);
+    let slice_size = v
+        .size(&at.key("slice_size"), &r.slice_size, MIN_SLICE..=MAX_SLICE, "\"4MiB\"")
+        .or(DEFAULT_SLICE);
+    let max_entries = v
+        .integer(&at.key("max_entries"), &r.max_entries, MIN_ENTRIES..=MAX_ENTRIES, "100000")
+        .opt();
+    let (dir, max_size, slice_size, max_entries) = (dir?, max_size?, slice_size?, max_entries?);
     let max_entries =
-        table.take("max_entries").map(|f| f.integer(ctx, MIN_ENTRIES..=MAX_ENTRIES, "100000"));
-    table.finish(ctx);
-    let (dir, max_size, slice_size) = (dir?, max_size?, slice_size?);
-    let max_entries = match max_entries {
-        Some(read) => read?,
-        None => (max_size / BYTES_PER_ENTRY).clamp(MIN_ENTRIES, MAX_ENTRIES),
-    };
+        max_entries.unwrap_or((max_size / BYTES_PER_ENTRY).clamp(MIN_ENTRIES, MAX_ENTRIES));
     if max_size < 4 * slice_size {
-        return Err(ctx.report_at(
-            "cache.max_size",
+        return v.fail(
+            &at.key("max_size"),
             format!("{max_size} bytes hold fewer than four slices of {slice_size}"),
             "make max_size at least four times slice_size",
-        ));
+        );
     }
-    Ok(Some(CacheConfig { dir, max_size, max_entries, slice_size }))
+    Some(Some(CacheConfig { dir, max_size, max_entries, slice_size }))
 }
 
-fn read_dir(ctx: &mut Ctx<'_>, field: Field) -> Read<PathBuf> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let dir = field.string(ctx, "\"/var/cache/rangeway\"")?;
-    let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
-    if dir.is_empty() || dir.contains('\0') {
-        return Err(ctx.report(&path, &origin, "is not a usable path", fix));
-    }
-    match std::fs::metadata(&dir) {
-        Ok(meta) if !meta.is_dir() => {
-            Err(ctx.report(&path, &origin, format!("{dir:?} exists but is not a directory"), fix))
-        }
-        // A folder that cannot be written is found at start, and turns the cache off rather than
-        // the server: downloads go on from the origin.
-        _ => Ok(dir.into()),
-    }
-}
-
-/// A route's `cache`: `None` when the route does not use the cache. Without the key, a route
-/// uses it when there is a `[cache]` and its upstream is not a local folder (which a cache would
-/// only copy).
-pub(super) fn read_route(
-    ctx: &mut Ctx<'_>,
-    field: Option<Field>,
-    default_on: bool,
-) -> Read<Option<RouteCache>> {
-    let Some(field) = field else { return Ok(default_on.then(RouteCache::default)) };
-    let switch = matches!(
-        (&field.node.kind, field.origin()),
-        (Kind::Bool(_), _) | (Kind::Str(_), Origin::Env(_))
-    );
-    if switch {
-        return Ok(field.boolean(ctx)?.then(RouteCache::default));
-    }
-    let header = format!("[{}]", field.path);
-    let example = "[routes.cache] with revalidate = \"each-download\"";
-    let mut table = Table::new(ctx, &field.path, header, field.node, example)?;
-    let revalidate = table.take("revalidate").map_or(Ok(Revalidate::Rfc9111), |f| {
-        let (path, origin) = (f.path.clone(), f.origin().clone());
-        match f.string(ctx, "\"each-download\"")?.as_str() {
-            "rfc9111" => Ok(Revalidate::Rfc9111),
-            "each-download" => Ok(Revalidate::EachDownload),
-            other => Err(ctx.report(
-                &path,
-                &origin,
+/// A route's `cache` table.
+pub(super) fn route(v: &mut Ctx<'_>, at: &Path, r: &RawRouteCache) -> Option<RouteCache> {
+    let policies = [("rfc9111", Revalidate::Rfc9111), ("each-download", Revalidate::EachDownload)];
+    let revalidate =
+        v.choice(&at.key("revalidate"), &r.revalidate, "\"each-download\"", &policies, |other| {
+            (
                 format!("{other:?} is not a revalidation policy"),
-                "use \"rfc9111\" (when the response's freshness says) or \"each-download\"",
-            )),
-        }
-    });
-    let authorized = table.take("authorized").map_or(Ok(false), |f| f.boolean(ctx));
-    table.finish(ctx);
-    Ok(Some(RouteCache { revalidate: revalidate?, authorized: authorized? }))
+                "use \"rfc9111\" (when the response's freshness says) or \"each-download\""
+                    .to_owned(),
+            )
+        });
+    let authorized = v.boolean(&at.key("authorized"), &r.authorized).or(false);
+    Some(RouteCache { revalidate: revalidate.or(Revalidate::Rfc9111)?, authorized: authorized? })
 }

@@ -2,91 +2,88 @@
 //! validation, so a bad option or an impossible order is reported with the other problems,
 //! before anything listens.
 
+use std::collections::BTreeMap;
+
 use ::config::{Value, ValueKind};
 use rangeway_middleware::chain::{
     Chain, ConfigError as StageConfigError, OptionValue, StageOptions, StageRegistry,
 };
 
-use super::read::Ctx;
-use super::{Config, ConfigError, ConfigErrors, MiddlewareSpec};
+use super::check::Ctx;
+use super::source::Path;
 
-impl Config {
-    /// The chain of every route, in route order, built by `registry`.
-    ///
-    /// # Errors
-    /// Every bad option of every stage, and every order of stages that cannot work, at once
-    /// (which a config loaded with the same registry has none of).
-    pub fn build_chains(&self, registry: &StageRegistry) -> Result<Vec<Chain>, ConfigErrors> {
-        let mut chains = Vec::with_capacity(self.routes.len());
-        let mut errors = Vec::new();
-        for (index, route) in self.routes.iter().enumerate() {
-            match chain(registry, &format!("routes[{index}]"), &route.middleware) {
-                Ok(chain) => chains.push(chain),
-                Err(found) => errors.extend(found),
+/// A middleware entry as written: its kind is known to the stage registry (checked at load time),
+/// its options are left for that stage to parse.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct MiddlewareSpec {
+    pub kind: String,
+    /// Every key of the entry but `kind`. Each value's origin names the config file or the
+    /// environment variable that set it.
+    pub options: BTreeMap<String, ::config::Value>,
+    /// Where the entry is, for the stage's own errors: `routes[1].middleware[0]`.
+    pub path: String,
+}
+
+/// A problem with a route's stages: where, what, and the fix.
+pub(super) type StageProblem = (Path, String, String);
+
+/// Reports what is wrong with the middleware of the route at `route`.
+pub(super) fn check(v: &mut Ctx<'_>, route: &Path, specs: &[MiddlewareSpec]) {
+    if let Err(problems) = chain(v.stages, route, specs) {
+        for (at, problem, fix) in problems {
+            v.report(&at, problem, fix);
+        }
+    }
+}
+
+/// The chain `registry` builds from the middleware of the route at `route`, or every problem
+/// with it.
+pub(super) fn chain(
+    registry: &StageRegistry,
+    route: &Path,
+    specs: &[MiddlewareSpec],
+) -> Result<Chain, Vec<StageProblem>> {
+    let at = route.key("middleware");
+    let mut problems = Vec::new();
+    let mut options = Vec::with_capacity(specs.len());
+    for (index, spec) in specs.iter().enumerate() {
+        let mut stage = StageOptions::new();
+        for (key, value) in &spec.options {
+            match option_value(value) {
+                Some(value) => {
+                    stage.insert(key.clone(), value);
+                }
+                None => problems.push((
+                    at.index(index).key(key),
+                    "is a table, which no stage option takes".to_owned(),
+                    "write a string, number, boolean or list".to_owned(),
+                )),
             }
         }
-        if errors.is_empty() { Ok(chains) } else { Err(ConfigErrors::new(errors)) }
+        options.push(stage);
     }
-}
-
-/// Reports what is wrong with the middleware of the route at `route` (`routes[i]`).
-pub(super) fn check(ctx: &mut Ctx<'_>, route: &str, specs: &[MiddlewareSpec]) {
-    if let Err(errors) = chain(ctx.stages, route, specs) {
-        for error in errors {
-            ctx.push(error);
-        }
-    }
-}
-
-/// The chain `registry` builds from a route's middleware, or every problem with it.
-fn chain(
-    registry: &StageRegistry,
-    route: &str,
-    specs: &[MiddlewareSpec],
-) -> Result<Chain, Vec<ConfigError>> {
-    let mut errors = Vec::new();
-    let options: Vec<StageOptions> = specs.iter().map(|s| stage_options(s, &mut errors)).collect();
     let stages = specs.iter().zip(&options).map(|(spec, options)| (spec.kind.as_str(), options));
     match registry.build_chain(stages) {
-        Ok(chain) if errors.is_empty() => return Ok(chain),
+        Ok(chain) if problems.is_empty() => return Ok(chain),
         Ok(_) => {}
-        Err(found) => errors.extend(found.into_iter().map(|error| match error {
-            StageConfigError::Option { index: stage, error } => {
-                split_fix(format!("{route}.middleware[{stage}].{}", error.key()), error.message())
+        Err(found) => problems.extend(found.into_iter().map(|error| match error {
+            // A stage's message is `problem — fix` when it has a fix.
+            StageConfigError::Option { index, error } => {
+                let (problem, fix) = error
+                    .message()
+                    .split_once(" — ")
+                    .unwrap_or((error.message(), "see the stage's options in the README"));
+                (at.index(index).key(error.key()), problem.to_owned(), fix.to_owned())
             }
-            other => ConfigError::new(
-                format!("{route}.middleware"),
+            other => (
+                at.clone(),
                 other.to_string(),
-                "reorder the stages: checksums before encryption, encryption last",
+                "reorder the stages: checksums before encryption, encryption last".to_owned(),
             ),
         })),
     }
-    Err(errors)
-}
-
-/// A stage's message is `problem — fix` when it has a fix.
-fn split_fix(path: String, message: &str) -> ConfigError {
-    match message.split_once(" — ") {
-        Some((problem, fix)) => ConfigError::new(path, problem, fix),
-        None => ConfigError::new(path, message, "see the stage's options in the README"),
-    }
-}
-
-fn stage_options(spec: &MiddlewareSpec, errors: &mut Vec<ConfigError>) -> StageOptions {
-    let mut options = StageOptions::new();
-    for (key, value) in &spec.options {
-        match option_value(value) {
-            Some(value) => {
-                options.insert(key.clone(), value);
-            }
-            None => errors.push(ConfigError::new(
-                format!("{}.{key}", spec.path),
-                "is a table, which no stage option takes",
-                "write a string, number, boolean or list",
-            )),
-        }
-    }
-    options
+    Err(problems)
 }
 
 fn option_value(value: &Value) -> Option<OptionValue> {

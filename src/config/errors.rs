@@ -5,12 +5,12 @@ use std::fmt;
 
 /// One problem in the configuration.
 ///
-/// Displayed as `path: problem — fix`, e.g.
-/// `routes[1].upstream: no upstream named "zzz" — define [upstreams.zzz], or use one of: local`.
-/// No field ever holds a secret: values of secret-bearing keys (Redis URLs, the admin token) are
-/// never echoed, only described.
+/// Displayed as `path: problem — fix`, with the line and column after the path when the value is
+/// in the file, e.g. `routes[1].upstream (line 12, column 12): no upstream named "zzz" — define
+/// [upstreams.zzz], or use one of: local`. No field ever holds a secret: values of secret-bearing
+/// keys (Redis URLs, the admin token) are never echoed, only described.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {problem} — {fix}")]
+#[error("{path}{}: {problem} — {fix}", position.map_or(String::new(), |(l, c)| format!(" (line {l}, column {c})")))]
 #[non_exhaustive]
 pub struct ConfigError {
     /// Where: a key path such as `server.listen`, `upstreams.origin.url` or
@@ -21,6 +21,9 @@ pub struct ConfigError {
     pub problem: String,
     /// What to write instead.
     pub fix: String,
+    /// `(line, column)`, from 1, of the value in the file (of the table a missing key belongs in);
+    /// `None` when it came from the environment or is not about one place of the file.
+    pub position: Option<(usize, usize)>,
 }
 
 impl ConfigError {
@@ -29,7 +32,7 @@ impl ConfigError {
         problem: impl Into<String>,
         fix: impl Into<String>,
     ) -> Self {
-        Self { path: path.into(), problem: problem.into(), fix: fix.into() }
+        Self { path: path.into(), problem: problem.into(), fix: fix.into(), position: None }
     }
 }
 

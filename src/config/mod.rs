@@ -1,22 +1,27 @@
 //! rangeway's configuration: a TOML file, overridden by `RANGEWAY__SECTION__KEY` environment
-//! variables, validated in one pass that reports every problem with its path and its fix.
+//! variables, validated in one pass that reports every problem with its path and its fix, and
+//! where the value is: its line and column in the file, or the variable that set it.
 //!
 //! ```text
-//! routes[1].upstream: no upstream named "orign" — did you mean "origin"? Otherwise define …
-//! server.grace_period: 30 is a bare number, without a unit — write "30s" (or another unit: ...)
+//! routes[1].upstream (line 14, column 1): no upstream named "orign" — did you mean "origin"? …
+//! server.threads: expected an integer (set by RANGEWAY__SERVER__THREADS) — set it to a whole …
 //! ```
 //!
 //! # Sources
-//! The file is read through the `config` crate; then every variable named
-//! `RANGEWAY__<SEGMENT>__<SEGMENT>...` sets the key those segments name, e.g.
+//! The `config` crate layers them: the file, then every variable named
+//! `RANGEWAY__<SEGMENT>__<SEGMENT>...` as an override of the key those segments name, e.g.
 //! `RANGEWAY__SERVER__LISTEN=0.0.0.0:8080` or `RANGEWAY__UPSTREAMS__ORIGIN__URL=http://minio:9000`.
+//! It fills serde-derived raw structs (`raw.rs`) whose leaves keep the values as written, and the
+//! validation pass (`check.rs` and a file per section) makes the typed [`Config`] of them.
+//!
 //! Environment values are text and are read as the file's values would be (`true`, `4`, `"30s"`);
 //! a `redis_url` list is written as a TOML array. A numeric segment addresses an existing array
 //! element (`RANGEWAY__ROUTES__0__UPSTREAM=local`); elements can only be added in the file.
 //!
-//! Variable names are case-insensitive (the `config` crate lowercases them), so a segment matches
-//! a key ignoring case: `RANGEWAY__UPSTREAMS__S3EAST__URL` overrides `[upstreams.S3East]`. Two
-//! upstream names that differ only in case are therefore refused.
+//! Variable names are case-insensitive, so a segment matches a key of the file ignoring case:
+//! `RANGEWAY__UPSTREAMS__S3EAST__URL` overrides `[upstreams.S3East]`. Two upstream names that
+//! differ only in case are therefore refused, and so are two variables naming one key, or one
+//! naming a key inside the other's.
 //!
 //! # State
 //! Without `backend`, a `redis_url` selects Redis (someone who wrote one wants shared state); an
@@ -42,47 +47,43 @@
 
 mod cache;
 mod chains;
+mod check;
 mod errors;
 mod host;
-mod keyfile;
-mod limits;
-mod links;
-mod rate;
-mod read;
+mod raw;
 mod route;
-mod s3;
 mod secret;
 mod server;
+mod source;
 mod state;
 mod tls;
 mod traces;
-mod tree;
 mod units;
 mod upstream;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::Path;
 
 pub use crate::ip_net::IpNet;
 pub use cache::{CacheConfig, Revalidate, RouteCache};
+pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
-pub use limits::{Count, DownloadLimits};
-pub use links::SignedLinks;
-pub use rate::RateLimit;
-pub use route::{MiddlewareSpec, RouteConfig, UpstreamResume};
-pub use s3::{Addressing, S3ClientKeys, S3Credentials, S3Upstream};
-pub use secret::Secret;
+pub use route::{Count, DownloadLimits, RateLimit, RouteConfig, SignedLinks, UpstreamResume};
+pub use secret::{S3ClientKeys, S3Credentials, Secret};
 pub use server::{AdminToken, ClientLimits, ServerConfig};
 pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
 pub use tls::{TlsCertificate, TlsConfig};
 pub use traces::{LogConfig, LogFormat, TracesConfig};
 pub use units::{UnitError, parse_duration, parse_size};
-pub use upstream::{HealthCheck, HttpUpstream, UpstreamConfig, UpstreamKind};
+pub use upstream::{
+    Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
+};
 
-use rangeway_middleware::chain::StageRegistry;
-use read::{Ctx, Read, Table};
-use tree::Env;
+use check::Ctx;
+use rangeway_middleware::chain::{Chain, StageRegistry};
+use raw::{Raw, RawConfig};
+use source::{Env, Path as KeyPath};
 
 /// The embedded default configuration (`config/default.toml`): one folder upstream, `./data`,
 /// served under `/files/`.
@@ -147,48 +148,42 @@ impl Config {
         env: &Env,
         stages: &StageRegistry,
     ) -> Result<Self, ConfigErrors> {
-        let mut root = tree::parse_toml(text, name).map_err(ConfigErrors::one)?;
-        let mut override_errors = Vec::new();
-        env.apply_overrides(&mut root, &mut override_errors);
-        let mut ctx = Ctx::new(env, stages, name);
-        for error in override_errors {
-            ctx.push(error);
-        }
-        let config = Self::read(&mut ctx, root);
-        let errors = ctx.into_errors();
+        let (raw, origins, errors) =
+            source::load::<Raw<RawConfig>>(text, name, env).map_err(ConfigErrors::one)?;
+        let mut v = Ctx::new(env, &origins, stages, name);
+        let config = Self::check(&mut v, &raw);
+        let errors = [errors, v.errors].concat();
         match config {
-            Ok(config) if errors.is_empty() => Ok(config),
-            // An `Err` always comes with at least one recorded error (see `read::Reported`).
+            Some(config) if errors.is_empty() => Ok(config),
+            // A check returns `None` after reporting why; should one ever not, the load must
+            // still fail with something said rather than an empty list.
+            None if errors.is_empty() => Err(ConfigErrors::one(ConfigError::new(
+                name,
+                "was refused without a reason",
+                "report this as a bug of rangeway, with the config",
+            ))),
             _ => Err(ConfigErrors::new(errors)),
         }
     }
 
-    fn read(ctx: &mut Ctx<'_>, root: tree::Node) -> Read<Self> {
-        let mut top = Table::new(ctx, "", "the top level", root, "[server]")?;
-        let server = server::read(ctx, top.take("server").map(|f| f.node));
-        let state = state::read(ctx, top.take("state").map(|f| f.node));
-        let cache = cache::read(ctx, top.take("cache").map(|f| f.node));
-        let tls = tls::read(ctx, top.take("tls").map(|f| f.node), server.as_ref().ok());
-        let traces = traces::read(ctx, top.take("traces").map(|f| f.node));
-        let log = traces::read_log(ctx, top.take("log").map(|f| f.node));
-        let (upstreams, declared) = upstream::read_all(ctx, top.take("upstreams").map(|f| f.node));
-        let folders = upstreams.as_ref().map_or_else(
-            |_| BTreeSet::new(),
-            |all| {
-                all.iter()
-                    .filter(|(_, u)| matches!(u.kind, UpstreamKind::Dir { .. }))
-                    .map(|(name, _)| name.clone())
-                    .collect()
-            },
-        );
+    fn check(v: &mut Ctx<'_>, raw: &Raw<RawConfig>) -> Option<Self> {
+        let r = v.table(&KeyPath::default(), raw, "[server]")?;
+        let server = server::check(v, &r.server);
+        let state = state::check(v, &r.state);
+        let cache = cache::check(v, r.cache.as_ref());
+        let tls = tls::check(v, r.tls.as_ref(), server.as_ref());
+        let traces = traces::check(v, r.traces.as_ref());
+        let log = traces::check_log(v, &r.log);
+        let (upstreams, declared) = upstream::check_all(v, r.upstreams.as_ref());
+        let folders = upstreams.iter().flatten();
+        let folders = folders.filter(|(_, u)| matches!(u.kind, UpstreamKind::Dir { .. }));
         let around = route::RouteContext {
             declared: declared.as_ref(),
-            folders,
-            cache: matches!(cache, Ok(Some(_))),
+            folders: folders.map(|(name, _)| name.clone()).collect(),
+            cache: matches!(cache, Some(Some(_))),
         };
-        let routes = route::read_all(ctx, top.take("routes").map(|f| f.node), &around);
-        top.finish(ctx);
-        Ok(Self {
+        let routes = route::check_all(v, r.routes.as_ref(), &around);
+        Some(Self {
             server: server?,
             state: state?,
             cache: cache?,
@@ -198,6 +193,28 @@ impl Config {
             upstreams: upstreams?,
             routes: routes?,
         })
+    }
+
+    /// The chain of every route, in route order, built by `registry`.
+    ///
+    /// # Errors
+    /// Every bad option of every stage, and every order of stages that cannot work, at once
+    /// (which a config loaded with the same registry has none of).
+    pub fn build_chains(&self, registry: &StageRegistry) -> Result<Vec<Chain>, ConfigErrors> {
+        let mut chains = Vec::with_capacity(self.routes.len());
+        let mut errors = Vec::new();
+        for (index, route) in self.routes.iter().enumerate() {
+            let at = KeyPath::default().key("routes").index(index);
+            match chains::chain(registry, &at, &route.middleware) {
+                Ok(chain) => chains.push(chain),
+                Err(found) => errors.extend(
+                    found
+                        .into_iter()
+                        .map(|(at, problem, fix)| ConfigError::new(at.to_string(), problem, fix)),
+                ),
+            }
+        }
+        if errors.is_empty() { Ok(chains) } else { Err(ConfigErrors::new(errors)) }
     }
 }
 

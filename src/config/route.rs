@@ -1,18 +1,31 @@
-//! `[[routes]]` and their middleware entries.
+//! `[[routes]]`: what each serves from which upstream, and the tables of a route: its
+//! middleware, `upstream_resume`, `signed_links`, `download_limits` and `rate_limit`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use ::config::{Value, ValueKind};
+use http::HeaderName;
+
 use super::cache::{self, RouteCache};
+use super::chains::{self, MiddlewareSpec};
+use super::check::{Ctx, checked, push, suggest};
 use super::host::split_host_port;
-use super::read::{Ctx, Field, Read, Table, suggest};
-use super::s3::{self, S3ClientKeys};
-use super::tree::{Kind, Node, Origin};
+use super::raw::{
+    Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
+};
+use super::secret::{self, KeyFile, S3ClientKeys};
+use super::source::Path;
+use crate::links::LinkKeys;
 
 const MAX_PATH_PREFIX_LEN: usize = 1024;
 /// How long a download begun with a presigned URL may resume after it expired, by default.
 const DEFAULT_PRESIGNED_GRACE: Duration = Duration::from_secs(24 * 3600);
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
+/// Shorter than this, a link key could be guessed.
+const MIN_LINK_KEY_LEN: usize = 32;
+/// The slowest rate worth shaping to, and the fastest worth naming (bytes per second).
+const RATES: std::ops::RangeInclusive<u64> = 1024..=(1 << 40);
 
 /// One `[[routes]]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,22 +61,11 @@ pub struct RouteConfig {
     /// is a `[cache]` and the route's upstream is not a local folder.
     pub cache: Option<RouteCache>,
     /// `[routes.signed_links]`: when set, only signed links are served (`crate::links`).
-    pub signed_links: Option<super::links::SignedLinks>,
+    pub signed_links: Option<SignedLinks>,
     /// `[routes.download_limits]`: how many downloads may be under way at once.
-    pub download_limits: Option<super::limits::DownloadLimits>,
+    pub download_limits: Option<DownloadLimits>,
     /// `[routes.rate_limit]`: how fast responses go out.
-    pub rate_limit: Option<super::rate::RateLimit>,
-}
-
-/// What a route's defaults depend on outside it.
-#[derive(Debug, Default)]
-pub(super) struct RouteContext<'a> {
-    /// The upstreams' names; `None` when `[upstreams]` itself is broken.
-    pub(super) declared: Option<&'a BTreeSet<String>>,
-    /// The upstreams that are local folders.
-    pub(super) folders: BTreeSet<String>,
-    /// Whether there is a `[cache]`.
-    pub(super) cache: bool,
+    pub rate_limit: Option<RateLimit>,
 }
 
 /// How rangeway continues a response whose origin connection fails mid-body: it asks for the
@@ -91,208 +93,218 @@ impl Default for UpstreamResume {
     }
 }
 
-/// `upstream_resume = true` (the defaults), `= false` (off), or a table of settings.
-fn read_upstream_resume(ctx: &mut Ctx<'_>, field: Field) -> Read<Option<UpstreamResume>> {
-    let header = format!("[{}]", field.path);
-    let example = "[routes.upstream_resume] with attempts = 5";
-    // An environment variable is text: RANGEWAY__ROUTES__0__UPSTREAM_RESUME=false reads as the
-    // bare word would in the file.
-    let switch = matches!(
-        (&field.node.kind, field.origin()),
-        (Kind::Bool(_), _) | (Kind::Str(_), Origin::Env(_))
-    );
-    if switch {
-        return Ok(field.boolean(ctx)?.then(UpstreamResume::default));
-    }
-    let mut table = Table::new(ctx, &field.path, header, field.node, example)?;
-    let defaults = UpstreamResume::default();
-    let attempts =
-        table.take("attempts").map_or(Ok(defaults.attempts), |f| f.integer(ctx, 1..=100, "5"));
-    let deadline = table.take("deadline").map_or(Ok(defaults.deadline), |f| {
-        f.duration(
-            ctx,
-            Duration::from_millis(1)..=Duration::from_secs(3600),
-            "from \"1ms\" to \"1h\"",
-        )
-    });
-    let backoff = table.take("backoff").map_or(Ok(defaults.backoff), |f| {
-        f.duration(ctx, Duration::ZERO..=Duration::from_secs(5), "from \"0s\" to \"5s\"")
-    });
-    table.finish(ctx);
-    Ok(Some(UpstreamResume { attempts: attempts?, deadline: deadline?, backoff: backoff? }))
-}
-
-/// A middleware entry as written: its kind is known to the stage registry (checked at load time),
-/// its options are left for that stage to parse.
-#[derive(Debug, Clone, PartialEq)]
+/// A route that serves only signed links (`crate::links`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct MiddlewareSpec {
-    pub kind: String,
-    /// Every key of the entry but `kind`. Each value's origin names the config file or the
-    /// environment variable that set it.
-    pub options: BTreeMap<String, ::config::Value>,
-    /// Where the entry is, for the stage's own errors: `routes[1].middleware[0]`.
-    pub path: String,
+pub struct SignedLinks {
+    /// By id; the file's last line signs new links.
+    pub keys: LinkKeys,
+    /// How long after its link expired a download begun before may still resume. Default 24h.
+    pub grace: Duration,
 }
 
-/// Reads `[[routes]]`, checking upstream references against `declared` (every upstream name
-/// written, including ones with errors of their own; `None` when `[upstreams]` was unreadable,
-/// which is reported already).
-pub(super) fn read_all(
-    ctx: &mut Ctx<'_>,
-    node: Option<Node>,
+/// Concurrent-download limits of a route. A download is what the download id names (one
+/// session); past a limit a new one is answered 429 before the origin is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DownloadLimits {
+    /// Downloads one client address may have under way. `None`: no limit.
+    pub per_client: Option<usize>,
+    /// Downloads all clients together may have under way on the route. `None`: no limit.
+    pub per_route: Option<usize>,
+    /// What is counted: each download once however many requests carry its pieces
+    /// (`"download"`, the default), or each request (`"request"`).
+    pub count: Count,
+}
+
+/// What a download limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// A download once, however many ranged requests fetch its pieces at the same time
+    /// (`aria2c -x16`).
+    Download,
+    /// Every request.
+    Request,
+}
+
+/// A route's bandwidth limits, in bytes per second. Bodies are paced in steps of at most 50 ms
+/// of the slowest rate that applies, so no 100 ms window carries more than twice the rate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimit {
+    /// Each response. `None`: only what the origin's header asks, or the shared rates.
+    pub rate: Option<u64>,
+    /// The first bytes of each response that go out unshaped (a fast start). Default 0.
+    pub after: u64,
+    /// All of one client address's responses on the route together.
+    pub per_client: Option<u64>,
+    /// All of the route's responses together, a fair share each.
+    pub per_route: Option<u64>,
+    /// A response field by which the origin may lower one response's rate (never raise it
+    /// above `rate`), as nginx's `X-Accel-Limit-Rate`: bytes per second. Not sent to clients.
+    pub origin_header: Option<HeaderName>,
+}
+
+/// What a route's defaults depend on outside it.
+pub(super) struct RouteContext<'a> {
+    /// The upstreams' names; `None` when `[upstreams]` itself is broken.
+    pub(super) declared: Option<&'a BTreeSet<String>>,
+    /// The upstreams that are local folders.
+    pub(super) folders: BTreeSet<String>,
+    /// Whether there is a `[cache]`.
+    pub(super) cache: bool,
+}
+
+/// Checks `[[routes]]`, the upstream each names against `around.declared` (every upstream name
+/// written, including ones with errors of their own, which are reported already).
+pub(super) fn check_all(
+    v: &mut Ctx<'_>,
+    raw: Option<&Tables<RawRoute>>,
     around: &RouteContext<'_>,
-) -> Read<Vec<RouteConfig>> {
-    let Some(node) = node else {
-        return Err(ctx.report_at(
-            "routes",
-            "no routes are defined, so every request would be answered 404",
+) -> Option<Vec<RouteConfig>> {
+    let at = Path::default().key("routes");
+    let Some(raw) = raw else {
+        let problem = "no routes are defined, so every request would be answered 404";
+        return v.fail(&at, problem, format!("add {ROUTE_EXAMPLE}"));
+    };
+    let items =
+        v.shaped(&at, raw, "an array of tables", &format!("write each route as {ROUTE_EXAMPLE}"))?;
+    if items.is_empty() {
+        return v.fail(
+            &at,
+            "is empty, so every request would be answered 404",
             format!("add {ROUTE_EXAMPLE}"),
-        ));
-    };
-    let items = match node.kind {
-        Kind::Array(items) if items.is_empty() => {
-            return Err(ctx.report(
-                "routes",
-                &node.origin,
-                "is empty, so every request would be answered 404",
-                format!("add {ROUTE_EXAMPLE}"),
-            ));
-        }
-        Kind::Array(items) => items,
-        _ => {
-            return Err(ctx.report(
-                "routes",
-                &node.origin,
-                format!("expected an array of tables, found {}", node.type_name()),
-                format!("write each route as {ROUTE_EXAMPLE}"),
-            ));
-        }
-    };
-    let mut routes = Ok(Vec::with_capacity(items.len()));
+        );
+    }
+    let mut routes = Some(Vec::with_capacity(items.len()));
     // (host, prefix without its trailing '/') -> index of the first route that claimed it.
     let mut claimed: BTreeMap<(Option<String>, String), usize> = BTreeMap::new();
-    for (index, item) in items.into_iter().enumerate() {
-        let (claim, route) = read_one(ctx, index, item, around);
-        if let Some(Claim { host, prefix }) = claim {
+    for (index, raw) in items.iter().enumerate() {
+        let at = at.index(index);
+        let (claim, route) = check_one(v, &at, raw, around);
+        let mut route = route;
+        if let Some((host, prefix)) = claim {
             let key = (host, prefix.trim_end_matches('/').to_owned());
             if let Some(&first) = claimed.get(&key) {
                 let host = key.0.map_or("any host".to_owned(), |h| format!("host {h}"));
-                routes = Err(ctx.report_at(
-                    &format!("routes[{index}].path_prefix"),
+                route = v.fail(
+                    &at.key("path_prefix"),
                     format!(
-                        "{prefix:?} on {host} overlaps routes[{first}] (prefixes that differ only \
-                         by a trailing '/' match the same requests)"
+                        "{prefix:?} on {host} overlaps routes[{first}] (prefixes that differ only by a \
+                         trailing '/' match the same requests)"
                     ),
                     "remove one of the two routes, or give them different prefixes or hosts",
-                ));
+                );
             } else {
                 claimed.insert(key, index);
             }
         }
-        match (&mut routes, route) {
-            (Ok(list), Ok(route)) => list.push(route),
-            (_, Err(reported)) => routes = Err(reported),
-            (Err(_), Ok(_)) => {}
-        }
+        routes = push(routes, route);
     }
     routes
 }
 
-/// The requests a route matches, known as soon as its host and prefix are valid, so overlaps are
-/// found even while the route's other fields are wrong.
-struct Claim {
-    host: Option<String>,
-    prefix: String,
-}
-
-fn read_one(
-    ctx: &mut Ctx<'_>,
-    index: usize,
-    node: Node,
+/// A route, and the requests it matches as soon as its host and prefix are valid, so that
+/// overlaps are found even while its other keys are wrong.
+fn check_one(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    raw: &Raw<RawRoute>,
     around: &RouteContext<'_>,
-) -> (Option<Claim>, Read<RouteConfig>) {
+) -> (Option<(Option<String>, String)>, Option<RouteConfig>) {
+    let Some(r) = v.table(at, raw, ROUTE_EXAMPLE) else { return (None, None) };
+    let key = |key: &str| at.key(key);
+    let path_prefix = match &r.path_prefix {
+        Some(value) => v.parsed(&key("path_prefix"), value, "\"/files/\"", check_path_prefix).ok(),
+        None => v.fail(&key("path_prefix"), "is missing", "add path_prefix = \"/files/\""),
+    };
+    let host =
+        v.parsed(&key("host"), &r.host, "\"dl.example.com\"", |text| match split_host_port(text) {
+            Ok((host, None)) => Ok(host.to_string()),
+            Ok((host, Some(_))) => Err((
+                format!("{text:?} has a port"),
+                format!("write host = \"{host}\": hosts are matched without the port"),
+            )),
+            Err(e) => Err((
+                format!("{text:?} is not a host: {e}"),
+                "write a DNS name or an IP address, e.g. host = \"dl.example.com\"".to_owned(),
+            )),
+        });
+    let host = host.opt();
     let declared = around.declared;
-    let path = format!("routes[{index}]");
-    let mut table = match Table::new(ctx, &path, "[[routes]]", node, ROUTE_EXAMPLE) {
-        Ok(table) => table,
-        Err(reported) => return (None, Err(reported)),
-    };
-    let path_prefix = match table.take("path_prefix") {
-        Some(field) => read_path_prefix(ctx, field),
-        None => Err(ctx.report_at(
-            &format!("{path}.path_prefix"),
-            "is missing",
-            "add path_prefix = \"/files/\"",
-        )),
-    };
-    let host = table.take("host").map(|f| read_host(ctx, f)).transpose();
-    let upstream = match table.take("upstream") {
-        Some(field) => read_upstream(ctx, field, declared),
-        None => Err(ctx.report_at(
-            &format!("{path}.upstream"),
+    let upstream = match &r.upstream {
+        Some(value) => {
+            v.parsed(&key("upstream"), value, "\"origin\"", |name| upstream(name, declared)).ok()
+        }
+        None => v.fail(
+            &key("upstream"),
             "is missing",
             match declared.and_then(|d| Some((d.iter().next()?, d))) {
                 Some((name, all)) => format!("add upstream = \"{name}\" (defined: {})", list(all)),
                 None => "define an upstream in [upstreams.NAME] and name it here".to_owned(),
             },
-        )),
+        ),
     };
-    let strip_prefix = table.take("strip_prefix").map_or(Ok(false), |f| f.boolean(ctx));
-    let middleware = table.take("middleware").map_or(Ok(Vec::new()), |f| read_middleware(ctx, f));
-    if let Ok(specs) = &middleware {
+    let strip_prefix = v.boolean(&key("strip_prefix"), &r.strip_prefix).or(false);
+    let middleware = r
+        .middleware
+        .as_ref()
+        .map_or(Some(Vec::new()), |raw| middleware(v, &key("middleware"), raw));
+    if let Some(specs) = &middleware {
         // What each stage accepts is checked here, with everything else, so that `rangeway
         // check` reports a bad option beside, say, an unknown upstream.
-        super::chains::check(ctx, &path, specs);
+        chains::check(v, at, specs);
     }
-    let s3_client_keys =
-        table.take("s3_client_keys_file").map(|f| s3::read_client_keys(ctx, f)).transpose();
-    let s3_presigned_grace = match table.take("s3_presigned_grace") {
-        None => Ok(DEFAULT_PRESIGNED_GRACE),
-        Some(field) if matches!(s3_client_keys, Ok(None)) => Err(ctx.report(
-            &field.path,
-            field.origin(),
+    let s3_client_keys = checked(r.s3_client_keys_file.as_ref(), |value| {
+        secret::read_client_keys(v, &key("s3_client_keys_file"), value)
+    });
+    let s3_presigned_grace = match (&r.s3_presigned_grace, &s3_client_keys) {
+        (Some(_), Some(None)) => v.fail(
+            &key("s3_presigned_grace"),
             "has no effect without s3_client_keys_file",
             "add s3_client_keys_file, or remove this key",
-        )),
-        Some(field) => field.duration(
-            ctx,
-            Duration::ZERO..=Duration::from_secs(30 * 24 * 3600),
-            "from \"0s\" to \"30d\"",
         ),
+        (value, _) => {
+            let range = Duration::ZERO..=Duration::from_secs(30 * 24 * 3600);
+            v.duration(&key("s3_presigned_grace"), value, range, "from \"0s\" to \"30d\"")
+                .or(DEFAULT_PRESIGNED_GRACE)
+        }
     };
     // On unless a route turns it off: a body its origin breaks off is otherwise a broken
     // download, as through any other proxy.
-    let upstream_resume = table
-        .take("upstream_resume")
-        .map_or(Ok(Some(UpstreamResume::default())), |f| read_upstream_resume(ctx, f));
+    let upstream_resume = switch(
+        v,
+        &key("upstream_resume"),
+        &r.upstream_resume,
+        true,
+        "[routes.upstream_resume] with attempts = 5",
+        resume,
+    );
     let s3_response_overrides =
-        table.take("s3_response_overrides").map_or(Ok(false), |f| f.boolean(ctx));
-    let signed_links = table.take("signed_links").map(|f| super::links::read(ctx, f)).transpose();
+        v.boolean(&key("s3_response_overrides"), &r.s3_response_overrides).or(false);
+    let signed_links =
+        checked(r.signed_links.as_ref(), |raw| signed_links(v, &key("signed_links"), raw));
     let download_limits =
-        table.take("download_limits").map(|f| super::limits::read(ctx, f)).transpose();
-    let rate_limit = table.take("rate_limit").map(|f| super::rate::read(ctx, f)).transpose();
-    let cache_field = table.take("cache");
-    let cache = match (&cache_field, around.cache) {
-        (Some(field), false) => Err(ctx.report(
-            &field.path,
-            field.origin(),
+        checked(r.download_limits.as_ref(), |raw| download_limits(v, &key("download_limits"), raw));
+    let rate_limit = checked(r.rate_limit.as_ref(), |raw| rate_limit(v, &key("rate_limit"), raw));
+    let cache = match (&r.cache, around.cache) {
+        (Some(_), false) => v.fail(
+            &key("cache"),
             "there is no [cache] for the route to use",
             "add [cache] with dir = \"/var/cache/rangeway\", or remove this key",
-        )),
-        _ => {
-            let folder = upstream.as_ref().is_ok_and(|name| around.folders.contains(name));
-            cache::read_route(ctx, cache_field, around.cache && !folder)
+        ),
+        // Without the key, a route uses the cache unless its upstream is a local folder (which a
+        // cache would only copy).
+        (value, _) => {
+            let folder = upstream.as_ref().is_some_and(|name| around.folders.contains(name));
+            let example = "[routes.cache] with revalidate = \"each-download\"";
+            switch(v, &key("cache"), value, around.cache && !folder, example, cache::route)
         }
     };
-    table.finish(ctx);
-    let claim = match (&host, &path_prefix) {
-        (Ok(host), Ok(prefix)) => Some(Claim { host: host.clone(), prefix: prefix.clone() }),
-        _ => None,
-    };
-    let route = host.and_then(|host| {
-        Ok(RouteConfig {
-            host,
+    let claim = host.clone().zip(path_prefix.clone());
+    let route = || {
+        Some(RouteConfig {
+            host: host?,
             path_prefix: path_prefix?,
             upstream: upstream?,
             strip_prefix: strip_prefix?,
@@ -306,17 +318,15 @@ fn read_one(
             download_limits: download_limits?,
             rate_limit: rate_limit?,
         })
-    });
-    (claim, route)
+    };
+    (claim, route())
 }
 
 fn list(names: &BTreeSet<String>) -> String {
     names.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
 }
 
-fn read_path_prefix(ctx: &mut Ctx<'_>, field: Field) -> Read<String> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let prefix = field.string(ctx, "\"/files/\"")?;
+fn check_path_prefix(prefix: &str) -> Result<String, (String, String)> {
     let problem = if !prefix.starts_with('/') {
         "does not start with '/'"
     } else if prefix.contains("..") {
@@ -336,125 +346,112 @@ fn read_path_prefix(ctx: &mut Ctx<'_>, field: Field) -> Read<String> {
     } else if prefix.len() > MAX_PATH_PREFIX_LEN {
         "is longer than 1024 bytes"
     } else {
-        return Ok(prefix);
+        return Ok(prefix.to_owned());
     };
-    Err(ctx.report(
-        &path,
-        &origin,
+    Err((
         format!("{prefix:?} {problem}"),
-        "write a normalised path that starts with '/', e.g. \"/files/\"",
+        "write a normalised path that starts with '/', e.g. \"/files/\"".to_owned(),
     ))
 }
 
-fn read_host(ctx: &mut Ctx<'_>, field: Field) -> Read<String> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let text = field.string(ctx, "\"dl.example.com\"")?;
-    match split_host_port(&text) {
-        Ok((host, None)) => Ok(host.to_string()),
-        Ok((host, Some(_))) => Err(ctx.report(
-            &path,
-            &origin,
-            format!("{text:?} has a port"),
-            format!("write host = \"{host}\": hosts are matched without the port"),
-        )),
-        Err(e) => Err(ctx.report(
-            &path,
-            &origin,
-            format!("{text:?} is not a host: {e}"),
-            "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
-        )),
-    }
-}
-
-fn read_upstream(
-    ctx: &mut Ctx<'_>,
-    field: Field,
-    declared: Option<&BTreeSet<String>>,
-) -> Read<String> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let name = field.string(ctx, "\"origin\"")?;
-    let Some(declared) = declared.filter(|d| !d.contains(&name)) else {
-        return Ok(name);
-    };
+/// The upstream a route names, when it is declared (or the declared names are unknown).
+fn upstream(name: &str, declared: Option<&BTreeSet<String>>) -> Result<String, (String, String)> {
+    let Some(declared) = declared.filter(|d| !d.contains(name)) else { return Ok(name.to_owned()) };
     let fix = if declared.is_empty() {
         format!("define [upstreams.{name}] with url = \"http://...\" or dir = \"...\"")
     } else {
         let define = format!("define [upstreams.{name}], or use one of: {}", list(declared));
-        match suggest(&name, declared.iter().map(String::as_str)) {
+        match suggest(name, declared.iter().map(String::as_str)) {
             Some(near) => format!("did you mean \"{near}\"? Otherwise {define}"),
             None => define,
         }
     };
-    Err(ctx.report(&path, &origin, format!("no upstream named {name:?}"), fix))
+    Err((format!("no upstream named {name:?}"), fix))
 }
 
-fn read_middleware(ctx: &mut Ctx<'_>, field: Field) -> Read<Vec<MiddlewareSpec>> {
-    let Field { path, node, .. } = field;
-    let items = match node.kind {
-        Kind::Array(items) => items,
-        _ => {
-            return Err(ctx.report(
-                &path,
-                &node.origin,
-                format!("expected an array of tables, found {}", node.type_name()),
-                "write middleware = [] for none, or one [[routes.middleware]] table per stage",
-            ));
-        }
-    };
-    let mut specs = Ok(Vec::with_capacity(items.len()));
-    for (index, item) in items.into_iter().enumerate() {
-        let spec = read_spec(ctx, format!("{path}[{index}]"), item);
-        match (&mut specs, spec) {
-            (Ok(list), Ok(spec)) => list.push(spec),
-            (_, Err(reported)) => specs = Err(reported),
-            (Err(_), Ok(_)) => {}
-        }
+/// A key that is `true` (`T`'s defaults), `false` (off) or a table for `table` to check; `on` when
+/// it is not written. From a variable, the bare word.
+pub(super) fn switch<T, R: serde::de::DeserializeOwned>(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    value: &Option<Value>,
+    on: bool,
+    example: &str,
+    table: impl FnOnce(&mut Ctx<'_>, &Path, &R) -> Option<T>,
+) -> Option<Option<T>>
+where
+    T: Default,
+{
+    let Some(value) = value else { return Some(on.then(T::default)) };
+    if matches!(value.kind, ValueKind::Boolean(_))
+        || (matches!(value.kind, ValueKind::String(_)) && v.set_by_env(at))
+    {
+        return v.boolean(at, value).ok().map(|on| on.then(T::default));
+    }
+    let raw = Raw::<R>::from(value.clone());
+    let read = v.table(at, &raw, example)?;
+    table(v, at, read).map(Some)
+}
+
+fn resume(v: &mut Ctx<'_>, at: &Path, r: &RawResume) -> Option<UpstreamResume> {
+    let defaults = UpstreamResume::default();
+    let attempts = v.integer(&at.key("attempts"), &r.attempts, 1..=100, "5").or(defaults.attempts);
+    let range = Duration::from_millis(1)..=Duration::from_secs(3600);
+    let deadline = v
+        .duration(&at.key("deadline"), &r.deadline, range, "from \"1ms\" to \"1h\"")
+        .or(defaults.deadline);
+    let range = Duration::ZERO..=Duration::from_secs(5);
+    let backoff = v
+        .duration(&at.key("backoff"), &r.backoff, range, "from \"0s\" to \"5s\"")
+        .or(defaults.backoff);
+    Some(UpstreamResume { attempts: attempts?, deadline: deadline?, backoff: backoff? })
+}
+
+fn middleware(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    raw: &Tables<BTreeMap<String, Value>>,
+) -> Option<Vec<MiddlewareSpec>> {
+    let fix = "write middleware = [] for none, or one [[routes.middleware]] table per stage";
+    let items = v.shaped(at, raw, "an array of tables", fix)?;
+    let known = v.known_kinds.clone();
+    let mut specs = Some(Vec::with_capacity(items.len()));
+    for (index, raw) in items.iter().enumerate() {
+        let at = at.index(index);
+        let spec =
+            v.table(&at, raw, "[[routes.middleware]] with kind = \"checksum\"").and_then(|entry| {
+                // Everything but `kind` is the stage's to parse; there are no unknown keys here.
+                let options = entry.iter().filter(|(key, _)| *key != "kind");
+                let options = options
+                    .map(|(key, value)| (key.clone(), v.option(&at.key(key), value)))
+                    .collect();
+                let kind = v.required(
+                    &at.key("kind"),
+                    entry.get("kind"),
+                    kind_fix(&known, "set kind to"),
+                )?;
+                let kind = v.parsed(&at.key("kind"), kind, "\"checksum\"", |kind| {
+                    if known.contains(&kind) {
+                        return Ok(kind.to_owned());
+                    }
+                    let fix = match suggest(kind, known.iter().copied()) {
+                        Some(near) => format!(
+                            "did you mean \"{near}\"? {}",
+                            kind_fix(&known, "Otherwise use")
+                        ),
+                        None => kind_fix(&known, "use"),
+                    };
+                    Err((format!("unknown middleware kind {kind:?}"), fix))
+                });
+                Some(MiddlewareSpec { kind: kind.ok()?, options, path: at.to_string() })
+            });
+        specs = push(specs, spec);
     }
     specs
 }
 
-fn read_spec(ctx: &mut Ctx<'_>, path: String, node: Node) -> Read<MiddlewareSpec> {
-    let mut table = Table::new(
-        ctx,
-        &path,
-        "[[routes.middleware]]",
-        node,
-        "[[routes.middleware]] with kind = \"checksum\"",
-    )?;
-    let kind = table.take("kind");
-    // Everything else is the stage's to parse; there are no unknown keys at this level.
-    let options =
-        table.drain().into_iter().map(|(key, node)| (key, node.to_value(ctx.file))).collect();
-    let kind = match kind {
-        Some(field) => read_kind(ctx, field)?,
-        None => {
-            return Err(ctx.report_at(
-                &format!("{path}.kind"),
-                "is missing",
-                kind_fix(&ctx.known_kinds, "set kind to"),
-            ));
-        }
-    };
-    Ok(MiddlewareSpec { kind, options, path })
-}
-
-fn read_kind(ctx: &mut Ctx<'_>, field: Field) -> Read<String> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let kind = field.string(ctx, "\"checksum\"")?;
-    if ctx.known_kinds.contains(&kind.as_str()) {
-        return Ok(kind);
-    }
-    let fix = match suggest(&kind, ctx.known_kinds.iter().copied()) {
-        Some(near) => {
-            format!("did you mean \"{near}\"? {}", kind_fix(&ctx.known_kinds, "Otherwise use"))
-        }
-        None => kind_fix(&ctx.known_kinds, "use"),
-    };
-    Err(ctx.report(&path, &origin, format!("unknown middleware kind {kind:?}"), fix))
-}
-
 /// `lead` followed by the kinds there are, or, when none are, how to do without.
-fn kind_fix(known_kinds: &[&str], lead: &str) -> String {
+pub(super) fn kind_fix(known_kinds: &[&str], lead: &str) -> String {
     if known_kinds.is_empty() {
         return "no middleware kinds are built in yet: remove this entry (middleware = [])"
             .to_owned();
@@ -465,16 +462,105 @@ fn kind_fix(known_kinds: &[&str], lead: &str) -> String {
     format!("{lead} one of: {}", kinds.join(", "))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// `[routes.signed_links]`: `KEY_ID SECRET` lines, the newest last.
+fn signed_links(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawSignedLinks>) -> Option<SignedLinks> {
+    let r =
+        v.table(at, raw, "[routes.signed_links] with keys_file = \"/etc/rangeway/link-keys\"")?;
+    let fix = "add keys_file = \"/etc/rangeway/link-keys\" (lines of `KEY_ID SECRET`)";
+    let kind = KeyFile {
+        example: "\"/etc/rangeway/link-keys\"",
+        pair: "a `KEY_ID SECRET`",
+        fix: "write one `KEY_ID SECRET` pair per line, the newest last (e.g. \
+              `echo \"$(date +%Y-%m) $(openssl rand -hex 32)\" >> FILE`)",
+        unreadable_fix: "point keys_file at a readable file of link keys",
+        check: |id, secret| {
+            if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+                Some("has a key id of other than letters, digits, '-', '_' and '.'".to_owned())
+            } else if secret.len() < MIN_LINK_KEY_LEN
+                || !secret.bytes().all(|b| b.is_ascii_graphic())
+            {
+                Some(format!("has a secret of fewer than {MIN_LINK_KEY_LEN} printable characters"))
+            } else {
+                None
+            }
+        },
+    };
+    let keys = v.required(&at.key("keys_file"), r.keys_file.as_ref(), fix);
+    let keys = keys.and_then(|value| secret::read_key_file(v, &at.key("keys_file"), value, &kind));
+    let range = Duration::ZERO..=Duration::from_secs(30 * 24 * 3600);
+    let grace = v
+        .duration(&at.key("grace"), &r.grace, range, "from \"0s\" to \"30d\"")
+        .or(Duration::from_secs(24 * 3600));
+    // A key file holds at least one key, so `LinkKeys::new` has a newest one.
+    let keys = LinkKeys::new(keys?.iter().map(|(id, secret)| (id.clone(), secret.expose())))?;
+    Some(SignedLinks { keys, grace: grace? })
+}
 
-    #[test]
-    fn kind_fixes() {
-        assert_eq!(
-            kind_fix(&[], "use"),
-            "no middleware kinds are built in yet: remove this entry (middleware = [])"
+fn download_limits(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    raw: &Raw<RawDownloadLimits>,
+) -> Option<DownloadLimits> {
+    let r = v.table(at, raw, "[routes.download_limits] with per_client = 10")?;
+    let per_client =
+        v.integer(&at.key("per_client"), &r.per_client, 1..=1_000_000usize, "10").opt();
+    let per_route = v.integer(&at.key("per_route"), &r.per_route, 1..=1_000_000usize, "10").opt();
+    let counts = [("download", Count::Download), ("request", Count::Request)];
+    let count = v.choice(&at.key("count"), &r.count, "\"download\"", &counts, |other| {
+        (
+            format!("{other:?} is not what a limit counts"),
+            "use \"download\" (each download once, however many pieces) or \"request\"".to_owned(),
+        )
+    });
+    let limits = DownloadLimits {
+        per_client: per_client?,
+        per_route: per_route?,
+        count: count.or(Count::Download)?,
+    };
+    if limits.per_client.is_none() && limits.per_route.is_none() {
+        return v.fail(
+            at,
+            "sets no limit",
+            "add per_client = 10 or per_route = 1000, or remove the table",
         );
-        assert_eq!(kind_fix(&["gzip", "checksum", "gzip"], "use"), "use one of: checksum, gzip");
     }
+    Some(limits)
+}
+
+fn rate_limit(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawRateLimit>) -> Option<RateLimit> {
+    let r = v.table(at, raw, "[routes.rate_limit] with rate = \"2MiB\" (bytes per second)")?;
+    let mut rate = |key: &str, value: &Option<Value>| {
+        v.size(&at.key(key), value, RATES, "\"2MiB\" (per second)").opt()
+    };
+    let (per_response, per_client, per_route) =
+        (rate("rate", &r.rate), rate("per_client", &r.per_client), rate("per_route", &r.per_route));
+    let after = v.size(&at.key("after"), &r.after, 0..=(1 << 50), "\"4MiB\"").or(0);
+    let origin_header =
+        v.parsed(&at.key("origin_header"), &r.origin_header, "\"X-Accel-Limit-Rate\"", |name| {
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                (
+                    format!("{name:?} is not a header name"),
+                    "write a field name, e.g. \"X-Accel-Limit-Rate\"".to_owned(),
+                )
+            })
+        });
+    let limit = RateLimit {
+        rate: per_response?,
+        after: after?,
+        per_client: per_client?,
+        per_route: per_route?,
+        origin_header: origin_header.opt()?,
+    };
+    if limit.rate.is_none()
+        && limit.per_client.is_none()
+        && limit.per_route.is_none()
+        && limit.origin_header.is_none()
+    {
+        return v.fail(
+            at,
+            "sets no rate",
+            "add rate = \"2MiB\" (per response, per second), per_client or per_route, or remove the table",
+        );
+    }
+    Some(limit)
 }

@@ -6,10 +6,11 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::check::{Ctx, checked};
 use super::host::Host;
-use super::read::{Ctx, Field, Read, Table};
+use super::raw::{Raw, RawServer};
 use super::secret::{self, Secret, SecretKey};
-use super::tree::{Kind, Node};
+use super::source::Path;
 use crate::ip_net::IpNet;
 
 const DEFAULT_LISTEN: SocketAddr =
@@ -129,7 +130,7 @@ pub(crate) fn descriptor_limit() -> Option<u64> {
 
 /// `max_connections` when it is not set: each connection may hold
 /// [`DESCRIPTORS_PER_CONNECTION`], after [`RESERVED_DESCRIPTORS`] kept aside.
-fn default_max_connections(descriptors: Option<u64>) -> usize {
+pub(super) fn default_max_connections(descriptors: Option<u64>) -> usize {
     descriptors.map_or(MAX_CONNECTIONS_LIMIT, |limit| {
         let share = limit.saturating_sub(RESERVED_DESCRIPTORS) / DESCRIPTORS_PER_CONNECTION;
         usize::try_from(share).unwrap_or(MAX_CONNECTIONS_LIMIT).clamp(1, MAX_CONNECTIONS_LIMIT)
@@ -172,320 +173,196 @@ impl fmt::Debug for AdminToken {
     }
 }
 
-pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<ServerConfig> {
-    let mut table = match node {
-        Some(node) => Table::new(
-            ctx,
-            "server",
-            "[server]",
-            node,
-            "[server] with listen = \"127.0.0.1:8080\"",
-        )?,
-        None => Table::empty("server", "[server]"),
-    };
-    let listen =
-        table.take("listen").map_or(Ok(DEFAULT_LISTEN), |f| f.socket_addr(ctx, "127.0.0.1:8080"));
-    let admin_listen = table
-        .take("admin_listen")
-        .map_or(Ok(DEFAULT_ADMIN_LISTEN), |f| f.socket_addr(ctx, "127.0.0.1:9090"));
-    let admin_token =
-        table.take("admin_token_env").map_or(Ok(None), |f| admin_token(ctx, f).map(Some));
-    let threads = match table.take("threads") {
-        // The range starts at 1, so the fallback is never taken.
-        Some(f) => f
-            .integer(ctx, 1..=MAX_THREADS, "4")
-            .map(|n| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN)),
-        // available_parallelism fails only where the OS cannot say; one thread still works.
-        None => Ok(std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)),
-    };
-    let grace_period = table.take("grace_period").map_or(Ok(DEFAULT_GRACE_PERIOD), |f| {
-        f.duration(ctx, Duration::ZERO..=MAX_GRACE_PERIOD, "from \"0s\" to \"1h\"")
+pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfig> {
+    let at = Path::default().key("server");
+    let r = v.table(&at, raw, "[server] with listen = \"127.0.0.1:8080\"")?;
+    let key = |key: &str| at.key(key);
+    let listen = v.socket_addr(&key("listen"), &r.listen, "127.0.0.1:8080").or(DEFAULT_LISTEN);
+    let admin_listen = v
+        .socket_addr(&key("admin_listen"), &r.admin_listen, "127.0.0.1:9090")
+        .or(DEFAULT_ADMIN_LISTEN);
+    let admin_token = checked(r.admin_token_env.as_ref(), |value| {
+        let secret = SecretKey {
+            example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
+            holds: "the token",
+            source_hint: " (e.g. from `openssl rand -hex 32`)",
+            otherwise: "or remove admin_token_env to leave the admin API open on admin_listen",
+        };
+        let (env_var, token) = secret::read_env(v, &key("admin_token_env"), value, &secret)?;
+        Some(AdminToken { env_var, token })
     });
-    let max_ranges = table
-        .take("max_ranges")
-        .map_or(Ok(DEFAULT_MAX_RANGES), |f| f.integer(ctx, 1..=MAX_RANGES_LIMIT, "16"));
-    let client_limits = read_client_limits(ctx, &mut table);
-    let upgrade_socket =
-        table.take("upgrade_socket").map_or(Ok(PathBuf::from(DEFAULT_UPGRADE_SOCKET)), |f| {
-            let (path, origin) = (f.path.clone(), f.origin().clone());
-            let text = f.string(ctx, "\"/run/rangeway/upgrade.sock\"")?;
-            // A Unix socket path holds at most 107 bytes (sun_path).
-            if text.is_empty() || text.len() > 107 || text.contains('\0') {
-                return Err(ctx.report(
-                &path,
-                &origin,
-                "is not a usable Unix socket path (1 to 107 bytes)",
-                "use a short absolute path, e.g. upgrade_socket = \"/run/rangeway/upgrade.sock\"",
+    // The range starts at 1, so the fallback is never taken; available_parallelism fails only
+    // where the OS cannot say, and one thread still works.
+    let threads = v.integer(&key("threads"), &r.threads, 1..=MAX_THREADS, "4");
+    let threads = threads.map(|n| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN));
+    let threads =
+        threads.or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN));
+    let grace_period = v.duration(
+        &key("grace_period"),
+        &r.grace_period,
+        Duration::ZERO..=MAX_GRACE_PERIOD,
+        "from \"0s\" to \"1h\"",
+    );
+    let max_ranges = v.integer(&key("max_ranges"), &r.max_ranges, 1..=MAX_RANGES_LIMIT, "16");
+    let client_limits = client_limits(v, &at, r);
+    let upgrade_socket = v.parsed(&key("upgrade_socket"), &r.upgrade_socket, "\"/run/rangeway/upgrade.sock\"", |text| {
+        // A Unix socket path holds at most 107 bytes (sun_path).
+        if text.is_empty() || text.len() > 107 || text.contains('\0') {
+            return Err((
+                "is not a usable Unix socket path (1 to 107 bytes)".to_owned(),
+                "use a short absolute path, e.g. upgrade_socket = \"/run/rangeway/upgrade.sock\"".to_owned(),
             ));
-            }
-            Ok(PathBuf::from(text))
-        });
-    let proxy_protocol = table.take("proxy_protocol").map_or(Ok(false), |f| f.boolean(ctx));
-    let trusted_proxies =
-        table.take("trusted_proxies").map_or(Ok(Vec::new()), |f| read_trusted_proxies(ctx, f));
-    let admin_hosts =
-        table.take("admin_hosts").map_or(Ok(Vec::new()), |f| read_admin_hosts(ctx, f));
-    table.finish(ctx);
+        }
+        Ok(PathBuf::from(text))
+    });
+    let proxy_protocol = v.boolean(&key("proxy_protocol"), &r.proxy_protocol).or(false);
+    let trusted_proxies = v.strings(&key("trusted_proxies"), &r.trusted_proxies, "a string", "[\"10.0.0.0/8\", \"fd00::/8\"]", |text| {
+        IpNet::parse(text.trim()).map_err(|problem| {
+            (
+                format!("{text:?} is not a network: {problem}"),
+                "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \"192.0.2.7\" \
+                 or \"fd00::/8\" (host names are not resolved)"
+                    .to_owned(),
+            )
+        })
+    });
+    let admin_hosts = v.strings(
+        &key("admin_hosts"),
+        &r.admin_hosts,
+        "a string",
+        "[\"rangeway-1.internal\"]",
+        admin_host,
+    );
 
     let (listen, admin_listen) = (listen?, admin_listen?);
     if sockets_collide(listen, admin_listen) {
-        return Err(ctx.report_at(
-            "server.admin_listen",
+        let other =
+            SocketAddr::new(admin_listen.ip(), if listen.port() == 9090 { 9091 } else { 9090 });
+        return v.fail(
+            &key("admin_listen"),
             format!("{admin_listen} overlaps server.listen ({listen})"),
             format!(
-                "give admin_listen another port, e.g. \"{}\": the admin API must never be \
-                 reachable on the public listener",
-                SocketAddr::new(admin_listen.ip(), if listen.port() == 9090 { 9091 } else { 9090 })
+                "give admin_listen another port, e.g. \"{other}\": the admin API must never be \
+                 reachable on the public listener"
             ),
-        ));
+        );
     }
-    Ok(ServerConfig {
+    Some(ServerConfig {
         listen,
         admin_listen,
         admin_token: admin_token?,
         threads: threads?,
-        grace_period: grace_period?,
-        max_ranges: max_ranges?,
+        grace_period: grace_period.or(DEFAULT_GRACE_PERIOD)?,
+        max_ranges: max_ranges.or(DEFAULT_MAX_RANGES)?,
         client_limits: client_limits?,
-        upgrade_socket: upgrade_socket?,
+        upgrade_socket: upgrade_socket.or_else(|| PathBuf::from(DEFAULT_UPGRADE_SOCKET))?,
         proxy_protocol: proxy_protocol?,
-        trusted_proxies: trusted_proxies?,
-        admin_hosts: admin_hosts?,
+        trusted_proxies: trusted_proxies.or(Vec::new())?,
+        admin_hosts: admin_hosts.or(Vec::new())?,
     })
 }
 
-/// The strings of an array field, each with its key path, or reported on its own when it is not
-/// one; `example` is the field's value as a whole.
-fn string_items(
-    ctx: &mut Ctx<'_>,
-    field: Field,
-    example: &str,
-) -> Read<Vec<(String, Read<String>)>> {
-    let Field { path, key, node } = field;
-    let items = match node.kind {
-        Kind::Array(items) => items,
-        _ => {
-            return Err(ctx.report(
-                &path,
-                &node.origin,
-                format!("expected an array of strings, found {}", node.type_name()),
-                format!("write {key} = {example}"),
-            ));
-        }
-    };
-    let items = items.into_iter().enumerate().map(|(index, item)| {
-        let item_path = format!("{path}[{index}]");
-        let text = match item.kind {
-            Kind::Str(text) => Ok(text),
-            _ => Err(ctx.report(
-                &item_path,
-                &item.origin,
-                format!("expected a string, found {}", item.type_name()),
-                format!("write {key} = {example}"),
-            )),
-        };
-        (item_path, text)
+/// An `admin_hosts` entry: a name as a Host field writes it (IPv6 in brackets), without port.
+fn admin_host(text: &str) -> Result<String, (String, String)> {
+    let with_port = text.rsplit_once(':').filter(|(host, port)| {
+        !host.is_empty()
+            && !host.contains(':')
+            && !port.is_empty()
+            && port.bytes().all(|b| b.is_ascii_digit())
     });
-    Ok(items.collect())
-}
-
-/// Every item read, or the proof that at least one was reported.
-fn all_read<T>(items: impl IntoIterator<Item = Read<T>>) -> Read<Vec<T>> {
-    let mut all = Ok(Vec::new());
-    for item in items {
-        match (&mut all, item) {
-            (Ok(list), Ok(item)) => list.push(item),
-            (_, Err(reported)) => all = Err(reported),
-            (Err(_), Ok(_)) => {}
-        }
+    if let Some((host, _)) = with_port {
+        return Err((
+            format!("{text:?} has a port"),
+            format!("write {host:?}: names are matched without their port"),
+        ));
     }
-    all
+    Host::parse(&text.to_ascii_lowercase()).map(|host| host.to_string()).map_err(|problem| {
+        (
+            format!("{text:?}: {problem}"),
+            "write a host name as clients put it in Host, without port, e.g. \"rangeway-1.internal\"".to_owned(),
+        )
+    })
 }
 
-fn read_trusted_proxies(ctx: &mut Ctx<'_>, field: Field) -> Read<Vec<IpNet>> {
-    let origin = field.origin().clone();
-    let items = string_items(ctx, field, "[\"10.0.0.0/8\", \"fd00::/8\"]")?;
-    let nets: Vec<Read<IpNet>> = items
-        .into_iter()
-        .map(|(path, text)| {
-            let text = text?;
-            IpNet::parse(text.trim()).map_err(|problem| {
-                ctx.report(
-                    &path,
-                    &origin,
-                    format!("{text:?} is not a network: {problem}"),
-                    "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \
-                     \"192.0.2.7\" or \"fd00::/8\" (host names are not resolved)",
-                )
-            })
-        })
-        .collect();
-    all_read(nets)
-}
-
-fn read_admin_hosts(ctx: &mut Ctx<'_>, field: Field) -> Read<Vec<String>> {
-    let origin = field.origin().clone();
-    let items = string_items(ctx, field, "[\"rangeway-1.internal\"]")?;
-    let hosts: Vec<Read<String>> = items
-        .into_iter()
-        .map(|(path, text)| {
-            let text = text?;
-            let with_port = text.rsplit_once(':').filter(|(host, port)| {
-                !host.is_empty()
-                    && !host.contains(':')
-                    && !port.is_empty()
-                    && port.bytes().all(|b| b.is_ascii_digit())
-            });
-            if let Some((host, _)) = with_port {
-                return Err(ctx.report(
-                    &path,
-                    &origin,
-                    format!("{text:?} has a port"),
-                    format!("write {host:?}: names are matched without their port"),
-                ));
-            }
-            // As a Host field writes it: IPv6 in brackets.
-            Host::parse(&text.to_ascii_lowercase()).map(|host| host.to_string()).map_err(
-                |problem| {
-                    ctx.report(
-                        &path,
-                        &origin,
-                        format!("{text:?}: {problem}"),
-                        "write a host name as clients put it in Host, without port, e.g. \
-                         \"rangeway-1.internal\"",
-                    )
-                },
-            )
-        })
-        .collect();
-    all_read(hosts)
-}
-
-fn read_client_limits(ctx: &mut Ctx<'_>, table: &mut Table) -> Read<ClientLimits> {
+fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimits> {
     let defaults = ClientLimits::default();
-    let timeout = |field: Option<Field>, ctx: &mut Ctx<'_>, default| {
-        field.map_or(Ok(default), |f| {
-            f.duration(
-                ctx,
-                Duration::from_millis(1)..=Duration::from_secs(3600),
-                "from \"1ms\" to \"1h\"",
-            )
-        })
+    let key = |key: &str| at.key(key);
+    let mut timeout = |key: &str, value, default| {
+        let range = Duration::from_millis(1)..=Duration::from_secs(3600);
+        v.duration(&at.key(key), value, range, "from \"1ms\" to \"1h\"").or(default)
     };
-    let header_timeout = timeout(table.take("client_header_timeout"), ctx, defaults.header_timeout);
-    let write_timeout = timeout(table.take("client_write_timeout"), ctx, defaults.write_timeout);
-    let max_connections_per_client = table
-        .take("max_connections_per_client")
-        .map_or(Ok(defaults.max_connections_per_client), |f| f.integer(ctx, 0..=1_000_000, "1024"));
+    let header_timeout =
+        timeout("client_header_timeout", &r.client_header_timeout, defaults.header_timeout);
+    let write_timeout =
+        timeout("client_write_timeout", &r.client_write_timeout, defaults.write_timeout);
+    let keepalive_timeout = timeout(
+        "client_keepalive_timeout",
+        &r.client_keepalive_timeout,
+        defaults.keepalive_timeout,
+    );
+    let max_connections_per_client = v.integer(
+        &key("max_connections_per_client"),
+        &r.max_connections_per_client,
+        0..=1_000_000,
+        "1024",
+    );
     // pingora itself reads at most 1 MiB of header and 256 fields: the limits stay within them.
     let max_header_bytes =
-        table.take("max_header_bytes").map_or(Ok(defaults.max_header_bytes), |f| {
-            f.size(ctx, 1024..=1_048_575, "\"32KiB\"").map(|size| size as usize)
-        });
-    let max_header_fields = table
-        .take("max_header_fields")
-        .map_or(Ok(defaults.max_header_fields), |f| f.integer(ctx, 1..=256, "100"));
-    let keepalive_timeout =
-        timeout(table.take("client_keepalive_timeout"), ctx, defaults.keepalive_timeout);
-    let max_connections = table.take("max_connections").map_or(Ok(defaults.max_connections), |f| {
-        let (path, origin) = (f.path.clone(), f.origin().clone());
-        let max = f.integer(ctx, 1..=MAX_CONNECTIONS_LIMIT, "10000")?;
+        v.size(&key("max_header_bytes"), &r.max_header_bytes, 1024..=1_048_575, "\"32KiB\"");
+    let max_header_fields =
+        v.integer(&key("max_header_fields"), &r.max_header_fields, 1..=256, "100");
+    let at_max = key("max_connections");
+    let max_connections = v.integer(&at_max, &r.max_connections, 1..=MAX_CONNECTIONS_LIMIT, "10000").then(|max| {
         match descriptor_limit() {
-            Some(descriptors) if max as u64 > descriptors => Err(ctx.report(
-                &path,
-                &origin,
+            Some(descriptors) if max as u64 > descriptors => v.fail(
+                &at_max,
                 format!(
-                    "{max} connections cannot be open at once: the process may open \
-                         {descriptors} descriptors (RLIMIT_NOFILE), and each connection needs one"
+                    "{max} connections cannot be open at once: the process may open {descriptors} \
+                     descriptors (RLIMIT_NOFILE), and each connection needs one"
                 ),
                 format!(
-                    "use at most {descriptors}, or leave it unset ({}: room for an origin \
-                         connection and a pipe each), or raise the limit (LimitNOFILE= in the \
-                         systemd unit, ulimit -n)",
+                    "use at most {descriptors}, or leave it unset ({}: room for an origin connection \
+                     and a pipe each), or raise the limit (LimitNOFILE= in the systemd unit, ulimit -n)",
                     default_max_connections(Some(descriptors))
                 ),
-            )),
-            _ => Ok(max),
+            ),
+            _ => Some(max),
         }
     });
-    let notsent_lowat = table.take("client_notsent_lowat").map_or(
-        Ok(defaults.notsent_lowat),
-        |f| {
-            let (path, origin) = (f.path.clone(), f.origin().clone());
-            match f.size(ctx, 0..=MAX_NOTSENT_LOWAT, "\"128KiB\"")? {
-                // Checked against both bounds above, so the conversion holds.
-                size @ (0 | MIN_NOTSENT_LOWAT..) => Ok(u32::try_from(size).unwrap_or(u32::MAX)),
-                size => Err(ctx.report(
-                    &path,
-                    &origin,
-                    format!("{size} bytes would wake the writer for every few segments"),
-                    "use at least \"16KiB\" (the default is \"128KiB\"), or 0 for the system's setting",
-                )),
-            }
-        },
-    );
-    Ok(ClientLimits {
+    let at_lowat = key("client_notsent_lowat");
+    let notsent_lowat = v
+        .size(&at_lowat, &r.client_notsent_lowat, 0..=MAX_NOTSENT_LOWAT, "\"128KiB\"")
+        .then(|size| {
+            match size {
+            // Checked against both bounds above, so the conversion holds.
+            0 | MIN_NOTSENT_LOWAT.. => Some(u32::try_from(size).unwrap_or(u32::MAX)),
+            _ => v.fail(
+                &at_lowat,
+                format!("{size} bytes would wake the writer for every few segments"),
+                "use at least \"16KiB\" (the default is \"128KiB\"), or 0 for the system's setting",
+            ),
+        }
+        });
+    Some(ClientLimits {
         header_timeout: header_timeout?,
         write_timeout: write_timeout?,
-        max_connections_per_client: max_connections_per_client?,
-        max_header_bytes: max_header_bytes?,
-        max_header_fields: max_header_fields?,
-        notsent_lowat: notsent_lowat?,
+        max_connections_per_client: max_connections_per_client
+            .or(defaults.max_connections_per_client)?,
+        max_header_bytes: max_header_bytes
+            .map(|size| size as usize)
+            .or(defaults.max_header_bytes)?,
+        max_header_fields: max_header_fields.or(defaults.max_header_fields)?,
+        notsent_lowat: notsent_lowat.or(defaults.notsent_lowat)?,
         keepalive_timeout: keepalive_timeout?,
-        max_connections: max_connections?,
+        max_connections: max_connections.or(defaults.max_connections)?,
     })
 }
 
 /// Two listeners collide on the same non-zero port when their addresses are equal or either is a
 /// wildcard (`0.0.0.0`, `::`), which also covers the other. Port 0 is "any free port" (tests use
 /// it for both), so it never collides.
-fn sockets_collide(a: SocketAddr, b: SocketAddr) -> bool {
+pub(super) fn sockets_collide(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0
         && a.port() == b.port()
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
-}
-
-fn admin_token(ctx: &mut Ctx<'_>, field: Field) -> Read<AdminToken> {
-    let key = SecretKey {
-        example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
-        holds: "the token",
-        source_hint: " (e.g. from `openssl rand -hex 32`)",
-        otherwise: "or remove admin_token_env to leave the admin API open on admin_listen",
-    };
-    let (env_var, token) = secret::read_env(ctx, field, &key)?;
-    Ok(AdminToken { env_var, token })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn collisions() {
-        let addr = |s: &str| s.parse::<SocketAddr>().expect("test address");
-        assert!(sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.1:80")));
-        assert!(sockets_collide(addr("0.0.0.0:80"), addr("127.0.0.1:80")));
-        assert!(sockets_collide(addr("[::1]:80"), addr("[::]:80")));
-        assert!(!sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.1:81")));
-        assert!(!sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.2:80")));
-        assert!(!sockets_collide(addr("127.0.0.1:0"), addr("127.0.0.1:0")));
-    }
-
-    #[test]
-    fn the_default_connection_cap_leaves_room_for_origins_and_files() {
-        assert_eq!(default_max_connections(Some(65_536)), 16_320);
-        assert_eq!(default_max_connections(Some(1024)), 192);
-        assert_eq!(default_max_connections(Some(10)), 1, "never none");
-        assert_eq!(default_max_connections(None), MAX_CONNECTIONS_LIMIT);
-    }
-
-    #[test]
-    fn token_verification() {
-        let token = AdminToken { env_var: "T".into(), token: Secret::new("s3cret".into()) };
-        assert!(token.verify(b"s3cret"));
-        assert!(!token.verify(b"s3creT"));
-        assert!(!token.verify(b"s3cre"));
-        assert!(!token.verify(b""));
-        assert!(!format!("{token:?}").contains("s3cret"));
-    }
 }

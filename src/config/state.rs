@@ -4,10 +4,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ::config::{Value, ValueKind};
+
+use super::check::{Ctx, Problem, checked, read_small_file, suggest, type_name};
 use super::host::{Host, split_host_port};
-use super::read::{Ctx, Field, Read, Table, read_small_file, suggest};
+use super::raw::{Raw, RawState};
 use super::secret::{self, Secret, SecretKey};
-use super::tree::{self, Kind, Node, Origin};
+use super::source::{Path, toml_value};
 
 const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 const MIN_TTL: Duration = Duration::from_secs(1);
@@ -19,7 +22,6 @@ const MAX_MAX_MEMORY: u64 = 1 << 40;
 const DEFAULT_CLIENT_SHARE: f64 = 0.01;
 const MAX_KEY_PREFIX_LEN: usize = 256;
 const DEFAULT_REDIS_PORT: u16 = 6379;
-const BACKENDS: [&str; 2] = ["memory", "redis"];
 const REDIS_EXAMPLE: &str = "redis_url = \"redis://127.0.0.1:6379/0\"";
 /// A key shorter than this could be guessed from the ids it derives.
 const MIN_ID_KEY_LEN: usize = 32;
@@ -130,292 +132,220 @@ impl fmt::Debug for RedisUrl {
     }
 }
 
-pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<StateConfig> {
-    let mut table = match node {
-        Some(node) => {
-            Table::new(ctx, "state", "[state]", node, "[state] with backend = \"memory\"")?
-        }
-        None => Table::empty("state", "[state]"),
-    };
-    let backend = table.take("backend").map(|f| backend_name(ctx, f));
-    let redis_url = table.take("redis_url").map(|f| redis_target(ctx, f));
-    let ttl = table
-        .take("ttl")
-        .map_or(Ok(DEFAULT_TTL), |f| f.duration(ctx, MIN_TTL..=MAX_TTL, "from \"1s\" to \"365d\""));
-    let key_prefix =
-        table.take("key_prefix").map_or(Ok(DEFAULT_KEY_PREFIX.to_owned()), |f| key_prefix(ctx, f));
-    let id_key_env = table.take("id_key_env").map(|f| id_key_env(ctx, f));
-    let id_key_file = table.take("id_key_file").map(|f| id_key_file(ctx, f));
-    let max_memory = table.take("max_memory").map_or(Ok(DEFAULT_MAX_MEMORY), |f| {
-        f.size(ctx, MIN_MAX_MEMORY..=MAX_MAX_MEMORY, "\"256MiB\"")
+pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig> {
+    let at = Path::default().key("state");
+    let r = v.table(&at, raw, "[state] with backend = \"memory\"")?;
+    let key = |key: &str| at.key(key);
+    let backends = [("memory", Backend::Memory), ("redis", Backend::Redis)];
+    let backend = v.choice(&key("backend"), &r.backend, "\"memory\"", &backends, |name| {
+        let fix = match suggest(name, ["memory", "redis"]) {
+            Some(near) => format!("did you mean \"{near}\"?"),
+            None => "use \"memory\" or \"redis\"".to_owned(),
+        };
+        (format!("unknown backend {name:?}"), fix)
     });
-    let client_share = table.take("client_share").map_or(Ok(DEFAULT_CLIENT_SHARE), |f| {
-        let path = f.path.clone();
-        let share = f.ratio(ctx, "0.01")?;
-        if share > 0.0 {
-            return Ok(share);
+    let redis_url = r.redis_url.as_ref().map(|value| redis_target(v, &key("redis_url"), value));
+    let ttl = v
+        .duration(&key("ttl"), &r.ttl, MIN_TTL..=MAX_TTL, "from \"1s\" to \"365d\"")
+        .or(DEFAULT_TTL);
+    let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"rangeway:\"", |prefix| {
+        if prefix.len() <= MAX_KEY_PREFIX_LEN && prefix.bytes().all(|b| b.is_ascii_graphic()) {
+            return Ok(prefix.to_owned());
         }
-        Err(ctx.report_at(
-            &path,
-            "is 0: no client could keep a download's record",
-            "write client_share = 0.01 (1 % of max_memory per client address), or more",
+        Err((
+            format!("{prefix:?} is not a usable key prefix"),
+            format!("use at most {MAX_KEY_PREFIX_LEN} printable ASCII characters without spaces, e.g. \"rangeway:\""),
         ))
     });
-    let snapshot_file = table.take("snapshot_file").map(|f| snapshot_file(ctx, f));
-    table.finish(ctx);
+    let id_key_env =
+        checked(r.id_key_env.as_ref(), |value| id_key_env(v, &key("id_key_env"), value));
+    let id_key_file =
+        v.parsed(&key("id_key_file"), &r.id_key_file, "\"/etc/rangeway/id_key\"", id_key_file);
+    let max_memory =
+        v.size(&key("max_memory"), &r.max_memory, MIN_MAX_MEMORY..=MAX_MAX_MEMORY, "\"256MiB\"");
+    let client_share = v.ratio(&key("client_share"), &r.client_share, "0.01").then(|share| {
+        if share > 0.0 {
+            return Some(share);
+        }
+        v.fail(
+            &key("client_share"),
+            "is 0: no client could keep a download's record",
+            "write client_share = 0.01 (1 % of max_memory per client address), or more",
+        )
+    });
+    let snapshot_file = v.parsed(&key("snapshot_file"), &r.snapshot_file, "\"/var/lib/rangeway/sessions\"", |file| {
+        if file.is_empty() || file.ends_with('/') {
+            return Err((
+                "does not name a file".to_owned(),
+                "name a file in a folder rangeway may write, e.g. snapshot_file = \"/var/lib/rangeway/sessions\"".to_owned(),
+            ));
+        }
+        Ok(PathBuf::from(file))
+    });
 
-    let backend = match (backend.transpose()?, redis_url) {
+    let backend = match (backend.opt()?, redis_url) {
         // Without `backend`, a `redis_url` means Redis: an operator who wrote one and forgot
         // `backend` wants shared state, and silently running per-instance would break resumes
         // behind a load balancer.
         (None | Some(Backend::Redis), Some(target)) => StateBackend::Redis(target?),
         // An explicit "memory" wins over a redis_url (still checked, so that switching back to
-        // Redis is one edit): the example config of the original design reads this way, and it lets an operator
-        // turn Redis off with RANGEWAY__STATE__BACKEND=memory without touching the file.
-        (Some(Backend::Memory), Some(target)) => {
-            target?;
-            StateBackend::Memory
-        }
+        // Redis is one edit): the example config of the original design reads this way, and it
+        // lets an operator turn Redis off with RANGEWAY__STATE__BACKEND=memory without touching
+        // the file.
+        (Some(Backend::Memory), Some(target)) => target.map(|_| StateBackend::Memory)?,
         (None | Some(Backend::Memory), None) => StateBackend::Memory,
         (Some(Backend::Redis), None) => {
-            return Err(ctx.report_at(
-                "state.redis_url",
+            return v.fail(
+                &key("redis_url"),
                 "is required when backend = \"redis\"",
-                format!(
-                    "add {REDIS_EXAMPLE} (or a list of node URLs for a cluster), or use \
-                     backend = \"memory\""
-                ),
-            ));
+                format!("add {REDIS_EXAMPLE} (or a list of node URLs for a cluster), or use backend = \"memory\""),
+            );
         }
     };
-    let snapshot_file = match (snapshot_file.transpose(), &backend) {
-        (Ok(Some(_)), StateBackend::Redis(_)) => Err(ctx.report_at(
-            "state.snapshot_file",
+    let snapshot_file = match (snapshot_file.opt(), &backend) {
+        (Some(Some(_)), StateBackend::Redis(_)) => v.fail(
+            &key("snapshot_file"),
             "is for the memory store: Redis keeps the records itself",
             "remove snapshot_file, or use backend = \"memory\"",
-        )),
+        ),
         (file, _) => file,
     };
-    let id_key = match (id_key_env.transpose()?, id_key_file.transpose()?, &backend) {
+    let id_key = match (id_key_env?, id_key_file.opt()?, &backend) {
         (Some(_), Some(_), _) => {
-            return Err(ctx.report_at(
-                "state.id_key_file",
+            return v.fail(
+                &key("id_key_file"),
                 "is given with id_key_env: the key would come from two places",
                 "keep one of id_key_env and id_key_file",
-            ));
+            );
         }
         (Some(key), None, _) | (None, Some(key), _) => IdKeySource::Configured(key),
         (None, None, StateBackend::Memory) => IdKeySource::Generated,
         (None, None, StateBackend::Redis(_)) => {
-            return Err(ctx.report_at(
-                "state.id_key_env",
-                "is required with backend = \"redis\": every instance sharing the store must \
-                 derive the same download ids, from a secret key",
+            return v.fail(
+                &key("id_key_env"),
+                "is required with backend = \"redis\": every instance sharing the store must derive \
+                 the same download ids, from a secret key",
                 format!(
-                    "add {ID_KEY_EXAMPLE} and export RANGEWAY_ID_KEY with {MIN_ID_KEY_LEN} or \
-                     more random characters (e.g. from `openssl rand -hex 32`), the same for \
-                     every instance; or id_key_file = \"/path/to/key\" naming a file that \
-                     holds them"
+                    "add {ID_KEY_EXAMPLE} and export RANGEWAY_ID_KEY with {MIN_ID_KEY_LEN} or more \
+                     random characters (e.g. from `openssl rand -hex 32`), the same for every \
+                     instance; or id_key_file = \"/path/to/key\" naming a file that holds them"
                 ),
-            ));
+            );
         }
     };
-    let (max_memory, client_share) = (max_memory?, client_share?);
-    Ok(StateConfig {
+    let (max_memory, client_share) =
+        (max_memory.or(DEFAULT_MAX_MEMORY)?, client_share.or(DEFAULT_CLIENT_SHARE)?);
+    Some(StateConfig {
         backend,
         ttl: ttl?,
-        key_prefix: key_prefix?,
+        key_prefix: key_prefix.or_else(|| DEFAULT_KEY_PREFIX.to_owned())?,
         id_key,
         max_memory,
-        max_client_memory: share_of(max_memory, client_share),
+        // Within f64's exact integers: `max_memory` is at most 1 TiB.
+        max_client_memory: ((max_memory as f64 * client_share) as u64).max(1),
         snapshot_file: snapshot_file?,
     })
 }
 
-/// `snapshot_file`: a path, its folder created at start if missing.
-fn snapshot_file(ctx: &mut Ctx<'_>, field: Field) -> Read<PathBuf> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let file = field.string(ctx, "\"/var/lib/rangeway/sessions\"")?;
-    if file.is_empty() || file.ends_with('/') {
-        return Err(ctx.report(
-            &path,
-            &origin,
-            "does not name a file",
-            "name a file in a folder rangeway may write, e.g. snapshot_file = \"/var/lib/rangeway/sessions\"",
-        ));
-    }
-    Ok(PathBuf::from(file))
-}
-
-/// `share` (from 0 to 1) of `bytes`, at least one byte.
-fn share_of(bytes: u64, share: f64) -> u64 {
-    // Within f64's exact integers: `bytes` is at most 1 TiB.
-    ((bytes as f64 * share) as u64).max(1)
-}
-
-fn id_key_env(ctx: &mut Ctx<'_>, field: Field) -> Read<Secret> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
+fn id_key_env(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<Secret> {
     let key = SecretKey {
         example: ID_KEY_EXAMPLE,
         holds: "the key",
         source_hint: " (e.g. from `openssl rand -hex 32`), the same for every instance",
         otherwise: "or remove id_key_env (with the memory store only)",
     };
-    let (var, secret) = secret::read_env(ctx, field, &key)?;
+    let (var, secret) = secret::read_env(v, at, value, &key)?;
     if secret.expose().len() < MIN_ID_KEY_LEN {
-        return Err(ctx.report(
-            &path,
-            &origin,
+        return v.fail(
+            at,
             format!("the key in {var} is shorter than {MIN_ID_KEY_LEN} characters"),
             "use a longer random key, e.g. from `openssl rand -hex 32`",
-        ));
+        );
     }
-    Ok(secret)
+    Some(secret)
 }
 
 /// `id_key_file`: a file holding the key (a line of printable ASCII; one trailing newline is
 /// allowed). Its content is never shown.
-fn id_key_file(ctx: &mut Ctx<'_>, field: Field) -> Read<Secret> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let file = field.string(ctx, "\"/etc/rangeway/id_key\"")?;
+fn id_key_file(file: &str) -> Result<Secret, Problem> {
     let fix = "write a key of 32 or more printable characters into it, e.g. \
                `openssl rand -hex 32 > FILE`, the same file for every instance";
-    let bytes = read_small_file(&file, MAX_ID_KEY_FILE_LEN)
-        .map_err(|problem| ctx.report(&path, &origin, problem, fix))?;
+    let bytes =
+        read_small_file(file, MAX_ID_KEY_FILE_LEN).map_err(|problem| (problem, fix.to_owned()))?;
     let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
     let text = text.strip_suffix(b"\r").unwrap_or(text);
     if text.len() < MIN_ID_KEY_LEN || !text.iter().all(u8::is_ascii_graphic) {
-        return Err(ctx.report(
-            &path,
-            &origin,
+        return Err((
             format!(
-                "{file:?} does not hold a key of {MIN_ID_KEY_LEN} or more printable characters \
-                 without spaces"
+                "{file:?} does not hold a key of {MIN_ID_KEY_LEN} or more printable characters without spaces"
             ),
-            fix,
+            fix.to_owned(),
         ));
     }
     Ok(Secret::new(String::from_utf8_lossy(text).into_owned()))
 }
 
+#[derive(Clone, Copy)]
 enum Backend {
     Memory,
     Redis,
-}
-
-fn backend_name(ctx: &mut Ctx<'_>, field: Field) -> Read<Backend> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let name = field.string(ctx, "\"memory\"")?;
-    match name.as_str() {
-        "memory" => Ok(Backend::Memory),
-        "redis" => Ok(Backend::Redis),
-        _ => Err(ctx.report(
-            &path,
-            &origin,
-            format!("unknown backend {name:?}"),
-            match suggest(&name, BACKENDS) {
-                Some(near) => format!("did you mean \"{near}\"?"),
-                None => "use \"memory\" or \"redis\"".to_owned(),
-            },
-        )),
-    }
-}
-
-fn key_prefix(ctx: &mut Ctx<'_>, field: Field) -> Read<String> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let prefix = field.string(ctx, "\"rangeway:\"")?;
-    if prefix.len() > MAX_KEY_PREFIX_LEN || !prefix.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ctx.report(
-            &path,
-            &origin,
-            format!("{prefix:?} is not a usable key prefix"),
-            format!(
-                "use at most {MAX_KEY_PREFIX_LEN} printable ASCII characters without spaces, \
-                 e.g. \"rangeway:\""
-            ),
-        ));
-    }
-    Ok(prefix)
 }
 
 /// `redis_url`: a URL, or a list of cluster nodes. From the environment a list is written as a TOML
 /// array, e.g. `RANGEWAY__STATE__REDIS_URL='["redis://a:6379", "redis://b:6379"]'`.
 ///
 /// No message here repeats the URL: it may hold a password.
-fn redis_target(ctx: &mut Ctx<'_>, field: Field) -> Read<RedisTarget> {
-    let Field { path, node, .. } = field;
+fn redis_target(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<RedisTarget> {
     let list_fix =
         "write redis_url = \"redis://HOST:6379/0\", or a list of node URLs for a cluster";
-    let node = match (&node.kind, &node.origin) {
-        (Kind::Str(text), Origin::Env(var)) if text.trim_start().starts_with('[') => {
-            match tree::parse_toml(&format!("v = {text}"), var).ok().and_then(|root| {
-                match root.kind {
-                    Kind::Table(mut t) => t.remove("v"),
-                    _ => None,
-                }
-            }) {
-                Some(parsed) => Node { kind: parsed.kind, origin: node.origin.clone() },
+    let parsed;
+    let value = match &value.kind {
+        ValueKind::String(text) if v.set_by_env(at) && text.trim_start().starts_with('[') => {
+            parsed = toml_value(text);
+            match &parsed {
+                Some(list) => list,
                 None => {
-                    return Err(ctx.report(
-                        &path,
-                        &node.origin,
+                    return v.fail(
+                        at,
                         "starts with '[' but is not a TOML array of strings",
                         "write it as [\"redis://HOST:6379\", \"redis://HOST2:6379\"]",
-                    ));
+                    );
                 }
             }
         }
-        _ => node,
+        _ => value,
     };
-    match node.kind {
-        Kind::Str(text) => match redis_url(&text) {
-            Ok((url, false)) => Ok(RedisTarget::Single(url)),
-            Ok((url, true)) => cluster_node(url)
-                .map(|url| RedisTarget::Cluster(vec![url]))
-                .map_err(|(problem, fix)| ctx.report(&path, &node.origin, problem, fix)),
-            Err((problem, fix)) => Err(ctx.report(&path, &node.origin, problem, fix)),
-        },
-        Kind::Array(items) if items.is_empty() => {
-            Err(ctx.report(&path, &node.origin, "the list of cluster nodes is empty", list_fix))
+    match &value.kind {
+        ValueKind::String(text) => {
+            let target = redis_url(text).and_then(|(url, cluster)| match cluster {
+                true => cluster_node(url).map(|url| RedisTarget::Cluster(vec![url])),
+                false => Ok(RedisTarget::Single(url)),
+            });
+            v.check(at, target)
         }
-        Kind::Array(items) => {
-            let mut nodes = Ok(Vec::with_capacity(items.len()));
-            for (i, item) in items.into_iter().enumerate() {
-                let parsed = match item.kind {
-                    Kind::Str(text) => redis_url(&text).and_then(|(url, _)| cluster_node(url)),
-                    _ => Err((
-                        format!("expected a URL string, found {}", item.type_name()),
-                        list_fix.to_owned(),
-                    )),
-                };
-                match (&mut nodes, parsed) {
-                    (Ok(list), Ok(url)) => list.push(url),
-                    (_, Err((problem, fix))) => {
-                        let item_path = format!("{path}[{i}]");
-                        nodes = Err(ctx.report(&item_path, &item.origin, problem, fix));
-                    }
-                    (Err(_), Ok(_)) => {}
-                }
-            }
-            let nodes = nodes?;
-            let first_tls = nodes.first().map(RedisUrl::tls);
-            if nodes.iter().any(|n| Some(n.tls) != first_tls) {
-                return Err(ctx.report(
-                    &path,
-                    &node.origin,
+        ValueKind::Array(items) if items.is_empty() => {
+            v.fail(at, "the list of cluster nodes is empty", list_fix)
+        }
+        ValueKind::Array(_) => {
+            let example = "\"redis://HOST:6379/0\", or a list of node URLs for a cluster";
+            let nodes = v.strings(at, value, "a URL string", example, |text| {
+                redis_url(text).and_then(|(url, _)| cluster_node(url))
+            });
+            let nodes = nodes.or(Vec::new())?;
+            if nodes.iter().any(|node| node.tls != nodes[0].tls) {
+                return v.fail(
+                    at,
                     "mixes redis:// and rediss:// nodes",
-                    "use rediss:// for every node of a TLS cluster, redis:// for every node \
-                     otherwise",
-                ));
+                    "use rediss:// for every node of a TLS cluster, redis:// for every node otherwise",
+                );
             }
-            Ok(RedisTarget::Cluster(nodes))
+            Some(RedisTarget::Cluster(nodes))
         }
-        _ => Err(ctx.report(
-            &path,
-            &node.origin,
-            format!("expected a URL string or a list of them, found {}", node.type_name()),
+        _ => v.fail(
+            at,
+            format!("expected a URL string or a list of them, found {}", type_name(value)),
             list_fix,
-        )),
+        ),
     }
 }
 

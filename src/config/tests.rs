@@ -13,7 +13,7 @@ use rangeway_middleware::chain::{
     StageState,
 };
 
-use super::tree::Env;
+use super::source::Env;
 use super::*;
 
 /// The stages the tests load configs with: the built-in ones.
@@ -553,6 +553,7 @@ fn admin_token_is_read_from_the_named_variable() {
     assert_eq!(token.env_var(), "RANGEWAY_ADMIN_TOKEN");
     assert!(token.verify(b"0123abcd-token"));
     assert!(!token.verify(b"0123abcd-tokeN"));
+    assert!(!token.verify(b"0123abcd-toke") && !token.verify(b""), "shorter, or nothing");
     assert!(!format!("{config:?}").contains("0123abcd-token"));
 }
 
@@ -947,7 +948,7 @@ fn bad_routes() {
             route("path_prefix = \"/f/\"\nupstream = \"orign\""),
             vec![(
                 "routes[0].upstream",
-                "routes[0].upstream: no upstream named \"orign\" — did you mean \"origin\"? Otherwise define [upstreams.orign], or use one of: local, origin",
+                "routes[0].upstream (line 10, column 1): no upstream named \"orign\" — did you mean \"origin\"? Otherwise define [upstreams.orign], or use one of: local, origin",
             )],
         ),
         (
@@ -1509,6 +1510,84 @@ fn errors_display_one_per_line() {
     assert_eq!(errors.into_iter().count(), 3);
 }
 
+#[test]
+fn errors_in_the_file_name_their_line_and_column() {
+    let text = "[server]\nlisten = \"nowhere\"\ntreads = 4\n\n[upstreams.origin]\n\
+                url = \"http://127.0.0.1:9000\"\n\n[[routes]]\npath_prefix = \"/files/\"\n\
+                upstream = \"orign\"\n\n[[routes]]\n  upstream = \"origin\"\n  \
+                middleware = [{ kind = \"gzip\", level = 42 }]\n";
+    let errors = load_err(text, &Env::default(), &kinds());
+    let at: Vec<(&str, Option<(usize, usize)>)> =
+        errors.errors().iter().map(|e| (e.path.as_str(), e.position)).collect();
+    assert_eq!(
+        at,
+        [
+            ("server.treads", Some((3, 1))),
+            ("server.listen", Some((2, 1))),
+            ("routes[0].upstream", Some((10, 1))),
+            // A key that is missing: the table it belongs in.
+            ("routes[1].path_prefix", Some((12, 1))),
+            // A stage's own option, in an inline table.
+            ("routes[1].middleware[0].level", Some((14, 34))),
+        ],
+        "{errors}"
+    );
+    let shown = errors.to_string();
+    assert!(shown.contains("\nserver.listen (line 2, column 1): \"nowhere\" is not"), "{shown}");
+    // A value set by a variable names the variable instead, however the file reads.
+    let env = Env::from_pairs([("RANGEWAY__SERVER__LISTEN", "elsewhere")]);
+    let errors = load_err(text, &env, &kinds());
+    let listen = &errors.errors()[1];
+    assert_eq!((listen.path.as_str(), listen.position), ("server.listen", None));
+    assert!(listen.to_string().contains("(set by RANGEWAY__SERVER__LISTEN) — write"), "{listen}");
+    // Not about one place of the file: no position.
+    let errors = load_err("[server]\nthreads = 2\n", &Env::default(), &kinds());
+    assert_eq!((errors.errors()[0].path.as_str(), errors.errors()[0].position), ("routes", None));
+}
+
+#[test]
+fn every_value_of_the_wrong_type_is_reported_at_once() {
+    let text = format!(
+        "[server]\nlisten = 8080\nthreads = \"four\"\ngrace_period = true\nproxy_protocol = 1\n\
+         trusted_proxies = \"10.0.0.0/8\"\n[state]\nttl = [1]\nmax_memory = 1.5\n\
+         client_share = \"half\"\n[cache]\ndir = 7\n{UPSTREAMS}\n[[routes]]\npath_prefix = 1\n\
+         upstream = \"origin\"\nstrip_prefix = \"yes\"\nupstream_resume = {{ attempts = \"5\" }}\n"
+    );
+    expect_errors(
+        &text,
+        &[
+            ("server.listen", "expected a string, found an integer"),
+            ("server.threads", "expected an integer, found a string"),
+            ("server.grace_period", "expected a duration string, found a boolean"),
+            ("server.proxy_protocol", "expected a boolean, found an integer"),
+            ("server.trusted_proxies", "expected an array of strings, found a string"),
+            ("state.ttl", "expected a duration string, found an array"),
+            ("state.max_memory", "expected a size, found a float"),
+            ("state.client_share", "expected a number from 0 to 1, found a string"),
+            ("cache.dir", "expected a string, found an integer"),
+            ("routes[0].path_prefix", "expected a string, found an integer"),
+            ("routes[0].strip_prefix", "expected a boolean, found a string"),
+            ("routes[0].upstream_resume.attempts", "expected an integer, found a string"),
+        ],
+    );
+}
+
+#[test]
+fn env_overrides_inside_each_other_are_refused() {
+    expect_errors_with(
+        &format!("{UPSTREAMS}{ROUTE}"),
+        &Env::from_pairs([
+            ("RANGEWAY__ROUTES__0__UPSTREAM_RESUME", "false"),
+            ("RANGEWAY__ROUTES__0__UPSTREAM_RESUME__ATTEMPTS", "3"),
+        ]),
+        &kinds(),
+        &[(
+            "RANGEWAY__ROUTES__0__UPSTREAM_RESUME__ATTEMPTS",
+            "overlaps routes[0].upstream_resume, which RANGEWAY__ROUTES__0__UPSTREAM_RESUME sets",
+        )],
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // S3 upstreams
 
@@ -1894,8 +1973,9 @@ fn cache_section_and_routes() {
     let text = format!("{cache}max_size = \"16MiB\"\nmax_entries = 100000\n{UPSTREAMS}{ROUTE}");
     assert_eq!(load_ok(&text).cache.map(|c| c.max_entries), Some(100_000));
     let env = Env::from_pairs([("RANGEWAY__CACHE__MAX_ENTRIES", "5000")]);
-    let from_env = load_with(&format!("{cache}{UPSTREAMS}{ROUTE}"), &env, &kinds()).expect("loads");
-    assert_eq!(from_env.cache.map(|c| c.max_entries), Some(5000));
+    let set_by_env =
+        load_with(&format!("{cache}{UPSTREAMS}{ROUTE}"), &env, &kinds()).expect("loads");
+    assert_eq!(set_by_env.cache.map(|c| c.max_entries), Some(5000));
     let route = config.routes[0].cache.expect("on");
     assert_eq!((route.revalidate, route.authorized), (Revalidate::EachDownload, true));
     assert_eq!(load_ok(&format!("{cache}{UPSTREAMS}{ROUTE}cache = false\n")).routes[0].cache, None);
@@ -2222,4 +2302,344 @@ fn balancer_keys() {
         &format!("[server]\ntrusted_proxies = \"10.0.0.0/8\"\n{UPSTREAMS}{ROUTE}"),
         &[("server.trusted_proxies", "write trusted_proxies = [\"10.0.0.0/8\", \"fd00::/8\"]")],
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loader's parts
+
+mod units {
+    use std::time::Duration;
+
+    use super::super::units::*;
+
+    #[test]
+    fn sizes() {
+        let good: &[(&str, u64)] = &[
+            ("0", 0),
+            ("1048576", 1_048_576),
+            ("64KiB", 65_536),
+            ("64kib", 65_536),
+            ("1 MiB", 1_048_576),
+            ("1MB", 1_000_000),
+            ("1mb", 1_000_000),
+            ("512k", 524_288),
+            ("512K", 524_288),
+            ("2m", 2_097_152),
+            ("1g", 1 << 30),
+            ("1GiB", 1 << 30),
+            ("1GB", 1_000_000_000),
+            ("1TiB", 1 << 40),
+            ("3TB", 3_000_000_000_000),
+            ("100B", 100),
+            ("  7 kB  ", 7_000),
+            ("16777215TiB", 16_777_215 << 40),
+            ("18446744073709551615", u64::MAX),
+        ];
+        for &(text, want) in good {
+            assert_eq!(parse_size(text), Ok(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn bad_sizes() {
+        let bad: &[(&str, &str)] = &[
+            ("", "empty"),
+            ("   ", "empty"),
+            ("MiB", "does not start with a number"),
+            ("-1", "does not start with a number"),
+            ("1.5MiB", "not a whole number"),
+            ("1 parsec", "unknown size unit \"parsec\""),
+            ("1 KiBB", "unknown size unit"),
+            ("1 Ki B", "unknown size unit"),
+            ("16777216TiB1", "unknown size unit"),
+            ("16777216TiB", "does not fit in 64 bits"),
+            ("18446744073709551616", "does not fit in 64 bits"),
+            ("99999999999999999999999999999", "does not fit in 64 bits"),
+        ];
+        for &(text, want) in bad {
+            let err = parse_size(text).expect_err(text);
+            assert!(err.problem.contains(want), "{text:?}: {err}");
+            assert!(!err.fix.is_empty());
+        }
+    }
+
+    #[test]
+    fn durations() {
+        let good: &[(&str, Duration)] = &[
+            ("30s", Duration::from_secs(30)),
+            ("500ms", Duration::from_millis(500)),
+            ("24h", Duration::from_secs(86_400)),
+            ("1h30m", Duration::from_secs(5_400)),
+            ("1h 30m", Duration::from_secs(5_400)),
+            ("0s", Duration::ZERO),
+            (" 2min ", Duration::from_secs(120)),
+            ("1d", Duration::from_secs(86_400)),
+        ];
+        for &(text, want) in good {
+            assert_eq!(parse_duration(text), Ok(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn bad_durations() {
+        let bad: &[(&str, &str, &str)] = &[
+            ("30", "bare number", "write \"30s\""),
+            ("0", "bare number", "write \"0s\""),
+            ("", "empty", "\"30s\""),
+            ("30 parsecs", "not a duration", "\"1h30m\""),
+            ("-1s", "not a duration", "\"30s\""),
+            ("s", "not a duration", "\"30s\""),
+            ("99999999999999999999999h", "not a duration", "\"30s\""),
+        ];
+        for &(text, problem, fix) in bad {
+            let err = parse_duration(text).expect_err(text);
+            assert!(err.problem.contains(problem), "{text:?}: {err}");
+            assert!(err.fix.contains(fix), "{text:?}: {err}");
+        }
+    }
+}
+
+mod hosts {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::super::host::*;
+
+    #[test]
+    fn hosts() {
+        assert_eq!(Host::parse("Example.COM"), Ok(Host::Name("example.com".into())));
+        assert_eq!(Host::parse("minio_1"), Ok(Host::Name("minio_1".into())));
+        assert_eq!(Host::parse("10.0.0.1"), Ok(Host::V4(Ipv4Addr::new(10, 0, 0, 1))));
+        assert_eq!(Host::parse("[::1]"), Ok(Host::V6(Ipv6Addr::LOCALHOST)));
+        assert_eq!(Host::parse("[::1]").map(|h| h.to_string()), Ok("[::1]".into()));
+        assert_eq!(Host::parse("[::1]").map(|h| h.bare()), Ok("::1".into()));
+        for bad in [
+            "",
+            "10.0.0.256",
+            "a..b",
+            ".a",
+            "a.",
+            "-a",
+            "a-",
+            "a b",
+            "a/b",
+            "::1",
+            "[::1",
+            "[x]",
+            "é.com",
+        ] {
+            assert!(Host::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(Host::parse(&"a".repeat(64)).is_err());
+        assert!(Host::parse(&["a"; 128].join(".")).is_err());
+    }
+
+    #[test]
+    fn host_ports() {
+        assert_eq!(split_host_port("h:9000"), Ok((Host::Name("h".into()), Some(9000))));
+        assert_eq!(split_host_port("h"), Ok((Host::Name("h".into()), None)));
+        assert_eq!(split_host_port("[::1]:443"), Ok((Host::V6(Ipv6Addr::LOCALHOST), Some(443))));
+        assert_eq!(split_host_port("[::1]"), Ok((Host::V6(Ipv6Addr::LOCALHOST), None)));
+        for (bad, want) in [
+            ("h:", "empty"),
+            ("h:x", "not a number"),
+            ("h:0", "port 0"),
+            ("h:65536", "port 65536 is out of range"),
+            ("h:99999999999999999999", "out of range"),
+            ("[::1]x", "unexpected text"),
+            ("[::1", "unclosed"),
+            (":80", "host is empty"),
+        ] {
+            let err = split_host_port(bad).expect_err(bad);
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+    }
+}
+
+mod urls {
+    use super::super::upstream::parse_http_url;
+
+    #[test]
+    fn http_urls() {
+        let url = parse_http_url("http://127.0.0.1:9000").map_err(|e| e.0).expect("valid");
+        assert!(!url.tls);
+        assert_eq!(
+            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
+            ("127.0.0.1".into(), 9000, "127.0.0.1:9000", "")
+        );
+
+        let url = parse_http_url("HTTPS://S3.Example.com/bucket/").map_err(|e| e.0).expect("valid");
+        assert!(url.tls);
+        assert_eq!(
+            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
+            ("s3.example.com".into(), 443, "s3.example.com", "/bucket")
+        );
+
+        let url = parse_http_url("http://[::1]:8000/a%20b/c").map_err(|e| e.0).expect("valid");
+        assert_eq!(
+            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
+            ("::1".into(), 8000, "[::1]:8000", "/a%20b/c")
+        );
+
+        let bad: &[(&str, &str)] = &[
+            ("127.0.0.1:9000", "no scheme"),
+            ("ftp://h", "scheme ftp:// is not supported"),
+            ("s3://bucket", "scheme s3:// is not supported"),
+            ("http://", "host is empty"),
+            ("http://:80", "host is empty"),
+            ("http://h:0", "port 0"),
+            ("http://h:65536", "out of range"),
+            ("http://h:x", "not a number"),
+            ("http://h/a?x=1", "?query"),
+            ("http://h/a#top", "#fragment"),
+            ("http://u:p@h", "credentials"),
+            ("http://h//a", "empty segment"),
+            ("http://h/a/../b", "'..'"),
+            ("http://h/a/./b", "'.'"),
+            ("http://h/a%zz", "two hex digits"),
+            ("http://h/a%2", "two hex digits"),
+            ("http://h/a b", "percent-encoded"),
+            ("http://h/a\\b", "percent-encoded"),
+            ("http://h_.x-/", "starts or ends with '-'"),
+        ];
+        for &(text, want) in bad {
+            let Err((problem, fix)) = parse_http_url(text) else {
+                panic!("{text:?} parsed");
+            };
+            assert!(problem.contains(want), "{text:?}: {problem}");
+            assert!(!fix.is_empty());
+        }
+        let Err((_, fix)) = parse_http_url("127.0.0.1:9000") else {
+            panic!("parsed without scheme");
+        };
+        assert_eq!(fix, "add the scheme: \"http://127.0.0.1:9000\"");
+    }
+
+    #[test]
+    fn url_errors_never_repeat_credentials() {
+        for text in ["http://user:hunter2@h", "hunter2@h:1", "xx://hunter2@h", "ht tp://hunter2@h"]
+        {
+            let Err((problem, fix)) = parse_http_url(text) else {
+                panic!("{text:?} parsed");
+            };
+            assert!(!problem.contains("hunter2") && !fix.contains("hunter2"), "{text:?}");
+        }
+    }
+}
+
+mod listeners {
+    use std::net::SocketAddr;
+
+    use super::super::server::{default_max_connections, sockets_collide};
+
+    #[test]
+    fn collisions() {
+        let addr = |s: &str| s.parse::<SocketAddr>().expect("test address");
+        assert!(sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.1:80")));
+        assert!(sockets_collide(addr("0.0.0.0:80"), addr("127.0.0.1:80")));
+        assert!(sockets_collide(addr("[::1]:80"), addr("[::]:80")));
+        assert!(!sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.1:81")));
+        assert!(!sockets_collide(addr("127.0.0.1:80"), addr("127.0.0.2:80")));
+        assert!(!sockets_collide(addr("127.0.0.1:0"), addr("127.0.0.1:0")));
+    }
+
+    #[test]
+    fn the_default_connection_cap_leaves_room_for_origins_and_files() {
+        assert_eq!(default_max_connections(Some(65_536)), 16_320);
+        assert_eq!(default_max_connections(Some(1024)), 192);
+        assert_eq!(default_max_connections(Some(10)), 1, "never none");
+        assert_eq!(default_max_connections(None), 1_000_000);
+    }
+}
+
+mod aws_credentials {
+    use std::path::Path;
+
+    use super::super::secret::{Secret, read_credentials_file};
+
+    #[test]
+    fn credentials_files() {
+        let dir = std::env::temp_dir().join(format!("rangeway-creds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("credentials");
+        std::fs::write(
+            &file,
+            "# comment\n[default]\naws_access_key_id = AKIDDEFAULT\naws_secret_access_key = \
+             sekrit/default\n\n[ci]\naws_access_key_id=AKIDCI\naws_secret_access_key=sekrit-ci\n\
+             aws_session_token = tok\n[half]\naws_access_key_id = AKIDHALF\n",
+        )
+        .expect("write");
+        let creds = read_credentials_file(&file, "default").expect("default");
+        assert_eq!(creds.access_key_id.expose(), "AKIDDEFAULT");
+        assert_eq!(creds.secret_access_key.expose(), "sekrit/default");
+        assert!(creds.session_token.is_none());
+        let creds = read_credentials_file(&file, "ci").expect("ci");
+        assert_eq!(creds.secret_access_key.expose(), "sekrit-ci");
+        assert_eq!(creds.session_token.as_ref().map(Secret::expose), Some("tok"));
+        assert!(!format!("{creds:?}").contains("sekrit"));
+
+        let (problem, _) = read_credentials_file(&file, "nope").expect_err("no profile");
+        assert!(problem.contains("has no profile [nope]"), "{problem}");
+        let (problem, _) = read_credentials_file(&file, "half").expect_err("half");
+        assert!(problem.contains("has no aws_secret_access_key"), "{problem}");
+        assert!(!problem.contains("AKIDHALF"));
+        let (problem, _) =
+            read_credentials_file(&dir.join("missing"), "default").expect_err("missing");
+        assert!(problem.contains("does not exist"), "{problem}");
+        // A device or a FIFO would never end, or never begin: refused before it is opened.
+        let (problem, _) =
+            read_credentials_file(Path::new("/dev/zero"), "default").expect_err("a device");
+        assert!(problem.contains("is not a regular file"), "{problem}");
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+}
+
+mod suggestions {
+    use super::super::check::{edit_distance, suggest};
+    use super::super::route::kind_fix;
+    use super::super::source::Path;
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("", ""), 0);
+        assert_eq!(edit_distance("listen", "listen"), 0);
+        assert_eq!(edit_distance("listn", "listen"), 1);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("abc", ""), 3);
+    }
+
+    #[test]
+    fn suggestions() {
+        let keys = ["listen", "admin_listen", "threads"];
+        assert_eq!(suggest("listn", keys), Some("listen"));
+        assert_eq!(suggest("Listen", keys), Some("listen"));
+        assert_eq!(suggest("admin-listen", keys), Some("admin_listen"));
+        assert_eq!(suggest("thread", keys), Some("threads"));
+        assert_eq!(suggest("x", keys), None);
+        assert_eq!(suggest("backend", keys), None);
+    }
+
+    #[test]
+    fn key_paths() {
+        let upstreams = Path::default().key("upstreams");
+        assert_eq!(Path::default().key("server").to_string(), "server");
+        assert_eq!(upstreams.key("my-origin").to_string(), "upstreams.my-origin");
+        assert_eq!(upstreams.key("a.b").to_string(), "upstreams.\"a.b\"");
+        assert_eq!(upstreams.key("").to_string(), "upstreams.\"\"");
+        let stage = Path::default().key("routes").index(1).key("middleware").index(0);
+        assert_eq!(stage.key("level").to_string(), "routes[1].middleware[0].level");
+        assert_eq!(
+            (stage.header(), stage.key("kind").last_key()),
+            ("[[routes.middleware]]".to_owned(), "kind")
+        );
+    }
+
+    #[test]
+    fn kind_fixes() {
+        assert_eq!(
+            kind_fix(&[], "use"),
+            "no middleware kinds are built in yet: remove this entry (middleware = [])"
+        );
+        assert_eq!(kind_fix(&["gzip", "checksum", "gzip"], "use"), "use one of: checksum, gzip");
+    }
 }

@@ -4,9 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use super::read::{Ctx, Field, Read, Table};
+use ::config::{Value, ValueKind};
+
+use super::check::{Ctx, Got, push};
+use super::raw::{Raw, RawCertificate, RawTls};
 use super::server::ServerConfig;
-use super::tree::{Kind, Node};
+use super::source::Path;
 use crate::tls::{CertificateFiles, LoadedCertificate};
 
 const EXAMPLE: &str = "[tls] with listen = \"0.0.0.0:443\" and a [[tls.certificates]]";
@@ -77,160 +80,132 @@ impl TlsConfig {
 }
 
 /// `[tls]`; its listeners must not be `server`'s (when `[server]` could be read).
-pub(super) fn read(
-    ctx: &mut Ctx<'_>,
-    node: Option<Node>,
+pub(super) fn check(
+    v: &mut Ctx<'_>,
+    raw: Option<&Raw<RawTls>>,
     server: Option<&ServerConfig>,
-) -> Read<Option<TlsConfig>> {
-    let Some(node) = node else { return Ok(None) };
-    let mut table = Table::new(ctx, "tls", "[tls]", node, EXAMPLE)?;
-    let listen = match table.take("listen") {
-        Some(field) => read_listen(ctx, field, server),
-        None => Err(ctx.report_at("tls.listen", "is missing", "add listen = \"0.0.0.0:443\"")),
-    };
-    let h2 = table.take("h2").map_or(Ok(true), |f| f.boolean(ctx));
-    let certificates = match table.take("certificates") {
-        Some(field) => read_certificates(ctx, field),
-        None => Err(ctx.report_at(
-            "tls.certificates",
-            "is missing",
-            format!("add {CERTIFICATE_EXAMPLE}"),
-        )),
-    };
-    table.finish(ctx);
+) -> Option<Option<TlsConfig>> {
+    let Some(raw) = raw else { return Some(None) };
+    let at = Path::default().key("tls");
+    let r = v.table(&at, raw, EXAMPLE)?;
+    let listen = v.required(&at.key("listen"), r.listen.as_ref(), "add listen = \"0.0.0.0:443\"");
+    let listen = listen.and_then(|value| check_listen(v, &at.key("listen"), value, server));
+    let h2 = v.boolean(&at.key("h2"), &r.h2).or(true);
+    let certificates = v.required(
+        &at.key("certificates"),
+        r.certificates.as_ref(),
+        format!("add {CERTIFICATE_EXAMPLE}"),
+    );
+    let certificates =
+        certificates.and_then(|raw| check_certificates(v, &at.key("certificates"), raw));
     let (certificates, default) = certificates?;
-    Ok(Some(TlsConfig { listen: listen?, h2: h2?, certificates, default }))
+    Some(Some(TlsConfig { listen: listen?, h2: h2?, certificates, default }))
 }
 
 /// One address, or a list of them.
-fn read_listen(
-    ctx: &mut Ctx<'_>,
-    field: Field,
+fn check_listen(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    value: &Value,
     server: Option<&ServerConfig>,
-) -> Read<Vec<SocketAddr>> {
+) -> Option<Vec<SocketAddr>> {
     let taken = server.map_or_else(Vec::new, |server| {
         vec![("server.listen", server.listen), ("server.admin_listen", server.admin_listen)]
     });
-    let Field { path, key, node } = field;
-    let (items, listed) = match node.kind {
-        Kind::Array(items) if !items.is_empty() => (items, true),
-        Kind::Array(_) => {
-            return Err(ctx.report(
-                &path,
-                &node.origin,
-                "is empty",
-                "give at least one address, e.g. \"0.0.0.0:443\"",
-            ));
+    let items = match &value.kind {
+        ValueKind::Array(items) if items.is_empty() => {
+            return v.fail(at, "is empty", "give at least one address, e.g. \"0.0.0.0:443\"");
         }
-        _ => (vec![node], false),
+        ValueKind::Array(items) => {
+            items.iter().enumerate().map(|(i, item)| (at.index(i), item)).collect()
+        }
+        _ => vec![(at.clone(), value)],
     };
-    let mut addrs = Vec::new();
-    let mut failed = None;
-    for (index, item) in items.into_iter().enumerate() {
-        let at = if listed { format!("{path}[{index}]") } else { path.clone() };
-        let field = Field { path: at.clone(), key, node: item };
-        match field.socket_addr(ctx, "0.0.0.0:443") {
-            Ok(addr) if let Some((taken, _)) = taken.iter().find(|(_, other)| *other == addr) => {
-                failed = Some(ctx.report_at(
+    let (mut addrs, mut seen) = (Some(Vec::new()), Vec::new());
+    for (at, item) in items {
+        let addr = match v.socket_addr(&at, item, "0.0.0.0:443") {
+            Got::Good(addr)
+                if let Some((taken, _)) = taken.iter().find(|(_, other)| *other == addr) =>
+            {
+                v.fail(
                     &at,
                     format!("{addr} is {taken} already"),
                     "give the TLS listener an address of its own (e.g. port 443 beside 80)",
-                ));
+                )
             }
-            Ok(addr) if addrs.contains(&addr) => {
-                failed = Some(ctx.report_at(
-                    &at,
-                    format!("{addr} is listed twice"),
-                    "list each address once",
-                ));
+            Got::Good(addr) if seen.contains(&addr) => {
+                v.fail(&at, format!("{addr} is listed twice"), "list each address once")
             }
-            Ok(addr) => addrs.push(addr),
-            Err(reported) => failed = Some(reported),
-        }
+            addr => addr.ok(),
+        };
+        seen.extend(addr);
+        addrs = push(addrs, addr);
     }
-    match failed {
-        Some(reported) => Err(reported),
-        None => Ok(addrs),
-    }
+    addrs
 }
 
 /// `[[tls.certificates]]`: each checked as a handshake would use it; the default one.
-fn read_certificates(ctx: &mut Ctx<'_>, field: Field) -> Read<(Vec<TlsCertificate>, usize)> {
-    let items = match field.node.kind {
-        Kind::Array(items) if !items.is_empty() => items,
-        _ => {
-            return Err(ctx.report(
-                &field.path,
-                &field.node.origin,
-                "expected a non-empty list of certificates",
-                format!("write {CERTIFICATE_EXAMPLE}"),
-            ));
-        }
-    };
-    let mut certificates = Vec::new();
-    let mut defaults = Vec::new();
-    let mut failed = None;
-    for (index, item) in items.into_iter().enumerate() {
-        let path = format!("tls.certificates[{index}]");
-        let read = read_certificate(ctx, &path, item);
-        match read {
-            Ok((certificate, is_default)) => {
-                if is_default {
-                    defaults.push(index);
-                }
-                certificates.push(certificate);
-            }
-            Err(reported) => failed = Some(reported),
-        }
+fn check_certificates(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    raw: &Raw<Vec<Raw<RawCertificate>>>,
+) -> Option<(Vec<TlsCertificate>, usize)> {
+    let fix = format!("write {CERTIFICATE_EXAMPLE}");
+    let items = v.shaped(at, raw, "a non-empty list of certificates", &fix)?;
+    if items.is_empty() {
+        return v.fail(at, "expected a non-empty list of certificates", fix);
     }
-    if let Some(reported) = failed {
-        return Err(reported);
-    }
-    if defaults.len() > 1 {
-        return Err(ctx.report_at(
-            &format!("tls.certificates[{}].default", defaults[1]),
-            format!("tls.certificates[{}] is the default already", defaults[0]),
+    let read: Vec<_> = items
+        .iter()
+        .enumerate()
+        .map(|(index, raw)| certificate(v, &at.index(index), raw))
+        .collect();
+    let read: Vec<(TlsCertificate, bool)> = read.into_iter().collect::<Option<_>>()?;
+    let defaults: Vec<usize> =
+        read.iter().enumerate().filter(|(_, (_, default))| *default).map(|(i, _)| i).collect();
+    if let [first, second, ..] = defaults[..] {
+        return v.fail(
+            &at.index(second).key("default"),
+            format!("tls.certificates[{first}] is the default already"),
             "mark one certificate default = true",
-        ));
+        );
     }
-    Ok((certificates, defaults.first().copied().unwrap_or(0)))
+    Some((
+        read.into_iter().map(|(certificate, _)| certificate).collect(),
+        defaults.first().copied().unwrap_or(0),
+    ))
 }
 
-fn read_certificate(ctx: &mut Ctx<'_>, path: &str, node: Node) -> Read<(TlsCertificate, bool)> {
-    let mut table = Table::new(ctx, path, "[[tls.certificates]]", node, CERTIFICATE_EXAMPLE)?;
-    let mut file = |ctx: &mut Ctx<'_>, key: &'static str, example: &str| {
-        table.take(key).map(|f| f.string(ctx, example).map(PathBuf::from))
+fn certificate(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    raw: &Raw<RawCertificate>,
+) -> Option<(TlsCertificate, bool)> {
+    let r = v.table(at, raw, CERTIFICATE_EXAMPLE)?;
+    let mut file = |key: &str, value: &Option<Value>, example: &str| {
+        v.string(&at.key(key), value, &format!("\"{example}\"")).map(PathBuf::from)
     };
-    let cert = file(ctx, "cert_file", "\"/etc/rangeway/example.pem\"");
-    let key = file(ctx, "key_file", "\"/etc/rangeway/example.key\"");
-    let ocsp = file(ctx, "ocsp_file", "\"/etc/rangeway/example.ocsp\"").transpose();
-    let is_default = table.take("default").map_or(Ok(false), |f| f.boolean(ctx));
-    table.finish(ctx);
-    let cert = cert.unwrap_or_else(|| {
-        Err(ctx.report_at(
-            &format!("{path}.cert_file"),
-            "is missing",
-            "add cert_file = \"/etc/rangeway/example.pem\"",
-        ))
-    });
-    let key = key.unwrap_or_else(|| {
-        Err(ctx.report_at(
-            &format!("{path}.key_file"),
-            "is missing",
-            "add key_file = \"/etc/rangeway/example.key\"",
-        ))
-    });
+    let cert = file("cert_file", &r.cert_file, "/etc/rangeway/example.pem");
+    let key = file("key_file", &r.key_file, "/etc/rangeway/example.key");
+    let ocsp = file("ocsp_file", &r.ocsp_file, "/etc/rangeway/example.ocsp").opt();
+    let is_default = v.boolean(&at.key("default"), &r.default).or(false);
+    let mut required = |got: Got<PathBuf>, key: &str, example: &str| match got {
+        Got::Absent => v.fail(&at.key(key), "is missing", format!("add {key} = \"{example}\"")),
+        got => got.ok(),
+    };
+    let cert = required(cert, "cert_file", "/etc/rangeway/example.pem");
+    let key = required(key, "key_file", "/etc/rangeway/example.key");
     let files = CertificateFiles { cert: cert?, key: key?, ocsp: ocsp? };
     let is_default = is_default?;
     match crate::tls::load(&files) {
         Ok(LoadedCertificate { names, not_after, .. }) => {
-            Ok((TlsCertificate { files, names, not_after }, is_default))
+            Some((TlsCertificate { files, names, not_after }, is_default))
         }
         Err(error) => {
             let message = error.to_string();
             let (problem, fix) =
                 message.split_once(" — ").unwrap_or((message.as_str(), "fix the file"));
-            Err(ctx.report_at(path, problem, fix))
+            v.fail(at, problem, fix)
         }
     }
 }

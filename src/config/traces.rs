@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::read::{Ctx, Read, Table};
-use super::tree::{Kind, Node};
+use super::check::Ctx;
+use super::raw::{Raw, RawLog, RawTraces};
+use super::source::Path;
 
 const DEFAULT_SERVICE: &str = "rangeway";
 const EXAMPLE: &str = "[traces] with endpoint = \"http://127.0.0.1:4318/v1/traces\"";
@@ -42,66 +43,54 @@ pub enum LogFormat {
     Json,
 }
 
-pub(super) fn read(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<Option<TracesConfig>> {
-    let Some(node) = node else { return Ok(None) };
-    let mut table = Table::new(ctx, "traces", "[traces]", node, EXAMPLE)?;
-    let endpoint = match table.take("endpoint") {
-        Some(field) => {
-            let (path, origin) = (field.path.clone(), field.origin().clone());
-            let url = field.string(ctx, "\"http://127.0.0.1:4318/v1/traces\"")?;
-            match endpoint_problem(&url) {
-                None => Ok(url),
-                Some(problem) => Err(ctx.report(
-                    &path,
-                    &origin,
-                    problem,
-                    "give the collector's OTLP/HTTP URL, e.g. \"http://127.0.0.1:4318/v1/traces\"",
-                )),
-            }
-        }
-        None => Err(ctx.report_at(
-            "traces.endpoint",
+pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawTraces>>) -> Option<Option<TracesConfig>> {
+    let Some(raw) = raw else { return Some(None) };
+    let at = Path::default().key("traces");
+    let r = v.table(&at, raw, EXAMPLE)?;
+    let endpoint = match &r.endpoint {
+        Some(value) => v.parsed(&at.key("endpoint"), value, "\"http://127.0.0.1:4318/v1/traces\"", |url| match endpoint_problem(url) {
+            None => Ok(url.to_owned()),
+            Some(problem) => Err((
+                problem.to_owned(),
+                "give the collector's OTLP/HTTP URL, e.g. \"http://127.0.0.1:4318/v1/traces\"".to_owned(),
+            )),
+        }).ok(),
+        None => v.fail(
+            &at.key("endpoint"),
             "is missing",
             "add endpoint = \"http://127.0.0.1:4318/v1/traces\" (the collector's OTLP/HTTP URL), or remove [traces]",
-        )),
+        ),
     };
-    let sampling = table.take("sampling").map_or(Ok(1.0), |f| f.ratio(ctx, "0.01"));
-    let service_name = table.take("service_name").map_or(Ok(DEFAULT_SERVICE.to_owned()), |f| {
-        let (path, origin) = (f.path.clone(), f.origin().clone());
-        let name = f.string(ctx, "\"rangeway\"")?;
-        match name.trim().is_empty() {
-            false => Ok(name),
-            true => {
-                Err(ctx.report(&path, &origin, "is empty", "name the service, e.g. \"rangeway\""))
-            }
+    let sampling = v.ratio(&at.key("sampling"), &r.sampling, "0.01").or(1.0);
+    let service_name = v.parsed(&at.key("service_name"), &r.service_name, "\"rangeway\"", |name| {
+        match name.trim() {
+            "" => Err(("is empty".to_owned(), "name the service, e.g. \"rangeway\"".to_owned())),
+            _ => Ok(name.to_owned()),
         }
     });
-    let resource = table.take("resource").map_or(Ok(BTreeMap::new()), |field| {
-        let (path, origin) = (field.path.clone(), field.origin().clone());
-        let fix = "write resource = { \"deployment.environment\" = \"production\" }";
-        let Kind::Table(entries) = field.node.kind else {
-            return Err(ctx.report(&path, &origin, "expected a table of strings", fix));
-        };
-        let mut attributes = BTreeMap::new();
-        let mut bad = None;
-        for (key, value) in entries {
-            match value.kind {
-                Kind::Str(text) => {
-                    attributes.insert(key, text);
-                }
-                _ => {
-                    let at = format!("{path}.{key}");
-                    bad = Some(ctx.report(&at, &value.origin, "expected a string", fix));
-                }
-            }
-        }
-        bad.map_or(Ok(attributes), Err)
+    let resource = r.resource.as_ref().map_or(Some(BTreeMap::new()), |raw| {
+        let example = "{ \"deployment.environment\" = \"production\" }";
+        let entries = v.shaped(
+            &at.key("resource"),
+            raw,
+            "a table of strings",
+            &format!("write resource = {example}"),
+        )?;
+        let attributes: Vec<_> = entries
+            .iter()
+            .map(|(key, value)| {
+                Some((
+                    key.clone(),
+                    v.string(&at.key("resource").key(key), value, "\"production\"").ok()?,
+                ))
+            })
+            .collect();
+        attributes.into_iter().collect()
     });
-    table.finish(ctx);
-    Ok(Some(TracesConfig {
+    Some(Some(TracesConfig {
         endpoint: endpoint?,
         sampling: sampling?,
-        service_name: service_name?,
+        service_name: service_name.or_else(|| DEFAULT_SERVICE.to_owned())?,
         resource: resource?,
     }))
 }
@@ -122,22 +111,15 @@ fn endpoint_problem(url: &str) -> Option<&'static str> {
     None
 }
 
-pub(super) fn read_log(ctx: &mut Ctx<'_>, node: Option<Node>) -> Read<LogConfig> {
-    let Some(node) = node else { return Ok(LogConfig::default()) };
-    let mut table = Table::new(ctx, "log", "[log]", node, "[log] with format = \"json\"")?;
-    let format = table.take("format").map_or(Ok(LogFormat::Text), |f| {
-        let (path, origin) = (f.path.clone(), f.origin().clone());
-        match f.string(ctx, "\"json\"")?.as_str() {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            other => Err(ctx.report(
-                &path,
-                &origin,
-                format!("{other:?} is not a log format"),
-                "use \"text\" (key=value lines) or \"json\" (one object per line)",
-            )),
-        }
+pub(super) fn check_log(v: &mut Ctx<'_>, raw: &Raw<RawLog>) -> Option<LogConfig> {
+    let at = Path::default().key("log");
+    let r = v.table(&at, raw, "[log] with format = \"json\"")?;
+    let formats = [("text", LogFormat::Text), ("json", LogFormat::Json)];
+    let format = v.choice(&at.key("format"), &r.format, "\"json\"", &formats, |other| {
+        (
+            format!("{other:?} is not a log format"),
+            "use \"text\" (key=value lines) or \"json\" (one object per line)".to_owned(),
+        )
     });
-    table.finish(ctx);
-    Ok(LogConfig { format: format? })
+    Some(LogConfig { format: format.or(LogFormat::Text)? })
 }

@@ -1,13 +1,17 @@
-//! `[upstreams.NAME]`: HTTP(S) origins and local folders.
+//! `[upstreams.NAME]`: HTTP(S) origins, their replicas, local folders, and S3-compatible stores
+//! whose requests rangeway signs itself (AWS Signature V4).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ::config::Value;
+
+use super::check::{Ctx, Got, Problem, checked, read_small_file};
 use super::host::{Host, split_host_port};
-use super::read::{Ctx, Field, Read, Table, key_path, read_small_file};
-use super::s3::{self, S3Fields, S3Upstream};
-use super::tree::{Kind, Node};
+use super::raw::{Raw, RawHealthCheck, RawUpstream};
+use super::secret::{self, S3Credentials, SecretKey};
+use super::source::Path;
 
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
@@ -18,6 +22,7 @@ const MAX_IO_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// read whole.
 const MAX_CA_FILE_LEN: u64 = 16 << 20;
 const URL_EXAMPLE: &str = "\"http://127.0.0.1:9000\"";
+const DEFAULT_REGION: &str = "us-east-1";
 
 /// One `[upstreams.NAME]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,187 +101,172 @@ pub struct HttpUpstream {
     pub host_header: String,
 }
 
+/// An S3-compatible origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct S3Upstream {
+    /// The service endpoint (`url`), without a path.
+    pub endpoint: HttpUpstream,
+    /// `bucket`: 3 to 63 of `a-z 0-9 . -`, beginning and ending with a letter or digit (S3's
+    /// naming rules; `_` and capitals too for path-style addressing, as older buckets and
+    /// S3-compatible stores allow them).
+    pub bucket: String,
+    /// `region`, the signing region. Default `us-east-1`.
+    pub region: String,
+    pub addressing: Addressing,
+    /// `key_prefix`: the folder of the bucket the routes serve, as segments (`"builds/2026"` →
+    /// `["builds", "2026"]`); empty for the whole bucket.
+    pub key_prefix: Vec<String>,
+    /// `None` for `anonymous = true`: requests go unsigned (public buckets).
+    pub credentials: Option<S3Credentials>,
+}
+
+/// Where the bucket goes in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addressing {
+    /// `https://endpoint/bucket/key`: the default, and what S3-compatible stores expect.
+    Path,
+    /// `https://bucket.endpoint/key`: AWS's own default.
+    VirtualHost,
+}
+
 /// Reads `[upstreams]`. Also returns every name declared, valid or not, so that a route naming an
 /// upstream whose settings are wrong is not reported a second time as naming a missing one; `None`
 /// when `upstreams` is not even a table, so names cannot be checked at all.
-pub(super) fn read_all(
-    ctx: &mut Ctx<'_>,
-    node: Option<Node>,
-) -> (Read<BTreeMap<String, UpstreamConfig>>, Option<BTreeSet<String>>) {
-    let Some(node) = node else {
-        return (Ok(BTreeMap::new()), Some(BTreeSet::new()));
+pub(super) fn check_all(
+    v: &mut Ctx<'_>,
+    raw: Option<&Raw<BTreeMap<String, Raw<RawUpstream>>>>,
+) -> (Option<BTreeMap<String, UpstreamConfig>>, Option<BTreeSet<String>>) {
+    let at = Path::default().key("upstreams");
+    let Some(raw) = raw else { return (Some(BTreeMap::new()), Some(BTreeSet::new())) };
+    let Some(entries) =
+        v.table(&at, raw, "[upstreams.origin] with url = \"http://127.0.0.1:9000\"")
+    else {
+        return (None, None);
     };
-    let mut table = match Table::new(
-        ctx,
-        "upstreams",
-        "[upstreams]",
-        node,
-        "[upstreams.origin] with url = \"http://127.0.0.1:9000\"",
-    ) {
-        Ok(table) => table,
-        Err(reported) => return (Err(reported), None),
-    };
-    let entries = table.drain();
-    table.finish(ctx);
-    let declared: BTreeSet<String> = entries.keys().cloned().collect();
-    let mut upstreams = Ok(BTreeMap::new());
-    let mut lowercase_names: BTreeMap<String, String> = BTreeMap::new();
-    for (name, node) in entries {
-        let path = key_path("upstreams", &name);
-        let name_ok = check_name(ctx, &path, &name, &node, &mut lowercase_names);
-        let upstream = read_one(ctx, &path, &name, node);
-        match (&mut upstreams, name_ok, upstream) {
-            (Ok(map), Ok(()), Ok(upstream)) => {
-                map.insert(name, upstream);
+    let mut upstreams = Some(BTreeMap::new());
+    let mut lowercase_names: BTreeMap<String, &str> = BTreeMap::new();
+    for (name, raw) in entries {
+        let at = at.key(name);
+        let name_ok = if name.is_empty()
+            || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            v.fail(
+                &at,
+                format!("{name:?} is not a valid upstream name"),
+                "use letters, digits, '_' and '-' only, e.g. [upstreams.origin]",
+            )
+        } else if let Some(other) = lowercase_names.insert(name.to_ascii_lowercase(), name) {
+            // Environment overrides are matched ignoring case, so two names differing only in case
+            // could not be told apart there.
+            v.fail(
+                &at,
+                format!("differs from upstreams.{other} only in case"),
+                "rename one of them: environment overrides cannot tell them apart",
+            )
+        } else {
+            Some(())
+        };
+        let upstream = check_one(v, &at, name, raw);
+        upstreams = match (upstreams, name_ok, upstream) {
+            (Some(mut all), Some(()), Some(upstream)) => {
+                all.insert(name.clone(), upstream);
+                Some(all)
             }
-            (_, Err(reported), _) | (_, _, Err(reported)) => upstreams = Err(reported),
-            (Err(_), Ok(()), Ok(_)) => {}
-        }
+            _ => None,
+        };
     }
-    (upstreams, Some(declared))
+    (upstreams, Some(entries.keys().cloned().collect()))
 }
 
-fn check_name(
-    ctx: &mut Ctx<'_>,
-    path: &str,
+fn check_one(
+    v: &mut Ctx<'_>,
+    at: &Path,
     name: &str,
-    node: &Node,
-    lowercase_names: &mut BTreeMap<String, String>,
-) -> Read<()> {
-    let valid = !name.is_empty()
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if !valid {
-        return Err(ctx.report(
-            path,
-            &node.origin,
-            format!("{name:?} is not a valid upstream name"),
-            "use letters, digits, '_' and '-' only, e.g. [upstreams.origin]",
-        ));
-    }
-    // Environment overrides are matched ignoring case (the `config` crate lowercases them), so two
-    // names differing only in case could not be told apart there.
-    if let Some(other) = lowercase_names.insert(name.to_ascii_lowercase(), name.to_owned()) {
-        return Err(ctx.report(
-            path,
-            &node.origin,
-            format!("differs from upstreams.{other} only in case"),
-            "rename one of them: environment overrides cannot tell them apart",
-        ));
-    }
-    Ok(())
-}
-
-fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<UpstreamConfig> {
-    let header = format!("[upstreams.{name}]");
-    let mut table =
-        Table::new(ctx, path, header.clone(), node, &format!("{header} with url = {URL_EXAMPLE}"))?;
-    let url = table.take("url");
-    let urls = table.take("urls");
-    let dir = table.take("dir");
-    let health_check = table.take("health_check");
-    let ca_file = table.take("ca_file");
-    let insecure_skip_verify = table.take("insecure_skip_verify");
-    let sni = table.take("sni");
-    let host_header = table.take("host_header");
-    let s3_fields = S3Fields::take(&mut table);
-    let mut timeout = |key, default, max, bounds: &str| {
-        table.take(key).map_or(Ok(default), |f| f.duration(ctx, MIN_TIMEOUT..=max, bounds))
+    raw: &Raw<RawUpstream>,
+) -> Option<UpstreamConfig> {
+    let r = v.table(at, raw, &format!("[upstreams.{name}] with url = {URL_EXAMPLE}"))?;
+    let key = |key: &str| at.key(key);
+    let mut timeout = |key: &str, value, (default, max), bounds: &str| {
+        v.duration(&at.key(key), value, MIN_TIMEOUT..=max, bounds).or(default)
     };
-    let connect_timeout = timeout(
-        "connect_timeout",
-        DEFAULT_CONNECT_TIMEOUT,
-        MAX_CONNECT_TIMEOUT,
-        "from \"1ms\" to \"5m\"",
-    );
-    let io_bounds = "from \"1ms\" to \"24h\"";
-    let read_timeout = timeout("read_timeout", DEFAULT_IO_TIMEOUT, MAX_IO_TIMEOUT, io_bounds);
-    let write_timeout = timeout("write_timeout", DEFAULT_IO_TIMEOUT, MAX_IO_TIMEOUT, io_bounds);
-    let idle_timeout = timeout("idle_timeout", DEFAULT_IO_TIMEOUT, MAX_IO_TIMEOUT, io_bounds);
-    table.finish(ctx);
-
-    let s3_fields = if s3_fields.bucket.is_some() {
-        Some(s3_fields)
-    } else {
+    let (io, io_bounds) = ((DEFAULT_IO_TIMEOUT, MAX_IO_TIMEOUT), "from \"1ms\" to \"24h\"");
+    let connect = (DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT);
+    let connect_timeout =
+        timeout("connect_timeout", &r.connect_timeout, connect, "from \"1ms\" to \"5m\"");
+    let read_timeout = timeout("read_timeout", &r.read_timeout, io, io_bounds);
+    let write_timeout = timeout("write_timeout", &r.write_timeout, io, io_bounds);
+    let idle_timeout = timeout("idle_timeout", &r.idle_timeout, io, io_bounds);
+    let s3 = r.bucket.is_some();
+    if !s3 {
         // Checked first, so that a stray S3 key is reported however the rest reads.
-        s3_fields.refuse(ctx);
-        None
-    };
-    let health_check = health_check.map(|f| read_health_check(ctx, f)).transpose();
-    let kind = match (urls, url, dir, s3_fields) {
-        (Some(urls), None, None, s3) => {
-            if s3.is_some() {
-                ctx.report(
-                    &urls.path,
-                    urls.origin(),
-                    "an S3 upstream has one endpoint",
-                    "use url = the S3 endpoint",
-                );
+        let keys = [
+            ("region", &r.region),
+            ("addressing", &r.addressing),
+            ("key_prefix", &r.key_prefix),
+            ("access_key_env", &r.access_key_env),
+            ("secret_key_env", &r.secret_key_env),
+            ("session_token_env", &r.session_token_env),
+            ("credentials_file", &r.credentials_file),
+            ("profile", &r.profile),
+            ("anonymous", &r.anonymous),
+        ];
+        let fix = "add bucket = \"NAME\" (with url = the S3 endpoint) to make this an S3 upstream, or remove it";
+        v.refuse(at, &keys, |key| format!("{key} applies to S3 upstreams only"), fix);
+    }
+    let health_check =
+        checked(r.health_check.as_ref(), |raw| health_check(v, &key("health_check"), raw));
+    let kind = match (&r.urls, &r.url, &r.dir) {
+        (Some(urls), None, None) => {
+            if s3 {
+                v.report(&key("urls"), "an S3 upstream has one endpoint", "use url = the S3 endpoint");
             }
-            read_replicas(ctx, urls, [ca_file, insecure_skip_verify, sni], host_header)
-                .map(UpstreamKind::Replicas)
+            replicas(v, at, r, urls).map(UpstreamKind::Replicas)
         }
-        (Some(urls), _, _, _) => Err(ctx.report(
-            &urls.path,
-            urls.origin(),
-            "urls cannot be combined with url or dir",
-            "keep urls (every replica) and remove url",
-        )),
-        (None, Some(url), None, Some(s3_fields)) => {
-            let endpoint = read_http(ctx, &url, [ca_file, insecure_skip_verify, sni]);
-            s3::read(ctx, path, endpoint, Some(&url), s3_fields, host_header).map(UpstreamKind::S3)
+        (Some(_), _, _) => {
+            v.fail(&key("urls"), "urls cannot be combined with url or dir", "keep urls (every replica) and remove url")
         }
-        (None, Some(url), None, None) => {
-            let http = read_http(ctx, &url, [ca_file, insecure_skip_verify, sni]);
-            let host_header = host_header.map(|f| read_host_header(ctx, f)).transpose();
-            http.and_then(|mut http| {
-                if let Some(host_header) = host_header? {
-                    http.host_header = host_header;
-                }
-                Ok(UpstreamKind::Http(http))
-            })
+        (None, Some(url), None) if s3 => {
+            let endpoint = http(v, at, r, url);
+            s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3)
         }
-        (None, None, Some(_), Some(_)) => Err(ctx.report_at(
-            path,
+        (None, Some(url), None) => {
+            let http = http(v, at, r, url);
+            let host_header = v.parsed(&key("host_header"), &r.host_header, "\"origin.example.com\"", host_header).opt();
+            let (mut http, host_header) = (http?, host_header?);
+            http.host_header = host_header.unwrap_or(http.host_header);
+            Some(UpstreamKind::Http(http))
+        }
+        (None, None, Some(_)) if s3 => v.fail(
+            at,
             "has bucket but dir instead of url",
             "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
-        )),
-        (None, None, Some(dir), None) => {
-            let http_only = [ca_file, insecure_skip_verify, sni, host_header];
-            for field in http_only.into_iter().flatten() {
-                ctx.report(
-                    &field.path,
-                    field.origin(),
-                    format!("{} applies to url upstreams only, not to dir", field.key),
-                    "remove it: a dir upstream reads local files",
-                );
-            }
-            read_dir(ctx, dir)
+        ),
+        (None, None, Some(dir)) => {
+            let http_only =
+                [("ca_file", &r.ca_file), ("insecure_skip_verify", &r.insecure_skip_verify), ("sni", &r.sni), ("host_header", &r.host_header)];
+            let fix = "remove it: a dir upstream reads local files";
+            v.refuse(at, &http_only, |key| format!("{key} applies to url upstreams only, not to dir"), fix);
+            v.parsed(&key("dir"), dir, "\"./data\"", check_dir).ok().map(|path| UpstreamKind::Dir { path })
         }
-        (None, Some(_), Some(dir), _) => Err(ctx.report(
-            path,
-            dir.origin(),
-            "has both url and dir",
-            "keep one: url for an HTTP(S) origin, dir for a local folder",
-        )),
-        (None, None, None, _) => Err(ctx.report_at(
-            path,
+        (None, Some(_), Some(_)) => {
+            v.fail(at, "has both url and dir", "keep one: url for an HTTP(S) origin, dir for a local folder")
+        }
+        (None, None, None) => v.fail(
+            at,
             "has neither url nor dir",
-            format!(
-                "add url = {URL_EXAMPLE} for an HTTP(S) origin, or dir = \"./data\" for a local \
-                 folder"
-            ),
-        )),
+            format!("add url = {URL_EXAMPLE} for an HTTP(S) origin, or dir = \"./data\" for a local folder"),
+        ),
     };
-    let kind = kind?;
-    let health_check = health_check?;
+    let (kind, health_check) = (kind?, health_check?);
     if let (UpstreamKind::Dir { .. }, Some(_)) = (&kind, &health_check) {
-        return Err(ctx.report_at(
-            &key_path(path, "health_check"),
+        return v.fail(
+            &key("health_check"),
             "a dir upstream is a local folder, with nothing to check",
             "remove health_check",
-        ));
+        );
     }
-    Ok(UpstreamConfig {
+    Some(UpstreamConfig {
         name: name.to_owned(),
         kind,
         connect_timeout: connect_timeout?,
@@ -287,137 +277,102 @@ fn read_one(ctx: &mut Ctx<'_>, path: &str, name: &str, node: Node) -> Read<Upstr
     })
 }
 
-fn read_health_check(ctx: &mut Ctx<'_>, field: Field) -> Read<HealthCheck> {
-    let header = format!("[{}]", field.path);
-    let mut table = Table::new(
-        ctx,
-        &field.path.clone(),
-        header,
-        field.node,
-        "[upstreams.NAME.health_check] with path = \"/healthz\"",
-    )?;
-    let path = table.take("path").map_or(Ok("/".to_owned()), |f| {
-        let (at, origin) = (f.path.clone(), f.origin().clone());
-        let path = f.string(ctx, "\"/healthz\"")?;
-        let valid =
-            path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#');
-        if valid {
-            Ok(path)
-        } else {
-            Err(ctx.report(
-                &at,
-                &origin,
-                format!("{path:?} is not a request path"),
-                "write a path starting with '/', e.g. path = \"/healthz\"",
-            ))
+fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
+    let r = v.table(at, raw, "[upstreams.NAME.health_check] with path = \"/healthz\"")?;
+    let path = v.parsed(&at.key("path"), &r.path, "\"/healthz\"", |path| {
+        if path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
+            return Ok(path.to_owned());
         }
+        Err((
+            format!("{path:?} is not a request path"),
+            "write a path starting with '/', e.g. path = \"/healthz\"".to_owned(),
+        ))
     });
-    let bounds = "from \"10ms\" to \"1h\"";
-    let range = Duration::from_millis(10)..=Duration::from_secs(3600);
-    let interval = table
-        .take("interval")
-        .map_or(Ok(Duration::from_secs(5)), |f| f.duration(ctx, range.clone(), bounds));
-    let timeout = table
-        .take("timeout")
-        .map_or(Ok(Duration::from_secs(2)), |f| f.duration(ctx, range, bounds));
-    table.finish(ctx);
-    Ok(HealthCheck { path: path?, interval: interval?, timeout: timeout? })
+    let (range, bounds) =
+        (Duration::from_millis(10)..=Duration::from_secs(3600), "from \"10ms\" to \"1h\"");
+    let interval = v
+        .duration(&at.key("interval"), &r.interval, range.clone(), bounds)
+        .or(Duration::from_secs(5));
+    let timeout =
+        v.duration(&at.key("timeout"), &r.timeout, range, bounds).or(Duration::from_secs(2));
+    Some(HealthCheck {
+        path: path.or_else(|| "/".to_owned())?,
+        interval: interval?,
+        timeout: timeout?,
+    })
 }
 
 /// `urls = [...]`: replicas of one origin. Their paths must agree (a route's paths are written
 /// under it), the TLS keys apply to the https ones, and `host_header` to all.
-fn read_replicas(
-    ctx: &mut Ctx<'_>,
-    urls: Field,
-    [ca_file, insecure, sni]: [Option<Field>; 3],
-    host_header: Option<Field>,
-) -> Read<Vec<HttpUpstream>> {
-    let example = "urls = [\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
-    let items = match urls.node.kind {
-        Kind::Array(items) if !items.is_empty() => items,
-        _ => {
-            return Err(ctx.report(
-                &urls.path,
-                &urls.node.origin,
-                "expected a non-empty list of urls",
-                format!("write {example}"),
-            ));
-        }
+fn replicas(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    r: &RawUpstream,
+    urls: &Value,
+) -> Option<Vec<HttpUpstream>> {
+    let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
+    let parsed = v.strings(&at.key("urls"), urls, "a url string", example, parse_http_url);
+    let tls = match &parsed {
+        Got::Good(urls) => tls_keys(v, at, r, urls.iter().find(|u| u.tls).map(|u| &u.host)),
+        // Which are https is unknown, so whether the TLS keys apply is too: they are checked once
+        // the urls are fixed.
+        _ => Some(Tls::default()),
     };
-    let mut parsed = Vec::with_capacity(items.len());
-    let mut failed = None;
-    for (index, item) in items.into_iter().enumerate() {
-        let at = format!("{}[{index}]", urls.path);
-        let text = match item.kind {
-            Kind::Str(text) => text,
-            _ => {
-                failed = Some(ctx.report(&at, &item.origin, "expected a url string", example));
-                continue;
-            }
-        };
-        match parse_http_url(&text) {
-            Ok(url) => parsed.push(url),
-            Err((problem, fix)) => failed = Some(ctx.report(&at, &item.origin, problem, fix)),
-        }
-    }
-    let explicit_sni = sni.is_some();
-    let first_https = parsed.iter().find(|u| u.tls).map(|u| u.host.clone());
-    let tls = read_tls_keys(ctx, first_https.as_ref(), [ca_file, insecure, sni]);
-    let host_header = host_header.map(|f| read_host_header(ctx, f)).transpose();
-    if let Some(reported) = failed {
-        return Err(reported);
+    let host_header = v
+        .parsed(&at.key("host_header"), &r.host_header, "\"origin.example.com\"", host_header)
+        .opt();
+    let parsed = parsed.or(Vec::new())?;
+    if parsed.is_empty() {
+        return v.fail(
+            &at.key("urls"),
+            "expected a non-empty list of urls",
+            format!("write urls = {example}"),
+        );
     }
     if parsed.windows(2).any(|pair| pair[0].base_path != pair[1].base_path) {
-        return Err(ctx.report(
-            &urls.path,
-            &urls.node.origin,
+        return v.fail(
+            &at.key("urls"),
             "the urls have different paths",
             "give every replica the same path (or none): a route's paths are written under it",
-        ));
+        );
     }
     let (tls, host_header) = (tls?, host_header?);
-    Ok(parsed
-        .into_iter()
-        .map(|url| HttpUpstream {
-            tls: url.tls,
-            sni: match (url.tls, explicit_sni) {
-                (false, _) => None,
-                (true, true) => tls.sni.clone(),
-                (true, false) => url.host.is_name().then(|| url.host.bare()),
-            },
-            ca_file: tls.ca_file.clone().filter(|_| url.tls),
-            insecure_skip_verify: tls.insecure_skip_verify && url.tls,
-            host: url.host.bare(),
-            port: url.port,
-            base_path: url.base_path,
-            host_header: host_header.clone().unwrap_or(url.authority),
-        })
-        .collect())
+    let replicas = parsed.into_iter().map(|url| HttpUpstream {
+        tls: url.tls,
+        sni: match (url.tls, r.sni.is_some()) {
+            (false, _) => None,
+            (true, true) => tls.sni.clone(),
+            (true, false) => url.host.is_name().then(|| url.host.bare()),
+        },
+        ca_file: tls.ca_file.clone().filter(|_| url.tls),
+        insecure_skip_verify: tls.insecure_skip_verify && url.tls,
+        host: url.host.bare(),
+        port: url.port,
+        base_path: url.base_path,
+        host_header: host_header.clone().unwrap_or(url.authority),
+    });
+    Some(replicas.collect())
 }
 
-fn read_http(ctx: &mut Ctx<'_>, url: &Field, tls_fields: [Option<Field>; 3]) -> Read<HttpUpstream> {
-    let (url_path, url_origin) = (url.path.clone(), url.origin().clone());
-    let parsed = url.text(ctx, URL_EXAMPLE).and_then(|text| {
-        parse_http_url(&text)
-            .map_err(|(problem, fix)| ctx.report(&url_path, &url_origin, problem, fix))
-    });
+/// The upstream's `url`, with its TLS keys.
+fn http(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, url: &Value) -> Option<HttpUpstream> {
+    let parsed = v.parsed(&at.key("url"), url, URL_EXAMPLE, parse_http_url);
     let tls = match &parsed {
-        Ok(url) => read_tls_keys(ctx, url.tls.then_some(&url.host), tls_fields),
+        Got::Good(url) => tls_keys(v, at, r, url.tls.then_some(&url.host)),
         // The scheme is unknown, so whether these apply is too; they are checked once the url
         // is fixed.
-        Err(_) => Ok(Tls::default()),
+        _ => Some(Tls::default()),
     };
-    let parsed = parsed?;
-    let tls = tls?;
-    Ok(HttpUpstream {
-        tls: parsed.tls,
-        host: parsed.host.bare(),
-        port: parsed.port,
-        base_path: parsed.base_path,
+    let (url, tls) = (parsed.ok()?, tls?);
+    Some(HttpUpstream {
+        tls: url.tls,
+        host: url.host.bare(),
+        port: url.port,
+        base_path: url.base_path,
         ca_file: tls.ca_file,
         insecure_skip_verify: tls.insecure_skip_verify,
         sni: tls.sni,
-        host_header: parsed.authority,
+        host_header: url.authority,
     })
 }
 
@@ -431,126 +386,319 @@ struct Tls {
 
 /// The TLS keys of an upstream whose (first) https url has `host`; with no https url at all,
 /// each key present is a mistake.
-fn read_tls_keys(
-    ctx: &mut Ctx<'_>,
-    https_host: Option<&Host>,
-    fields: [Option<Field>; 3],
-) -> Read<Tls> {
-    if let Some(host) = https_host {
-        return read_tls(ctx, host, fields);
-    }
-    for field in fields.into_iter().flatten() {
-        ctx.report(
-            &field.path,
-            field.origin(),
-            format!("{} applies to https:// urls only", field.key),
+fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https_host: Option<&Host>) -> Option<Tls> {
+    let Some(host) = https_host else {
+        let keys = [
+            ("ca_file", &r.ca_file),
+            ("insecure_skip_verify", &r.insecure_skip_verify),
+            ("sni", &r.sni),
+        ];
+        v.refuse(
+            at,
+            &keys,
+            |key| format!("{key} applies to https:// urls only"),
             "remove it, or use an https:// url",
         );
-    }
-    Ok(Tls::default())
-}
-
-fn read_tls(
-    ctx: &mut Ctx<'_>,
-    host: &Host,
-    [ca_file, insecure, sni]: [Option<Field>; 3],
-) -> Read<Tls> {
-    let ca_file = ca_file.map(|f| read_ca_file(ctx, f)).transpose();
-    let insecure_skip_verify = insecure.map_or(Ok(false), |f| f.boolean(ctx));
-    let sni = match sni {
-        Some(field) => read_sni(ctx, field).map(Some),
-        None => Ok(host.is_name().then(|| host.bare())),
+        return Some(Tls::default());
     };
-    Ok(Tls { ca_file: ca_file?, insecure_skip_verify: insecure_skip_verify?, sni: sni? })
+    let ca_file = v.parsed(&at.key("ca_file"), &r.ca_file, "\"/etc/rangeway/ca.pem\"", |file| {
+        let problem = match read_small_file(file, MAX_CA_FILE_LEN) {
+            Err(problem) => problem,
+            Ok(pem) if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") => {
+                format!("{file:?} holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)")
+            }
+            Ok(_) => return Ok(PathBuf::from(file)),
+        };
+        Err((problem, "point ca_file at a readable PEM file of CA certificates".to_owned()))
+    });
+    let insecure_skip_verify = v.boolean(&at.key("insecure_skip_verify"), &r.insecure_skip_verify);
+    let sni =
+        v.parsed(&at.key("sni"), &r.sni, "\"origin.example.com\"", |text| {
+            match Host::parse(text) {
+                Ok(Host::Name(name)) => Ok(name),
+                Ok(_) => Err((
+                    format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
+                    "use a DNS name, or remove sni to send none".to_owned(),
+                )),
+                Err(e) => Err((
+                    format!("{text:?} is not a DNS name: {e}"),
+                    "write a DNS name, e.g. sni = \"origin.example.com\"".to_owned(),
+                )),
+            }
+        });
+    Some(Tls {
+        ca_file: ca_file.opt()?,
+        insecure_skip_verify: insecure_skip_verify.or(false)?,
+        sni: sni.map(Some).or_else(|| host.is_name().then(|| host.bare()))?,
+    })
 }
 
-fn read_ca_file(ctx: &mut Ctx<'_>, field: Field) -> Read<PathBuf> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let file = field.string(ctx, "\"/etc/rangeway/ca.pem\"")?;
-    let fix = "point ca_file at a readable PEM file of CA certificates";
-    let problem = match read_small_file(&file, MAX_CA_FILE_LEN) {
-        Err(problem) => problem,
-        Ok(pem) if !contains(&pem, b"-----BEGIN CERTIFICATE-----") => {
-            format!("{file:?} holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)")
-        }
-        Ok(_) => return Ok(PathBuf::from(file)),
-    };
-    Err(ctx.report(&path, &origin, problem, fix))
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-fn read_sni(ctx: &mut Ctx<'_>, field: Field) -> Read<String> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let text = field.string(ctx, "\"origin.example.com\"")?;
-    match Host::parse(&text) {
-        Ok(Host::Name(name)) => Ok(name),
-        Ok(_) => Err(ctx.report(
-            &path,
-            &origin,
-            format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
-            "use a DNS name, or remove sni to send none",
-        )),
-        Err(e) => Err(ctx.report(
-            &path,
-            &origin,
-            format!("{text:?} is not a DNS name: {e}"),
-            "write a DNS name, e.g. sni = \"origin.example.com\"",
-        )),
-    }
-}
-
-fn read_host_header(ctx: &mut Ctx<'_>, field: Field) -> Read<String> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let text = field.string(ctx, "\"origin.example.com\"")?;
-    match split_host_port(&text) {
+fn host_header(text: &str) -> Result<String, Problem> {
+    match split_host_port(text) {
         // A validated host and port are header-safe ASCII.
-        Ok(_) => Ok(text),
-        Err(e) => Err(ctx.report(
-            &path,
-            &origin,
+        Ok(_) => Ok(text.to_owned()),
+        Err(e) => Err((
             format!("{text:?} is not a host[:port]: {e}"),
-            "write a host with an optional port, e.g. host_header = \"files.example.com\"",
+            "write a host with an optional port, e.g. host_header = \"files.example.com\""
+                .to_owned(),
         )),
     }
 }
 
-fn read_dir(ctx: &mut Ctx<'_>, field: Field) -> Read<UpstreamKind> {
-    let (path, origin) = (field.path.clone(), field.origin().clone());
-    let dir = field.string(ctx, "\"./data\"")?;
-    let fix = "point dir at a folder, or at a path where one can be created";
+fn check_dir(dir: &str) -> Result<PathBuf, Problem> {
+    let fix = || "point dir at a folder, or at a path where one can be created".to_owned();
     if dir.is_empty() || dir.contains('\0') {
-        return Err(ctx.report(&path, &origin, "is not a usable path", fix));
+        return Err(("is not a usable path".to_owned(), fix()));
     }
-    match std::fs::metadata(&dir) {
-        Ok(meta) if meta.is_dir() => Ok(UpstreamKind::Dir { path: dir.into() }),
-        Ok(_) => {
-            Err(ctx.report(&path, &origin, format!("{dir:?} exists but is not a directory"), fix))
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => {
+            Err((format!("{dir:?} exists but is not a directory"), fix()))
         }
+        Ok(_) => Ok(dir.into()),
         // A missing folder is fine: the server creates it on start.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Ok(UpstreamKind::Dir { path: dir.into() })
-        }
-        Err(e) => Err(ctx.report(&path, &origin, format!("{dir:?} cannot be inspected: {e}"), fix)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(dir.into()),
+        Err(e) => Err((format!("{dir:?} cannot be inspected: {e}"), fix())),
     }
 }
 
-struct HttpUrl {
-    tls: bool,
-    host: Host,
-    port: u16,
+/// An S3 upstream: `endpoint` is its `url`, already checked.
+fn s3_upstream(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    r: &RawUpstream,
+    endpoint: Option<HttpUpstream>,
+) -> Option<S3Upstream> {
+    let key = |key: &str| at.key(key);
+    if r.host_header.is_some() {
+        v.report(
+            &key("host_header"),
+            "host_header does not apply to S3 upstreams",
+            "remove it: rangeway sets Host from the url, the bucket and addressing (and signs it)",
+        );
+    }
+    let styles = [("path", Addressing::Path), ("virtual-host", Addressing::VirtualHost)];
+    let addressing = v.choice(&key("addressing"), &r.addressing, "\"path\"", &styles, |other| {
+        (
+            format!("{other:?} is not an addressing style"),
+            "use \"path\" (https://endpoint/bucket/key) or \"virtual-host\" (https://bucket.endpoint/key)".to_owned(),
+        )
+    });
+    let addressing = addressing.or(Addressing::Path);
+    let virtual_host = addressing == Some(Addressing::VirtualHost);
+    let bucket = v.parsed(&key("bucket"), &r.bucket, "\"releases\"", |bucket| {
+        let dns_safe = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-';
+        let path_safe = |b: u8| dns_safe(b) || b.is_ascii_uppercase() || b == b'_';
+        let edge_ok = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
+        let valid = (3..=63).contains(&bucket.len())
+            && bucket.bytes().all(|b| if virtual_host { dns_safe(b) } else { path_safe(b) })
+            && edge_ok(bucket.as_bytes().first())
+            && edge_ok(bucket.as_bytes().last())
+            && !bucket.contains("..");
+        let rule = if virtual_host {
+            "3 to 63 lower-case letters, digits, '.' and '-', beginning and ending with a letter or \
+             digit (it becomes part of a host name)"
+        } else {
+            "3 to 63 letters, digits, '.', '-' and '_', beginning and ending with a letter or digit"
+        };
+        if valid { Ok(bucket.to_owned()) } else { Err((format!("{bucket:?} is not a valid bucket name"), format!("write the bucket's name: {rule}"))) }
+    });
+    let region = v.parsed(&key("region"), &r.region, "\"us-east-1\"", |region| {
+        if !region.is_empty()
+            && region.len() <= 64
+            && region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Ok(region.to_owned());
+        }
+        Err((
+            format!("{region:?} is not a region name"),
+            "write the region the bucket is in, e.g. region = \"eu-west-1\" (most S3-compatible \
+             stores accept \"us-east-1\")"
+                .to_owned(),
+        ))
+    });
+    // A folder of the bucket: segments without `.`/`..`, empty parts or control characters, so
+    // that no key can be written above it.
+    let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"builds/2026\"", |prefix| {
+        let segments: Vec<String> = prefix
+            .trim_matches('/')
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let problem = if prefix.trim_matches('/').contains("//") {
+            "has an empty segment (//)"
+        } else if segments.iter().any(|s| s == "." || s == "..") {
+            "has a '.' or '..' segment"
+        } else if prefix.chars().any(|c| c.is_control() || c == '\\') {
+            "has a control character or a backslash"
+        } else {
+            return Ok(segments);
+        };
+        Err((
+            problem.to_owned(),
+            "write the folder's key prefix as plain segments, e.g. key_prefix = \"builds/2026\""
+                .to_owned(),
+        ))
+    });
+    let credentials = match v.boolean(&key("anonymous"), &r.anonymous).or(false) {
+        Some(true) => {
+            let keys = [
+                ("access_key_env", &r.access_key_env),
+                ("secret_key_env", &r.secret_key_env),
+                ("session_token_env", &r.session_token_env),
+                ("credentials_file", &r.credentials_file),
+                ("profile", &r.profile),
+            ];
+            let fix = "remove it, or anonymous = true to sign requests with it";
+            v.refuse(
+                at,
+                &keys,
+                |key| format!("{key} cannot be combined with anonymous = true"),
+                fix,
+            );
+            Some(None)
+        }
+        Some(false) => credentials(v, at, r).map(Some),
+        None => None,
+    };
+    let endpoint = endpoint?;
+    if !endpoint.base_path.is_empty() {
+        return v.fail(
+            &key("url"),
+            "an S3 endpoint url has no path",
+            "write the endpoint alone (\"https://s3.example.com\"), the bucket in bucket = and a folder \
+             of it in key_prefix =",
+        );
+    }
+    if virtual_host && endpoint.host.parse::<std::net::IpAddr>().is_ok() {
+        return v.fail(
+            &key("url"),
+            "virtual-host addressing needs a DNS name in the url, not an IP address",
+            "use addressing = \"path\", or the endpoint's DNS name",
+        );
+    }
+    Some(S3Upstream {
+        endpoint,
+        bucket: bucket.ok()?,
+        region: region.or_else(|| DEFAULT_REGION.to_owned())?,
+        addressing: addressing?,
+        key_prefix: key_prefix.or(Vec::new())?,
+        credentials: credentials?,
+    })
+}
+
+/// Credentials, by the first source configured: `access_key_env`/`secret_key_env`, then
+/// `credentials_file`, then the standard AWS environment variables, then the standard shared
+/// credentials file.
+fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credentials> {
+    let key = |key: &str| at.key(key);
+    let (access, secret) = match (&r.access_key_env, &r.secret_key_env) {
+        (Some(access), Some(secret)) => (access, secret),
+        (Some(_), None) | (None, Some(_)) => {
+            let one = if r.access_key_env.is_some() { "access_key_env" } else { "secret_key_env" };
+            return v.fail(
+                &key(one),
+                "access_key_env and secret_key_env go together",
+                "set both, naming the variables that hold the key id and the secret",
+            );
+        }
+        (None, None) => {
+            if r.session_token_env.is_some() {
+                v.report(
+                    &key("session_token_env"),
+                    "session_token_env needs access_key_env and secret_key_env",
+                    "set them too, or remove it",
+                );
+            }
+            let profile = v.string(&key("profile"), &r.profile, "\"default\"").opt()?;
+            return match &r.credentials_file {
+                Some(file) => v
+                    .parsed(
+                        &key("credentials_file"),
+                        file,
+                        "\"/etc/rangeway/aws-credentials\"",
+                        |file| {
+                            let profile = profile.as_deref().unwrap_or("default");
+                            secret::read_credentials_file(std::path::Path::new(file), profile)
+                        },
+                    )
+                    .ok(),
+                None => {
+                    let credentials = secret::standard_credentials(v, profile);
+                    v.check(at, credentials)
+                }
+            };
+        }
+    };
+    if r.credentials_file.is_some() {
+        v.report(
+            &key("credentials_file"),
+            "credentials_file cannot be combined with access_key_env/secret_key_env",
+            "keep one source of credentials",
+        );
+    }
+    if r.profile.is_some() {
+        v.report(
+            &key("profile"),
+            "profile names a section of a credentials file, and these credentials come from \
+             environment variables",
+            "remove profile, or use credentials_file instead of access_key_env/secret_key_env",
+        );
+    }
+    const OTHERWISE: &str = "or use credentials_file, or anonymous = true for a public bucket";
+    let secret_key =
+        |example, holds, otherwise| SecretKey { example, holds, source_hint: "", otherwise };
+    let access = secret::read_env(
+        v,
+        &key("access_key_env"),
+        access,
+        &secret_key(
+            "access_key_env = \"RANGEWAY_S3_ACCESS_KEY_ID\"",
+            "the access key id",
+            OTHERWISE,
+        ),
+    );
+    let secret = secret::read_env(
+        v,
+        &key("secret_key_env"),
+        secret,
+        &secret_key(
+            "secret_key_env = \"RANGEWAY_S3_SECRET_ACCESS_KEY\"",
+            "the secret access key",
+            OTHERWISE,
+        ),
+    );
+    let token = checked(r.session_token_env.as_ref(), |value| {
+        let key = secret_key(
+            "session_token_env = \"RANGEWAY_S3_SESSION_TOKEN\"",
+            "the session token",
+            "or remove session_token_env for a long-term key",
+        );
+        secret::read_env(v, &at.key("session_token_env"), value, &key)
+    });
+    let ((access_var, access_key_id), (secret_var, secret_access_key)) = (access?, secret?);
+    Some(S3Credentials {
+        access_key_id,
+        secret_access_key,
+        session_token: token?.map(|(_, token)| token),
+        source: format!("environment variables {access_var}/{secret_var}"),
+    })
+}
+
+pub(super) struct HttpUrl {
+    pub(super) tls: bool,
+    pub(super) host: Host,
+    pub(super) port: u16,
     /// `host[:port]` as written (host lower-cased, IPv6 in brackets), the default Host header.
-    authority: String,
-    base_path: String,
+    pub(super) authority: String,
+    pub(super) base_path: String,
 }
 
 /// Parses `http(s)://host[:port][/base]`. Credentials, query and fragment are refused: the first
 /// would be sent nowhere (and logged), the others cannot be prefixed to request paths.
 ///
 /// The url is not repeated in messages, as it might carry credentials.
-fn parse_http_url(text: &str) -> Result<HttpUrl, (String, String)> {
+pub(super) fn parse_http_url(text: &str) -> Result<HttpUrl, Problem> {
     let text = text.trim();
     let example = format!("write it as http(s)://HOST[:PORT][/BASE], e.g. {URL_EXAMPLE}");
     let Some((scheme, rest)) = text.split_once("://") else {
@@ -640,76 +788,4 @@ fn check_base_path(base: &str) -> Result<String, String> {
         }
     }
     Ok(trimmed.to_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn http_urls() {
-        let url = parse_http_url("http://127.0.0.1:9000").map_err(|e| e.0).expect("valid");
-        assert!(!url.tls);
-        assert_eq!(
-            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
-            ("127.0.0.1".into(), 9000, "127.0.0.1:9000", "")
-        );
-
-        let url = parse_http_url("HTTPS://S3.Example.com/bucket/").map_err(|e| e.0).expect("valid");
-        assert!(url.tls);
-        assert_eq!(
-            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
-            ("s3.example.com".into(), 443, "s3.example.com", "/bucket")
-        );
-
-        let url = parse_http_url("http://[::1]:8000/a%20b/c").map_err(|e| e.0).expect("valid");
-        assert_eq!(
-            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
-            ("::1".into(), 8000, "[::1]:8000", "/a%20b/c")
-        );
-
-        let bad: &[(&str, &str)] = &[
-            ("127.0.0.1:9000", "no scheme"),
-            ("ftp://h", "scheme ftp:// is not supported"),
-            ("s3://bucket", "scheme s3:// is not supported"),
-            ("http://", "host is empty"),
-            ("http://:80", "host is empty"),
-            ("http://h:0", "port 0"),
-            ("http://h:65536", "out of range"),
-            ("http://h:x", "not a number"),
-            ("http://h/a?x=1", "?query"),
-            ("http://h/a#top", "#fragment"),
-            ("http://u:p@h", "credentials"),
-            ("http://h//a", "empty segment"),
-            ("http://h/a/../b", "'..'"),
-            ("http://h/a/./b", "'.'"),
-            ("http://h/a%zz", "two hex digits"),
-            ("http://h/a%2", "two hex digits"),
-            ("http://h/a b", "percent-encoded"),
-            ("http://h/a\\b", "percent-encoded"),
-            ("http://h_.x-/", "starts or ends with '-'"),
-        ];
-        for &(text, want) in bad {
-            let Err((problem, fix)) = parse_http_url(text) else {
-                panic!("{text:?} parsed");
-            };
-            assert!(problem.contains(want), "{text:?}: {problem}");
-            assert!(!fix.is_empty());
-        }
-        let Err((_, fix)) = parse_http_url("127.0.0.1:9000") else {
-            panic!("parsed without scheme");
-        };
-        assert_eq!(fix, "add the scheme: \"http://127.0.0.1:9000\"");
-    }
-
-    #[test]
-    fn url_errors_never_repeat_credentials() {
-        for text in ["http://user:hunter2@h", "hunter2@h:1", "xx://hunter2@h", "ht tp://hunter2@h"]
-        {
-            let Err((problem, fix)) = parse_http_url(text) else {
-                panic!("{text:?} parsed");
-            };
-            assert!(!problem.contains("hunter2") && !fix.contains("hunter2"), "{text:?}");
-        }
-    }
 }

@@ -1,0 +1,557 @@
+//! The validation pass over the raw structs: typed values out of raw ones, each problem reported
+//! with its key path and its fix, and the pass going on past it, so that it finds every mistake.
+//!
+//! A check that reports a problem returns `None` ([`Got::Bad`]), so a section whose values are all
+//! there is complete; a [`Config`](super::Config) is only returned when nothing was reported.
+
+use std::fmt::Display;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use ::config::{Value, ValueKind};
+use rangeway_middleware::chain::StageRegistry;
+use serde::de::DeserializeOwned;
+
+use super::errors::ConfigError;
+use super::raw::{Raw, fields};
+use super::source::{Env, Origins, Path};
+use super::units::{self, UnitError};
+
+/// A problem as a check finds it: what is wrong, and the fix.
+pub(super) type Problem = (String, String);
+
+/// State of one validation pass.
+pub(super) struct Ctx<'a> {
+    pub(super) errors: Vec<ConfigError>,
+    pub(super) env: &'a Env,
+    origins: &'a Origins<'a>,
+    /// The middleware kinds there are, and what each accepts.
+    pub(super) stages: &'a StageRegistry,
+    /// The registry's kinds, for messages.
+    pub(super) known_kinds: Vec<&'a str>,
+    /// How the file is named in the origins of middleware options.
+    file: &'a str,
+}
+
+/// A value checked: not written, written wrong (and reported), or good.
+#[must_use]
+pub(super) enum Got<T> {
+    Absent,
+    Bad,
+    Good(T),
+}
+
+impl<T> Got<T> {
+    /// The value, or `default` when it was not written; `None` when it was reported.
+    pub(super) fn or(self, default: T) -> Option<T> {
+        self.or_else(|| default)
+    }
+
+    pub(super) fn or_else(self, default: impl FnOnce() -> T) -> Option<T> {
+        match self {
+            Self::Absent => Some(default()),
+            Self::Bad => None,
+            Self::Good(value) => Some(value),
+        }
+    }
+
+    /// The value, when it was written and good.
+    pub(super) fn ok(self) -> Option<T> {
+        if let Self::Good(value) = self { Some(value) } else { None }
+    }
+
+    /// `Some(None)` when the value was not written.
+    pub(super) fn opt(self) -> Option<Option<T>> {
+        self.map(Some).or(None)
+    }
+
+    pub(super) fn map<U>(self, f: impl FnOnce(T) -> U) -> Got<U> {
+        self.then(|value| Some(f(value)))
+    }
+
+    /// A further check of a good value, which reports its problem and returns `None`.
+    pub(super) fn then<U>(self, f: impl FnOnce(T) -> Option<U>) -> Got<U> {
+        match self {
+            Self::Absent => Got::Absent,
+            Self::Bad => Got::Bad,
+            Self::Good(value) => f(value).map_or(Got::Bad, Got::Good),
+        }
+    }
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn new(
+        env: &'a Env,
+        origins: &'a Origins<'a>,
+        stages: &'a StageRegistry,
+        file: &'a str,
+    ) -> Self {
+        let known_kinds = stages.kinds().collect();
+        Self { errors: Vec::new(), env, origins, stages, known_kinds, file }
+    }
+
+    /// Records a problem with the value at `at`: naming the variable that set it, since that is
+    /// what the user has to change, or else where it is in the file.
+    pub(super) fn report(&mut self, at: &Path, problem: impl Into<String>, fix: impl Into<String>) {
+        let mut error = ConfigError::new(at.to_string(), problem, fix);
+        match self.origins.var(at) {
+            Some(var) => error.problem.push_str(&format!(" (set by {var})")),
+            None => error.position = self.origins.position(at),
+        }
+        self.errors.push(error);
+    }
+
+    /// [`Ctx::report`], for a check that cannot go on.
+    pub(super) fn fail<T>(
+        &mut self,
+        at: &Path,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Option<T> {
+        self.report(at, problem, fix);
+        None
+    }
+
+    fn bad<T>(&mut self, at: &Path, problem: impl Into<String>, fix: impl Into<String>) -> Got<T> {
+        self.report(at, problem, fix);
+        Got::Bad
+    }
+
+    /// The value of `checked`, or its problem reported.
+    pub(super) fn check<T>(&mut self, at: &Path, checked: Result<T, Problem>) -> Option<T> {
+        checked.map_err(|(problem, fix)| self.report(at, problem, fix)).ok()
+    }
+
+    pub(super) fn set_by_env(&self, at: &Path) -> bool {
+        self.origins.var(at).is_some()
+    }
+
+    /// `value` as the middleware registry gets it: its origin names the file or the variable, and
+    /// a variable's text is read as the file's value would be (`9` a number, `["a"]` a list).
+    pub(super) fn option(&self, at: &Path, value: &Value) -> Value {
+        let Some(var) = self.origins.var(at) else { return with_origin(value.clone(), self.file) };
+        let origin = format!("environment variable {var}");
+        match &value.kind {
+            ValueKind::String(text) => super::source::toml_value(text)
+                .map_or_else(|| with_origin(value.clone(), &origin), |v| with_origin(v, &origin)),
+            _ => with_origin(value.clone(), &origin),
+        }
+    }
+
+    /// The value of a key that must be there, or "is missing" reported with `fix`.
+    pub(super) fn required<'r, T>(
+        &mut self,
+        at: &Path,
+        value: Option<&'r T>,
+        fix: impl Into<String>,
+    ) -> Option<&'r T> {
+        value.or_else(|| self.fail(at, "is missing", fix))
+    }
+
+    /// Reports each of `keys` (of the table at `at`) that is written, as `problem` says.
+    pub(super) fn refuse(
+        &mut self,
+        at: &Path,
+        keys: &[(&str, &Option<Value>)],
+        problem: impl Fn(&str) -> String,
+        fix: &str,
+    ) {
+        for (key, _) in keys.iter().filter(|(_, value)| value.is_some()) {
+            self.report(&at.key(key), problem(key), fix);
+        }
+    }
+
+    /// What `raw` read, or "expected `what`" reported with `fix`. The keys it does not know are
+    /// reported, with the nearest known one when one is close.
+    pub(super) fn shaped<'r, T: DeserializeOwned>(
+        &mut self,
+        at: &Path,
+        raw: &'r Raw<T>,
+        what: &str,
+        fix: &str,
+    ) -> Option<&'r T> {
+        let read = match &raw.read {
+            Ok(read) => read,
+            Err(value) => {
+                return self.fail(at, format!("expected {what}, found {}", type_name(value)), fix);
+            }
+        };
+        let known = fields::<T>().unwrap_or_default();
+        for key in &raw.unknown {
+            let fix = match suggest(key, known.iter().copied()) {
+                Some(near) => format!("did you mean `{near}`?"),
+                None => format!("remove it; {} takes: {}", at.header(), known.join(", ")),
+            };
+            self.report(&at.key(key), format!("unknown key `{key}`"), fix);
+        }
+        Some(read)
+    }
+
+    /// [`Ctx::shaped`] for a table; `example` is how to write it.
+    pub(super) fn table<'r, T: DeserializeOwned>(
+        &mut self,
+        at: &Path,
+        raw: &'r Raw<T>,
+        example: &str,
+    ) -> Option<&'r T> {
+        self.shaped(at, raw, "a table", &format!("write it as a table, e.g. {example}"))
+    }
+
+    fn wrong_type<T>(&mut self, at: &Path, value: &Value, expected: &str, example: &str) -> Got<T> {
+        let (problem, fix) = (
+            format!("expected {expected}, found {}", type_name(value)),
+            format!("write {} = {example}", at.last_key()),
+        );
+        self.bad(at, problem, fix)
+    }
+
+    /// A string; `example` (TOML syntax, quotes included) is shown when it is something else.
+    pub(super) fn string<'v>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        example: &str,
+    ) -> Got<String> {
+        match value.into() {
+            None => Got::Absent,
+            Some(Value { kind: ValueKind::String(text), .. }) => Got::Good(text.clone()),
+            Some(value) => self.wrong_type(at, value, "a string", example),
+        }
+    }
+
+    /// A string that `parse` makes a `T` of.
+    pub(super) fn parsed<'v, T>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        example: &str,
+        parse: impl FnOnce(&str) -> Result<T, Problem>,
+    ) -> Got<T> {
+        self.string(at, value, example).then(|text| self.check(at, parse(&text)))
+    }
+
+    /// `true` or `false`; from a variable, the bare word.
+    pub(super) fn boolean<'v>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+    ) -> Got<bool> {
+        let Some(value) = value.into() else { return Got::Absent };
+        match &value.kind {
+            ValueKind::Boolean(b) => Got::Good(*b),
+            ValueKind::String(text) if self.set_by_env(at) => match text.trim() {
+                "true" => Got::Good(true),
+                "false" => Got::Good(false),
+                _ => self.bad(at, "expected true or false", "set it to true or false"),
+            },
+            _ => self.wrong_type(at, value, "a boolean", "true (or false), without quotes"),
+        }
+    }
+
+    /// An integer within `range`, as the type the config stores it in.
+    pub(super) fn integer<'v, T>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        range: RangeInclusive<T>,
+        example: &str,
+    ) -> Got<T>
+    where
+        T: TryFrom<i64> + PartialOrd + Display,
+    {
+        let Some(value) = value.into() else { return Got::Absent };
+        let number = match &value.kind {
+            ValueKind::I64(number) => *number,
+            ValueKind::String(text) if self.set_by_env(at) => match text.trim().parse() {
+                Ok(number) => number,
+                Err(_) => {
+                    return self.bad(
+                        at,
+                        "expected an integer",
+                        format!("set it to a whole number, e.g. {example}"),
+                    );
+                }
+            },
+            _ => return self.wrong_type(at, value, "an integer", example),
+        };
+        match T::try_from(number) {
+            Ok(n) if range.contains(&n) => Got::Good(n),
+            _ => self.bad(
+                at,
+                format!("{number} is out of range"),
+                format!("use a number from {} to {}", range.start(), range.end()),
+            ),
+        }
+    }
+
+    /// A share from 0 to 1 (`0.01`; an integer 0 or 1 too).
+    pub(super) fn ratio<'v>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        example: &str,
+    ) -> Got<f64> {
+        let Some(value) = value.into() else { return Got::Absent };
+        let number = match &value.kind {
+            ValueKind::Float(number) => Some(*number),
+            ValueKind::I64(number) => Some(*number as f64),
+            ValueKind::String(text) if self.set_by_env(at) => text.trim().parse().ok(),
+            _ => return self.wrong_type(at, value, "a number from 0 to 1", example),
+        };
+        match number {
+            Some(n) if (0.0..=1.0).contains(&n) => Got::Good(n),
+            _ => self.bad(
+                at,
+                "is not a share from 0 to 1",
+                format!("write {} = {example} (1 %), from 0 (none) to 1 (all)", at.last_key()),
+            ),
+        }
+    }
+
+    /// A duration written with a unit (`"30s"`), within `range`; `bounds` says the range in words.
+    pub(super) fn duration<'v>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        range: RangeInclusive<Duration>,
+        bounds: &str,
+    ) -> Got<Duration> {
+        let Some(value) = value.into() else { return Got::Absent };
+        let parsed = match &value.kind {
+            ValueKind::String(text) => units::parse_duration(text),
+            ValueKind::I64(number) => Err(units::bare_number(&number.to_string())),
+            ValueKind::Float(number) => Err(units::bare_number(&number.to_string())),
+            _ => return self.wrong_type(at, value, "a duration string", "\"30s\""),
+        };
+        match parsed {
+            Ok(d) if range.contains(&d) => Got::Good(d),
+            Ok(d) => self.bad(
+                at,
+                format!("{} is out of range", humantime::format_duration(d)),
+                format!("use {bounds}"),
+            ),
+            Err(e) => self.bad(at, e.problem, e.fix),
+        }
+    }
+
+    /// A size in bytes within `range`: a whole number, or a string with a unit (`"32KiB"`).
+    pub(super) fn size<'v>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        range: RangeInclusive<u64>,
+        example: &str,
+    ) -> Got<u64> {
+        let Some(value) = value.into() else { return Got::Absent };
+        let parsed = match &value.kind {
+            ValueKind::I64(n) => u64::try_from(*n).map_err(|_| {
+                UnitError::new(format!("{n} is not a size"), "use a whole number of bytes")
+            }),
+            ValueKind::String(text) => units::parse_size(text),
+            _ => return self.wrong_type(at, value, "a size", example),
+        };
+        match parsed {
+            Ok(size) if range.contains(&size) => Got::Good(size),
+            Ok(size) => self.bad(
+                at,
+                format!("{size} is out of range"),
+                format!("use from {} to {} bytes", range.start(), range.end()),
+            ),
+            Err(e) => self.bad(at, e.problem, e.fix),
+        }
+    }
+
+    /// One of `choices` by its name; `refused` explains any other name.
+    pub(super) fn choice<'v, T: Copy>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        example: &str,
+        choices: &[(&str, T)],
+        refused: impl FnOnce(&str) -> Problem,
+    ) -> Got<T> {
+        self.parsed(at, value, example, |name| {
+            choices
+                .iter()
+                .find(|(known, _)| *known == name)
+                .map(|&(_, choice)| choice)
+                .ok_or_else(|| refused(name))
+        })
+    }
+
+    /// Each item of a list of strings, made a `T` by `parse`; every bad item is reported at its
+    /// own path. `item` says what one is (`"a string"`), `example` the key's value as a whole.
+    pub(super) fn strings<'v, T>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        item: &str,
+        example: &str,
+        parse: impl Fn(&str) -> Result<T, Problem>,
+    ) -> Got<Vec<T>> {
+        let Some(value) = value.into() else { return Got::Absent };
+        let ValueKind::Array(items) = &value.kind else {
+            return self.wrong_type(
+                at,
+                value,
+                &format!("an array of {}s", item.trim_start_matches("a ")),
+                example,
+            );
+        };
+        let mut all = Got::Good(Vec::new());
+        for (index, value) in items.iter().enumerate() {
+            let at = at.index(index);
+            let read = match &value.kind {
+                ValueKind::String(text) => self.check(&at, parse(text)),
+                _ => {
+                    let _ = self.wrong_type::<()>(&at, value, item, example);
+                    None
+                }
+            };
+            all = match (all, read) {
+                (Got::Good(mut list), Some(read)) => {
+                    list.push(read);
+                    Got::Good(list)
+                }
+                _ => Got::Bad,
+            };
+        }
+        all
+    }
+
+    /// A socket address to listen on: an IP literal and a port. Host names are refused, because
+    /// which address a name resolves to at boot is not something a listener should leave to chance.
+    pub(super) fn socket_addr<'v>(
+        &mut self,
+        at: &Path,
+        value: impl Into<Option<&'v Value>>,
+        example: &str,
+    ) -> Got<SocketAddr> {
+        self.parsed(at, value, &format!("\"{example}\""), |text| {
+            let text = text.trim();
+            if let Ok(addr) = text.parse::<SocketAddr>() {
+                return Ok(addr);
+            }
+            let ip_and_port = text.rsplit_once(':').filter(|(ip, port)| {
+                ip.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok()
+                    && !port.is_empty()
+                    && port.bytes().all(|b| b.is_ascii_digit())
+            });
+            Err(if let Some((_, port)) = ip_and_port {
+                (format!("port {port} is out of range"), "use a port from 0 to 65535 (0 picks a free one)".to_owned())
+            } else if text.parse::<IpAddr>().is_ok() {
+                (format!("{text:?} has no port"), format!("add a port, e.g. \"{text}:8080\" (IPv6: \"[{text}]:8080\")"))
+            } else {
+                (
+                    format!("{text:?} is not a socket address"),
+                    format!("write an IP address and a port, e.g. \"{example}\" or \"[::1]:8080\"; host names are not resolved"),
+                )
+            })
+        })
+    }
+}
+
+/// `check`'s result for `value` when it is written: `Some(None)` when it is not, `None` when
+/// `check` reported a problem.
+pub(super) fn checked<X, T>(
+    value: Option<X>,
+    check: impl FnOnce(X) -> Option<T>,
+) -> Option<Option<T>> {
+    value.map_or(Some(None), |value| check(value).map(Some))
+}
+
+/// `all` and `item`, while every item so far was good.
+pub(super) fn push<T>(all: Option<Vec<T>>, item: Option<T>) -> Option<Vec<T>> {
+    let (mut all, item) = (all?, item?);
+    all.push(item);
+    Some(all)
+}
+
+/// "a string", "an integer", ... for type errors. Never the value itself: it may be a secret.
+pub(super) fn type_name(value: &Value) -> &'static str {
+    match value.kind {
+        ValueKind::Nil => "nothing",
+        ValueKind::Boolean(_) => "a boolean",
+        ValueKind::I64(_) | ValueKind::I128(_) | ValueKind::U64(_) | ValueKind::U128(_) => {
+            "an integer"
+        }
+        ValueKind::Float(_) => "a float",
+        ValueKind::String(_) => "a string",
+        ValueKind::Array(_) => "an array",
+        ValueKind::Table(_) => "a table",
+    }
+}
+
+/// `value` and every value in it, as set by `origin`.
+fn with_origin(value: Value, origin: &str) -> Value {
+    let kind = match value.kind {
+        ValueKind::Array(items) => {
+            ValueKind::Array(items.into_iter().map(|v| with_origin(v, origin)).collect())
+        }
+        ValueKind::Table(map) => {
+            ValueKind::Table(map.into_iter().map(|(k, v)| (k, with_origin(v, origin))).collect())
+        }
+        kind => kind,
+    };
+    Value::new(Some(&origin.to_owned()), kind)
+}
+
+/// The candidate closest to `word` by edit distance, if close enough to be a plausible typo.
+pub(super) fn suggest<'c>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'c str>,
+) -> Option<&'c str> {
+    let limit = (word.chars().count() / 3).max(1);
+    candidates
+        .into_iter()
+        .map(|c| (edit_distance(&word.to_lowercase(), &c.to_lowercase()), c))
+        .filter(|&(d, _)| d <= limit)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over chars, in O(len(b)) memory.
+pub(super) fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = if ca == cb { diagonal } else { 1 + diagonal.min(above).min(row[j]) };
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The contents of a small file a config value names (a CA bundle, a key file), or what is wrong
+/// with it. Only regular files: a FIFO without a writer would block the load forever, and a device
+/// such as `/dev/zero` has no end. Read through `take`, as a file may grow.
+pub(super) fn read_small_file(file: &str, max_len: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    match std::fs::metadata(file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!("{file:?} does not exist"));
+        }
+        Err(e) => return Err(format!("{file:?} cannot be inspected: {e}")),
+        Ok(meta) if !meta.is_file() => return Err(format!("{file:?} is not a regular file")),
+        Ok(_) => {}
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(max_len + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("{file:?} cannot be read: {e}"))?;
+    if bytes.len() as u64 > max_len {
+        return Err(format!("{file:?} is larger than {} KiB", max_len / 1024));
+    }
+    Ok(bytes)
+}
+
+/// A credentials or key file: small (at most 1 MiB), regular, UTF-8.
+pub(super) fn read_text(file: &str) -> Result<String, String> {
+    let bytes = read_small_file(file, 1 << 20)?;
+    String::from_utf8(bytes).map_err(|_| format!("{file:?} is not UTF-8 text"))
+}
