@@ -57,6 +57,9 @@ OUT=${OUT:-benches/results}                # where the summary (.md) goes (relat
 RAW_DIR=${RAW_DIR:-}                       # where the raw captures go; a new directory under
                                            # $TMPDIR (or /tmp) by default, printed at the end
 RANGEWAY_BIN=${RANGEWAY_BIN:-}             # another rangeway binary to run (an A/B of a change)
+BEFORE_BIN=${BEFORE_BIN:-}                 # a rangeway binary of the build before a change: run
+                                           #   beside this one as target `rangeway-before`, so the
+                                           #   report's "rangeway ÷ this" is the change's ratio
 RANGEWAY_SERVER=${RANGEWAY_SERVER:-}       # a line for rangeway's [server] (an A/B of a setting,
                                            # e.g. 'client_notsent_lowat = 0')
 SYSTEM_NOTSENT_LOWAT=${SYSTEM_NOTSENT_LOWAT:-} # bytes: net.ipv4.tcp_notsent_lowat for every socket
@@ -83,6 +86,7 @@ command_line+=" HAPROXY_SPLICE=$HAPROXY_SPLICE PROXY_CPU=$PROXY_CPU CLIENT_CPU=$
 command_line+=" WRK_THREADS=$WRK_THREADS WRK_TIMEOUT=$WRK_TIMEOUT${PROFILE:+ PROFILE=$PROFILE}"
 command_line+="${RANGEWAY_BIN:+ RANGEWAY_BIN=$RANGEWAY_BIN}${RANGEWAY_SERVER:+ RANGEWAY_SERVER='$RANGEWAY_SERVER'}"
 command_line+="${SYSTEM_NOTSENT_LOWAT:+ SYSTEM_NOTSENT_LOWAT=$SYSTEM_NOTSENT_LOWAT}"
+command_line+="${BEFORE_BIN:+ BEFORE_BIN=$BEFORE_BIN}"
 command_line+=" bash benches/load/run.sh"
 
 # ---- tools, build -----------------------------------------------------------------------------
@@ -139,9 +143,8 @@ origin_pid=$last_pid
 # ---- rangeway ---------------------------------------------------------------------------------
 # One worker thread; "/" passthrough (large, small, resume), and the chain workload's two routes.
 "$bin" keygen > "$work/key"
-rangeway_port=$(free_port)
-{
-    rangeway_conf "$rangeway_port" "$origin_port" "$RANGEWAY_SERVER"
+rangeway_toml() { # PORT
+    rangeway_conf "$1" "$origin_port" "$RANGEWAY_SERVER"
     cat <<CONF
 [[routes]]
 path_prefix = "/aes/"
@@ -161,7 +164,9 @@ strip_prefix = true
   kind = "gzip"
   level = 1
 CONF
-} > "$work/rangeway.toml"
+}
+rangeway_port=$(free_port)
+rangeway_toml "$rangeway_port" > "$work/rangeway.toml"
 "$bin" check --config "$work/rangeway.toml" >/dev/null
 # Under callgrind, valgrind runs rangeway in its own process (same pid): it writes the profile
 # when rangeway exits, which the report step arranges.
@@ -170,6 +175,18 @@ rangeway_wrapper=()
 RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "${rangeway_wrapper[@]}" "$bin" serve \
     --config "$work/rangeway.toml" >"$work/rangeway.log" 2>&1
 rangeway_pid=$last_pid
+
+# ---- the build before a change, beside it ------------------------------------------------------
+before_port="" before_pid=""
+if [[ -n $BEFORE_BIN ]]; then
+    before_port=$(free_port)
+    rangeway_toml "$before_port" > "$work/rangeway-before.toml"
+    "$BEFORE_BIN" check --config "$work/rangeway-before.toml" >/dev/null
+    RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "$BEFORE_BIN" serve \
+        --config "$work/rangeway-before.toml" >"$work/rangeway-before.log" 2>&1
+    before_pid=$last_pid
+    PROXIES="rangeway-before $PROXIES"
+fi
 
 # ---- pingora without rangeway -----------------------------------------------------------------
 # Not a peer: the floor under any proxy built on pingora 0.9 (benches/load/pingora_floor.rs), so
@@ -257,6 +274,7 @@ for port in "$origin_port" "$pingora_port" "$nginx_stream_port" "$nginx_buffered
     wait_port "$port"
 done
 wait_port "$rangeway_port" "$( [[ $PROFILE == callgrind ]] && echo 180 || echo 10 )"
+[[ -z $before_port ]] || wait_port "$before_port" 10
 
 # The process whose CPU and memory count: nginx's worker, not its master (which only waits).
 worker_of() {
@@ -270,12 +288,13 @@ nginx_buffered_worker=$(worker_of "$master_nginx_buffered")
 declare -A port_of=(
     [direct]=$origin_port [rangeway]=$rangeway_port [rangeway-aes]=$rangeway_port
     [rangeway-gzip1]=$rangeway_port [pingora]=$pingora_port [nginx-stream]=$nginx_stream_port
-    [nginx-buffered]=$nginx_buffered_port [haproxy]=$haproxy_port
+    [nginx-buffered]=$nginx_buffered_port [haproxy]=$haproxy_port [rangeway-before]=$before_port
 )
 declare -A pid_of=(
     [direct]="" [rangeway]=$rangeway_pid [rangeway-aes]=$rangeway_pid [rangeway-gzip1]=$rangeway_pid
     [pingora]=$pingora_pid
     [nginx-stream]=$nginx_stream_worker [nginx-buffered]=$nginx_buffered_worker [haproxy]=$haproxy_pid
+    [rangeway-before]=$before_pid
 )
 # What each target puts before the object's path.
 declare -A prefix_of=([rangeway-aes]=/aes [rangeway-gzip1]=/gzip1)
