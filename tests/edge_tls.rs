@@ -417,15 +417,18 @@ fn check_names_the_certificate_file_and_the_fix() {
     let report = check(&[(&garbage, false), (&mismatched, false), (&missing, false)], "");
     assert!(!report.success(), "{report}");
     for expected in [
-        format!("tls.certificates[0]: {} holds no certificate", garbage.cert.display()),
+        format!(
+            "tls.certificates[0] (line 6, column 1): {} holds no certificate",
+            garbage.cert.display()
+        ),
         "give the PEM certificate chain, leaf first".to_owned(),
         format!(
-            "tls.certificates[1]: {} is not the key of {}",
+            "tls.certificates[1] (line 10, column 1): {} is not the key of {}",
             mismatched.key.display(),
             mismatched.cert.display()
         ),
         "give the key the certificate was issued for".to_owned(),
-        format!("tls.certificates[2]: {}", missing.cert.display()),
+        format!("tls.certificates[2] (line 14, column 1): {}", missing.cert.display()),
     ] {
         assert!(report.stderr.contains(&expected), "missing {expected:?}:\n{report}");
     }

@@ -493,7 +493,7 @@ fn credentials_from_the_aws_environment_sign_and_never_reach_the_log() {
         .expect("run rangeway check");
     assert_eq!(check.status.code(), Some(2));
     let errors = String::from_utf8_lossy(&check.stderr);
-    assert!(errors.contains("upstreams.store: has no credentials"), "{errors}");
+    assert!(errors.contains("upstreams.store (line 1, column 12): has no credentials"), "{errors}");
     assert!(errors.contains("access_key_env"), "{errors}");
 }
 

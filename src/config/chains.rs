@@ -74,7 +74,7 @@ pub(super) fn chain(
                     .message()
                     .split_once(" — ")
                     .unwrap_or((error.message(), "see the stage's options in the README"));
-                (at.index(index).key(error.key()), problem.to_owned(), fix.to_owned())
+                (option_path(&at.index(index), error.key()), problem.to_owned(), fix.to_owned())
             }
             other => (
                 at.clone(),
@@ -84,6 +84,15 @@ pub(super) fn chain(
         })),
     }
     Err(problems)
+}
+
+/// The path of a stage's option: a stage names an item of a list option `name[index]`.
+fn option_path(stage: &Path, key: &str) -> Path {
+    let item = key.strip_suffix(']').and_then(|key| key.split_once('['));
+    match item.and_then(|(name, index)| Some((name, index.parse().ok()?))) {
+        Some((name, index)) => stage.key(name).index(index),
+        None => stage.key(key),
+    }
 }
 
 fn option_value(value: &Value) -> Option<OptionValue> {
