@@ -2,6 +2,7 @@
 # Instructions per small request: rangeway against pingora alone, under callgrind.
 #
 #   bash benches/load/instructions.sh                 (~6 min: valgrind starts slowly)
+#   BEFORE_BIN=/path/to/rangeway bash benches/load/instructions.sh   (also the build before a change)
 #
 # CPU time on a shared 2-core machine moves by 10 % from run to run; instruction counts move by
 # about 1 %. So this is the measure for a change to rangeway's per-request work. Each proxy
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/../.."
 DURATION=${DURATION:-15}
 CONC=${CONC:-50}
 TOP=${TOP:-25}
+BEFORE_BIN=${BEFORE_BIN:-}   # a rangeway binary of the build before a change, counted the same way
 
 source benches/lib.sh
 small_request_setup rangeway-instructions
@@ -44,6 +46,11 @@ count() {
 echo "rangeway under callgrind: ${DURATION} s at $CONC connections..."
 read -r rangeway_requests rangeway_total < <(count rangeway "$rangeway_port" \
     "$release/rangeway" serve --config "$work/rangeway.toml")
+if [[ -n $BEFORE_BIN ]]; then
+    echo "the build before under callgrind: ${DURATION} s at $CONC connections..."
+    read -r before_requests before_total < <(count rangeway-before "$rangeway_port" \
+        "$BEFORE_BIN" serve --config "$work/rangeway.toml")
+fi
 echo "pingora alone under callgrind: ${DURATION} s at $CONC connections..."
 read -r pingora_requests pingora_total < <(count pingora "$pingora_port" \
     "$release/examples/pingora-floor" "127.0.0.1:$pingora_port" "127.0.0.1:$origin_port")
@@ -55,6 +62,10 @@ echo "instructions per 16-byte GET (callgrind, $CONC connections):"
 echo "  rangeway        $rangeway_per   ($rangeway_requests requests)"
 echo "  pingora alone   $pingora_per   ($pingora_requests requests)"
 echo "  rangeway's own  $((rangeway_per - pingora_per))"
+if [[ -n $BEFORE_BIN ]]; then
+    before_per=$((before_total / before_requests))
+    echo "  the build before $before_per   ($before_requests requests; its own $((before_per - pingora_per)))"
+fi
 echo
 echo "rangeway's functions, inclusive instructions per request:"
 callgrind_annotate --inclusive=yes --threshold=100 --auto=no "$work/rangeway.out.1" |
