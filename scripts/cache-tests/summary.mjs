@@ -135,9 +135,14 @@ for (const cache of caches.filter(c => c.own)) {
     const result = cache.results[test.id]
     const detail = result === undefined ? '' : result === true ? 'own result passed' : result[1]
     const peers = caches.filter(c => !c.own && verdictOf(test.id, c.results) === 'passed').length
+    let verdict = verdictOf(test.id, cache.results)
+    if (verdict === 'dependency not passed') {
+      const blocking = test.depends_on.filter(id => verdictOf(id, cache.results) !== 'passed')
+      verdict += ': ' + blocking.map(id => `\`${id}\``).join(', ')
+    }
     const received = (cache.originRequests[test.id] || []).join('; ')
     console.log(`| \`${test.id}\` | ${escapeCell(stripMarkdownLinks(test.name))} | ` +
-      `${verdictOf(test.id, cache.results)} | ${escapeCell(detail)} | ${escapeCell(received)} | ` +
+      `${verdict} | ${escapeCell(detail)} | ${escapeCell(received)} | ` +
       `${peers} of ${shippedPeers.length} |`)
   }
 }
