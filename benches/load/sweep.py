@@ -12,7 +12,7 @@ import sys
 from report import load_rows, summarise
 
 PEERS = ("nginx-stream", "nginx-buffered", "haproxy")
-ORDER = ("rangeway", "pingora", "nginx-stream", "nginx-buffered", "haproxy", "direct")
+ORDER = ("rangeway", "rangeway-before", "pingora", "nginx-stream", "nginx-buffered", "haproxy", "direct")
 
 
 def whole(value):
@@ -29,7 +29,8 @@ def main(points_dir):
     print()
     print("Each cell: MB/s · CPU s/GB of the proxy · p99 of a download in ms (medians).")
     print("*vs best peer*: rangeway's MB/s and CPU/GB as ratios of the best peer's at that point")
-    print("(highest MB/s, lowest CPU/GB, among nginx both ways and HAProxy).")
+    print("(highest MB/s, lowest CPU/GB, among nginx both ways and HAProxy). *vs before*, when the")
+    print("sweep ran with BEFORE_BIN: rangeway's MB/s and CPU/GB as ratios of the build before's.")
     print()
     targets = [t for t in ORDER if any(("large", t) in s for _, _, s in points)]
 
@@ -79,15 +80,21 @@ def reports(points_dir):
 
 
 def table(points, targets, cell, versus):
-    """One row a point: cell(summary) for each target, then versus(rangeway's, the peers')."""
-    print("| object | conns | " + " | ".join(targets) + " | vs best peer |")
-    print("|---|---|" + "---|" * len(targets) + "---|")
+    """One row a point: cell(summary) for each target, then versus(rangeway's, the peers'), and
+    versus(rangeway's, the build before's) when it ran."""
+    before = "rangeway-before" in targets
+    print("| object | conns | " + " | ".join(targets) + " | vs best peer |" + (" vs before |" if before else ""))
+    print("|---|---|" + "---|" * len(targets) + "---|" + ("---|" if before else ""))
     for size, conc, summary in points:
         cells = ["—" if summary.get(("large", t)) is None else cell(summary[("large", t)]) for t in targets]
         ours = summary.get(("large", "rangeway"))
         peers = [summary[("large", p)] for p in PEERS if ("large", p) in summary]
         compared = versus(ours, peers) if ours and peers else "—"
-        print(f"| {size} MiB | {conc} | " + " | ".join(cells) + f" | {compared} |")
+        row = f"| {size} MiB | {conc} | " + " | ".join(cells) + f" | {compared} |"
+        if before:
+            was = summary.get(("large", "rangeway-before"))
+            row += f" {versus(ours, [was]) if ours and was else '—'} |"
+        print(row)
 
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -5,6 +5,8 @@
 # best peer at that point.
 #
 #   bash benches/load/sweep.sh       (CONCS="10 50 100 200" SIZES_MIB="1 10 100" DURATION=10 REPS=2)
+#   BEFORE_BIN=/path/to/old/rangeway bash benches/load/sweep.sh   (adds the build before, and the
+#                                    change's ratios; PROXIES narrows the peers, as for run.sh)
 #
 # DURATION grows with the point's bytes in flight, so that every connection finishes a few
 # downloads: at least DURATION, and 3 s per GiB the connections hold at once.
