@@ -2,19 +2,10 @@
 
 use std::path::PathBuf;
 
-use super::check::Ctx;
+use super::check::{Ctx, complete, wrong};
 use super::raw::{Raw, RawCache, RawRouteCache};
 use super::source::Path;
 
-/// 1 MiB to 8 MiB: smaller slices cost a file and an origin request each for little; larger ones
-/// make a cold small range fetch more than it needs.
-const MIN_SLICE: u64 = 1 << 20;
-const MAX_SLICE: u64 = 8 << 20;
-const DEFAULT_SLICE: u64 = 4 << 20;
-/// At least a few slices; at most 1 PiB, past which a number is a mistake.
-const MIN_SIZE: u64 = 16 << 20;
-const MAX_SIZE: u64 = 1 << 50;
-const DEFAULT_SIZE: u64 = 10 << 30;
 /// Without `max_entries`, one entry (a file or a folder) for each 64 KiB of `max_size`: a slice
 /// of the default size is one entry for 4 MiB, so a cache of large objects never meets the bound,
 /// while one of many small objects (three entries each: a folder, its metadata, a slice) meets
@@ -22,49 +13,38 @@ const DEFAULT_SIZE: u64 = 10 << 30;
 const BYTES_PER_ENTRY: u64 = 64 << 10;
 /// Room for a few objects' folders, metadata and slices; at most 2³², past which a number is a
 /// mistake.
-const MIN_ENTRIES: u64 = 64;
-const MAX_ENTRIES: u64 = 1 << 32;
+const ENTRIES: std::ops::RangeInclusive<u64> = 64..=1 << 32;
 
-/// `[cache]`: present when the section is.
+/// `[cache]`: present when the section is. docs/configuration.md describes each key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CacheConfig {
-    /// Where slices are kept; created at start when missing.
+    /// Created at start when missing.
     pub dir: PathBuf,
-    /// The most the cache may take on disk, in bytes, as `du` counts them: its slices, their
-    /// metadata files and its folders, in whole blocks. Default 10 GiB.
+    /// Bytes on disk, as `du` counts them.
     pub max_size: u64,
-    /// The most files and folders the cache may keep (and records its index holds). Default
-    /// `max_size` / 64 KiB, at least 64.
+    /// Files and folders (and records of the index).
     pub max_entries: u64,
-    /// The bytes of an object each slice holds (the last one of an object fewer). Default 4 MiB.
     pub slice_size: u64,
 }
 
 /// A route's use of the cache (`cache = true | false | { ... }`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct RouteCache {
-    /// When a stored response is validated with the origin before it is served.
     pub revalidate: Revalidate,
     /// Whether the answers to requests carrying `Authorization` may be stored and served (they
     /// are for one client unless the route says so; RFC 9111 §3.5 lets the origin say so too).
     pub authorized: bool,
 }
 
-impl Default for RouteCache {
-    fn default() -> Self {
-        Self { revalidate: Revalidate::Rfc9111, authorized: false }
-    }
-}
-
-/// When a stored response is validated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// When a stored response is validated with the origin before it is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Revalidate {
     /// When RFC 9111 says it must be: once it is stale, or when it or the request says `no-cache`.
+    #[default]
     Rfc9111,
-    /// Also at the start of every new download: a request that is not a resume of a download
-    /// session is validated with a conditional request (no body) before it is served.
+    /// Also at the start of every new download (a request that resumes no download session).
     EachDownload,
 }
 
@@ -76,12 +56,10 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Opti
     let dir = match &r.dir {
         Some(value) => v
             .parsed(&at.key("dir"), value, "\"/var/cache/rangeway\"", |dir| {
-                if dir.is_empty() || dir.contains('\0') {
-                    return Err(("is not a usable path".to_owned(), fix.to_owned()));
-                }
                 match std::fs::metadata(dir) {
+                    _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
                     Ok(meta) if !meta.is_dir() => {
-                        Err((format!("{dir:?} exists but is not a directory"), fix.to_owned()))
+                        wrong(format!("{dir:?} exists but is not a directory"), fix)
                     }
                     // A folder that cannot be written is found at start, and turns the cache off
                     // rather than the server: downloads go on from the origin.
@@ -89,23 +67,22 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Opti
                 }
             })
             .ok(),
-        None => v.fail(
-            &at.key("dir"),
-            "is missing",
-            "add dir = \"/var/cache/rangeway\" (a folder rangeway may write), or remove [cache]",
-        ),
+        None => {
+            let fix = "add dir = \"/var/cache/rangeway\" (a folder rangeway may write), or remove [cache]";
+            v.fail(&at.key("dir"), "is missing", fix)
+        }
     };
+    // At least a few slices; at most 1 PiB, past which a number is a mistake.
     let max_size =
-        v.size(&at.key("max_size"), &r.max_size, MIN_SIZE..=MAX_SIZE, "\"10GiB\"").or(DEFAULT_SIZE);
-    let slice_size = v
-        .size(&at.key("slice_size"), &r.slice_size, MIN_SLICE..=MAX_SLICE, "\"4MiB\"")
-        .or(DEFAULT_SLICE);
-    let max_entries = v
-        .integer(&at.key("max_entries"), &r.max_entries, MIN_ENTRIES..=MAX_ENTRIES, "100000")
-        .opt();
+        v.size(&at.key("max_size"), &r.max_size, 16 << 20..=1 << 50, "\"10GiB\"").or(10 << 30);
+    // Smaller slices cost a file and an origin request each for little; larger ones make a cold
+    // small range fetch more than it needs.
+    let slice_size =
+        v.size(&at.key("slice_size"), &r.slice_size, 1 << 20..=8 << 20, "\"4MiB\"").or(4 << 20);
+    let max_entries = v.integer(&at.key("max_entries"), &r.max_entries, ENTRIES, "100000").opt();
     let (dir, max_size, slice_size, max_entries) = (dir?, max_size?, slice_size?, max_entries?);
     let max_entries =
-        max_entries.unwrap_or((max_size / BYTES_PER_ENTRY).clamp(MIN_ENTRIES, MAX_ENTRIES));
+        max_entries.unwrap_or((max_size / BYTES_PER_ENTRY).clamp(*ENTRIES.start(), *ENTRIES.end()));
     if max_size < 4 * slice_size {
         return v.fail(
             &at.key("max_size"),
@@ -127,6 +104,7 @@ pub(super) fn route(v: &mut Ctx<'_>, at: &Path, r: &RawRouteCache) -> Option<Rou
                     .to_owned(),
             )
         });
+    let revalidate = revalidate.or(Revalidate::Rfc9111);
     let authorized = v.boolean(&at.key("authorized"), &r.authorized).or(false);
-    Some(RouteCache { revalidate: revalidate.or(Revalidate::Rfc9111)?, authorized: authorized? })
+    complete! { RouteCache { revalidate, authorized } }
 }

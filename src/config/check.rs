@@ -1,9 +1,9 @@
 //! The validation pass over the raw structs: typed values out of raw ones, each problem reported
 //! with its key path and its fix, and the pass going on past it, so that it finds every mistake.
-//!
-//! A check that reports a problem returns `None` ([`Got::Bad`]), so a section whose values are all
-//! there is complete; a [`Config`](super::Config) is only returned when nothing was reported.
+//! A check that reports a problem returns `None` ([`Got::Bad`]), so a section is only built when
+//! every value of it is good.
 
+use std::borrow::Cow;
 use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
@@ -15,11 +15,27 @@ use serde::de::DeserializeOwned;
 
 use super::errors::ConfigError;
 use super::raw::{Raw, fields};
-use super::source::{Env, Origins, Path};
+use super::source::{Env, Origins, Path, toml_value};
 use super::units::{self, UnitError};
 
 /// A problem as a check finds it: what is wrong, and the fix.
 pub(super) type Problem = (String, String);
+
+/// `Err` of a problem and its fix.
+pub(super) fn wrong<T>(problem: impl Into<String>, fix: impl Into<String>) -> Result<T, Problem> {
+    Err((problem.into(), fix.into()))
+}
+
+/// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
+/// struct is never built of a value that was reported.
+macro_rules! complete {
+    ($ty:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {
+        Some($ty { $($field: complete!(@ $field $(, $value)?)?),* })
+    };
+    (@ $field:ident) => { $field };
+    (@ $field:ident, $value:expr) => { $value };
+}
+pub(super) use complete;
 
 /// State of one validation pass.
 pub(super) struct Ctx<'a> {
@@ -28,7 +44,6 @@ pub(super) struct Ctx<'a> {
     origins: &'a Origins<'a>,
     /// The middleware kinds there are, and what each accepts.
     pub(super) stages: &'a StageRegistry,
-    /// The registry's kinds, for messages.
     pub(super) known_kinds: Vec<&'a str>,
     /// How the file is named in the origins of middleware options.
     file: &'a str,
@@ -45,29 +60,21 @@ pub(super) enum Got<T> {
 impl<T> Got<T> {
     /// The value, or `default` when it was not written; `None` when it was reported.
     pub(super) fn or(self, default: T) -> Option<T> {
-        self.or_else(|| default)
-    }
-
-    pub(super) fn or_else(self, default: impl FnOnce() -> T) -> Option<T> {
-        match self {
-            Self::Absent => Some(default()),
-            Self::Bad => None,
-            Self::Good(value) => Some(value),
-        }
+        self.opt().map(|value| value.unwrap_or(default))
     }
 
     /// The value, when it was written and good.
     pub(super) fn ok(self) -> Option<T> {
-        if let Self::Good(value) = self { Some(value) } else { None }
+        self.opt().flatten()
     }
 
     /// `Some(None)` when the value was not written.
     pub(super) fn opt(self) -> Option<Option<T>> {
-        self.map(Some).or(None)
-    }
-
-    pub(super) fn map<U>(self, f: impl FnOnce(T) -> U) -> Got<U> {
-        self.then(|value| Some(f(value)))
+        match self {
+            Self::Absent => Some(None),
+            Self::Bad => None,
+            Self::Good(value) => Some(Some(value)),
+        }
     }
 
     /// A further check of a good value, which reports its problem and returns `None`.
@@ -127,16 +134,22 @@ impl<'a> Ctx<'a> {
         self.origins.var(at).is_some()
     }
 
-    /// `value` as the middleware registry gets it: its origin names the file or the variable, and
-    /// a variable's text is read as the file's value would be (`9` a number, `["a"]` a list).
-    pub(super) fn option(&self, at: &Path, value: &Value) -> Value {
-        let Some(var) = self.origins.var(at) else { return with_origin(value.clone(), self.file) };
-        let origin = format!("environment variable {var}");
+    /// `value`, read as the file would read it when a variable set it as text (`9` a number,
+    /// `true` a boolean, `["a"]` a list); as it is otherwise.
+    pub(super) fn scalar<'v>(&self, at: &Path, value: &'v Value) -> Cow<'v, Value> {
         match &value.kind {
-            ValueKind::String(text) => super::source::toml_value(text)
-                .map_or_else(|| with_origin(value.clone(), &origin), |v| with_origin(v, &origin)),
-            _ => with_origin(value.clone(), &origin),
+            ValueKind::String(text) if self.set_by_env(at) => {
+                toml_value(text).map_or(Cow::Borrowed(value), Cow::Owned)
+            }
+            _ => Cow::Borrowed(value),
         }
+    }
+
+    /// `value` as the middleware registry gets it, read as [`Ctx::scalar`] does, its origin
+    /// naming the file or the variable.
+    pub(super) fn option(&self, at: &Path, value: &Value) -> Value {
+        let origin = self.origins.var(at).map(|var| format!("environment variable {var}"));
+        with_origin(self.scalar(at, value).into_owned(), origin.as_deref().unwrap_or(self.file))
     }
 
     /// The value of a key that must be there, or "is missing" reported with `fix`.
@@ -199,11 +212,8 @@ impl<'a> Ctx<'a> {
     }
 
     fn wrong_type<T>(&mut self, at: &Path, value: &Value, expected: &str, example: &str) -> Got<T> {
-        let (problem, fix) = (
-            format!("expected {expected}, found {}", type_name(value)),
-            format!("write {} = {example}", at.last_key()),
-        );
-        self.bad(at, problem, fix)
+        let problem = format!("expected {expected}, found {}", type_name(value));
+        self.bad(at, problem, format!("write {} = {example}", at.last_key()))
     }
 
     /// A string; `example` (TOML syntax, quotes included) is shown when it is something else.
@@ -238,13 +248,11 @@ impl<'a> Ctx<'a> {
         value: impl Into<Option<&'v Value>>,
     ) -> Got<bool> {
         let Some(value) = value.into() else { return Got::Absent };
-        match &value.kind {
-            ValueKind::Boolean(b) => Got::Good(*b),
-            ValueKind::String(text) if self.set_by_env(at) => match text.trim() {
-                "true" => Got::Good(true),
-                "false" => Got::Good(false),
-                _ => self.bad(at, "expected true or false", "set it to true or false"),
-            },
+        match self.scalar(at, value).kind {
+            ValueKind::Boolean(on) => Got::Good(on),
+            _ if self.set_by_env(at) => {
+                self.bad(at, "expected true or false", "set it to true or false")
+            }
             _ => self.wrong_type(at, value, "a boolean", "true (or false), without quotes"),
         }
     }
@@ -261,18 +269,12 @@ impl<'a> Ctx<'a> {
         T: TryFrom<i64> + PartialOrd + Display,
     {
         let Some(value) = value.into() else { return Got::Absent };
-        let number = match &value.kind {
-            ValueKind::I64(number) => *number,
-            ValueKind::String(text) if self.set_by_env(at) => match text.trim().parse() {
-                Ok(number) => number,
-                Err(_) => {
-                    return self.bad(
-                        at,
-                        "expected an integer",
-                        format!("set it to a whole number, e.g. {example}"),
-                    );
-                }
-            },
+        let number = match self.scalar(at, value).kind {
+            ValueKind::I64(number) => number,
+            _ if self.set_by_env(at) => {
+                let fix = format!("set it to a whole number, e.g. {example}");
+                return self.bad(at, "expected an integer", fix);
+            }
             _ => return self.wrong_type(at, value, "an integer", example),
         };
         match T::try_from(number) {
@@ -293,29 +295,25 @@ impl<'a> Ctx<'a> {
         example: &str,
     ) -> Got<f64> {
         let Some(value) = value.into() else { return Got::Absent };
-        let number = match &value.kind {
-            ValueKind::Float(number) => Some(*number),
-            ValueKind::I64(number) => Some(*number as f64),
-            ValueKind::String(text) if self.set_by_env(at) => text.trim().parse().ok(),
+        let number = match self.scalar(at, value).kind {
+            ValueKind::Float(number) => number,
+            ValueKind::I64(number) => number as f64,
+            _ if self.set_by_env(at) => f64::NAN,
             _ => return self.wrong_type(at, value, "a number from 0 to 1", example),
         };
-        match number {
-            Some(n) if (0.0..=1.0).contains(&n) => Got::Good(n),
-            _ => self.bad(
-                at,
-                "is not a share from 0 to 1",
-                format!("write {} = {example} (1 %), from 0 (none) to 1 (all)", at.last_key()),
-            ),
+        if (0.0..=1.0).contains(&number) {
+            return Got::Good(number);
         }
+        let fix = format!("write {} = {example} (1 %), from 0 (none) to 1 (all)", at.last_key());
+        self.bad(at, "is not a share from 0 to 1", fix)
     }
 
-    /// A duration written with a unit (`"30s"`), within `range`; `bounds` says the range in words.
+    /// A duration written with a unit (`"30s"`), within `range`.
     pub(super) fn duration<'v>(
         &mut self,
         at: &Path,
         value: impl Into<Option<&'v Value>>,
         range: RangeInclusive<Duration>,
-        bounds: &str,
     ) -> Got<Duration> {
         let Some(value) = value.into() else { return Got::Absent };
         let parsed = match &value.kind {
@@ -329,7 +327,11 @@ impl<'a> Ctx<'a> {
             Ok(d) => self.bad(
                 at,
                 format!("{} is out of range", humantime::format_duration(d)),
-                format!("use {bounds}"),
+                format!(
+                    "use from {:?} to {:?}",
+                    units::written(*range.start()),
+                    units::written(*range.end())
+                ),
             ),
             Err(e) => self.bad(at, e.problem, e.fix),
         }
@@ -372,11 +374,8 @@ impl<'a> Ctx<'a> {
         refused: impl FnOnce(&str) -> Problem,
     ) -> Got<T> {
         self.parsed(at, value, example, |name| {
-            choices
-                .iter()
-                .find(|(known, _)| *known == name)
-                .map(|&(_, choice)| choice)
-                .ok_or_else(|| refused(name))
+            let known = choices.iter().find(|(known, _)| *known == name);
+            known.map(|&(_, choice)| choice).ok_or_else(|| refused(name))
         })
     }
 
@@ -392,32 +391,19 @@ impl<'a> Ctx<'a> {
     ) -> Got<Vec<T>> {
         let Some(value) = value.into() else { return Got::Absent };
         let ValueKind::Array(items) = &value.kind else {
-            return self.wrong_type(
-                at,
-                value,
-                &format!("an array of {}s", item.trim_start_matches("a ")),
-                example,
-            );
+            let expected = format!("an array of {}s", item.trim_start_matches("a "));
+            return self.wrong_type(at, value, &expected, example);
         };
-        let mut all = Got::Good(Vec::new());
+        let mut all = Some(Vec::new());
         for (index, value) in items.iter().enumerate() {
             let at = at.index(index);
             let read = match &value.kind {
                 ValueKind::String(text) => self.check(&at, parse(text)),
-                _ => {
-                    let _ = self.wrong_type::<()>(&at, value, item, example);
-                    None
-                }
+                _ => self.wrong_type::<T>(&at, value, item, example).ok(),
             };
-            all = match (all, read) {
-                (Got::Good(mut list), Some(read)) => {
-                    list.push(read);
-                    Got::Good(list)
-                }
-                _ => Got::Bad,
-            };
+            all = push(all, read);
         }
-        all
+        all.map_or(Got::Bad, Got::Good)
     }
 
     /// A socket address to listen on: an IP literal and a port. Host names are refused, because
@@ -438,16 +424,16 @@ impl<'a> Ctx<'a> {
                     && !port.is_empty()
                     && port.bytes().all(|b| b.is_ascii_digit())
             });
-            Err(if let Some((_, port)) = ip_and_port {
-                (format!("port {port} is out of range"), "use a port from 0 to 65535 (0 picks a free one)".to_owned())
+            if let Some((_, port)) = ip_and_port {
+                wrong(format!("port {port} is out of range"), "use a port from 0 to 65535 (0 picks a free one)")
             } else if text.parse::<IpAddr>().is_ok() {
-                (format!("{text:?} has no port"), format!("add a port, e.g. \"{text}:8080\" (IPv6: \"[{text}]:8080\")"))
+                wrong(format!("{text:?} has no port"), format!("add a port, e.g. \"{text}:8080\" (IPv6: \"[{text}]:8080\")"))
             } else {
-                (
+                wrong(
                     format!("{text:?} is not a socket address"),
                     format!("write an IP address and a port, e.g. \"{example}\" or \"[::1]:8080\"; host names are not resolved"),
                 )
-            })
+            }
         })
     }
 }

@@ -80,7 +80,7 @@ pub use upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
 };
 
-use check::Ctx;
+use check::{Ctx, complete};
 use rangeway_middleware::chain::{Chain, StageRegistry};
 use raw::{Raw, RawConfig};
 use source::{Env, Path as KeyPath};
@@ -183,16 +183,7 @@ impl Config {
             cache: matches!(cache, Some(Some(_))),
         };
         let routes = route::check_all(v, r.routes.as_ref(), &around);
-        Some(Self {
-            server: server?,
-            state: state?,
-            cache: cache?,
-            tls: tls?,
-            traces: traces?,
-            log: log?,
-            upstreams: upstreams?,
-            routes: routes?,
-        })
+        complete! { Self { server, state, cache, tls, traces, log, upstreams, routes } }
     }
 
     /// The chain of every route, in route order, built by `registry`.

@@ -1,5 +1,5 @@
 //! `[[routes]]`: what each serves from which upstream, and the tables of a route: its
-//! middleware, `upstream_resume`, `signed_links`, `download_limits` and `rate_limit`.
+//! middleware, `upstream_resume`, `cache`, `signed_links`, `download_limits` and `rate_limit`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -9,7 +9,7 @@ use http::HeaderName;
 
 use super::cache::{self, RouteCache};
 use super::chains::{self, MiddlewareSpec};
-use super::check::{Ctx, checked, push, suggest};
+use super::check::{Ctx, Problem, checked, complete, push, suggest, wrong};
 use super::host::split_host_port;
 use super::raw::{
     Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
@@ -18,16 +18,14 @@ use super::secret::{self, KeyFile, S3ClientKeys};
 use super::source::Path;
 use crate::links::LinkKeys;
 
-const MAX_PATH_PREFIX_LEN: usize = 1024;
-/// How long a download begun with a presigned URL may resume after it expired, by default.
-const DEFAULT_PRESIGNED_GRACE: Duration = Duration::from_secs(24 * 3600);
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
 /// Shorter than this, a link key could be guessed.
 const MIN_LINK_KEY_LEN: usize = 32;
 /// The slowest rate worth shaping to, and the fastest worth naming (bytes per second).
 const RATES: std::ops::RangeInclusive<u64> = 1024..=(1 << 40);
+const DAY: u64 = 24 * 3600;
 
-/// One `[[routes]]`.
+/// One `[[routes]]`; docs/configuration.md describes each key and its default.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RouteConfig {
@@ -39,32 +37,24 @@ pub struct RouteConfig {
     pub path_prefix: String,
     /// The name of an upstream defined in `[upstreams]`.
     pub upstream: String,
-    /// Remove `path_prefix` before forwarding (`/files/a.bin` -> `/a.bin`). Default false.
     pub strip_prefix: bool,
     /// The stages, in order; empty for a passthrough route.
     pub middleware: Vec<MiddlewareSpec>,
-    /// `s3_client_keys_file`: when set, only requests signed (SigV4) with one of these keys are
-    /// served; others get 403.
+    /// When set, only requests signed (SigV4) with one of these keys are served.
     pub s3_client_keys: Option<S3ClientKeys>,
-    /// `s3_presigned_grace`: how long after a presigned URL expired a download begun with it
-    /// may still resume. Default 24h.
+    /// How long after a presigned URL expired a download begun with it may still resume.
     pub s3_presigned_grace: Duration,
-    /// `[routes.upstream_resume]`: continue a response whose origin fails mid-body. On, with
-    /// the defaults, unless `upstream_resume = false`.
+    /// On, with the defaults, unless `upstream_resume = false`.
     pub upstream_resume: Option<UpstreamResume>,
-    /// `s3_response_overrides`: let clients' `response-content-type`, `response-content-
-    /// disposition` and the other `response-*` query parameters reach an S3 upstream, which
-    /// then answers with the headers they name. Default false: any client could otherwise make
-    /// an object be served as, say, `text/html` inline from rangeway's host.
+    /// Let clients' `response-*` query parameters reach an S3 upstream. Off by default: any
+    /// client could otherwise make an object be served as, say, `text/html` inline from
+    /// rangeway's host.
     pub s3_response_overrides: bool,
-    /// `cache`: how the route uses `[cache]`; `None`: it does not. Without the key, on when there
-    /// is a `[cache]` and the route's upstream is not a local folder.
+    /// `None`: the route does not use `[cache]`.
     pub cache: Option<RouteCache>,
-    /// `[routes.signed_links]`: when set, only signed links are served (`crate::links`).
+    /// When set, only signed links are served (`crate::links`).
     pub signed_links: Option<SignedLinks>,
-    /// `[routes.download_limits]`: how many downloads may be under way at once.
     pub download_limits: Option<DownloadLimits>,
-    /// `[routes.rate_limit]`: how fast responses go out.
     pub rate_limit: Option<RateLimit>,
 }
 
@@ -73,12 +63,11 @@ pub struct RouteConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UpstreamResume {
-    /// Continuations one response may use, 1..=100. Default 5.
+    /// Continuations one response may use.
     pub attempts: u32,
-    /// The most time one response may spend waiting for continuations. Default 30s.
+    /// The most time one response may spend waiting for continuations.
     pub deadline: Duration,
-    /// The wait before the first continuation, doubled for each next one (at most 5s).
-    /// Default 100ms.
+    /// The wait before the first continuation, doubled for each next one.
     pub backoff: Duration,
 }
 
@@ -99,21 +88,17 @@ impl Default for UpstreamResume {
 pub struct SignedLinks {
     /// By id; the file's last line signs new links.
     pub keys: LinkKeys,
-    /// How long after its link expired a download begun before may still resume. Default 24h.
+    /// How long after its link expired a download begun before may still resume.
     pub grace: Duration,
 }
 
-/// Concurrent-download limits of a route. A download is what the download id names (one
-/// session); past a limit a new one is answered 429 before the origin is asked.
+/// Concurrent-download limits of a route, each `None` for no limit; past one a new download is
+/// answered 429 before the origin is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DownloadLimits {
-    /// Downloads one client address may have under way. `None`: no limit.
     pub per_client: Option<usize>,
-    /// Downloads all clients together may have under way on the route. `None`: no limit.
     pub per_route: Option<usize>,
-    /// What is counted: each download once however many requests carry its pieces
-    /// (`"download"`, the default), or each request (`"request"`).
     pub count: Count,
 }
 
@@ -132,16 +117,16 @@ pub enum Count {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RateLimit {
-    /// Each response. `None`: only what the origin's header asks, or the shared rates.
+    /// Each response.
     pub rate: Option<u64>,
-    /// The first bytes of each response that go out unshaped (a fast start). Default 0.
+    /// The first bytes of each response that go out unshaped (a fast start).
     pub after: u64,
     /// All of one client address's responses on the route together.
     pub per_client: Option<u64>,
     /// All of the route's responses together, a fair share each.
     pub per_route: Option<u64>,
-    /// A response field by which the origin may lower one response's rate (never raise it
-    /// above `rate`), as nginx's `X-Accel-Limit-Rate`: bytes per second. Not sent to clients.
+    /// A response field by which the origin may lower one response's rate (never raise it above
+    /// `rate`), as nginx's `X-Accel-Limit-Rate`. Not sent to clients.
     pub origin_header: Option<HeaderName>,
 }
 
@@ -167,22 +152,18 @@ pub(super) fn check_all(
         let problem = "no routes are defined, so every request would be answered 404";
         return v.fail(&at, problem, format!("add {ROUTE_EXAMPLE}"));
     };
-    let items =
-        v.shaped(&at, raw, "an array of tables", &format!("write each route as {ROUTE_EXAMPLE}"))?;
+    let fix = format!("write each route as {ROUTE_EXAMPLE}");
+    let items = v.shaped(&at, raw, "an array of tables", &fix)?;
     if items.is_empty() {
-        return v.fail(
-            &at,
-            "is empty, so every request would be answered 404",
-            format!("add {ROUTE_EXAMPLE}"),
-        );
+        let problem = "is empty, so every request would be answered 404";
+        return v.fail(&at, problem, format!("add {ROUTE_EXAMPLE}"));
     }
     let mut routes = Some(Vec::with_capacity(items.len()));
     // (host, prefix without its trailing '/') -> index of the first route that claimed it.
     let mut claimed: BTreeMap<(Option<String>, String), usize> = BTreeMap::new();
     for (index, raw) in items.iter().enumerate() {
         let at = at.index(index);
-        let (claim, route) = check_one(v, &at, raw, around);
-        let mut route = route;
+        let (claim, mut route) = check_one(v, &at, raw, around);
         if let Some((host, prefix)) = claim {
             let key = (host, prefix.trim_end_matches('/').to_owned());
             if let Some(&first) = claimed.get(&key) {
@@ -221,14 +202,14 @@ fn check_one(
     let host =
         v.parsed(&key("host"), &r.host, "\"dl.example.com\"", |text| match split_host_port(text) {
             Ok((host, None)) => Ok(host.to_string()),
-            Ok((host, Some(_))) => Err((
+            Ok((host, Some(_))) => wrong(
                 format!("{text:?} has a port"),
                 format!("write host = \"{host}\": hosts are matched without the port"),
-            )),
-            Err(e) => Err((
+            ),
+            Err(e) => wrong(
                 format!("{text:?} is not a host: {e}"),
-                "write a DNS name or an IP address, e.g. host = \"dl.example.com\"".to_owned(),
-            )),
+                "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
+            ),
         });
     let host = host.opt();
     let declared = around.declared;
@@ -265,21 +246,15 @@ fn check_one(
             "add s3_client_keys_file, or remove this key",
         ),
         (value, _) => {
-            let range = Duration::ZERO..=Duration::from_secs(30 * 24 * 3600);
-            v.duration(&key("s3_presigned_grace"), value, range, "from \"0s\" to \"30d\"")
-                .or(DEFAULT_PRESIGNED_GRACE)
+            let range = Duration::ZERO..=Duration::from_secs(30 * DAY);
+            v.duration(&key("s3_presigned_grace"), value, range).or(Duration::from_secs(DAY))
         }
     };
     // On unless a route turns it off: a body its origin breaks off is otherwise a broken
     // download, as through any other proxy.
-    let upstream_resume = switch(
-        v,
-        &key("upstream_resume"),
-        &r.upstream_resume,
-        true,
-        "[routes.upstream_resume] with attempts = 5",
-        resume,
-    );
+    let example = "[routes.upstream_resume] with attempts = 5";
+    let upstream_resume =
+        switch(v, &key("upstream_resume"), &r.upstream_resume, true, example, resume);
     let s3_response_overrides =
         v.boolean(&key("s3_response_overrides"), &r.s3_response_overrides).or(false);
     let signed_links =
@@ -302,31 +277,20 @@ fn check_one(
         }
     };
     let claim = host.clone().zip(path_prefix.clone());
-    let route = || {
-        Some(RouteConfig {
-            host: host?,
-            path_prefix: path_prefix?,
-            upstream: upstream?,
-            strip_prefix: strip_prefix?,
-            middleware: middleware?,
-            s3_client_keys: s3_client_keys?,
-            s3_presigned_grace: s3_presigned_grace?,
-            upstream_resume: upstream_resume?,
-            s3_response_overrides: s3_response_overrides?,
-            cache: cache?,
-            signed_links: signed_links?,
-            download_limits: download_limits?,
-            rate_limit: rate_limit?,
-        })
-    };
-    (claim, route())
+    let route = (|| {
+        complete! { RouteConfig {
+            host, path_prefix, upstream, strip_prefix, middleware, s3_client_keys, s3_presigned_grace,
+            upstream_resume, s3_response_overrides, cache, signed_links, download_limits, rate_limit,
+        } }
+    })();
+    (claim, route)
 }
 
 fn list(names: &BTreeSet<String>) -> String {
     names.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
 }
 
-fn check_path_prefix(prefix: &str) -> Result<String, (String, String)> {
+fn check_path_prefix(prefix: &str) -> Result<String, Problem> {
     let problem = if !prefix.starts_with('/') {
         "does not start with '/'"
     } else if prefix.contains("..") {
@@ -343,19 +307,17 @@ fn check_path_prefix(prefix: &str) -> Result<String, (String, String)> {
         "has a '.' segment"
     } else if prefix.chars().any(|c| c.is_control() || c.is_whitespace() || c == '?' || c == '#') {
         "contains whitespace, a control character, '?' or '#'"
-    } else if prefix.len() > MAX_PATH_PREFIX_LEN {
+    } else if prefix.len() > 1024 {
         "is longer than 1024 bytes"
     } else {
         return Ok(prefix.to_owned());
     };
-    Err((
-        format!("{prefix:?} {problem}"),
-        "write a normalised path that starts with '/', e.g. \"/files/\"".to_owned(),
-    ))
+    let fix = "write a normalised path that starts with '/', e.g. \"/files/\"";
+    wrong(format!("{prefix:?} {problem}"), fix)
 }
 
 /// The upstream a route names, when it is declared (or the declared names are unknown).
-fn upstream(name: &str, declared: Option<&BTreeSet<String>>) -> Result<String, (String, String)> {
+fn upstream(name: &str, declared: Option<&BTreeSet<String>>) -> Result<String, Problem> {
     let Some(declared) = declared.filter(|d| !d.contains(name)) else { return Ok(name.to_owned()) };
     let fix = if declared.is_empty() {
         format!("define [upstreams.{name}] with url = \"http://...\" or dir = \"...\"")
@@ -366,26 +328,21 @@ fn upstream(name: &str, declared: Option<&BTreeSet<String>>) -> Result<String, (
             None => define,
         }
     };
-    Err((format!("no upstream named {name:?}"), fix))
+    wrong(format!("no upstream named {name:?}"), fix)
 }
 
 /// A key that is `true` (`T`'s defaults), `false` (off) or a table for `table` to check; `on` when
 /// it is not written. From a variable, the bare word.
-pub(super) fn switch<T, R: serde::de::DeserializeOwned>(
+pub(super) fn switch<T: Default, R: serde::de::DeserializeOwned>(
     v: &mut Ctx<'_>,
     at: &Path,
     value: &Option<Value>,
     on: bool,
     example: &str,
     table: impl FnOnce(&mut Ctx<'_>, &Path, &R) -> Option<T>,
-) -> Option<Option<T>>
-where
-    T: Default,
-{
+) -> Option<Option<T>> {
     let Some(value) = value else { return Some(on.then(T::default)) };
-    if matches!(value.kind, ValueKind::Boolean(_))
-        || (matches!(value.kind, ValueKind::String(_)) && v.set_by_env(at))
-    {
+    if matches!(value.kind, ValueKind::Boolean(_)) || v.set_by_env(at) {
         return v.boolean(at, value).ok().map(|on| on.then(T::default));
     }
     let raw = Raw::<R>::from(value.clone());
@@ -397,14 +354,11 @@ fn resume(v: &mut Ctx<'_>, at: &Path, r: &RawResume) -> Option<UpstreamResume> {
     let defaults = UpstreamResume::default();
     let attempts = v.integer(&at.key("attempts"), &r.attempts, 1..=100, "5").or(defaults.attempts);
     let range = Duration::from_millis(1)..=Duration::from_secs(3600);
-    let deadline = v
-        .duration(&at.key("deadline"), &r.deadline, range, "from \"1ms\" to \"1h\"")
-        .or(defaults.deadline);
+    let deadline = v.duration(&at.key("deadline"), &r.deadline, range).or(defaults.deadline);
+    // The backoff doubles for each next continuation, up to this bound.
     let range = Duration::ZERO..=Duration::from_secs(5);
-    let backoff = v
-        .duration(&at.key("backoff"), &r.backoff, range, "from \"0s\" to \"5s\"")
-        .or(defaults.backoff);
-    Some(UpstreamResume { attempts: attempts?, deadline: deadline?, backoff: backoff? })
+    let backoff = v.duration(&at.key("backoff"), &r.backoff, range).or(defaults.backoff);
+    complete! { UpstreamResume { attempts, deadline, backoff } }
 }
 
 fn middleware(
@@ -418,33 +372,32 @@ fn middleware(
     let mut specs = Some(Vec::with_capacity(items.len()));
     for (index, raw) in items.iter().enumerate() {
         let at = at.index(index);
-        let spec =
-            v.table(&at, raw, "[[routes.middleware]] with kind = \"checksum\"").and_then(|entry| {
-                // Everything but `kind` is the stage's to parse; there are no unknown keys here.
-                let options = entry.iter().filter(|(key, _)| *key != "kind");
-                let options = options
-                    .map(|(key, value)| (key.clone(), v.option(&at.key(key), value)))
-                    .collect();
-                let kind = v.required(
-                    &at.key("kind"),
-                    entry.get("kind"),
-                    kind_fix(&known, "set kind to"),
-                )?;
-                let kind = v.parsed(&at.key("kind"), kind, "\"checksum\"", |kind| {
-                    if known.contains(&kind) {
-                        return Ok(kind.to_owned());
+        let Some(entry) = v.table(&at, raw, "[[routes.middleware]] with kind = \"checksum\"")
+        else {
+            specs = None;
+            continue;
+        };
+        // Everything but `kind` is the stage's to parse; there are no unknown keys here.
+        let options = entry.iter().filter(|(key, _)| *key != "kind");
+        let options = options.map(|(key, value)| (key.clone(), v.option(&at.key(key), value)));
+        let options = options.collect();
+        let kind = v.required(&at.key("kind"), entry.get("kind"), kind_fix(&known, "set kind to"));
+        let kind = kind.and_then(|kind| {
+            v.parsed(&at.key("kind"), kind, "\"checksum\"", |kind| {
+                if known.contains(&kind) {
+                    return Ok(kind.to_owned());
+                }
+                let fix = match suggest(kind, known.iter().copied()) {
+                    Some(near) => {
+                        format!("did you mean \"{near}\"? {}", kind_fix(&known, "Otherwise use"))
                     }
-                    let fix = match suggest(kind, known.iter().copied()) {
-                        Some(near) => format!(
-                            "did you mean \"{near}\"? {}",
-                            kind_fix(&known, "Otherwise use")
-                        ),
-                        None => kind_fix(&known, "use"),
-                    };
-                    Err((format!("unknown middleware kind {kind:?}"), fix))
-                });
-                Some(MiddlewareSpec { kind: kind.ok()?, options, path: at.to_string() })
-            });
+                    None => kind_fix(&known, "use"),
+                };
+                wrong(format!("unknown middleware kind {kind:?}"), fix)
+            })
+            .ok()
+        });
+        let spec = kind.map(|kind| MiddlewareSpec { kind, options, path: at.to_string() });
         specs = push(specs, spec);
     }
     specs
@@ -487,13 +440,11 @@ fn signed_links(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawSignedLinks>) -> Option
     };
     let keys = v.required(&at.key("keys_file"), r.keys_file.as_ref(), fix);
     let keys = keys.and_then(|value| secret::read_key_file(v, &at.key("keys_file"), value, &kind));
-    let range = Duration::ZERO..=Duration::from_secs(30 * 24 * 3600);
-    let grace = v
-        .duration(&at.key("grace"), &r.grace, range, "from \"0s\" to \"30d\"")
-        .or(Duration::from_secs(24 * 3600));
+    let range = Duration::ZERO..=Duration::from_secs(30 * DAY);
+    let grace = v.duration(&at.key("grace"), &r.grace, range).or(Duration::from_secs(DAY));
     // A key file holds at least one key, so `LinkKeys::new` has a newest one.
-    let keys = LinkKeys::new(keys?.iter().map(|(id, secret)| (id.clone(), secret.expose())))?;
-    Some(SignedLinks { keys, grace: grace? })
+    let keys = LinkKeys::new(keys?.iter().map(|(id, secret)| (id.clone(), secret.expose())));
+    complete! { SignedLinks { keys, grace } }
 }
 
 fn download_limits(
@@ -502,9 +453,9 @@ fn download_limits(
     raw: &Raw<RawDownloadLimits>,
 ) -> Option<DownloadLimits> {
     let r = v.table(at, raw, "[routes.download_limits] with per_client = 10")?;
-    let per_client =
-        v.integer(&at.key("per_client"), &r.per_client, 1..=1_000_000usize, "10").opt();
-    let per_route = v.integer(&at.key("per_route"), &r.per_route, 1..=1_000_000usize, "10").opt();
+    let mut limit = |key: &str, value| v.integer(&at.key(key), value, 1..=1_000_000, "10").opt();
+    let (per_client, per_route) =
+        (limit("per_client", &r.per_client), limit("per_route", &r.per_route));
     let counts = [("download", Count::Download), ("request", Count::Request)];
     let count = v.choice(&at.key("count"), &r.count, "\"download\"", &counts, |other| {
         (
@@ -512,17 +463,11 @@ fn download_limits(
             "use \"download\" (each download once, however many pieces) or \"request\"".to_owned(),
         )
     });
-    let limits = DownloadLimits {
-        per_client: per_client?,
-        per_route: per_route?,
-        count: count.or(Count::Download)?,
-    };
+    let count = count.or(Count::Download);
+    let limits = complete! { DownloadLimits { per_client, per_route, count } }?;
     if limits.per_client.is_none() && limits.per_route.is_none() {
-        return v.fail(
-            at,
-            "sets no limit",
-            "add per_client = 10 or per_route = 1000, or remove the table",
-        );
+        let fix = "add per_client = 10 or per_route = 1000, or remove the table";
+        return v.fail(at, "sets no limit", fix);
     }
     Some(limits)
 }
@@ -535,22 +480,17 @@ fn rate_limit(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawRateLimit>) -> Option<Rat
     let (per_response, per_client, per_route) =
         (rate("rate", &r.rate), rate("per_client", &r.per_client), rate("per_route", &r.per_route));
     let after = v.size(&at.key("after"), &r.after, 0..=(1 << 50), "\"4MiB\"").or(0);
-    let origin_header =
-        v.parsed(&at.key("origin_header"), &r.origin_header, "\"X-Accel-Limit-Rate\"", |name| {
-            HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                (
-                    format!("{name:?} is not a header name"),
-                    "write a field name, e.g. \"X-Accel-Limit-Rate\"".to_owned(),
-                )
-            })
-        });
-    let limit = RateLimit {
-        rate: per_response?,
-        after: after?,
-        per_client: per_client?,
-        per_route: per_route?,
-        origin_header: origin_header.opt()?,
-    };
+    let example = "\"X-Accel-Limit-Rate\"";
+    let origin_header = v.parsed(&at.key("origin_header"), &r.origin_header, example, |name| {
+        HeaderName::from_bytes(name.as_bytes()).or_else(|_| {
+            wrong(
+                format!("{name:?} is not a header name"),
+                "write a field name, e.g. \"X-Accel-Limit-Rate\"",
+            )
+        })
+    });
+    let origin_header = origin_header.opt();
+    let limit = complete! { RateLimit { rate: per_response, after, per_client, per_route, origin_header } }?;
     if limit.rate.is_none()
         && limit.per_client.is_none()
         && limit.per_route.is_none()

@@ -9,7 +9,7 @@ use std::path::Path as FilePath;
 use ::config::Value;
 use zeroize::Zeroizing;
 
-use super::check::{Ctx, Problem, read_text};
+use super::check::{Ctx, Problem, read_text, wrong};
 use super::source::Path;
 
 /// A secret value: `Debug` redacts it, there is no `Display`, and its memory is zeroed on drop.
@@ -33,12 +33,11 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// An access key, read once at load time.
+/// An access key, read once at load time. The key id is no secret in AWS's terms, but it names
+/// an account: it is kept out of logs all the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct S3Credentials {
-    /// The key id is no secret in AWS's terms, but it names an account: it is kept out of logs
-    /// all the same.
     pub access_key_id: Secret,
     pub secret_access_key: Secret,
     pub session_token: Option<Secret>,
@@ -48,6 +47,7 @@ pub struct S3Credentials {
 }
 
 /// The keys S3 clients must sign with on a route (`s3_client_keys_file`): access key id → secret.
+/// `Debug` shows how many there are only.
 #[derive(Clone, PartialEq, Eq)]
 pub struct S3ClientKeys {
     keys: BTreeMap<String, Secret>,
@@ -68,7 +68,6 @@ impl S3ClientKeys {
     }
 }
 
-/// Ids only: the ids name clients, the secrets are secret.
 impl fmt::Debug for S3ClientKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("S3ClientKeys").field("keys", &self.keys.len()).finish()
@@ -101,10 +100,10 @@ pub(super) fn read_env(
 ) -> Option<(String, Secret)> {
     let quoted_example = key.example.split_once(" = ").map_or(key.example, |(_, value)| value);
     let name = v.string(at, value, quoted_example).ok()?;
-    let is_var_name = name.bytes().next().is_some_and(|b| !b.is_ascii_digit())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if !is_var_name {
-        let holds = key.holds;
+    let holds = key.holds;
+    if name.bytes().next().is_none_or(|b| b.is_ascii_digit())
+        || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
         return v.fail(
             at,
             format!("is not an environment variable name (it must hold the variable's name, not {holds})"),
@@ -115,23 +114,15 @@ pub(super) fn read_env(
     // letters, digits and '_' would pass the check above, and is far less likely to be in
     // SCREAMING_CASE.
     let screaming = name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
-    let var = if screaming {
-        format!("environment variable {name}")
-    } else {
-        "the environment variable it names".to_owned()
+    let var = match screaming {
+        true => format!("environment variable {name}"),
+        false => "the environment variable it names".to_owned(),
     };
-    let export = format!(
-        "export {} with {}{} before starting rangeway, {}",
-        if screaming { name.as_str() } else { "it" },
-        key.holds,
-        key.source_hint,
-        key.otherwise
-    );
     let problem = match v.env.get(&name).map(|value| value.to_str()) {
         None => format!("{var} is not set"),
         Some(None) => format!("{var} is not UTF-8"),
         Some(Some("")) => format!("{var} is empty"),
-        Some(Some(value)) if value.bytes().all(|b| b.is_ascii_graphic()) => {
+        Some(Some(value)) if printable(value) => {
             return Some((name, Secret::new(value.to_owned())));
         }
         Some(Some(_)) => {
@@ -142,7 +133,13 @@ pub(super) fn read_env(
             );
         }
     };
-    v.fail(at, problem, export)
+    let exported = if screaming { name.as_str() } else { "it" };
+    let (hint, otherwise) = (key.source_hint, key.otherwise);
+    v.fail(
+        at,
+        problem,
+        format!("export {exported} with {holds}{hint} before starting rangeway, {otherwise}"),
+    )
 }
 
 /// How one kind of key file is read and explained.
@@ -169,13 +166,12 @@ pub(super) fn read_key_file(
     kind: &KeyFile,
 ) -> Option<Vec<(String, Secret)>> {
     let file = v.string(at, value, kind.example).ok()?;
-    let text = read_text(&file).map_err(|problem| (problem, kind.unreadable_fix.to_owned()));
-    let pairs = text.and_then(|text| {
+    let pairs = read_text(&file).or_else(|problem| wrong(problem, kind.unreadable_fix));
+    let pairs = pairs.and_then(|text| {
         let mut pairs: Vec<(String, Secret)> = Vec::new();
-        for (number, line) in text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty() && !l.trim().starts_with('#'))
+        let lines = text.lines().enumerate();
+        for (number, line) in
+            lines.filter(|(_, l)| !l.trim().is_empty() && !l.trim().starts_with('#'))
         {
             let mut words = line.split_whitespace();
             let problem = match (words.next(), words.next(), words.next()) {
@@ -189,14 +185,11 @@ pub(super) fn read_key_file(
                 _ => Some(format!("is not {} pair", kind.pair)),
             };
             if let Some(problem) = problem {
-                return Err((
-                    format!("line {} of {file:?} {problem}", number + 1),
-                    kind.fix.to_owned(),
-                ));
+                return wrong(format!("line {} of {file:?} {problem}", number + 1), kind.fix);
             }
         }
         if pairs.is_empty() {
-            Err((format!("{file:?} holds no keys"), kind.fix.to_owned()))
+            wrong(format!("{file:?} holds no keys"), kind.fix)
         } else {
             Ok(pairs)
         }
@@ -235,19 +228,12 @@ pub(super) fn standard_credentials(
     let var = |name: &str| {
         v.env.get(name).and_then(|v| v.to_str()).filter(|v| !v.is_empty()).map(str::to_owned)
     };
-    let none = || {
-        let fix = "give the upstream credentials: access_key_env and secret_key_env naming the \
-                   variables that hold them, credentials_file, the AWS_ACCESS_KEY_ID and \
-                   AWS_SECRET_ACCESS_KEY variables, or anonymous = true for a public bucket";
-        Err(("has no credentials".to_owned(), fix.to_owned()))
-    };
     if let (Some(id), Some(secret)) = (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) {
         if !printable(&id) || !printable(&secret) {
-            return Err((
-                "AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY holds spaces or control characters"
-                    .to_owned(),
-                "set them to the key without spaces or newlines".to_owned(),
-            ));
+            return wrong(
+                "AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY holds spaces or control characters",
+                "set them to the key without spaces or newlines",
+            );
         }
         return Ok(S3Credentials {
             access_key_id: Secret::new(id),
@@ -257,15 +243,22 @@ pub(super) fn standard_credentials(
         });
     }
     let file = match (var("AWS_SHARED_CREDENTIALS_FILE"), var("HOME")) {
-        (Some(file), _) => std::path::PathBuf::from(file),
-        (None, Some(home)) => std::path::PathBuf::from(home).join(".aws/credentials"),
-        (None, None) => return none(),
+        (Some(file), _) => Some(std::path::PathBuf::from(file)),
+        (None, Some(home)) => Some(std::path::PathBuf::from(home).join(".aws/credentials")),
+        (None, None) => None,
     };
-    if !file.exists() {
-        return none();
+    match file.filter(|file| file.exists()) {
+        Some(file) => {
+            let profile = profile.or_else(|| var("AWS_PROFILE"));
+            read_credentials_file(&file, profile.as_deref().unwrap_or("default"))
+        }
+        None => wrong(
+            "has no credentials",
+            "give the upstream credentials: access_key_env and secret_key_env naming the \
+             variables that hold them, credentials_file, the AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY variables, or anonymous = true for a public bucket",
+        ),
     }
-    let profile = profile.or_else(|| var("AWS_PROFILE")).unwrap_or_else(|| "default".into());
-    read_credentials_file(&file, &profile)
 }
 
 /// Reads `[profile]` of an AWS shared credentials file (INI: `key = value`, `#`/`;` comments).
@@ -276,45 +269,42 @@ pub(super) fn read_credentials_file(
 ) -> Result<S3Credentials, Problem> {
     let shown = file.display();
     let fix = "point credentials_file at a readable AWS credentials file";
-    let text = read_text(&file.to_string_lossy()).map_err(|problem| (problem, fix.to_owned()))?;
+    let text = read_text(&file.to_string_lossy()).or_else(|problem| wrong(problem, fix))?;
     let (mut in_profile, mut found_profile) = (false, false);
-    let (mut id, mut secret, mut token) = (None, None, None);
+    let mut values: BTreeMap<&str, String> = BTreeMap::new();
     for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with(['#', ';']))
     {
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             in_profile = name.trim() == profile;
             found_profile |= in_profile;
         } else if let Some((key, value)) = line.split_once('=').filter(|_| in_profile) {
-            let value = Some(value.trim().to_owned()).filter(|v| !v.is_empty());
-            match key.trim() {
-                "aws_access_key_id" => id = value,
-                "aws_secret_access_key" => secret = value,
-                "aws_session_token" => token = value,
-                _ => {}
-            }
+            match value.trim() {
+                "" => values.remove(key.trim()),
+                value => values.insert(key.trim(), value.to_owned()),
+            };
         }
     }
     if !found_profile {
-        return Err((
-            format!("{shown} has no profile [{profile}]"),
-            "add the profile to the file, or name an existing one with profile = \"…\"".to_owned(),
-        ));
+        let fix = "add the profile to the file, or name an existing one with profile = \"…\"";
+        return wrong(format!("{shown} has no profile [{profile}]"), fix);
     }
-    let missing = |key: &str| {
-        (format!("{shown} [{profile}] has no {key}"), format!("add {key} = … to [{profile}]"))
+    let mut take = |key: &str| {
+        let missing = || {
+            (format!("{shown} [{profile}] has no {key}"), format!("add {key} = … to [{profile}]"))
+        };
+        values.remove(key).ok_or_else(missing)
     };
-    let id = id.ok_or_else(|| missing("aws_access_key_id"))?;
-    let secret = secret.ok_or_else(|| missing("aws_secret_access_key"))?;
+    let (id, secret) = (take("aws_access_key_id")?, take("aws_secret_access_key")?);
     if !printable(&id) || !printable(&secret) {
-        return Err((
+        return wrong(
             format!("{shown} [{profile}] has a key with spaces or control characters"),
-            "write the key id and secret without spaces or quotes".to_owned(),
-        ));
+            "write the key id and secret without spaces or quotes",
+        );
     }
     Ok(S3Credentials {
         access_key_id: Secret::new(id),
         secret_access_key: Secret::new(secret),
-        session_token: token.map(Secret::new),
+        session_token: take("aws_session_token").ok().map(Secret::new),
         source: format!("{shown} [{profile}]"),
     })
 }

@@ -1,27 +1,17 @@
-//! `[server]`: listeners, the admin token, threads, shutdown.
+//! `[server]`: listeners, the admin token, threads, shutdown, and what one client may cost.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::check::{Ctx, checked};
+use super::check::{Ctx, Problem, checked, complete, wrong};
 use super::host::Host;
 use super::raw::{Raw, RawServer};
 use super::secret::{self, Secret, SecretKey};
 use super::source::Path;
 use crate::ip_net::IpNet;
 
-const DEFAULT_LISTEN: SocketAddr =
-    SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 8080));
-const DEFAULT_ADMIN_LISTEN: SocketAddr =
-    SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 9090));
-const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
-const MAX_GRACE_PERIOD: Duration = Duration::from_secs(3600);
-const DEFAULT_MAX_RANGES: usize = 16;
-const DEFAULT_UPGRADE_SOCKET: &str = "/tmp/rangeway-upgrade.sock";
-const MAX_RANGES_LIMIT: usize = 1000;
 /// Measured on cache hits (see docs/benchmarks.md, "The unsent bound"): a socket that queues no
 /// more than this unsent pushes its bytes out in the call that writes them, instead of leaving
 /// the transmit work to the ACKs; eight times what Cloudflare's edge sets, so that a fast long
@@ -29,10 +19,6 @@ const MAX_RANGES_LIMIT: usize = 1000;
 const DEFAULT_NOTSENT_LOWAT: u32 = 128 * 1024;
 /// Below this a socket would wake its writer for every few segments.
 const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
-/// A bound that only catches a typo: beyond it a socket's queue is the send buffer's anyway.
-const MAX_NOTSENT_LOWAT: u64 = 1 << 30;
-/// Far above any machine this runs on; only there to catch a typo such as `threads = 80000`.
-const MAX_THREADS: usize = 1024;
 /// Descriptors kept aside from the clients' share: listeners, the store's connections, logs, the
 /// cache's files being read.
 const RESERVED_DESCRIPTORS: u64 = 256;
@@ -42,36 +28,23 @@ const DESCRIPTORS_PER_CONNECTION: u64 = 4;
 /// The default when the descriptor limit is unlimited or unknown, and the most that may be set.
 const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
-/// `[server]`.
+/// `[server]`; docs/configuration.md describes each key and its default.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ServerConfig {
-    /// The public listener. Default `127.0.0.1:8080`.
     pub listen: SocketAddr,
-    /// The admin listener (health, metrics, API); never the same socket as `listen`.
-    /// Default `127.0.0.1:9090`.
+    /// Never the same socket as `listen`.
     pub admin_listen: SocketAddr,
-    /// The bearer token the admin API requires, when `admin_token_env` is set.
+    /// Read from the variable `admin_token_env` names, when it is set.
     pub admin_token: Option<AdminToken>,
-    /// Worker threads of the proxy. Default: the number of CPUs available to the process.
     pub threads: NonZeroUsize,
-    /// How long in-flight requests may drain after SIGTERM. Default 30s, at most 1h.
     pub grace_period: Duration,
-    /// Most ranges served for one request, 1..=1000. Default 16.
     pub max_ranges: usize,
-    /// What one client may cost.
     pub client_limits: ClientLimits,
-    /// `upgrade_socket`: where a process started with `--upgrade` receives the listening sockets
-    /// of this one when it gets SIGQUIT. Default `/tmp/rangeway-upgrade.sock`; instances on one
-    /// machine each need their own.
     pub upgrade_socket: PathBuf,
-    /// `proxy_protocol`: every connection on the public listeners begins with a PROXY protocol
-    /// header (v2, or v1), whose source address is the client's. Default false.
     pub proxy_protocol: bool,
-    /// `trusted_proxies`: peers whose `X-Forwarded-For` is believed. Default none.
     pub trusted_proxies: Vec<IpNet>,
-    /// `admin_hosts`: names, besides `localhost` and the admin listener's own address, that the
-    /// admin listener answers in `Host` (lower case, without port). Default none.
+    /// Lower case, without port.
     pub admin_hosts: Vec<String>,
 }
 
@@ -79,31 +52,19 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClientLimits {
-    /// `client_header_timeout`: the whole request header must arrive within this time of its
-    /// first byte, or the connection is closed (slowloris). Default 10s.
+    /// `client_header_timeout`.
     pub header_timeout: Duration,
-    /// `client_write_timeout`: a client that takes none of the response for this long is cut,
-    /// rather than holding its buffers and upstream connection indefinitely. Default 60s.
+    /// `client_write_timeout`.
     pub write_timeout: Duration,
-    /// `max_connections_per_client`: open connections from one address; more are answered 503
-    /// and closed. Default 1024; 0 for no limit.
+    /// 0 for no limit.
     pub max_connections_per_client: usize,
-    /// `max_header_bytes`: the request line and header fields together. Default 32 KiB; more is
-    /// answered 431.
     pub max_header_bytes: usize,
-    /// `max_header_fields`: header fields in a request. Default 100; more is answered 431.
     pub max_header_fields: usize,
-    /// `client_notsent_lowat`: the most response bytes the kernel queues unsent on a client's
-    /// socket (`TCP_NOTSENT_LOWAT`). Default 128 KiB; 0 leaves the system's setting
-    /// (`net.ipv4.tcp_notsent_lowat`, unbounded unless set).
+    /// `client_notsent_lowat`; 0 leaves the system's setting.
     pub notsent_lowat: u32,
-    /// `client_keepalive_timeout`: how long a connection may wait for its next request (HTTP/1)
-    /// or have no stream open (HTTP/2) before it is closed. Default 60s.
+    /// `client_keepalive_timeout`.
     pub keepalive_timeout: Duration,
-    /// `max_connections`: open client connections, all clients together; past it the longest
-    /// idle one is closed to make room, or, with none idle, the new one. Default: a quarter of
-    /// the descriptors the process may open, after [`RESERVED_DESCRIPTORS`] (see
-    /// [`default_max_connections`]).
+    /// Default: see [`default_max_connections`].
     pub max_connections: usize,
 }
 
@@ -137,11 +98,8 @@ pub(super) fn default_max_connections(descriptors: Option<u64>) -> usize {
     })
 }
 
-/// The admin API's bearer token, read at load time from the variable named by `admin_token_env`.
-///
-/// It is never printed: `Debug` redacts it and there is no `Display`. Compare presented credentials
-/// with [`AdminToken::verify`], which does not leak through timing where the first byte differs.
-#[derive(Clone)]
+/// The admin API's bearer token. Never printed: `Debug` redacts it and there is no `Display`.
+#[derive(Clone, Debug)]
 pub struct AdminToken {
     env_var: String,
     token: Secret,
@@ -157,19 +115,8 @@ impl AdminToken {
     /// time taken reveals the token's length at most, never its content.
     pub fn verify(&self, presented: &[u8]) -> bool {
         let expected = self.token.expose().as_bytes();
-        if presented.len() != expected.len() {
-            return false;
-        }
-        expected.iter().zip(presented).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
-    }
-}
-
-impl fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdminToken")
-            .field("env_var", &self.env_var)
-            .field("token", &"<redacted>")
-            .finish()
+        presented.len() == expected.len()
+            && expected.iter().zip(presented).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
     }
 }
 
@@ -177,10 +124,10 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
     let at = Path::default().key("server");
     let r = v.table(&at, raw, "[server] with listen = \"127.0.0.1:8080\"")?;
     let key = |key: &str| at.key(key);
-    let listen = v.socket_addr(&key("listen"), &r.listen, "127.0.0.1:8080").or(DEFAULT_LISTEN);
-    let admin_listen = v
-        .socket_addr(&key("admin_listen"), &r.admin_listen, "127.0.0.1:9090")
-        .or(DEFAULT_ADMIN_LISTEN);
+    let listen = v.socket_addr(&key("listen"), &r.listen, "127.0.0.1:8080");
+    let listen = listen.or(SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let admin_listen = v.socket_addr(&key("admin_listen"), &r.admin_listen, "127.0.0.1:9090");
+    let admin_listen = admin_listen.or(SocketAddr::from(([127, 0, 0, 1], 9090)));
     let admin_token = checked(r.admin_token_env.as_ref(), |value| {
         let secret = SecretKey {
             example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
@@ -191,48 +138,46 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
         let (env_var, token) = secret::read_env(v, &key("admin_token_env"), value, &secret)?;
         Some(AdminToken { env_var, token })
     });
-    // The range starts at 1, so the fallback is never taken; available_parallelism fails only
-    // where the OS cannot say, and one thread still works.
-    let threads = v.integer(&key("threads"), &r.threads, 1..=MAX_THREADS, "4");
-    let threads = threads.map(|n| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN));
-    let threads =
-        threads.or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN));
+    // The bound on threads only catches a typo such as `threads = 80000`; available_parallelism
+    // fails only where the OS cannot say, and one thread still works.
+    let cpus = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);
+    let threads = v.integer(&key("threads"), &r.threads, 1..=1024, "4").opt();
+    let threads = threads.map(|n| n.and_then(NonZeroUsize::new).unwrap_or(cpus));
     let grace_period = v.duration(
         &key("grace_period"),
         &r.grace_period,
-        Duration::ZERO..=MAX_GRACE_PERIOD,
-        "from \"0s\" to \"1h\"",
+        Duration::ZERO..=Duration::from_secs(3600),
     );
-    let max_ranges = v.integer(&key("max_ranges"), &r.max_ranges, 1..=MAX_RANGES_LIMIT, "16");
+    let grace_period = grace_period.or(Duration::from_secs(30));
+    let max_ranges = v.integer(&key("max_ranges"), &r.max_ranges, 1..=1000, "16").or(16);
     let client_limits = client_limits(v, &at, r);
-    let upgrade_socket = v.parsed(&key("upgrade_socket"), &r.upgrade_socket, "\"/run/rangeway/upgrade.sock\"", |text| {
+    let example = "\"/run/rangeway/upgrade.sock\"";
+    let upgrade_socket = v.parsed(&key("upgrade_socket"), &r.upgrade_socket, example, |text| {
         // A Unix socket path holds at most 107 bytes (sun_path).
         if text.is_empty() || text.len() > 107 || text.contains('\0') {
-            return Err((
-                "is not a usable Unix socket path (1 to 107 bytes)".to_owned(),
-                "use a short absolute path, e.g. upgrade_socket = \"/run/rangeway/upgrade.sock\"".to_owned(),
-            ));
+            let fix =
+                "use a short absolute path, e.g. upgrade_socket = \"/run/rangeway/upgrade.sock\"";
+            return wrong("is not a usable Unix socket path (1 to 107 bytes)", fix);
         }
         Ok(PathBuf::from(text))
     });
+    let upgrade_socket = upgrade_socket.or(PathBuf::from("/tmp/rangeway-upgrade.sock"));
     let proxy_protocol = v.boolean(&key("proxy_protocol"), &r.proxy_protocol).or(false);
-    let trusted_proxies = v.strings(&key("trusted_proxies"), &r.trusted_proxies, "a string", "[\"10.0.0.0/8\", \"fd00::/8\"]", |text| {
-        IpNet::parse(text.trim()).map_err(|problem| {
-            (
+    let example = "[\"10.0.0.0/8\", \"fd00::/8\"]";
+    let trusted_proxies = v.strings(&key("trusted_proxies"), &r.trusted_proxies, "a string", example, |text| {
+        IpNet::parse(text.trim()).or_else(|problem| {
+            wrong(
                 format!("{text:?} is not a network: {problem}"),
                 "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \"192.0.2.7\" \
-                 or \"fd00::/8\" (host names are not resolved)"
-                    .to_owned(),
+                 or \"fd00::/8\" (host names are not resolved)",
             )
         })
     });
-    let admin_hosts = v.strings(
-        &key("admin_hosts"),
-        &r.admin_hosts,
-        "a string",
-        "[\"rangeway-1.internal\"]",
-        admin_host,
-    );
+    let trusted_proxies = trusted_proxies.or(Vec::new());
+    let example = "[\"rangeway-1.internal\"]";
+    let admin_hosts =
+        v.strings(&key("admin_hosts"), &r.admin_hosts, "a string", example, admin_host);
+    let admin_hosts = admin_hosts.or(Vec::new());
 
     let (listen, admin_listen) = (listen?, admin_listen?);
     if sockets_collide(listen, admin_listen) {
@@ -247,23 +192,14 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
             ),
         );
     }
-    Some(ServerConfig {
-        listen,
-        admin_listen,
-        admin_token: admin_token?,
-        threads: threads?,
-        grace_period: grace_period.or(DEFAULT_GRACE_PERIOD)?,
-        max_ranges: max_ranges.or(DEFAULT_MAX_RANGES)?,
-        client_limits: client_limits?,
-        upgrade_socket: upgrade_socket.or_else(|| PathBuf::from(DEFAULT_UPGRADE_SOCKET))?,
-        proxy_protocol: proxy_protocol?,
-        trusted_proxies: trusted_proxies.or(Vec::new())?,
-        admin_hosts: admin_hosts.or(Vec::new())?,
-    })
+    complete! { ServerConfig {
+        listen: Some(listen), admin_listen: Some(admin_listen), admin_token, threads, grace_period,
+        max_ranges, client_limits, upgrade_socket, proxy_protocol, trusted_proxies, admin_hosts,
+    } }
 }
 
 /// An `admin_hosts` entry: a name as a Host field writes it (IPv6 in brackets), without port.
-fn admin_host(text: &str) -> Result<String, (String, String)> {
+fn admin_host(text: &str) -> Result<String, Problem> {
     let with_port = text.rsplit_once(':').filter(|(host, port)| {
         !host.is_empty()
             && !host.contains(':')
@@ -271,15 +207,13 @@ fn admin_host(text: &str) -> Result<String, (String, String)> {
             && port.bytes().all(|b| b.is_ascii_digit())
     });
     if let Some((host, _)) = with_port {
-        return Err((
-            format!("{text:?} has a port"),
-            format!("write {host:?}: names are matched without their port"),
-        ));
+        let fix = format!("write {host:?}: names are matched without their port");
+        return wrong(format!("{text:?} has a port"), fix);
     }
-    Host::parse(&text.to_ascii_lowercase()).map(|host| host.to_string()).map_err(|problem| {
-        (
+    Host::parse(&text.to_ascii_lowercase()).map(|host| host.to_string()).or_else(|problem| {
+        wrong(
             format!("{text:?}: {problem}"),
-            "write a host name as clients put it in Host, without port, e.g. \"rangeway-1.internal\"".to_owned(),
+            "write a host name as clients put it in Host, without port, e.g. \"rangeway-1.internal\"",
         )
     })
 }
@@ -289,7 +223,7 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
     let key = |key: &str| at.key(key);
     let mut timeout = |key: &str, value, default| {
         let range = Duration::from_millis(1)..=Duration::from_secs(3600);
-        v.duration(&at.key(key), value, range, "from \"1ms\" to \"1h\"").or(default)
+        v.duration(&at.key(key), value, range).or(default)
     };
     let header_timeout =
         timeout("client_header_timeout", &r.client_header_timeout, defaults.header_timeout);
@@ -300,17 +234,22 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
         &r.client_keepalive_timeout,
         defaults.keepalive_timeout,
     );
-    let max_connections_per_client = v.integer(
-        &key("max_connections_per_client"),
-        &r.max_connections_per_client,
-        0..=1_000_000,
-        "1024",
-    );
+    let max_connections_per_client = v
+        .integer(
+            &key("max_connections_per_client"),
+            &r.max_connections_per_client,
+            0..=1_000_000,
+            "1024",
+        )
+        .or(defaults.max_connections_per_client);
     // pingora itself reads at most 1 MiB of header and 256 fields: the limits stay within them.
     let max_header_bytes =
         v.size(&key("max_header_bytes"), &r.max_header_bytes, 1024..=1_048_575, "\"32KiB\"");
+    let max_header_bytes =
+        max_header_bytes.or(defaults.max_header_bytes as u64).map(|n| n as usize);
     let max_header_fields =
         v.integer(&key("max_header_fields"), &r.max_header_fields, 1..=256, "100");
+    let max_header_fields = max_header_fields.or(defaults.max_header_fields);
     let at_max = key("max_connections");
     let max_connections = v.integer(&at_max, &r.max_connections, 1..=MAX_CONNECTIONS_LIMIT, "10000").then(|max| {
         match descriptor_limit() {
@@ -329,10 +268,11 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
             _ => Some(max),
         }
     });
+    let max_connections = max_connections.or(defaults.max_connections);
+    // The upper bound only catches a typo: beyond it a socket's queue is the send buffer's anyway.
     let at_lowat = key("client_notsent_lowat");
-    let notsent_lowat = v
-        .size(&at_lowat, &r.client_notsent_lowat, 0..=MAX_NOTSENT_LOWAT, "\"128KiB\"")
-        .then(|size| {
+    let notsent_lowat =
+        v.size(&at_lowat, &r.client_notsent_lowat, 0..=1 << 30, "\"128KiB\"").then(|size| {
             match size {
             // Checked against both bounds above, so the conversion holds.
             0 | MIN_NOTSENT_LOWAT.. => Some(u32::try_from(size).unwrap_or(u32::MAX)),
@@ -343,19 +283,11 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
             ),
         }
         });
-    Some(ClientLimits {
-        header_timeout: header_timeout?,
-        write_timeout: write_timeout?,
-        max_connections_per_client: max_connections_per_client
-            .or(defaults.max_connections_per_client)?,
-        max_header_bytes: max_header_bytes
-            .map(|size| size as usize)
-            .or(defaults.max_header_bytes)?,
-        max_header_fields: max_header_fields.or(defaults.max_header_fields)?,
-        notsent_lowat: notsent_lowat.or(defaults.notsent_lowat)?,
-        keepalive_timeout: keepalive_timeout?,
-        max_connections: max_connections.or(defaults.max_connections)?,
-    })
+    let notsent_lowat = notsent_lowat.or(defaults.notsent_lowat);
+    complete! { ClientLimits {
+        header_timeout, write_timeout, max_connections_per_client, max_header_bytes,
+        max_header_fields, notsent_lowat, keepalive_timeout, max_connections,
+    } }
 }
 
 /// Two listeners collide on the same non-zero port when their addresses are equal or either is a

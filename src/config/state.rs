@@ -1,65 +1,46 @@
-//! `[state]`: where resume state lives.
+//! `[state]`: where resume state lives, and the key download ids are derived with.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use ::config::{Value, ValueKind};
 
-use super::check::{Ctx, Problem, checked, read_small_file, suggest, type_name};
+use super::check::{Ctx, Problem, checked, complete, read_small_file, suggest, type_name, wrong};
 use super::host::{Host, split_host_port};
 use super::raw::{Raw, RawState};
 use super::secret::{self, Secret, SecretKey};
-use super::source::{Path, toml_value};
+use super::source::Path;
 
-const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
-const MIN_TTL: Duration = Duration::from_secs(1);
-const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
-const DEFAULT_KEY_PREFIX: &str = "rangeway:";
-const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
-const MIN_MAX_MEMORY: u64 = 1 << 20;
-const MAX_MAX_MEMORY: u64 = 1 << 40;
-const DEFAULT_CLIENT_SHARE: f64 = 0.01;
-const MAX_KEY_PREFIX_LEN: usize = 256;
-const DEFAULT_REDIS_PORT: u16 = 6379;
-const REDIS_EXAMPLE: &str = "redis_url = \"redis://127.0.0.1:6379/0\"";
 /// A key shorter than this could be guessed from the ids it derives.
 const MIN_ID_KEY_LEN: usize = 32;
 const ID_KEY_EXAMPLE: &str = "id_key_env = \"RANGEWAY_ID_KEY\"";
-/// A key file larger than this is a wrong path.
-const MAX_ID_KEY_FILE_LEN: u64 = 4096;
 
-/// `[state]`.
+/// `[state]`; docs/configuration.md describes each key and its default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StateConfig {
     pub backend: StateBackend,
-    /// Lifetime of every stored record, refreshed on use. Default 24h; 1s to 365d.
+    /// Lifetime of every stored record, refreshed on use.
     pub ttl: Duration,
-    /// Prefix of every key. Default `rangeway:`.
     pub key_prefix: String,
-    /// The key download ids are derived with.
     pub id_key: IdKeySource,
-    /// The most memory the records may take: the embedded store's bound (evicting the least
-    /// recently used past it); with Redis, the size each client's share is a part of. Default
-    /// 256 MiB, at least 1 MiB.
+    /// The embedded store's bound; with Redis, the size each client's share is a part of.
     pub max_memory: u64,
-    /// What one client address (an IPv6 client: its /64) may hold of `max_memory`, so that no
-    /// client pushes out the others' records: `client_share` (default 0.01) of it.
+    /// What one client address (an IPv6 client: its /64) may hold: `client_share` of
+    /// `max_memory`, so that no client pushes out the others' records.
     pub max_client_memory: u64,
-    /// Where the embedded store keeps its records across a restart or an upgrade of rangeway
-    /// (`state::SnapshotFile`); with the memory backend only. None by default: a restart then
-    /// forgets every download under way.
+    /// Where the embedded store keeps its records across a restart (`state::SnapshotFile`).
     pub snapshot_file: Option<PathBuf>,
 }
 
-/// Where the secret key that derived download ids are made with comes from (see
-/// `proxy::download`): without it, anyone who knows a client's address and User-Agent could
-/// compute that client's id.
+/// Where the secret key download ids are derived with comes from (see `proxy::download`):
+/// without it, anyone who knows a client's address and User-Agent could compute its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IdKeySource {
-    /// `id_key_env` or `id_key_file`: read from that environment variable or file at load time,
-    /// so that every instance of a deployment derives the same ids. Required with Redis.
+    /// `id_key_env` or `id_key_file`, so that every instance of a deployment derives the same
+    /// ids. Required with Redis.
     Configured(Secret),
     /// None configured, with the memory store: a random key of the process's own, which lives as
     /// long as the sessions it names.
@@ -70,7 +51,7 @@ pub enum IdKeySource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StateBackend {
-    /// Embedded, per instance: the default when no `redis_url` is given.
+    /// Embedded, per instance.
     Memory,
     Redis(RedisTarget),
 }
@@ -80,17 +61,14 @@ pub enum StateBackend {
 pub enum RedisTarget {
     /// One server (`redis://` or `rediss://`).
     Single(RedisUrl),
-    /// A Redis Cluster, from a list of seed nodes or one `redis+cluster://` URL. All nodes share
-    /// one scheme, and use database 0 (the only one a cluster has).
+    /// A Redis Cluster, from a list of seed nodes or one `redis+cluster://` URL: all of one
+    /// scheme, database 0 (the only one a cluster has).
     Cluster(Vec<RedisUrl>),
 }
 
-/// A validated Redis URL.
-///
-/// [`RedisUrl::as_str`] is the URL to hand to the client, credentials included, with the scheme
-/// `redis://` or `rediss://` (`redis+cluster://` is rewritten, the cluster mode being carried by
-/// [`RedisTarget::Cluster`]). `Display` and `Debug` show it without credentials, query or fragment,
-/// so it can be logged.
+/// A validated Redis URL. [`RedisUrl::as_str`] is the URL for the client, credentials included,
+/// with the scheme `redis://` or `rediss://`; `Display` and `Debug` show it without credentials,
+/// query or fragment, so it can be logged.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisUrl {
     url: String,
@@ -132,6 +110,12 @@ impl fmt::Debug for RedisUrl {
     }
 }
 
+#[derive(Clone, Copy)]
+enum Backend {
+    Memory,
+    Redis,
+}
+
 pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig> {
     let at = Path::default().key("state");
     let r = v.table(&at, raw, "[state] with backend = \"memory\"")?;
@@ -145,24 +129,23 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
         (format!("unknown backend {name:?}"), fix)
     });
     let redis_url = r.redis_url.as_ref().map(|value| redis_target(v, &key("redis_url"), value));
-    let ttl = v
-        .duration(&key("ttl"), &r.ttl, MIN_TTL..=MAX_TTL, "from \"1s\" to \"365d\"")
-        .or(DEFAULT_TTL);
+    let ttl = Duration::from_secs(1)..=Duration::from_secs(365 * 24 * 3600);
+    let ttl = v.duration(&key("ttl"), &r.ttl, ttl).or(Duration::from_secs(24 * 3600));
     let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"rangeway:\"", |prefix| {
-        if prefix.len() <= MAX_KEY_PREFIX_LEN && prefix.bytes().all(|b| b.is_ascii_graphic()) {
+        if prefix.len() <= 256 && prefix.bytes().all(|b| b.is_ascii_graphic()) {
             return Ok(prefix.to_owned());
         }
-        Err((
+        wrong(
             format!("{prefix:?} is not a usable key prefix"),
-            format!("use at most {MAX_KEY_PREFIX_LEN} printable ASCII characters without spaces, e.g. \"rangeway:\""),
-        ))
+            "use at most 256 printable ASCII characters without spaces, e.g. \"rangeway:\"",
+        )
     });
+    let key_prefix = key_prefix.or("rangeway:".to_owned());
     let id_key_env =
         checked(r.id_key_env.as_ref(), |value| id_key_env(v, &key("id_key_env"), value));
     let id_key_file =
         v.parsed(&key("id_key_file"), &r.id_key_file, "\"/etc/rangeway/id_key\"", id_key_file);
-    let max_memory =
-        v.size(&key("max_memory"), &r.max_memory, MIN_MAX_MEMORY..=MAX_MAX_MEMORY, "\"256MiB\"");
+    let max_memory = v.size(&key("max_memory"), &r.max_memory, 1 << 20..=1 << 40, "\"256MiB\"");
     let client_share = v.ratio(&key("client_share"), &r.client_share, "0.01").then(|share| {
         if share > 0.0 {
             return Some(share);
@@ -173,12 +156,13 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
             "write client_share = 0.01 (1 % of max_memory per client address), or more",
         )
     });
-    let snapshot_file = v.parsed(&key("snapshot_file"), &r.snapshot_file, "\"/var/lib/rangeway/sessions\"", |file| {
+    let example = "\"/var/lib/rangeway/sessions\"";
+    let snapshot_file = v.parsed(&key("snapshot_file"), &r.snapshot_file, example, |file| {
         if file.is_empty() || file.ends_with('/') {
-            return Err((
-                "does not name a file".to_owned(),
-                "name a file in a folder rangeway may write, e.g. snapshot_file = \"/var/lib/rangeway/sessions\"".to_owned(),
-            ));
+            let fix = format!(
+                "name a file in a folder rangeway may write, e.g. snapshot_file = {example}"
+            );
+            return wrong("does not name a file", fix);
         }
         Ok(PathBuf::from(file))
     });
@@ -190,15 +174,15 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
         (None | Some(Backend::Redis), Some(target)) => StateBackend::Redis(target?),
         // An explicit "memory" wins over a redis_url (still checked, so that switching back to
         // Redis is one edit): the example config of the original design reads this way, and it
-        // lets an operator turn Redis off with RANGEWAY__STATE__BACKEND=memory without touching
-        // the file.
+        // lets an operator turn Redis off with RANGEWAY__STATE__BACKEND=memory.
         (Some(Backend::Memory), Some(target)) => target.map(|_| StateBackend::Memory)?,
         (None | Some(Backend::Memory), None) => StateBackend::Memory,
         (Some(Backend::Redis), None) => {
             return v.fail(
                 &key("redis_url"),
                 "is required when backend = \"redis\"",
-                format!("add {REDIS_EXAMPLE} (or a list of node URLs for a cluster), or use backend = \"memory\""),
+                "add redis_url = \"redis://127.0.0.1:6379/0\" (or a list of node URLs for a \
+                 cluster), or use backend = \"memory\"",
             );
         }
     };
@@ -233,18 +217,13 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
             );
         }
     };
-    let (max_memory, client_share) =
-        (max_memory.or(DEFAULT_MAX_MEMORY)?, client_share.or(DEFAULT_CLIENT_SHARE)?);
-    Some(StateConfig {
-        backend,
-        ttl: ttl?,
-        key_prefix: key_prefix.or_else(|| DEFAULT_KEY_PREFIX.to_owned())?,
-        id_key,
-        max_memory,
-        // Within f64's exact integers: `max_memory` is at most 1 TiB.
-        max_client_memory: ((max_memory as f64 * client_share) as u64).max(1),
-        snapshot_file: snapshot_file?,
-    })
+    let (max_memory, client_share) = (max_memory.or(256 << 20)?, client_share.or(0.01)?);
+    // Within f64's exact integers: `max_memory` is at most 1 TiB.
+    let max_client_memory = Some(((max_memory as f64 * client_share) as u64).max(1));
+    let (backend, id_key, max_memory) = (Some(backend), Some(id_key), Some(max_memory));
+    complete! { StateConfig {
+        backend, ttl, key_prefix, id_key, max_memory, max_client_memory, snapshot_file,
+    } }
 }
 
 fn id_key_env(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<Secret> {
@@ -270,25 +249,17 @@ fn id_key_env(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<Secret> {
 fn id_key_file(file: &str) -> Result<Secret, Problem> {
     let fix = "write a key of 32 or more printable characters into it, e.g. \
                `openssl rand -hex 32 > FILE`, the same file for every instance";
-    let bytes =
-        read_small_file(file, MAX_ID_KEY_FILE_LEN).map_err(|problem| (problem, fix.to_owned()))?;
+    // A key file larger than 4 KiB is a wrong path.
+    let bytes = read_small_file(file, 4096).or_else(|problem| wrong(problem, fix))?;
     let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
     let text = text.strip_suffix(b"\r").unwrap_or(text);
     if text.len() < MIN_ID_KEY_LEN || !text.iter().all(u8::is_ascii_graphic) {
-        return Err((
-            format!(
-                "{file:?} does not hold a key of {MIN_ID_KEY_LEN} or more printable characters without spaces"
-            ),
-            fix.to_owned(),
-        ));
+        let problem = format!(
+            "{file:?} does not hold a key of {MIN_ID_KEY_LEN} or more printable characters without spaces"
+        );
+        return wrong(problem, fix);
     }
     Ok(Secret::new(String::from_utf8_lossy(text).into_owned()))
-}
-
-#[derive(Clone, Copy)]
-enum Backend {
-    Memory,
-    Redis,
 }
 
 /// `redis_url`: a URL, or a list of cluster nodes. From the environment a list is written as a TOML
@@ -298,24 +269,18 @@ enum Backend {
 fn redis_target(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<RedisTarget> {
     let list_fix =
         "write redis_url = \"redis://HOST:6379/0\", or a list of node URLs for a cluster";
-    let parsed;
+    // From a variable, only a list is read as TOML: any other text is a URL.
     let value = match &value.kind {
-        ValueKind::String(text) if v.set_by_env(at) && text.trim_start().starts_with('[') => {
-            parsed = toml_value(text);
-            match &parsed {
-                Some(list) => list,
-                None => {
-                    return v.fail(
-                        at,
-                        "starts with '[' but is not a TOML array of strings",
-                        "write it as [\"redis://HOST:6379\", \"redis://HOST2:6379\"]",
-                    );
-                }
-            }
-        }
-        _ => value,
+        ValueKind::String(text) if text.trim_start().starts_with('[') => v.scalar(at, value),
+        _ => Cow::Borrowed(value),
     };
     match &value.kind {
+        ValueKind::String(text) if v.set_by_env(at) && text.trim_start().starts_with('[') => v
+            .fail(
+                at,
+                "starts with '[' but is not a TOML array of strings",
+                "write it as [\"redis://HOST:6379\", \"redis://HOST2:6379\"]",
+            ),
         ValueKind::String(text) => {
             let target = redis_url(text).and_then(|(url, cluster)| match cluster {
                 true => cluster_node(url).map(|url| RedisTarget::Cluster(vec![url])),
@@ -328,7 +293,7 @@ fn redis_target(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<RedisTarget
         }
         ValueKind::Array(_) => {
             let example = "\"redis://HOST:6379/0\", or a list of node URLs for a cluster";
-            let nodes = v.strings(at, value, "a URL string", example, |text| {
+            let nodes = v.strings(at, &*value, "a URL string", example, |text| {
                 redis_url(text).and_then(|(url, _)| cluster_node(url))
             });
             let nodes = nodes.or(Vec::new())?;
@@ -343,87 +308,72 @@ fn redis_target(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<RedisTarget
         }
         _ => v.fail(
             at,
-            format!("expected a URL string or a list of them, found {}", type_name(value)),
+            format!("expected a URL string or a list of them, found {}", type_name(&value)),
             list_fix,
         ),
     }
 }
 
 /// A cluster has database 0 only; a URL naming another would be silently wrong.
-fn cluster_node(url: RedisUrl) -> Result<RedisUrl, (String, String)> {
+fn cluster_node(url: RedisUrl) -> Result<RedisUrl, Problem> {
     if url.db == 0 {
-        Ok(url)
-    } else {
-        Err((
-            format!("names database {}, but Redis Cluster has database 0 only", url.db),
-            "remove the database number from the URL, or end it with /0".to_owned(),
-        ))
+        return Ok(url);
     }
+    wrong(
+        format!("names database {}, but Redis Cluster has database 0 only", url.db),
+        "remove the database number from the URL, or end it with /0",
+    )
 }
 
 /// Parses one Redis URL: `redis://[[user]:password@]host[:port][/db][?query][#fragment]`, the
 /// scheme being `redis`, `rediss` or `redis+cluster`. Query and fragment are the client's business
 /// (`?protocol=resp3`, `#insecure`) and are passed through. Returns whether the scheme asks for a
 /// cluster.
-fn redis_url(text: &str) -> Result<(RedisUrl, bool), (String, String)> {
+fn redis_url(text: &str) -> Result<(RedisUrl, bool), Problem> {
     let example =
         "write it as redis://[:PASSWORD@]HOST[:PORT][/DB], e.g. \"redis://127.0.0.1:6379/0\"";
-    let fail = |problem: &str| Err((problem.to_owned(), example.to_owned()));
     let Some((scheme, rest)) = text.trim().split_once("://") else {
-        return fail("is not a URL (no scheme://)");
+        return wrong("is not a URL (no scheme://)", example);
     };
     let (tls, cluster) = match scheme.to_ascii_lowercase().as_str() {
         "redis" => (false, false),
         "rediss" => (true, false),
         "redis+cluster" => (false, true),
         "rediss+cluster" => {
-            return Err((
-                "the scheme rediss+cluster:// is not supported".to_owned(),
+            return wrong(
+                "the scheme rediss+cluster:// is not supported",
                 "for a TLS cluster, list the nodes: redis_url = [\"rediss://HOST1:6379\", \
-                 \"rediss://HOST2:6379\"]"
-                    .to_owned(),
-            ));
+                 \"rediss://HOST2:6379\"]",
+            );
         }
         // Only well-known schemes are repeated: an unknown "scheme" may be part of a secret
         // pasted in the wrong place.
         s @ ("http" | "https" | "tcp" | "unix" | "redis+unix" | "valkey" | "valkeys") => {
-            return Err((
-                format!("the scheme {s}:// is not supported"),
-                "use redis://, rediss:// (TLS) or redis+cluster://".to_owned(),
-            ));
+            let fix = "use redis://, rediss:// (TLS) or redis+cluster://";
+            return wrong(format!("the scheme {s}:// is not supported"), fix);
         }
         _ => {
-            return fail(
-                "the scheme is not supported; use redis://, rediss:// or redis+cluster://",
-            );
+            let problem =
+                "the scheme is not supported; use redis://, rediss:// or redis+cluster://";
+            return wrong(problem, example);
         }
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
+    let (authority, tail) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
     let (has_credentials, host_port) = match authority.rsplit_once('@') {
         Some((_, host_port)) => (true, host_port),
         None => (false, authority),
     };
-    let (host, port) = split_host_port(host_port).map_err(|e| (e, example.to_owned()))?;
-    let (path, _query_and_fragment) = tail.split_at(tail.find(['?', '#']).unwrap_or(tail.len()));
+    let (host, port) = split_host_port(host_port).or_else(|e| wrong(e, example))?;
+    let path = &tail[..tail.find(['?', '#']).unwrap_or(tail.len())];
     let db = match path.strip_prefix('/') {
         None | Some("") => 0,
-        Some(digits) if digits.bytes().all(|b| b.is_ascii_digit()) => match digits.parse::<u32>() {
+        Some(digits) if digits.bytes().all(|b| b.is_ascii_digit()) => match digits.parse() {
             Ok(db) => db,
-            Err(_) => return fail("the database number is too large"),
+            Err(_) => return wrong("the database number is too large", example),
         },
-        Some(_) => return fail("the path must be a database number, e.g. /0"),
+        Some(_) => return wrong("the path must be a database number, e.g. /0", example),
     };
     let scheme = if tls { "rediss" } else { "redis" };
-    Ok((
-        RedisUrl {
-            url: format!("{scheme}://{rest}"),
-            tls,
-            host,
-            port: port.unwrap_or(DEFAULT_REDIS_PORT),
-            db,
-            has_credentials,
-        },
-        cluster,
-    ))
+    let url = format!("{scheme}://{rest}");
+    Ok((RedisUrl { url, tls, host, port: port.unwrap_or(6379), db, has_credentials }, cluster))
 }

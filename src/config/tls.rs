@@ -6,13 +6,12 @@ use std::time::{Duration, SystemTime};
 
 use ::config::{Value, ValueKind};
 
-use super::check::{Ctx, Got, push};
+use super::check::{Ctx, Got, complete, push};
 use super::raw::{Raw, RawCertificate, RawTls};
 use super::server::ServerConfig;
 use super::source::Path;
 use crate::tls::{CertificateFiles, LoadedCertificate};
 
-const EXAMPLE: &str = "[tls] with listen = \"0.0.0.0:443\" and a [[tls.certificates]]";
 const CERTIFICATE_EXAMPLE: &str = "[[tls.certificates]] with cert_file = \"/etc/rangeway/example.pem\" and key_file = \"/etc/rangeway/example.key\"";
 /// A certificate expiring sooner than this is warned of.
 const EXPIRES_SOON: Duration = Duration::from_secs(14 * 24 * 3600);
@@ -23,7 +22,7 @@ const EXPIRES_SOON: Duration = Duration::from_secs(14 * 24 * 3600);
 pub struct TlsConfig {
     /// The TLS listeners, beside `server.listen` (plain HTTP).
     pub listen: Vec<SocketAddr>,
-    /// Whether HTTP/2 is offered (ALPN `h2`, then `http/1.1`). Default true.
+    /// Whether HTTP/2 is offered (ALPN `h2`, then `http/1.1`).
     pub h2: bool,
     /// At least one; checked at load (see `crate::tls::load`).
     pub certificates: Vec<TlsCertificate>,
@@ -45,9 +44,7 @@ impl PartialEq for TlsConfig {
     /// Equal when they would serve alike: the same listeners and files (a reload reads the files
     /// again whatever this says).
     fn eq(&self, other: &Self) -> bool {
-        self.listen == other.listen
-            && self.h2 == other.h2
-            && self.default == other.default
+        (&self.listen, self.h2, self.default) == (&other.listen, other.h2, other.default)
             && self
                 .certificates
                 .iter()
@@ -60,22 +57,19 @@ impl TlsConfig {
     /// What an operator should know before it bites: certificates expired, or expiring within
     /// two weeks of `now`.
     pub fn warnings(&self, now: SystemTime) -> Vec<String> {
-        self.certificates
-            .iter()
-            .enumerate()
-            .filter_map(|(index, certificate)| {
-                let date = httpdate::fmt_http_date(certificate.not_after);
-                let path = format!("tls.certificates[{index}]");
-                let cert = certificate.files.cert.display();
-                if certificate.not_after <= now {
-                    Some(format!("{path}: {cert} expired on {date} — renew it; clients refuse it"))
-                } else if certificate.not_after <= now + EXPIRES_SOON {
-                    Some(format!("{path}: {cert} expires on {date} — renew it before then"))
-                } else {
-                    None
-                }
-            })
-            .collect()
+        let certificates = self.certificates.iter().enumerate();
+        let warnings = certificates.filter_map(|(index, certificate)| {
+            let (date, cert) =
+                (httpdate::fmt_http_date(certificate.not_after), certificate.files.cert.display());
+            let path = format!("tls.certificates[{index}]");
+            if certificate.not_after <= now {
+                Some(format!("{path}: {cert} expired on {date} — renew it; clients refuse it"))
+            } else {
+                let soon = certificate.not_after <= now + EXPIRES_SOON;
+                soon.then(|| format!("{path}: {cert} expires on {date} — renew it before then"))
+            }
+        });
+        warnings.collect()
     }
 }
 
@@ -87,19 +81,16 @@ pub(super) fn check(
 ) -> Option<Option<TlsConfig>> {
     let Some(raw) = raw else { return Some(None) };
     let at = Path::default().key("tls");
-    let r = v.table(&at, raw, EXAMPLE)?;
+    let r = v.table(&at, raw, "[tls] with listen = \"0.0.0.0:443\" and a [[tls.certificates]]")?;
     let listen = v.required(&at.key("listen"), r.listen.as_ref(), "add listen = \"0.0.0.0:443\"");
     let listen = listen.and_then(|value| check_listen(v, &at.key("listen"), value, server));
     let h2 = v.boolean(&at.key("h2"), &r.h2).or(true);
-    let certificates = v.required(
-        &at.key("certificates"),
-        r.certificates.as_ref(),
-        format!("add {CERTIFICATE_EXAMPLE}"),
-    );
+    let fix = format!("add {CERTIFICATE_EXAMPLE}");
+    let certificates = v.required(&at.key("certificates"), r.certificates.as_ref(), fix);
     let certificates =
         certificates.and_then(|raw| check_certificates(v, &at.key("certificates"), raw));
-    let (certificates, default) = certificates?;
-    Some(Some(TlsConfig { listen: listen?, h2: h2?, certificates, default }))
+    let (certificates, default) = certificates.unzip();
+    Some(complete! { TlsConfig { listen, h2, certificates, default } })
 }
 
 /// One address, or a list of them.
@@ -155,25 +146,19 @@ fn check_certificates(
     if items.is_empty() {
         return v.fail(at, "expected a non-empty list of certificates", fix);
     }
-    let read: Vec<_> = items
-        .iter()
-        .enumerate()
-        .map(|(index, raw)| certificate(v, &at.index(index), raw))
-        .collect();
-    let read: Vec<(TlsCertificate, bool)> = read.into_iter().collect::<Option<_>>()?;
-    let defaults: Vec<usize> =
-        read.iter().enumerate().filter(|(_, (_, default))| *default).map(|(i, _)| i).collect();
-    if let [first, second, ..] = defaults[..] {
+    let read: Vec<_> =
+        items.iter().enumerate().map(|(i, raw)| certificate(v, &at.index(i), raw)).collect();
+    let (certificates, defaults): (Vec<_>, Vec<bool>) = read.into_iter().collect::<Option<_>>()?;
+    let mut defaults = defaults.iter().enumerate().filter(|(_, default)| **default).map(|(i, _)| i);
+    let first = defaults.next();
+    if let (Some(first), Some(second)) = (first, defaults.next()) {
         return v.fail(
             &at.index(second).key("default"),
             format!("tls.certificates[{first}] is the default already"),
             "mark one certificate default = true",
         );
     }
-    Some((
-        read.into_iter().map(|(certificate, _)| certificate).collect(),
-        defaults.first().copied().unwrap_or(0),
-    ))
+    Some((certificates, first.unwrap_or(0)))
 }
 
 fn certificate(
@@ -182,21 +167,21 @@ fn certificate(
     raw: &Raw<RawCertificate>,
 ) -> Option<(TlsCertificate, bool)> {
     let r = v.table(at, raw, CERTIFICATE_EXAMPLE)?;
-    let mut file = |key: &str, value: &Option<Value>, example: &str| {
-        v.string(&at.key(key), value, &format!("\"{example}\"")).map(PathBuf::from)
+    let mut file = |key: &str, value: &Option<Value>, extension: &str, required: bool| {
+        let example = format!("\"/etc/rangeway/example.{extension}\"");
+        match v.string(&at.key(key), value, &example) {
+            Got::Absent if required => {
+                v.fail(&at.key(key), "is missing", format!("add {key} = {example}"))
+            }
+            got => got.opt().map(|file| file.map(PathBuf::from)),
+        }
     };
-    let cert = file("cert_file", &r.cert_file, "/etc/rangeway/example.pem");
-    let key = file("key_file", &r.key_file, "/etc/rangeway/example.key");
-    let ocsp = file("ocsp_file", &r.ocsp_file, "/etc/rangeway/example.ocsp").opt();
+    let cert = file("cert_file", &r.cert_file, "pem", true);
+    let key = file("key_file", &r.key_file, "key", true);
+    let ocsp = file("ocsp_file", &r.ocsp_file, "ocsp", false);
     let is_default = v.boolean(&at.key("default"), &r.default).or(false);
-    let mut required = |got: Got<PathBuf>, key: &str, example: &str| match got {
-        Got::Absent => v.fail(&at.key(key), "is missing", format!("add {key} = \"{example}\"")),
-        got => got.ok(),
-    };
-    let cert = required(cert, "cert_file", "/etc/rangeway/example.pem");
-    let key = required(key, "key_file", "/etc/rangeway/example.key");
-    let files = CertificateFiles { cert: cert?, key: key?, ocsp: ocsp? };
-    let is_default = is_default?;
+    let (cert, key, ocsp, is_default) = (cert.flatten()?, key.flatten()?, ocsp?, is_default?);
+    let files = CertificateFiles { cert, key, ocsp };
     match crate::tls::load(&files) {
         Ok(LoadedCertificate { names, not_after, .. }) => {
             Some((TlsCertificate { files, names, not_after }, is_default))

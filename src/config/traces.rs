@@ -3,24 +3,21 @@
 
 use std::collections::BTreeMap;
 
-use super::check::Ctx;
+use super::check::{Ctx, complete, wrong};
 use super::raw::{Raw, RawLog, RawTraces};
 use super::source::Path;
 
-const DEFAULT_SERVICE: &str = "rangeway";
-const EXAMPLE: &str = "[traces] with endpoint = \"http://127.0.0.1:4318/v1/traces\"";
+const ENDPOINT_EXAMPLE: &str = "\"http://127.0.0.1:4318/v1/traces\"";
 
 /// `[traces]`: where spans go and how many requests make them.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TracesConfig {
-    /// The collector's OTLP/HTTP traces URL (protobuf bodies), e.g.
-    /// `http://127.0.0.1:4318/v1/traces`.
+    /// The collector's OTLP/HTTP traces URL (protobuf bodies).
     pub endpoint: String,
-    /// The share of requests traced, 0 to 1, when the client sent no `traceparent`; a client's
-    /// `traceparent` decides for its own request (its sampled flag). Default 1.
+    /// The share of requests traced when the client sent no `traceparent` (a client's decides
+    /// for its own request).
     pub sampling: f64,
-    /// `service.name` of every span. Default `rangeway`.
     pub service_name: String,
     /// More resource attributes (`deployment.environment`, `service.instance.id`, ...).
     pub resource: BTreeMap<String, String>,
@@ -46,53 +43,39 @@ pub enum LogFormat {
 pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawTraces>>) -> Option<Option<TracesConfig>> {
     let Some(raw) = raw else { return Some(None) };
     let at = Path::default().key("traces");
-    let r = v.table(&at, raw, EXAMPLE)?;
+    let r = v.table(&at, raw, &format!("[traces] with endpoint = {ENDPOINT_EXAMPLE}"))?;
     let endpoint = match &r.endpoint {
-        Some(value) => v.parsed(&at.key("endpoint"), value, "\"http://127.0.0.1:4318/v1/traces\"", |url| match endpoint_problem(url) {
+        Some(value) => v.parsed(&at.key("endpoint"), value, ENDPOINT_EXAMPLE, |url| match endpoint_problem(url) {
             None => Ok(url.to_owned()),
-            Some(problem) => Err((
-                problem.to_owned(),
-                "give the collector's OTLP/HTTP URL, e.g. \"http://127.0.0.1:4318/v1/traces\"".to_owned(),
-            )),
+            Some(problem) => wrong(problem, format!("give the collector's OTLP/HTTP URL, e.g. {ENDPOINT_EXAMPLE}")),
         }).ok(),
         None => v.fail(
             &at.key("endpoint"),
             "is missing",
-            "add endpoint = \"http://127.0.0.1:4318/v1/traces\" (the collector's OTLP/HTTP URL), or remove [traces]",
+            format!("add endpoint = {ENDPOINT_EXAMPLE} (the collector's OTLP/HTTP URL), or remove [traces]"),
         ),
     };
     let sampling = v.ratio(&at.key("sampling"), &r.sampling, "0.01").or(1.0);
     let service_name = v.parsed(&at.key("service_name"), &r.service_name, "\"rangeway\"", |name| {
         match name.trim() {
-            "" => Err(("is empty".to_owned(), "name the service, e.g. \"rangeway\"".to_owned())),
+            "" => wrong("is empty", "name the service, e.g. \"rangeway\""),
             _ => Ok(name.to_owned()),
         }
     });
+    let service_name = service_name.or("rangeway".to_owned());
     let resource = r.resource.as_ref().map_or(Some(BTreeMap::new()), |raw| {
-        let example = "{ \"deployment.environment\" = \"production\" }";
-        let entries = v.shaped(
-            &at.key("resource"),
-            raw,
-            "a table of strings",
-            &format!("write resource = {example}"),
-        )?;
+        let at = at.key("resource");
+        let fix = "write resource = { \"deployment.environment\" = \"production\" }";
+        let entries = v.shaped(&at, raw, "a table of strings", fix)?;
         let attributes: Vec<_> = entries
             .iter()
             .map(|(key, value)| {
-                Some((
-                    key.clone(),
-                    v.string(&at.key("resource").key(key), value, "\"production\"").ok()?,
-                ))
+                Some((key.clone(), v.string(&at.key(key), value, "\"production\"").ok()?))
             })
             .collect();
         attributes.into_iter().collect()
     });
-    Some(Some(TracesConfig {
-        endpoint: endpoint?,
-        sampling: sampling?,
-        service_name: service_name.or_else(|| DEFAULT_SERVICE.to_owned())?,
-        resource: resource?,
-    }))
+    Some(complete! { TracesConfig { endpoint, sampling, service_name, resource } })
 }
 
 /// What is wrong with `url` as a collector's address, if anything. Never repeats the URL, which
@@ -101,14 +84,13 @@ fn endpoint_problem(url: &str) -> Option<&'static str> {
     let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
         return Some("is not an http:// or https:// URL");
     };
-    let authority = rest.split('/').next().unwrap_or("");
-    if authority.contains('@') {
-        return Some("holds credentials (user:pass@), which would end up in logs");
+    match rest.split('/').next().unwrap_or("") {
+        authority if authority.contains('@') => {
+            Some("holds credentials (user:pass@), which would end up in logs")
+        }
+        "" => Some("names no host"),
+        _ => None,
     }
-    if authority.is_empty() {
-        return Some("names no host");
-    }
-    None
 }
 
 pub(super) fn check_log(v: &mut Ctx<'_>, raw: &Raw<RawLog>) -> Option<LogConfig> {

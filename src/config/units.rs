@@ -102,6 +102,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     })
 }
 
+/// `d` as a bound is written in messages: `"0s"`, `"1ms"`, `"5m"`, `"24h"`, `"30d"`.
+pub(super) fn written(d: Duration) -> String {
+    let (ms, s) = (d.as_millis(), d.as_secs());
+    match s {
+        _ if ms % 1000 != 0 => format!("{ms}ms"),
+        _ if s > 86_400 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        _ if s > 0 && s % 3600 == 0 => format!("{}h", s / 3600),
+        _ if s > 0 && s % 60 == 0 => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
+}
+
 /// The error for a number written without a unit; also used for TOML integers in duration fields.
 pub(super) fn bare_number(number: &str) -> UnitError {
     UnitError::new(

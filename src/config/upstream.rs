@@ -5,42 +5,28 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ::config::Value;
-
-use super::check::{Ctx, Got, Problem, checked, read_small_file};
+use super::check::{Ctx, Got, Problem, checked, complete, read_small_file, wrong};
 use super::host::{Host, split_host_port};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
 use super::secret::{self, S3Credentials, SecretKey};
 use super::source::Path;
 
-const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
-const MIN_TIMEOUT: Duration = Duration::from_millis(1);
-const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
-const MAX_IO_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-/// CA bundles are a few hundred KiB; the cap only stops a mistyped path to a huge file from being
-/// read whole.
-const MAX_CA_FILE_LEN: u64 = 16 << 20;
 const URL_EXAMPLE: &str = "\"http://127.0.0.1:9000\"";
-const DEFAULT_REGION: &str = "us-east-1";
 
-/// One `[upstreams.NAME]`.
+/// One `[upstreams.NAME]`; docs/configuration.md describes each key and its default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UpstreamConfig {
     /// The NAME, as routes refer to it: `[A-Za-z0-9_-]+`.
     pub name: String,
     pub kind: UpstreamKind,
-    /// Default 5s. The timeouts apply to `dir` upstreams too: the proxy reaches their origin
-    /// service over a local socket.
+    /// The timeouts apply to `dir` upstreams too: the proxy reaches their origin service over a
+    /// local socket.
     pub connect_timeout: Duration,
-    /// Default 60s.
     pub read_timeout: Duration,
-    /// Default 60s.
     pub write_timeout: Duration,
-    /// How long a pooled keep-alive connection may stay idle. Default 60s.
+    /// How long a pooled keep-alive connection may stay idle.
     pub idle_timeout: Duration,
-    /// `[upstreams.NAME.health_check]`: probe every replica in the background.
     pub health_check: Option<HealthCheck>,
 }
 
@@ -49,11 +35,8 @@ pub struct UpstreamConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HealthCheck {
-    /// Starts with `/`. Default `/`.
     pub path: String,
-    /// Default 5s.
     pub interval: Duration,
-    /// Default 2s.
     pub timeout: Duration,
 }
 
@@ -62,8 +45,7 @@ pub struct HealthCheck {
 pub enum UpstreamKind {
     /// An origin reached over HTTP or HTTPS (`url = ...`).
     Http(HttpUpstream),
-    /// A local folder served as an origin (`dir = ...`). It need not exist yet: the server
-    /// creates it. A relative path is relative to the working directory of the process.
+    /// A local folder served as an origin (`dir = ...`), created by the server when missing.
     Dir { path: PathBuf },
     /// An S3-compatible store (`url = ...` with `bucket = ...`), whose requests rangeway signs.
     S3(S3Upstream),
@@ -72,32 +54,25 @@ pub enum UpstreamKind {
     Replicas(Vec<HttpUpstream>),
 }
 
-/// An HTTP(S) origin, from `url = "http(s)://host[:port][/base]"`.
-///
-/// `ca_file`, `insecure_skip_verify` and `sni` are only ever set when `tls`.
+/// An HTTP(S) origin, from `url = "http(s)://host[:port][/base]"`. `ca_file`,
+/// `insecure_skip_verify` and `sni` are only ever set when `tls`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HttpUpstream {
-    /// `https://`.
     pub tls: bool,
     /// A DNS name (lower case) or an IP address; IPv6 without brackets.
     pub host: String,
-    /// The url's port, else 80 (http) or 443 (https).
     pub port: u16,
     /// Prefix of every upstream path: empty, or `/`-led without a trailing `/` (`/bucket`).
     pub base_path: String,
-    /// A PEM bundle to verify the origin against instead of the system roots; checked at load
-    /// time to be a readable file holding a certificate.
+    /// Checked at load time to be a readable file holding a certificate.
     pub ca_file: Option<PathBuf>,
-    /// Verification off, whatever `ca_file` says (so a test can switch it off in one line): the
-    /// proxy must log this loudly.
+    /// Verification off, whatever `ca_file` says: the proxy must log this loudly.
     pub insecure_skip_verify: bool,
-    /// The TLS server name: `sni` if set, else the url's host when that is a DNS name. `None` for
-    /// an IP address without `sni` (SNI cannot carry IP literals, RFC 6066; the certificate is
-    /// then checked against the IP).
+    /// `sni` if set, else the url's host when that is a DNS name (SNI cannot carry IP literals,
+    /// RFC 6066; the certificate is then checked against the IP).
     pub sni: Option<String>,
-    /// The Host header sent upstream: `host_header` if set, else the url's authority as written
-    /// (`host[:port]`, IPv6 in brackets). Valid header text.
+    /// `host_header` if set, else the url's authority as written. Valid header text.
     pub host_header: String,
 }
 
@@ -107,15 +82,11 @@ pub struct HttpUpstream {
 pub struct S3Upstream {
     /// The service endpoint (`url`), without a path.
     pub endpoint: HttpUpstream,
-    /// `bucket`: 3 to 63 of `a-z 0-9 . -`, beginning and ending with a letter or digit (S3's
-    /// naming rules; `_` and capitals too for path-style addressing, as older buckets and
-    /// S3-compatible stores allow them).
     pub bucket: String,
-    /// `region`, the signing region. Default `us-east-1`.
+    /// The signing region.
     pub region: String,
     pub addressing: Addressing,
-    /// `key_prefix`: the folder of the bucket the routes serve, as segments (`"builds/2026"` →
-    /// `["builds", "2026"]`); empty for the whole bucket.
+    /// The folder of the bucket the routes serve, as segments; empty for the whole bucket.
     pub key_prefix: Vec<String>,
     /// `None` for `anonymous = true`: requests go unsigned (public buckets).
     pub credentials: Option<S3Credentials>,
@@ -139,11 +110,8 @@ pub(super) fn check_all(
 ) -> (Option<BTreeMap<String, UpstreamConfig>>, Option<BTreeSet<String>>) {
     let at = Path::default().key("upstreams");
     let Some(raw) = raw else { return (Some(BTreeMap::new()), Some(BTreeSet::new())) };
-    let Some(entries) =
-        v.table(&at, raw, "[upstreams.origin] with url = \"http://127.0.0.1:9000\"")
-    else {
-        return (None, None);
-    };
+    let example = format!("[upstreams.origin] with url = {URL_EXAMPLE}");
+    let Some(entries) = v.table(&at, raw, &example) else { return (None, None) };
     let mut upstreams = Some(BTreeMap::new());
     let mut lowercase_names: BTreeMap<String, &str> = BTreeMap::new();
     for (name, raw) in entries {
@@ -168,13 +136,11 @@ pub(super) fn check_all(
             Some(())
         };
         let upstream = check_one(v, &at, name, raw);
-        upstreams = match (upstreams, name_ok, upstream) {
-            (Some(mut all), Some(()), Some(upstream)) => {
-                all.insert(name.clone(), upstream);
-                Some(all)
-            }
-            _ => None,
-        };
+        if let (Some(all), Some(()), Some(upstream)) = (&mut upstreams, name_ok, upstream) {
+            all.insert(name.clone(), upstream);
+        } else {
+            upstreams = None;
+        }
     }
     (upstreams, Some(entries.keys().cloned().collect()))
 }
@@ -187,16 +153,14 @@ fn check_one(
 ) -> Option<UpstreamConfig> {
     let r = v.table(at, raw, &format!("[upstreams.{name}] with url = {URL_EXAMPLE}"))?;
     let key = |key: &str| at.key(key);
-    let mut timeout = |key: &str, value, (default, max), bounds: &str| {
-        v.duration(&at.key(key), value, MIN_TIMEOUT..=max, bounds).or(default)
+    let mut timeout = |key: &str, value, max, default| {
+        let range = Duration::from_millis(1)..=Duration::from_secs(max);
+        v.duration(&at.key(key), value, range).or(Duration::from_secs(default))
     };
-    let (io, io_bounds) = ((DEFAULT_IO_TIMEOUT, MAX_IO_TIMEOUT), "from \"1ms\" to \"24h\"");
-    let connect = (DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT);
-    let connect_timeout =
-        timeout("connect_timeout", &r.connect_timeout, connect, "from \"1ms\" to \"5m\"");
-    let read_timeout = timeout("read_timeout", &r.read_timeout, io, io_bounds);
-    let write_timeout = timeout("write_timeout", &r.write_timeout, io, io_bounds);
-    let idle_timeout = timeout("idle_timeout", &r.idle_timeout, io, io_bounds);
+    let connect_timeout = timeout("connect_timeout", &r.connect_timeout, 300, 5);
+    let read_timeout = timeout("read_timeout", &r.read_timeout, 24 * 3600, 60);
+    let write_timeout = timeout("write_timeout", &r.write_timeout, 24 * 3600, 60);
+    let idle_timeout = timeout("idle_timeout", &r.idle_timeout, 24 * 3600, 60);
     let s3 = r.bucket.is_some();
     if !s3 {
         // Checked first, so that a stray S3 key is reported however the rest reads.
@@ -216,26 +180,68 @@ fn check_one(
     }
     let health_check =
         checked(r.health_check.as_ref(), |raw| health_check(v, &key("health_check"), raw));
+    let host_header = |v: &mut Ctx<'_>| {
+        v.parsed(&key("host_header"), &r.host_header, "\"origin.example.com\"", |text| {
+            match split_host_port(text) {
+                // A validated host and port are header-safe ASCII.
+                Ok(_) => Ok(text.to_owned()),
+                Err(e) => wrong(
+                    format!("{text:?} is not a host[:port]: {e}"),
+                    "write a host with an optional port, e.g. host_header = \"files.example.com\"",
+                ),
+            }
+        })
+        .opt()
+    };
     let kind = match (&r.urls, &r.url, &r.dir) {
         (Some(urls), None, None) => {
             if s3 {
                 v.report(&key("urls"), "an S3 upstream has one endpoint", "use url = the S3 endpoint");
             }
-            replicas(v, at, r, urls).map(UpstreamKind::Replicas)
+            let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
+            let parsed = v.strings(&key("urls"), urls, "a url string", example, parse_http_url);
+            // Until the urls are good, which are https is unknown, and so whether the TLS keys
+            // apply: they are checked once the urls are fixed.
+            let tls = match &parsed {
+                Got::Good(urls) => tls_keys(v, at, r, urls.iter().find(|u| u.tls).map(|u| &u.host)),
+                _ => Some(Tls::default()),
+            };
+            let (host_header, urls) = (host_header(v), parsed.or(Vec::new())?);
+            if urls.is_empty() {
+                return v.fail(&key("urls"), "expected a non-empty list of urls", format!("write urls = {example}"));
+            }
+            // A route's paths are written under the base path, which must be every replica's.
+            if urls.windows(2).any(|pair| pair[0].base_path != pair[1].base_path) {
+                return v.fail(
+                    &key("urls"),
+                    "the urls have different paths",
+                    "give every replica the same path (or none): a route's paths are written under it",
+                );
+            }
+            let (tls, host_header) = (tls?, host_header?);
+            let replicas = urls.into_iter().map(|url| url.upstream(&tls, host_header.clone()));
+            Some(UpstreamKind::Replicas(replicas.collect()))
         }
         (Some(_), _, _) => {
             v.fail(&key("urls"), "urls cannot be combined with url or dir", "keep urls (every replica) and remove url")
         }
-        (None, Some(url), None) if s3 => {
-            let endpoint = http(v, at, r, url);
-            s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3)
-        }
         (None, Some(url), None) => {
-            let http = http(v, at, r, url);
-            let host_header = v.parsed(&key("host_header"), &r.host_header, "\"origin.example.com\"", host_header).opt();
-            let (mut http, host_header) = (http?, host_header?);
-            http.host_header = host_header.unwrap_or(http.host_header);
-            Some(UpstreamKind::Http(http))
+            let url = v.parsed(&key("url"), url, URL_EXAMPLE, parse_http_url);
+            // Until the url is good, its scheme is unknown, and so whether the TLS keys apply.
+            let tls = match &url {
+                Got::Good(url) => tls_keys(v, at, r, url.tls.then_some(&url.host)),
+                _ => Some(Tls::default()),
+            };
+            let endpoint = url.ok().zip(tls).map(|(url, tls)| url.upstream(&tls, None));
+            match s3 {
+                true => s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3),
+                false => {
+                    let (endpoint, host_header) = (endpoint, host_header(v));
+                    let (mut http, host_header) = (endpoint?, host_header?);
+                    http.host_header = host_header.unwrap_or(http.host_header);
+                    Some(UpstreamKind::Http(http))
+                }
+            }
         }
         (None, None, Some(_)) if s3 => v.fail(
             at,
@@ -243,8 +249,7 @@ fn check_one(
             "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
         ),
         (None, None, Some(dir)) => {
-            let http_only =
-                [("ca_file", &r.ca_file), ("insecure_skip_verify", &r.insecure_skip_verify), ("sni", &r.sni), ("host_header", &r.host_header)];
+            let http_only = [("ca_file", &r.ca_file), ("insecure_skip_verify", &r.insecure_skip_verify), ("sni", &r.sni), ("host_header", &r.host_header)];
             let fix = "remove it: a dir upstream reads local files";
             v.refuse(at, &http_only, |key| format!("{key} applies to url upstreams only, not to dir"), fix);
             v.parsed(&key("dir"), dir, "\"./data\"", check_dir).ok().map(|path| UpstreamKind::Dir { path })
@@ -266,15 +271,10 @@ fn check_one(
             "remove health_check",
         );
     }
-    Some(UpstreamConfig {
-        name: name.to_owned(),
-        kind,
-        connect_timeout: connect_timeout?,
-        read_timeout: read_timeout?,
-        write_timeout: write_timeout?,
-        idle_timeout: idle_timeout?,
-        health_check,
-    })
+    let (name, kind, health_check) = (Some(name.to_owned()), Some(kind), Some(health_check));
+    complete! { UpstreamConfig {
+        name, kind, connect_timeout, read_timeout, write_timeout, idle_timeout, health_check,
+    } }
 }
 
 fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
@@ -283,181 +283,81 @@ fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option
         if path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
             return Ok(path.to_owned());
         }
-        Err((
-            format!("{path:?} is not a request path"),
-            "write a path starting with '/', e.g. path = \"/healthz\"".to_owned(),
-        ))
+        let fix = "write a path starting with '/', e.g. path = \"/healthz\"";
+        wrong(format!("{path:?} is not a request path"), fix)
     });
-    let (range, bounds) =
-        (Duration::from_millis(10)..=Duration::from_secs(3600), "from \"10ms\" to \"1h\"");
-    let interval = v
-        .duration(&at.key("interval"), &r.interval, range.clone(), bounds)
-        .or(Duration::from_secs(5));
-    let timeout =
-        v.duration(&at.key("timeout"), &r.timeout, range, bounds).or(Duration::from_secs(2));
-    Some(HealthCheck {
-        path: path.or_else(|| "/".to_owned())?,
-        interval: interval?,
-        timeout: timeout?,
-    })
+    let path = path.or("/".to_owned());
+    let range = Duration::from_millis(10)..=Duration::from_secs(3600);
+    let interval = v.duration(&at.key("interval"), &r.interval, range.clone());
+    let interval = interval.or(Duration::from_secs(5));
+    let timeout = v.duration(&at.key("timeout"), &r.timeout, range).or(Duration::from_secs(2));
+    complete! { HealthCheck { path, interval, timeout } }
 }
 
-/// `urls = [...]`: replicas of one origin. Their paths must agree (a route's paths are written
-/// under it), the TLS keys apply to the https ones, and `host_header` to all.
-fn replicas(
-    v: &mut Ctx<'_>,
-    at: &Path,
-    r: &RawUpstream,
-    urls: &Value,
-) -> Option<Vec<HttpUpstream>> {
-    let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
-    let parsed = v.strings(&at.key("urls"), urls, "a url string", example, parse_http_url);
-    let tls = match &parsed {
-        Got::Good(urls) => tls_keys(v, at, r, urls.iter().find(|u| u.tls).map(|u| &u.host)),
-        // Which are https is unknown, so whether the TLS keys apply is too: they are checked once
-        // the urls are fixed.
-        _ => Some(Tls::default()),
-    };
-    let host_header = v
-        .parsed(&at.key("host_header"), &r.host_header, "\"origin.example.com\"", host_header)
-        .opt();
-    let parsed = parsed.or(Vec::new())?;
-    if parsed.is_empty() {
-        return v.fail(
-            &at.key("urls"),
-            "expected a non-empty list of urls",
-            format!("write urls = {example}"),
-        );
-    }
-    if parsed.windows(2).any(|pair| pair[0].base_path != pair[1].base_path) {
-        return v.fail(
-            &at.key("urls"),
-            "the urls have different paths",
-            "give every replica the same path (or none): a route's paths are written under it",
-        );
-    }
-    let (tls, host_header) = (tls?, host_header?);
-    let replicas = parsed.into_iter().map(|url| HttpUpstream {
-        tls: url.tls,
-        sni: match (url.tls, r.sni.is_some()) {
-            (false, _) => None,
-            (true, true) => tls.sni.clone(),
-            (true, false) => url.host.is_name().then(|| url.host.bare()),
-        },
-        ca_file: tls.ca_file.clone().filter(|_| url.tls),
-        insecure_skip_verify: tls.insecure_skip_verify && url.tls,
-        host: url.host.bare(),
-        port: url.port,
-        base_path: url.base_path,
-        host_header: host_header.clone().unwrap_or(url.authority),
-    });
-    Some(replicas.collect())
-}
-
-/// The upstream's `url`, with its TLS keys.
-fn http(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, url: &Value) -> Option<HttpUpstream> {
-    let parsed = v.parsed(&at.key("url"), url, URL_EXAMPLE, parse_http_url);
-    let tls = match &parsed {
-        Got::Good(url) => tls_keys(v, at, r, url.tls.then_some(&url.host)),
-        // The scheme is unknown, so whether these apply is too; they are checked once the url
-        // is fixed.
-        _ => Some(Tls::default()),
-    };
-    let (url, tls) = (parsed.ok()?, tls?);
-    Some(HttpUpstream {
-        tls: url.tls,
-        host: url.host.bare(),
-        port: url.port,
-        base_path: url.base_path,
-        ca_file: tls.ca_file,
-        insecure_skip_verify: tls.insecure_skip_verify,
-        sni: tls.sni,
-        host_header: url.authority,
-    })
-}
-
-/// The TLS settings of an https upstream; all unset for http.
+/// The TLS keys of an upstream, for its https urls.
 #[derive(Default)]
 struct Tls {
     ca_file: Option<PathBuf>,
     insecure_skip_verify: bool,
+    /// `sni`, when it is set.
     sni: Option<String>,
 }
 
 /// The TLS keys of an upstream whose (first) https url has `host`; with no https url at all,
 /// each key present is a mistake.
 fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https_host: Option<&Host>) -> Option<Tls> {
-    let Some(host) = https_host else {
+    if https_host.is_none() {
         let keys = [
             ("ca_file", &r.ca_file),
             ("insecure_skip_verify", &r.insecure_skip_verify),
             ("sni", &r.sni),
         ];
-        v.refuse(
-            at,
-            &keys,
-            |key| format!("{key} applies to https:// urls only"),
-            "remove it, or use an https:// url",
-        );
+        let fix = "remove it, or use an https:// url";
+        v.refuse(at, &keys, |key| format!("{key} applies to https:// urls only"), fix);
         return Some(Tls::default());
-    };
+    }
     let ca_file = v.parsed(&at.key("ca_file"), &r.ca_file, "\"/etc/rangeway/ca.pem\"", |file| {
-        let problem = match read_small_file(file, MAX_CA_FILE_LEN) {
+        // CA bundles are a few hundred KiB; the cap only stops a mistyped path to a huge file
+        // from being read whole.
+        let problem = match read_small_file(file, 16 << 20) {
             Err(problem) => problem,
             Ok(pem) if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") => {
                 format!("{file:?} holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)")
             }
             Ok(_) => return Ok(PathBuf::from(file)),
         };
-        Err((problem, "point ca_file at a readable PEM file of CA certificates".to_owned()))
+        wrong(problem, "point ca_file at a readable PEM file of CA certificates")
     });
     let insecure_skip_verify = v.boolean(&at.key("insecure_skip_verify"), &r.insecure_skip_verify);
     let sni =
         v.parsed(&at.key("sni"), &r.sni, "\"origin.example.com\"", |text| {
             match Host::parse(text) {
                 Ok(Host::Name(name)) => Ok(name),
-                Ok(_) => Err((
+                Ok(_) => wrong(
                     format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
-                    "use a DNS name, or remove sni to send none".to_owned(),
-                )),
-                Err(e) => Err((
+                    "use a DNS name, or remove sni to send none",
+                ),
+                Err(e) => wrong(
                     format!("{text:?} is not a DNS name: {e}"),
-                    "write a DNS name, e.g. sni = \"origin.example.com\"".to_owned(),
-                )),
+                    "write a DNS name, e.g. sni = \"origin.example.com\"",
+                ),
             }
         });
-    Some(Tls {
-        ca_file: ca_file.opt()?,
-        insecure_skip_verify: insecure_skip_verify.or(false)?,
-        sni: sni.map(Some).or_else(|| host.is_name().then(|| host.bare()))?,
-    })
-}
-
-fn host_header(text: &str) -> Result<String, Problem> {
-    match split_host_port(text) {
-        // A validated host and port are header-safe ASCII.
-        Ok(_) => Ok(text.to_owned()),
-        Err(e) => Err((
-            format!("{text:?} is not a host[:port]: {e}"),
-            "write a host with an optional port, e.g. host_header = \"files.example.com\""
-                .to_owned(),
-        )),
-    }
+    let (ca_file, insecure_skip_verify, sni) =
+        (ca_file.opt(), insecure_skip_verify.or(false), sni.opt());
+    complete! { Tls { ca_file, insecure_skip_verify, sni } }
 }
 
 fn check_dir(dir: &str) -> Result<PathBuf, Problem> {
-    let fix = || "point dir at a folder, or at a path where one can be created".to_owned();
-    if dir.is_empty() || dir.contains('\0') {
-        return Err(("is not a usable path".to_owned(), fix()));
-    }
+    let fix = "point dir at a folder, or at a path where one can be created";
     match std::fs::metadata(dir) {
-        Ok(meta) if !meta.is_dir() => {
-            Err((format!("{dir:?} exists but is not a directory"), fix()))
-        }
-        Ok(_) => Ok(dir.into()),
+        _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
+        Ok(meta) if !meta.is_dir() => wrong(format!("{dir:?} exists but is not a directory"), fix),
         // A missing folder is fine: the server creates it on start.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(dir.into()),
-        Err(e) => Err((format!("{dir:?} cannot be inspected: {e}"), fix())),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            wrong(format!("{dir:?} cannot be inspected: {e}"), fix)
+        }
+        _ => Ok(dir.into()),
     }
 }
 
@@ -485,6 +385,8 @@ fn s3_upstream(
     });
     let addressing = addressing.or(Addressing::Path);
     let virtual_host = addressing == Some(Addressing::VirtualHost);
+    // S3's naming rules; `_` and capitals too for path-style addressing, as older buckets and
+    // S3-compatible stores allow them.
     let bucket = v.parsed(&key("bucket"), &r.bucket, "\"releases\"", |bucket| {
         let dns_safe = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-';
         let path_safe = |b: u8| dns_safe(b) || b.is_ascii_uppercase() || b == b'_';
@@ -500,7 +402,7 @@ fn s3_upstream(
         } else {
             "3 to 63 letters, digits, '.', '-' and '_', beginning and ending with a letter or digit"
         };
-        if valid { Ok(bucket.to_owned()) } else { Err((format!("{bucket:?} is not a valid bucket name"), format!("write the bucket's name: {rule}"))) }
+        if valid { Ok(bucket.to_owned()) } else { wrong(format!("{bucket:?} is not a valid bucket name"), format!("write the bucket's name: {rule}")) }
     });
     let region = v.parsed(&key("region"), &r.region, "\"us-east-1\"", |region| {
         if !region.is_empty()
@@ -509,22 +411,18 @@ fn s3_upstream(
         {
             return Ok(region.to_owned());
         }
-        Err((
+        wrong(
             format!("{region:?} is not a region name"),
             "write the region the bucket is in, e.g. region = \"eu-west-1\" (most S3-compatible \
-             stores accept \"us-east-1\")"
-                .to_owned(),
-        ))
+             stores accept \"us-east-1\")",
+        )
     });
+    let region = region.or("us-east-1".to_owned());
     // A folder of the bucket: segments without `.`/`..`, empty parts or control characters, so
     // that no key can be written above it.
     let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"builds/2026\"", |prefix| {
-        let segments: Vec<String> = prefix
-            .trim_matches('/')
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let segments: Vec<String> =
+            prefix.split('/').filter(|s| !s.is_empty()).map(str::to_owned).collect();
         let problem = if prefix.trim_matches('/').contains("//") {
             "has an empty segment (//)"
         } else if segments.iter().any(|s| s == "." || s == "..") {
@@ -534,12 +432,11 @@ fn s3_upstream(
         } else {
             return Ok(segments);
         };
-        Err((
-            problem.to_owned(),
-            "write the folder's key prefix as plain segments, e.g. key_prefix = \"builds/2026\""
-                .to_owned(),
-        ))
+        let fix =
+            "write the folder's key prefix as plain segments, e.g. key_prefix = \"builds/2026\"";
+        wrong(problem, fix)
     });
+    let key_prefix = key_prefix.or(Vec::new());
     let credentials = match v.boolean(&key("anonymous"), &r.anonymous).or(false) {
         Some(true) => {
             let keys = [
@@ -577,14 +474,8 @@ fn s3_upstream(
             "use addressing = \"path\", or the endpoint's DNS name",
         );
     }
-    Some(S3Upstream {
-        endpoint,
-        bucket: bucket.ok()?,
-        region: region.or_else(|| DEFAULT_REGION.to_owned())?,
-        addressing: addressing?,
-        key_prefix: key_prefix.or(Vec::new())?,
-        credentials: credentials?,
-    })
+    let (endpoint, bucket) = (Some(endpoint), bucket.ok());
+    complete! { S3Upstream { endpoint, bucket, region, addressing, key_prefix, credentials } }
 }
 
 /// Credentials, by the first source configured: `access_key_env`/`secret_key_env`, then
@@ -611,23 +502,15 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
                 );
             }
             let profile = v.string(&key("profile"), &r.profile, "\"default\"").opt()?;
-            return match &r.credentials_file {
-                Some(file) => v
-                    .parsed(
-                        &key("credentials_file"),
-                        file,
-                        "\"/etc/rangeway/aws-credentials\"",
-                        |file| {
-                            let profile = profile.as_deref().unwrap_or("default");
-                            secret::read_credentials_file(std::path::Path::new(file), profile)
-                        },
-                    )
-                    .ok(),
-                None => {
-                    let credentials = secret::standard_credentials(v, profile);
-                    v.check(at, credentials)
-                }
+            let Some(file) = &r.credentials_file else {
+                let credentials = secret::standard_credentials(v, profile);
+                return v.check(at, credentials);
             };
+            let example = "\"/etc/rangeway/aws-credentials\"";
+            let profile = profile.as_deref().unwrap_or("default");
+            let read =
+                |file: &str| secret::read_credentials_file(std::path::Path::new(file), profile);
+            return v.parsed(&key("credentials_file"), file, example, read).ok();
         }
     };
     if r.credentials_file.is_some() {
@@ -645,36 +528,18 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
             "remove profile, or use credentials_file instead of access_key_env/secret_key_env",
         );
     }
+    let mut read = |name: &str, value, var: &str, holds, otherwise| {
+        let example = format!("{name} = \"RANGEWAY_S3_{var}\"");
+        let key = SecretKey { example: &example, holds, source_hint: "", otherwise };
+        secret::read_env(v, &at.key(name), value, &key)
+    };
     const OTHERWISE: &str = "or use credentials_file, or anonymous = true for a public bucket";
-    let secret_key =
-        |example, holds, otherwise| SecretKey { example, holds, source_hint: "", otherwise };
-    let access = secret::read_env(
-        v,
-        &key("access_key_env"),
-        access,
-        &secret_key(
-            "access_key_env = \"RANGEWAY_S3_ACCESS_KEY_ID\"",
-            "the access key id",
-            OTHERWISE,
-        ),
-    );
-    let secret = secret::read_env(
-        v,
-        &key("secret_key_env"),
-        secret,
-        &secret_key(
-            "secret_key_env = \"RANGEWAY_S3_SECRET_ACCESS_KEY\"",
-            "the secret access key",
-            OTHERWISE,
-        ),
-    );
+    let access = read("access_key_env", access, "ACCESS_KEY_ID", "the access key id", OTHERWISE);
+    let secret =
+        read("secret_key_env", secret, "SECRET_ACCESS_KEY", "the secret access key", OTHERWISE);
     let token = checked(r.session_token_env.as_ref(), |value| {
-        let key = secret_key(
-            "session_token_env = \"RANGEWAY_S3_SESSION_TOKEN\"",
-            "the session token",
-            "or remove session_token_env for a long-term key",
-        );
-        secret::read_env(v, &at.key("session_token_env"), value, &key)
+        let otherwise = "or remove session_token_env for a long-term key";
+        read("session_token_env", value, "SESSION_TOKEN", "the session token", otherwise)
     });
     let ((access_var, access_key_id), (secret_var, secret_access_key)) = (access?, secret?);
     Some(S3Credentials {
@@ -694,6 +559,23 @@ pub(super) struct HttpUrl {
     pub(super) base_path: String,
 }
 
+impl HttpUrl {
+    /// The upstream this url names, with the TLS keys that apply to it when it is https.
+    fn upstream(self, tls: &Tls, host_header: Option<String>) -> HttpUpstream {
+        let name = self.host.is_name().then(|| self.host.bare());
+        HttpUpstream {
+            tls: self.tls,
+            sni: tls.sni.clone().or(name).filter(|_| self.tls),
+            ca_file: tls.ca_file.clone().filter(|_| self.tls),
+            insecure_skip_verify: tls.insecure_skip_verify && self.tls,
+            host: self.host.bare(),
+            port: self.port,
+            base_path: self.base_path,
+            host_header: host_header.unwrap_or(self.authority),
+        }
+    }
+}
+
 /// Parses `http(s)://host[:port][/base]`. Credentials, query and fragment are refused: the first
 /// would be sent nowhere (and logged), the others cannot be prefixed to request paths.
 ///
@@ -702,61 +584,46 @@ pub(super) fn parse_http_url(text: &str) -> Result<HttpUrl, Problem> {
     let text = text.trim();
     let example = format!("write it as http(s)://HOST[:PORT][/BASE], e.g. {URL_EXAMPLE}");
     let Some((scheme, rest)) = text.split_once("://") else {
-        let fix = if !text.contains('@')
-            && Host::parse(text.split(['/', ':']).next().unwrap_or("")).is_ok()
-        {
-            format!("add the scheme: \"http://{text}\"")
-        } else {
-            example
+        let host = text.split(['/', ':']).next().unwrap_or("");
+        return match !text.contains('@') && Host::parse(host).is_ok() {
+            true => {
+                wrong("is not a URL (no scheme://)", format!("add the scheme: \"http://{text}\""))
+            }
+            false => wrong("is not a URL (no scheme://)", example),
         };
-        return Err(("is not a URL (no scheme://)".to_owned(), fix));
     };
     let tls = match scheme.to_ascii_lowercase().as_str() {
         "http" => false,
         "https" => true,
         s if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) => {
-            return Err((
+            return wrong(
                 format!("the scheme {s}:// is not supported"),
-                "use http:// or https://; for a local folder use dir = \"...\" instead of url"
-                    .to_owned(),
-            ));
+                "use http:// or https://; for a local folder use dir = \"...\" instead of url",
+            );
         }
-        _ => return Err(("the scheme is not supported".to_owned(), example)),
+        _ => return wrong("the scheme is not supported", example),
     };
     let (rest, fragment) = rest.split_at(rest.find('#').unwrap_or(rest.len()));
-    if !fragment.is_empty() {
-        return Err((
-            "has a #fragment, which is never sent to a server".to_owned(),
-            "remove it".to_owned(),
-        ));
-    }
     let (rest, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
-    if !query.is_empty() {
-        return Err((
-            "has a ?query, which cannot be combined with request paths".to_owned(),
-            "remove it; for credentials or signing use the upstream's own settings".to_owned(),
-        ));
-    }
     let (authority, base) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    if authority.contains('@') {
-        return Err((
-            "holds credentials (user:password@)".to_owned(),
-            "remove them from the url; credentials in urls end up in logs".to_owned(),
-        ));
+    if !fragment.is_empty() {
+        return wrong("has a #fragment, which is never sent to a server", "remove it");
+    } else if !query.is_empty() {
+        return wrong(
+            "has a ?query, which cannot be combined with request paths",
+            "remove it; for credentials or signing use the upstream's own settings",
+        );
+    } else if authority.contains('@') {
+        return wrong(
+            "holds credentials (user:password@)",
+            "remove them from the url; credentials in urls end up in logs",
+        );
     }
-    let (host, port) = split_host_port(authority).map_err(|e| (e, example.clone()))?;
-    let authority = match port {
-        Some(port) => format!("{host}:{port}"),
-        None => host.to_string(),
-    };
-    let base_path = check_base_path(base).map_err(|e| (e, example))?;
-    Ok(HttpUrl {
-        tls,
-        port: port.unwrap_or(if tls { 443 } else { 80 }),
-        host,
-        authority,
-        base_path,
-    })
+    let (host, port) = split_host_port(authority).or_else(|e| wrong(e, example.clone()))?;
+    let authority = port.map_or_else(|| host.to_string(), |port| format!("{host}:{port}"));
+    let base_path = check_base_path(base).or_else(|e| wrong(e, example))?;
+    let port = port.unwrap_or(if tls { 443 } else { 80 });
+    Ok(HttpUrl { tls, port, host, authority, base_path })
 }
 
 /// The url's path, used as a prefix of every upstream request path. It must be in normal form, or
@@ -764,28 +631,20 @@ pub(super) fn parse_http_url(text: &str) -> Result<HttpUrl, Problem> {
 /// percent-escapes, no characters that need escaping.
 fn check_base_path(base: &str) -> Result<String, String> {
     let trimmed = base.trim_end_matches('/');
-    if trimmed.is_empty() {
-        return Ok(String::new());
-    }
-    for segment in trimmed.split('/').skip(1) {
-        match segment {
-            "" => return Err("the path has an empty segment (//)".to_owned()),
-            "." | ".." => return Err("the path has a '.' or '..' segment".to_owned()),
-            _ => {}
-        }
-    }
+    let segment = trimmed.split('/').skip(1).find(|s| matches!(*s, "" | "." | ".."));
     let bytes = trimmed.as_bytes();
-    for (i, &b) in bytes.iter().enumerate() {
-        let allowed = b.is_ascii_alphanumeric() || b"/-._~!$&'()*+,;=:@%".contains(&b);
-        if !allowed {
-            return Err("the path has a character that must be percent-encoded".to_owned());
-        }
-        if b == b'%'
-            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
-                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
-        {
-            return Err("the path has a '%' that is not followed by two hex digits".to_owned());
-        }
-    }
-    Ok(trimmed.to_owned())
+    let escape =
+        |i: usize| bytes.get(i + 1..i + 3).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+    let byte = bytes.iter().enumerate().find(|&(i, &b)| {
+        !(b.is_ascii_alphanumeric() || b"/-._~!$&'()*+,;=:@%".contains(&b))
+            || (b == b'%' && !escape(i))
+    });
+    let problem = match (segment, byte) {
+        (Some(""), _) => "the path has an empty segment (//)",
+        (Some(_), _) => "the path has a '.' or '..' segment",
+        (None, Some((_, b'%'))) => "the path has a '%' that is not followed by two hex digits",
+        (None, Some(_)) => "the path has a character that must be percent-encoded",
+        (None, None) => return Ok(trimmed.to_owned()),
+    };
+    Err(problem.to_owned())
 }
