@@ -1,7 +1,6 @@
 //! The validation pass over the raw structs: typed values out of raw ones, each problem reported
 //! with its key path and its fix, and the pass going on past it, so that it finds every mistake.
-//! A check that reports a problem returns `None` ([`Got::Bad`]), so a section is only built when
-//! every value of it is good.
+//! A check that reports a problem returns `None` ([`Got::Bad`]).
 
 use std::borrow::Cow;
 use std::fmt::Display;
@@ -11,20 +10,12 @@ use std::time::Duration;
 
 use ::config::{Value, ValueKind};
 use rangeway_middleware::chain::StageRegistry;
-use serde::de::DeserializeOwned;
 
 use super::errors::ConfigError;
-use super::raw::{Raw, fields};
+pub(super) use super::errors::{Problem, wrong};
+use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
 use super::units::{self, UnitError};
-
-/// A problem as a check finds it: what is wrong, and the fix.
-pub(super) type Problem = (String, String);
-
-/// `Err` of a problem and its fix.
-pub(super) fn wrong<T>(problem: impl Into<String>, fix: impl Into<String>) -> Result<T, Problem> {
-    Err((problem.into(), fix.into()))
-}
 
 /// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
 /// struct is never built of a value that was reported.
@@ -177,7 +168,7 @@ impl<'a> Ctx<'a> {
 
     /// What `raw` read, or "expected `what`" reported with `fix`. The keys it does not know are
     /// reported, with the nearest known one when one is close.
-    pub(super) fn shaped<'r, T: DeserializeOwned>(
+    pub(super) fn shaped<'r, T: Keys>(
         &mut self,
         at: &Path,
         raw: &'r Raw<T>,
@@ -190,7 +181,7 @@ impl<'a> Ctx<'a> {
                 return self.fail(at, format!("expected {what}, found {}", type_name(value)), fix);
             }
         };
-        let known = fields::<T>().unwrap_or_default();
+        let known = T::KEYS.unwrap_or_default();
         for key in &raw.unknown {
             let fix = match suggest(key, known.iter().copied()) {
                 Some(near) => format!("did you mean `{near}`?"),
@@ -202,7 +193,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// [`Ctx::shaped`] for a table; `example` is how to write it.
-    pub(super) fn table<'r, T: DeserializeOwned>(
+    pub(super) fn table<'r, T: Keys>(
         &mut self,
         at: &Path,
         raw: &'r Raw<T>,

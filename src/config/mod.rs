@@ -1,49 +1,18 @@
 //! rangeway's configuration: a TOML file, overridden by `RANGEWAY__SECTION__KEY` environment
-//! variables, validated in one pass that reports every problem with its path and its fix, and
-//! where the value is: its line and column in the file, or the variable that set it.
+//! variables, checked in one pass that reports every problem with its key path, its fix and where
+//! the value is (its line and column, or the variable that set it). docs/configuration.md is the
+//! reference for users; this is how the loader is built:
 //!
-//! ```text
-//! routes[1].upstream (line 14, column 1): no upstream named "orign" — did you mean "origin"? …
-//! server.threads: expected an integer (set by RANGEWAY__SERVER__THREADS) — set it to a whole …
-//! ```
+//! - `source.rs`: the `config` crate layers the file and the overrides (each variable resolved
+//!   against the file's keys ignoring case, a numeric segment naming an existing array element);
+//!   what is kept of them tells a problem which variable set a value or where in the file it is.
+//! - `raw.rs`: serde-derived raw structs of every table, each value kept as written, so that
+//!   deserialising never stops at a bad value.
+//! - `check.rs` and a file per section: the validation pass making the typed [`Config`], only ever
+//!   built when every value is good and every reference (route -> upstream) resolves.
 //!
-//! # Sources
-//! The `config` crate layers them: the file, then every variable named
-//! `RANGEWAY__<SEGMENT>__<SEGMENT>...` as an override of the key those segments name, e.g.
-//! `RANGEWAY__SERVER__LISTEN=0.0.0.0:8080` or `RANGEWAY__UPSTREAMS__ORIGIN__URL=http://minio:9000`.
-//! It fills serde-derived raw structs (`raw.rs`) whose leaves keep the values as written, and the
-//! validation pass (`check.rs` and a file per section) makes the typed [`Config`] of them.
-//!
-//! Environment values are text and are read as the file's values would be (`true`, `4`, `"30s"`);
-//! a `redis_url` list is written as a TOML array. A numeric segment addresses an existing array
-//! element (`RANGEWAY__ROUTES__0__UPSTREAM=local`); elements can only be added in the file.
-//!
-//! Variable names are case-insensitive, so a segment matches a key of the file ignoring case:
-//! `RANGEWAY__UPSTREAMS__S3EAST__URL` overrides `[upstreams.S3East]`. Two upstream names that
-//! differ only in case are therefore refused, and so are two variables naming one key, or one
-//! naming a key inside the other's.
-//!
-//! # State
-//! Without `backend`, a `redis_url` selects Redis (someone who wrote one wants shared state); an
-//! explicit `backend = "memory"` wins over a `redis_url`, which is then still checked.
-//!
-//! # Middleware
-//! Entries are kept as [`MiddlewareSpec`]s; the loader checks each route's list with the stage
-//! registry it is given (kinds, options, order), with the rest of the config.
-//!
-//! # Units
-//! Durations are humantime strings (`"30s"`, `"500ms"`, `"1h30m"`); a bare number is refused, since
-//! its unit would be a guess. Sizes (`server.max_header_bytes`) are a whole number of bytes or a
-//! string with a unit (`"32KiB"`), parsed by [`parse_size`].
-//!
-//! # Paths and secrets
-//! Relative paths (`dir`, `ca_file`) are relative to the working directory of the process, like
-//! the embedded default's `./data`. No error repeats a Redis URL, a URL with credentials or
-//! anything read from `admin_token_env`'s variable; [`RedisUrl`] and [`AdminToken`] redact
-//! themselves in `Debug`.
-//!
-//! A [`Config`] is only made by the loaders, all checks passed: every field is valid and
-//! cross-references (route -> upstream) resolve.
+//! No error repeats a Redis URL, a URL with credentials or any secret; [`RedisUrl`], [`Secret`]
+//! and [`AdminToken`] redact themselves in `Debug`.
 
 mod cache;
 mod chains;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ::config::{Value, ValueKind};
-use serde::de::{self, Deserialize, DeserializeOwned, Deserializer, Visitor};
+use serde::de::{Deserialize, DeserializeOwned, Deserializer};
 
 /// A table (or list) read as `T`, or the value written where it was expected; the keys of a table
 /// that `T` has no field for are kept apart, to be reported as unknown.
@@ -14,64 +14,41 @@ pub(super) struct Raw<T> {
     pub(super) unknown: Vec<String>,
 }
 
+/// The keys of a raw struct, in order; `None` for lists and maps, which take any.
+pub(super) trait Keys {
+    const KEYS: Option<&'static [&'static str]> = None;
+}
+
+impl<T> Keys for Vec<T> {}
+impl<V> Keys for BTreeMap<String, V> {}
+
 impl<T: Default> Default for Raw<T> {
     fn default() -> Self {
         Self { read: Ok(T::default()), unknown: Vec::new() }
     }
 }
 
-impl<T: DeserializeOwned> From<Value> for Raw<T> {
+impl<T: DeserializeOwned + Keys> From<Value> for Raw<T> {
     fn from(value: Value) -> Self {
-        let fields = fields::<T>();
-        // A struct would also take an array, its fields in order.
-        if fields.is_some() && !matches!(value.kind, ValueKind::Table(_)) {
-            return Self { read: Err(value), unknown: Vec::new() };
-        }
-        let unknown = match (&value.kind, fields) {
-            (ValueKind::Table(table), Some(fields)) => {
+        let unknown = match (&value.kind, T::KEYS) {
+            (ValueKind::Table(table), Some(keys)) => {
                 let mut unknown: Vec<String> =
-                    table.keys().filter(|key| !fields.contains(&key.as_str())).cloned().collect();
+                    table.keys().filter(|key| !keys.contains(&key.as_str())).cloned().collect();
                 unknown.sort();
                 unknown
             }
+            // A struct would also take an array, its fields in order.
+            (_, Some(_)) => return Self { read: Err(value), unknown: Vec::new() },
             _ => Vec::new(),
         };
         Self { read: T::deserialize(value.clone()).map_err(|_| value), unknown }
     }
 }
 
-impl<'de, T: DeserializeOwned> Deserialize<'de> for Raw<T> {
+impl<'de, T: DeserializeOwned + Keys> Deserialize<'de> for Raw<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         Value::deserialize(deserializer).map(Self::from)
     }
-}
-
-/// The keys of `T` when it is a struct, as serde's derive lists them.
-pub(super) fn fields<T: DeserializeOwned>() -> Option<&'static [&'static str]> {
-    struct Probe(Option<&'static [&'static str]>);
-    impl<'de> Deserializer<'de> for &mut Probe {
-        type Error = de::value::Error;
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-            Err(de::Error::custom("not a struct"))
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Self::Error> {
-            self.0 = Some(fields);
-            Err(de::Error::custom("probed"))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-            ignored_any
-        }
-    }
-    let mut probe = Probe(None);
-    let _ = T::deserialize(&mut probe);
-    probe.0
 }
 
 /// Structs of values as written: the leaf keys, then the keys of tables and lists.
@@ -82,6 +59,10 @@ macro_rules! tables {
         pub(super) struct $name {
             $(pub(super) $leaf: Option<Value>,)*
             $($(pub(super) $key: $ty,)*)?
+        }
+        impl Keys for $name {
+            const KEYS: Option<&'static [&'static str]> =
+                Some(&[$(stringify!($leaf),)* $($(stringify!($key),)*)?]);
         }
     )*};
 }

@@ -12,7 +12,7 @@ use super::chains::{self, MiddlewareSpec};
 use super::check::{Ctx, Problem, checked, complete, push, suggest, wrong};
 use super::host::split_host_port;
 use super::raw::{
-    Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
+    Keys, Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
 };
 use super::secret::{self, KeyFile, S3ClientKeys};
 use super::source::Path;
@@ -333,7 +333,7 @@ fn upstream(name: &str, declared: Option<&BTreeSet<String>>) -> Result<String, P
 
 /// A key that is `true` (`T`'s defaults), `false` (off) or a table for `table` to check; `on` when
 /// it is not written. From a variable, the bare word.
-pub(super) fn switch<T: Default, R: serde::de::DeserializeOwned>(
+pub(super) fn switch<T: Default, R: serde::de::DeserializeOwned + Keys>(
     v: &mut Ctx<'_>,
     at: &Path,
     value: &Option<Value>,

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::errors::ConfigError;
+use super::errors::{ConfigError, Problem, wrong};
 
 /// What every override variable's name starts with (in any case); `__` separates its segments.
 const ENV_PREFIX: &str = "RANGEWAY__";
@@ -37,32 +37,22 @@ impl Path {
         Self([self.0.as_slice(), &[Seg::Index(index)]].concat())
     }
 
+    fn keys(&self) -> impl DoubleEndedIterator<Item = &str> {
+        self.0.iter().filter_map(|s| if let Seg::Key(k) = s { Some(k.as_str()) } else { None })
+    }
+
     /// The key a fix writes: `trusted_proxies` for `server.trusted_proxies[3]`.
     pub(super) fn last_key(&self) -> &str {
-        self.0
-            .iter()
-            .rev()
-            .find_map(|s| if let Seg::Key(k) = s { Some(k.as_str()) } else { None })
-            .unwrap_or("")
+        self.keys().next_back().unwrap_or("")
     }
 
     /// How the table at this path is written in TOML: `[server]`, `[[routes.middleware]]`.
     pub(super) fn header(&self) -> String {
-        let keys: Vec<&str> = self
-            .0
-            .iter()
-            .filter_map(|s| if let Seg::Key(k) = s { Some(k.as_str()) } else { None })
-            .collect();
         match self.0.last() {
             None => "the top level".to_owned(),
-            Some(Seg::Index(_)) => format!("[[{}]]", keys.join(".")),
+            Some(Seg::Index(_)) => format!("[[{}]]", self.keys().collect::<Vec<_>>().join(".")),
             Some(Seg::Key(_)) => format!("[{self}]"),
         }
-    }
-
-    /// Whether the `config` crate's path syntax can write it (as it displays: no quoted key).
-    fn is_expression(&self) -> bool {
-        self.0.iter().all(|s| matches!(s, Seg::Index(_)) || matches!(s, Seg::Key(k) if bare(k)))
     }
 }
 
@@ -70,12 +60,11 @@ impl Path {
 impl fmt::Display for Path {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, segment) in self.0.iter().enumerate() {
+            let dot = if i > 0 { "." } else { "" };
             match segment {
                 Seg::Index(index) => write!(f, "[{index}]")?,
-                Seg::Key(key) => {
-                    let dot = if i > 0 { "." } else { "" };
-                    if bare(key) { write!(f, "{dot}{key}")? } else { write!(f, "{dot}{key:?}")? }
-                }
+                Seg::Key(key) if bare(key) => write!(f, "{dot}{key}")?,
+                Seg::Key(key) => write!(f, "{dot}{key:?}")?,
             }
         }
         Ok(())
@@ -146,27 +135,25 @@ impl Origins<'_> {
     /// Line and column of the key (or element) at `at` in the file; of the table it belongs in,
     /// when the file has no such key.
     pub(super) fn position(&self, at: &Path) -> Option<(usize, usize)> {
-        let mut found = None;
-        let mut node: Option<&DeValue<'_>> = None;
+        let (mut found, mut node): (_, Option<&DeValue<'_>>) = (None, None);
         for segment in &at.0 {
             let next = match (segment, node) {
-                (Seg::Key(key), None) => {
-                    self.file.get_ref().get_key_value(key.as_str()).map(|(k, v)| (k.span(), v))
-                }
-                (Seg::Key(key), Some(DeValue::Table(table))) => {
-                    table.get_key_value(key.as_str()).map(|(k, v)| (k.span(), v))
-                }
+                (Seg::Key(key), None) => key_at(self.file.get_ref(), key),
+                (Seg::Key(key), Some(DeValue::Table(table))) => key_at(table, key),
                 (Seg::Index(index), Some(DeValue::Array(items))) => {
-                    items.get(*index).map(|item| (item.span(), item))
+                    items.get(*index).map(|item| (item.span().start, item))
                 }
                 _ => None,
             };
-            let Some((span, value)) = next else { break };
-            found = Some(span.start);
-            node = Some(value.get_ref());
+            let Some((start, value)) = next else { break };
+            (found, node) = (Some(start), Some(value.get_ref()));
         }
         Some(line_column(self.text, found?))
     }
+}
+
+fn key_at<'t>(table: &'t DeTable<'t>, key: &str) -> Option<(usize, &'t Spanned<DeValue<'t>>)> {
+    table.get_key_value(key).map(|(key, value)| (key.span().start, value))
 }
 
 /// Line and column, from 1, of the byte at `offset`.
@@ -190,34 +177,28 @@ pub(super) fn load<'a, T: DeserializeOwned>(
     let mut errors = Vec::new();
     let mut overrides: Vec<(Path, String, &str)> = Vec::new();
     for (var, value) in env.vars.iter().filter(|(name, _)| is_override(name)) {
-        let set = value.to_str().ok_or_else(|| {
-            (
-                "the value is not valid UTF-8".to_owned(),
-                "set it to UTF-8 text, or unset it".to_owned(),
-            )
-        });
-        let key =
-            set.and_then(|_| resolve(file.get_ref(), &var[ENV_PREFIX.len()..])).and_then(|key| {
-                // Two spellings of one key, or a key inside another's value, would race.
-                let clash = overrides
-                    .iter()
-                    .find(|(k, ..)| k.0.starts_with(&key.0) || key.0.starts_with(&k.0));
-                match clash {
-                    None => Ok(key),
-                    Some((other, first, _)) if *other == key => Err((
-                        format!("sets the same key as {first} (names are not case-sensitive)"),
-                        "unset one of them".to_owned(),
-                    )),
-                    Some((other, first, _)) => Err((
-                        format!("overlaps {other}, which {first} sets"),
-                        "unset one of them".to_owned(),
-                    )),
+        let key = match value.to_str() {
+            Some(value) => resolve(file.get_ref(), &var[ENV_PREFIX.len()..]).map(|k| (k, value)),
+            None => wrong("the value is not valid UTF-8", "set it to UTF-8 text, or unset it"),
+        };
+        // Two spellings of one key, or a key inside another's value, would race.
+        let key = key.and_then(|(key, value)| {
+            let clash =
+                overrides.iter().find(|(k, ..)| k.0.starts_with(&key.0) || key.0.starts_with(&k.0));
+            match clash {
+                None => Ok((key, value)),
+                Some((other, first, _)) if *other == key => wrong(
+                    format!("sets the same key as {first} (names are not case-sensitive)"),
+                    "unset one of them",
+                ),
+                Some((other, first, _)) => {
+                    wrong(format!("overlaps {other}, which {first} sets"), "unset one of them")
                 }
-            });
-        match (key, value.to_str()) {
-            (Ok(key), Some(value)) => overrides.push((key, var.clone(), value)),
-            (Err((problem, fix)), _) => errors.push(ConfigError::new(var.as_str(), problem, fix)),
-            (Ok(_), None) => {}
+            }
+        });
+        match key {
+            Ok((key, value)) => overrides.push((key, var.clone(), value)),
+            Err((problem, fix)) => errors.push(ConfigError::new(var.as_str(), problem, fix)),
         }
     }
     // Neither fails on a file that parsed, with the keys `resolve` writes, into raw types that
@@ -237,120 +218,99 @@ pub(super) fn load<'a, T: DeserializeOwned>(
 /// existing key ignoring case (the `config` crate's own environment source lowercases names, so
 /// `S3EAST` could not reach `[upstreams.S3East]`), and a number addresses an existing element of
 /// an array (there, it would make a table key "0"); a key the file does not have is created.
-fn resolve(root: &DeTable<'_>, name: &str) -> Result<Path, (String, String)> {
+fn resolve(root: &DeTable<'_>, name: &str) -> Result<Path, Problem> {
     let segments: Vec<String> = name.split("__").map(str::to_ascii_lowercase).collect();
     if segments.len() > MAX_OVERRIDE_DEPTH {
-        return Err((
-            format!("the name has more than {MAX_OVERRIDE_DEPTH} key segments"),
-            "name an existing key, e.g. RANGEWAY__SERVER__LISTEN".to_owned(),
-        ));
-    }
-    if segments.iter().any(String::is_empty) {
-        return Err((
-            "the name has an empty key segment".to_owned(),
+        let problem = format!("the name has more than {MAX_OVERRIDE_DEPTH} key segments");
+        return wrong(problem, "name an existing key, e.g. RANGEWAY__SERVER__LISTEN");
+    } else if segments.iter().any(String::is_empty) {
+        return wrong(
+            "the name has an empty key segment",
             "write RANGEWAY__SECTION__KEY, e.g. RANGEWAY__SERVER__LISTEN, with exactly two \
-             underscores between segments"
-                .to_owned(),
-        ));
+             underscores between segments",
+        );
     }
     let mut path = Path::default();
     // `None` below a key the file does not have: everything under it is new.
-    let mut node = Some(Node::Table(root));
+    let mut node = Some(DeValue::Table(root.clone()));
     for segment in &segments {
-        node = match node {
+        node = match &node {
             None => {
                 path = path.key(segment);
                 None
             }
-            Some(Node::Table(table)) => {
+            Some(DeValue::Table(table)) => {
                 let mut same = table.keys().filter(|k| k.get_ref().eq_ignore_ascii_case(segment));
                 let key = match (table.get(segment.as_str()), same.next(), same.next()) {
                     (None, Some(a), Some(b)) => {
-                        return Err((
+                        let (a, b) = (a.get_ref(), b.get_ref());
+                        return wrong(
                             format!(
-                                "{segment:?} matches both {:?} and {:?}, which differ only in case",
-                                a.get_ref(),
-                                b.get_ref()
+                                "{segment:?} matches both {a:?} and {b:?}, which differ only in case"
                             ),
-                            "rename one of them in the file, so that their names differ in more \
-                             than case"
-                                .to_owned(),
-                        ));
+                            "rename one of them in the file, so that their names differ in more than case",
+                        );
                     }
                     (None, Some(only), None) => only.get_ref().to_string(),
                     _ => segment.clone(),
                 };
                 path = path.key(&key);
-                table.get(key.as_str()).map(|value| Node::of(value.get_ref()))
+                table.get(key.as_str()).map(|value| value.get_ref().clone())
             }
-            Some(Node::Array(items)) => {
-                let index = segment.parse::<usize>().ok().filter(|&i| i < items.len());
-                let Some(index) = index else {
-                    return Err((
-                        format!(
-                            "{path} has {} element(s), so {segment:?} does not name one",
-                            items.len()
-                        ),
+            Some(DeValue::Array(items)) => {
+                let Some(index) = segment.parse::<usize>().ok().filter(|&i| i < items.len()) else {
+                    let n = items.len();
+                    return wrong(
+                        format!("{path} has {n} element(s), so {segment:?} does not name one"),
                         format!(
                             "use an index from 0 to {}; elements can only be added in the file",
-                            items.len().saturating_sub(1)
+                            n.saturating_sub(1)
                         ),
-                    ));
+                    );
                 };
                 path = path.index(index);
-                Some(Node::of(items[index].get_ref()))
+                Some(items[index].get_ref().clone())
             }
-            Some(Node::Leaf(type_name)) => {
-                return Err((
-                    format!("{path} is {type_name}, not a table"),
+            Some(leaf) => {
+                return wrong(
+                    format!("{path} is {}, not a table", type_name(leaf)),
                     format!("override {path} itself, or change it into a table in the file"),
-                ));
+                );
             }
         };
     }
-    if !path.is_expression() {
-        return Err((
-            "names a key that cannot be overridden".to_owned(),
-            "set it in the file".to_owned(),
-        ));
+    // The `config` crate's path syntax, as it displays, has no quoted keys.
+    if path.keys().any(|key| !bare(key)) {
+        return wrong("names a key that cannot be overridden", "set it in the file");
     }
     Ok(path)
 }
 
-/// A value of the file, as far as resolving a name needs.
-enum Node<'t> {
-    Table(&'t DeTable<'t>),
-    Array(&'t [Spanned<DeValue<'t>>]),
-    Leaf(&'static str),
-}
-
-impl<'t> Node<'t> {
-    fn of(value: &'t DeValue<'t>) -> Self {
-        match value {
-            DeValue::Table(table) => Self::Table(table),
-            DeValue::Array(items) => Self::Array(items),
-            DeValue::String(_) => Self::Leaf("a string"),
-            DeValue::Integer(_) => Self::Leaf("an integer"),
-            DeValue::Float(_) => Self::Leaf("a float"),
-            DeValue::Boolean(_) => Self::Leaf("a boolean"),
-            DeValue::Datetime(_) => Self::Leaf("a date-time"),
-        }
+fn type_name(value: &DeValue<'_>) -> &'static str {
+    match value {
+        DeValue::String(_) => "a string",
+        DeValue::Integer(_) => "an integer",
+        DeValue::Float(_) => "a float",
+        DeValue::Boolean(_) => "a boolean",
+        DeValue::Datetime(_) => "a date-time",
+        DeValue::Array(_) => "an array",
+        DeValue::Table(_) => "a table",
     }
 }
 
 /// A syntax error: one error naming the file, line and column. Only the parser's message is kept,
 /// not the source line its report quotes, which may hold a password.
 fn syntax_error(text: &str, error: &toml::de::Error, name: &str) -> ConfigError {
-    let fix = "fix the TOML syntax there (https://toml.io)";
     let message: Vec<&str> = error.message().lines().filter(|l| !l.trim().is_empty()).collect();
-    let problem = format!("invalid TOML: {}", message.join("; "));
-    match error.span() {
+    let at = match error.span() {
         Some(span) => {
             let (line, column) = line_column(text, span.start);
-            ConfigError::new(format!("{name}:{line}:{column}"), problem, fix)
+            format!("{name}:{line}:{column}")
         }
-        None => ConfigError::new(name, problem, fix),
-    }
+        None => name.to_owned(),
+    };
+    let fix = "fix the TOML syntax there (https://toml.io)";
+    ConfigError::new(at, format!("invalid TOML: {}", message.join("; ")), fix)
 }
 
 /// `text` read as a TOML value (`9`, `true`, `["a"]`, `"9"`), as the file would read it; `None`
