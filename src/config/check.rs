@@ -126,7 +126,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// `value`, read as the file would read it when a variable set it as text (`9` a number,
-    /// `true` a boolean, `["a"]` a list); as it is otherwise.
+    /// `["a"]` a list, `sha256` the string it says).
     pub(super) fn scalar<'v>(&self, at: &Path, value: &'v Value) -> Cow<'v, Value> {
         match &value.kind {
             ValueKind::String(text) if self.set_by_env(at) => {
@@ -151,19 +151,6 @@ impl<'a> Ctx<'a> {
         fix: impl Into<String>,
     ) -> Option<&'r T> {
         value.or_else(|| self.fail(at, "is missing", fix))
-    }
-
-    /// Reports each of `keys` (of the table at `at`) that is written, as `problem` says.
-    pub(super) fn refuse(
-        &mut self,
-        at: &Path,
-        keys: &[(&str, &Option<Value>)],
-        problem: impl Fn(&str) -> String,
-        fix: &str,
-    ) {
-        for (key, _) in keys.iter().filter(|(_, value)| value.is_some()) {
-            self.report(&at.key(key), problem(key), fix);
-        }
     }
 
     /// What `raw` read, or "expected `what`" reported with `fix`. The keys it does not know are
@@ -239,11 +226,13 @@ impl<'a> Ctx<'a> {
         value: impl Into<Option<&'v Value>>,
     ) -> Got<bool> {
         let Some(value) = value.into() else { return Got::Absent };
-        match self.scalar(at, value).kind {
-            ValueKind::Boolean(on) => Got::Good(on),
-            _ if self.set_by_env(at) => {
-                self.bad(at, "expected true or false", "set it to true or false")
-            }
+        match &value.kind {
+            ValueKind::Boolean(on) => Got::Good(*on),
+            ValueKind::String(text) if self.set_by_env(at) => match text.trim() {
+                "true" => Got::Good(true),
+                "false" => Got::Good(false),
+                _ => self.bad(at, "expected true or false", "set it to true or false"),
+            },
             _ => self.wrong_type(at, value, "a boolean", "true (or false), without quotes"),
         }
     }
@@ -260,12 +249,15 @@ impl<'a> Ctx<'a> {
         T: TryFrom<i64> + PartialOrd + Display,
     {
         let Some(value) = value.into() else { return Got::Absent };
-        let number = match self.scalar(at, value).kind {
-            ValueKind::I64(number) => number,
-            _ if self.set_by_env(at) => {
-                let fix = format!("set it to a whole number, e.g. {example}");
-                return self.bad(at, "expected an integer", fix);
-            }
+        let number = match &value.kind {
+            ValueKind::I64(number) => *number,
+            ValueKind::String(text) if self.set_by_env(at) => match text.trim().parse() {
+                Ok(number) => number,
+                Err(_) => {
+                    let fix = format!("set it to a whole number, e.g. {example}");
+                    return self.bad(at, "expected an integer", fix);
+                }
+            },
             _ => return self.wrong_type(at, value, "an integer", example),
         };
         match T::try_from(number) {
@@ -286,10 +278,12 @@ impl<'a> Ctx<'a> {
         example: &str,
     ) -> Got<f64> {
         let Some(value) = value.into() else { return Got::Absent };
-        let number = match self.scalar(at, value).kind {
-            ValueKind::Float(number) => number,
-            ValueKind::I64(number) => number as f64,
-            _ if self.set_by_env(at) => f64::NAN,
+        let number = match &value.kind {
+            ValueKind::Float(number) => *number,
+            ValueKind::I64(number) => *number as f64,
+            ValueKind::String(text) if self.set_by_env(at) => {
+                text.trim().parse().unwrap_or(f64::NAN)
+            }
             _ => return self.wrong_type(at, value, "a number from 0 to 1", example),
         };
         if (0.0..=1.0).contains(&number) {

@@ -18,51 +18,44 @@ impl Host {
     /// (`minio_1`) use, and which resolvers accept. The error never repeats the text: it is
     /// sometimes cut out of a URL that holds a password.
     pub(super) fn parse(text: &str) -> Result<Self, String> {
-        if text.is_empty() {
-            return Err("the host is empty".to_owned());
-        }
         if let Some(inner) = text.strip_prefix('[') {
-            let Some(inner) = inner.strip_suffix(']') else {
-                return Err("an IPv6 host has an unclosed '['".to_owned());
-            };
-            return inner
-                .parse::<Ipv6Addr>()
-                .map(Self::V6)
-                .map_err(|_| "the host in brackets is not an IPv6 address".to_owned());
-        }
-        if text.contains(':') {
-            return Err("an IPv6 host must be written in brackets, e.g. [::1]".to_owned());
-        }
-        if text.len() > 253 {
-            return Err("the host name is longer than 253 characters".to_owned());
+            let inner = inner.strip_suffix(']').ok_or("an IPv6 host has an unclosed '['")?;
+            let not_v6 = "the host in brackets is not an IPv6 address";
+            return inner.parse().map(Self::V6).or(Err(not_v6.to_owned()));
         }
         let labels: Vec<&str> = text.split('.').collect();
+        let problem = if text.is_empty() {
+            "the host is empty"
+        } else if text.contains(':') {
+            "an IPv6 host must be written in brackets, e.g. [::1]"
+        } else if text.len() > 253 {
+            "the host name is longer than 253 characters"
         // A name whose last label is numeric can only be an IPv4 address (no top-level domain
         // is numeric); "10.0.0.256" must not pass as a name.
-        if labels.last().is_some_and(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit())) {
-            return text
-                .parse::<Ipv4Addr>()
-                .map(Self::V4)
-                .map_err(|_| "the host looks like an IPv4 address but is not one".to_owned());
-        }
-        for label in &labels {
-            if label.is_empty() {
-                return Err("the host name has an empty label (a leading, trailing or double dot)"
-                    .to_owned());
+        } else if labels
+            .last()
+            .is_some_and(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()))
+        {
+            let not_v4 = "the host looks like an IPv4 address but is not one";
+            return text.parse().map(Self::V4).or(Err(not_v4.to_owned()));
+        } else if let Some(problem) = labels.iter().find_map(|label| match label {
+            _ if label.is_empty() => {
+                Some("the host name has an empty label (a leading, trailing or double dot)")
             }
-            if label.len() > 63 {
-                return Err("a label of the host name is longer than 63 characters".to_owned());
+            _ if label.len() > 63 => Some("a label of the host name is longer than 63 characters"),
+            _ if !label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') => {
+                Some("the host name may contain only letters, digits, '-', '_' and dots")
             }
-            if !label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-                return Err(
-                    "the host name may contain only letters, digits, '-', '_' and dots".to_owned()
-                );
+            _ if label.starts_with('-') || label.ends_with('-') => {
+                Some("a label of the host name starts or ends with '-'")
             }
-            if label.starts_with('-') || label.ends_with('-') {
-                return Err("a label of the host name starts or ends with '-'".to_owned());
-            }
-        }
-        Ok(Self::Name(text.to_ascii_lowercase()))
+            _ => None,
+        }) {
+            problem
+        } else {
+            return Ok(Self::Name(text.to_ascii_lowercase()));
+        };
+        Err(problem.to_owned())
     }
 
     pub(super) fn is_name(&self) -> bool {
@@ -83,9 +76,8 @@ impl Host {
 impl fmt::Display for Host {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Name(name) => f.write_str(name),
-            Self::V4(ip) => write!(f, "{ip}"),
             Self::V6(ip) => write!(f, "[{ip}]"),
+            host => f.write_str(&host.bare()),
         }
     }
 }
@@ -93,41 +85,34 @@ impl fmt::Display for Host {
 /// Splits `host[:port]` (host possibly a bracketed IPv6 literal). The port is `None` when absent;
 /// a present port must be 1..=65535.
 pub(super) fn split_host_port(authority: &str) -> Result<(Host, Option<u16>), String> {
-    let (host, port) = if authority.starts_with('[') {
-        match authority.find(']') {
-            Some(end) => {
-                let (host, rest) = authority.split_at(end + 1);
-                match rest.strip_prefix(':') {
-                    Some(port) => (host, Some(port)),
-                    None if rest.is_empty() => (host, None),
-                    None => return Err("unexpected text after the IPv6 address".to_owned()),
-                }
-            }
-            None => return Err("an IPv6 host has an unclosed '['".to_owned()),
-        }
-    } else {
-        match authority.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
+    let (host, port) = match authority.find(']').filter(|_| authority.starts_with('[')) {
+        Some(end) => match authority.split_at(end + 1) {
+            (host, "") => (host, None),
+            (host, rest) => (
+                host,
+                Some(rest.strip_prefix(':').ok_or("unexpected text after the IPv6 address")?),
+            ),
+        },
+        None if authority.starts_with('[') => return Err("an IPv6 host has an unclosed '['".into()),
+        None => {
+            authority.rsplit_once(':').map_or((authority, None), |(host, port)| (host, Some(port)))
         }
     };
     let host = Host::parse(host)?;
-    let port = port.map(parse_port).transpose()?;
-    Ok((host, port))
-}
-
-fn parse_port(text: &str) -> Result<u16, String> {
-    if text.is_empty() {
-        return Err("the port after ':' is empty".to_owned());
-    }
-    if !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("the port is not a number".to_owned());
-    }
-    match text.parse::<u16>() {
-        Ok(0) => Err("port 0 cannot be connected to".to_owned()),
-        Ok(port) => Ok(port),
-        Err(_) => {
-            Err(format!("port {} is out of range (1 to 65535)", text.trim_start_matches('0')))
+    let port = match port {
+        None => None,
+        Some("") => return Err("the port after ':' is empty".to_owned()),
+        Some(text) if !text.bytes().all(|b| b.is_ascii_digit()) => {
+            return Err("the port is not a number".to_owned());
         }
-    }
+        Some(text) => match text.parse::<u16>() {
+            Ok(0) => return Err("port 0 cannot be connected to".to_owned()),
+            Ok(port) => Some(port),
+            Err(_) => {
+                let digits = text.trim_start_matches('0');
+                return Err(format!("port {digits} is out of range (1 to 65535)"));
+            }
+        },
+    };
+    Ok((host, port))
 }

@@ -49,7 +49,7 @@ pub use upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
 };
 
-use check::{Ctx, complete};
+use check::{Ctx, Problem, complete, wrong};
 use rangeway_middleware::chain::{Chain, StageRegistry};
 use raw::{Raw, RawConfig};
 use source::{Env, Path as KeyPath};
@@ -90,7 +90,8 @@ impl Config {
     /// per bad key, value or reference.
     pub fn load(path: &Path, stages: &StageRegistry) -> Result<Self, ConfigErrors> {
         let name = path.display().to_string();
-        let text = read_file(path, &name).map_err(ConfigErrors::one)?;
+        let text = read_file(path)
+            .map_err(|(problem, fix)| ConfigErrors::one(ConfigError::new(&name, problem, fix)))?;
         Self::from_sources(&text, &name, &Env::process(), stages)
     }
 
@@ -178,36 +179,33 @@ impl Config {
     }
 }
 
-fn read_file(path: &Path, name: &str) -> Result<String, ConfigError> {
+/// The config file's text. Read through `take` rather than trusting the size in the metadata: the
+/// file may be a pipe (`--config <(...)`), whose size is unknown.
+fn read_file(path: &Path) -> Result<String, Problem> {
     let fix = "check the path given with --config and its permissions";
-    let file = std::fs::File::open(path).map_err(|e| {
-        let problem = match e.kind() {
-            std::io::ErrorKind::NotFound => "the config file does not exist".to_owned(),
-            _ => format!("the config file cannot be opened: {e}"),
-        };
-        ConfigError::new(name, problem, fix)
-    })?;
-    // Opening a directory succeeds on Unix; reading it would fail with a vaguer message.
-    if file.metadata().is_ok_and(|m| m.is_dir()) {
-        return Err(ConfigError::new(name, "is a directory, not a config file", fix));
-    }
-    // Read through `take` rather than trusting the size in the metadata: the file may be a pipe
-    // (`--config <(...)`), whose size is unknown.
     let mut bytes = Vec::new();
-    file.take(MAX_FILE_LEN + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| ConfigError::new(name, format!("the config file cannot be read: {e}"), fix))?;
-    if bytes.len() as u64 > MAX_FILE_LEN {
-        return Err(ConfigError::new(
-            name,
-            "is larger than 4 MiB, too large for a config file",
-            fix,
-        ));
+    match std::fs::File::open(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return wrong("the config file does not exist", fix);
+        }
+        Err(e) => return wrong(format!("the config file cannot be opened: {e}"), fix),
+        // Opening a directory succeeds on Unix; reading it would fail with a vaguer message.
+        Ok(file) if file.metadata().is_ok_and(|m| m.is_dir()) => {
+            return wrong("is a directory, not a config file", fix);
+        }
+        Ok(file) => {
+            if let Err(e) = file.take(MAX_FILE_LEN + 1).read_to_end(&mut bytes) {
+                return wrong(format!("the config file cannot be read: {e}"), fix);
+            }
+        }
     }
-    String::from_utf8(bytes).map_err(|e| {
-        ConfigError::new(
-            name,
-            format!("is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()),
+    if bytes.len() as u64 > MAX_FILE_LEN {
+        return wrong("is larger than 4 MiB, too large for a config file", fix);
+    }
+    String::from_utf8(bytes).or_else(|e| {
+        let offset = e.utf8_error().valid_up_to();
+        wrong(
+            format!("is not UTF-8 text (invalid byte at offset {offset})"),
             "save the file as UTF-8",
         )
     })

@@ -1,5 +1,5 @@
-//! Human units for sizes and durations, shared by the config loader and the middleware stages'
-//! option parsers so that `64KiB` and `30s` mean the same everywhere.
+//! Human units for sizes and durations, so that `64KiB` and `30s` mean the same in every key (and
+//! in `rangeway sign --expires-in`).
 
 use std::time::Duration;
 

@@ -13,6 +13,17 @@ use super::source::Path;
 
 const URL_EXAMPLE: &str = "\"http://127.0.0.1:9000\"";
 
+/// Reports each key of `r` named that is written: `{key} {problem}`, with `fix`.
+macro_rules! refuse {
+    ($v:ident, $at:ident, $r:ident: $($key:ident),+; $problem:expr, $fix:expr) => {
+        for (key, value) in [$((stringify!($key), &$r.$key)),+] {
+            if value.is_some() {
+                $v.report(&$at.key(key), format!("{key} {}", $problem), $fix);
+            }
+        }
+    };
+}
+
 /// One `[upstreams.NAME]`; docs/configuration.md describes each key and its default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -164,19 +175,9 @@ fn check_one(
     let s3 = r.bucket.is_some();
     if !s3 {
         // Checked first, so that a stray S3 key is reported however the rest reads.
-        let keys = [
-            ("region", &r.region),
-            ("addressing", &r.addressing),
-            ("key_prefix", &r.key_prefix),
-            ("access_key_env", &r.access_key_env),
-            ("secret_key_env", &r.secret_key_env),
-            ("session_token_env", &r.session_token_env),
-            ("credentials_file", &r.credentials_file),
-            ("profile", &r.profile),
-            ("anonymous", &r.anonymous),
-        ];
         let fix = "add bucket = \"NAME\" (with url = the S3 endpoint) to make this an S3 upstream, or remove it";
-        v.refuse(at, &keys, |key| format!("{key} applies to S3 upstreams only"), fix);
+        refuse!(v, at, r: region, addressing, key_prefix, access_key_env, secret_key_env,
+            session_token_env, credentials_file, profile, anonymous; "applies to S3 upstreams only", fix);
     }
     let health_check =
         checked(r.health_check.as_ref(), |raw| health_check(v, &key("health_check"), raw));
@@ -249,9 +250,9 @@ fn check_one(
             "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
         ),
         (None, None, Some(dir)) => {
-            let http_only = [("ca_file", &r.ca_file), ("insecure_skip_verify", &r.insecure_skip_verify), ("sni", &r.sni), ("host_header", &r.host_header)];
             let fix = "remove it: a dir upstream reads local files";
-            v.refuse(at, &http_only, |key| format!("{key} applies to url upstreams only, not to dir"), fix);
+            refuse!(v, at, r: ca_file, insecure_skip_verify, sni, host_header;
+                "applies to url upstreams only, not to dir", fix);
             v.parsed(&key("dir"), dir, "\"./data\"", check_dir).ok().map(|path| UpstreamKind::Dir { path })
         }
         (None, Some(_), Some(_)) => {
@@ -307,13 +308,8 @@ struct Tls {
 /// each key present is a mistake.
 fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https_host: Option<&Host>) -> Option<Tls> {
     if https_host.is_none() {
-        let keys = [
-            ("ca_file", &r.ca_file),
-            ("insecure_skip_verify", &r.insecure_skip_verify),
-            ("sni", &r.sni),
-        ];
         let fix = "remove it, or use an https:// url";
-        v.refuse(at, &keys, |key| format!("{key} applies to https:// urls only"), fix);
+        refuse!(v, at, r: ca_file, insecure_skip_verify, sni; "applies to https:// urls only", fix);
         return Some(Tls::default());
     }
     let ca_file = v.parsed(&at.key("ca_file"), &r.ca_file, "\"/etc/rangeway/ca.pem\"", |file| {
@@ -439,20 +435,9 @@ fn s3_upstream(
     let key_prefix = key_prefix.or(Vec::new());
     let credentials = match v.boolean(&key("anonymous"), &r.anonymous).or(false) {
         Some(true) => {
-            let keys = [
-                ("access_key_env", &r.access_key_env),
-                ("secret_key_env", &r.secret_key_env),
-                ("session_token_env", &r.session_token_env),
-                ("credentials_file", &r.credentials_file),
-                ("profile", &r.profile),
-            ];
             let fix = "remove it, or anonymous = true to sign requests with it";
-            v.refuse(
-                at,
-                &keys,
-                |key| format!("{key} cannot be combined with anonymous = true"),
-                fix,
-            );
+            refuse!(v, at, r: access_key_env, secret_key_env, session_token_env, credentials_file,
+                profile; "cannot be combined with anonymous = true", fix);
             Some(None)
         }
         Some(false) => credentials(v, at, r).map(Some),
