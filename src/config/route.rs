@@ -199,43 +199,23 @@ fn check_one(
         Some(value) => v.parsed(&key("path_prefix"), value, "\"/files/\"", check_path_prefix).ok(),
         None => v.fail(&key("path_prefix"), "is missing", "add path_prefix = \"/files/\""),
     };
-    let host =
-        v.parsed(&key("host"), &r.host, "\"dl.example.com\"", |text| match split_host_port(text) {
-            Ok((host, None)) => Ok(host.to_string()),
-            Ok((host, Some(_))) => wrong(
-                format!("{text:?} has a port"),
-                format!("write host = \"{host}\": hosts are matched without the port"),
-            ),
-            Err(e) => wrong(
-                format!("{text:?} is not a host: {e}"),
-                "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
-            ),
-        });
+    let host = v.parsed(&key("host"), &r.host, "\"dl.example.com\"", route_host);
     let host = host.opt();
     let declared = around.declared;
     let upstream = match &r.upstream {
         Some(value) => {
             v.parsed(&key("upstream"), value, "\"origin\"", |name| upstream(name, declared)).ok()
         }
-        None => v.fail(
-            &key("upstream"),
-            "is missing",
-            match declared.and_then(|d| Some((d.iter().next()?, d))) {
+        None => {
+            let fix = match declared.and_then(|d| Some((d.iter().next()?, d))) {
                 Some((name, all)) => format!("add upstream = \"{name}\" (defined: {})", list(all)),
                 None => "define an upstream in [upstreams.NAME] and name it here".to_owned(),
-            },
-        ),
+            };
+            v.fail(&key("upstream"), "is missing", fix)
+        }
     };
     let strip_prefix = v.boolean(&key("strip_prefix"), &r.strip_prefix).or(false);
-    let middleware = r
-        .middleware
-        .as_ref()
-        .map_or(Some(Vec::new()), |raw| middleware(v, &key("middleware"), raw));
-    if let Some(specs) = &middleware {
-        // What each stage accepts is checked here, with everything else, so that `rangeway
-        // check` reports a bad option beside, say, an unknown upstream.
-        chains::check(v, at, specs);
-    }
+    let middleware = middleware(v, at, r.middleware.as_ref());
     let s3_client_keys = checked(r.s3_client_keys_file.as_ref(), |value| {
         secret::read_client_keys(v, &key("s3_client_keys_file"), value)
     });
@@ -284,6 +264,21 @@ fn check_one(
         } }
     })();
     (claim, route)
+}
+
+/// A route's `host`: a name or an address, matched without the port.
+fn route_host(text: &str) -> Result<String, Problem> {
+    match split_host_port(text) {
+        Ok((host, None)) => Ok(host.to_string()),
+        Ok((host, Some(_))) => wrong(
+            format!("{text:?} has a port"),
+            format!("write host = \"{host}\": hosts are matched without the port"),
+        ),
+        Err(e) => wrong(
+            format!("{text:?} is not a host: {e}"),
+            "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
+        ),
+    }
 }
 
 fn list(names: &BTreeSet<String>) -> String {
@@ -361,11 +356,15 @@ fn resume(v: &mut Ctx<'_>, at: &Path, r: &RawResume) -> Option<UpstreamResume> {
     complete! { UpstreamResume { attempts, deadline, backoff } }
 }
 
+/// The route's stages, and what each accepts checked here, with everything else, so that
+/// `rangeway check` reports a bad option beside, say, an unknown upstream.
 fn middleware(
     v: &mut Ctx<'_>,
-    at: &Path,
-    raw: &Tables<BTreeMap<String, Value>>,
+    route: &Path,
+    raw: Option<&Tables<BTreeMap<String, Value>>>,
 ) -> Option<Vec<MiddlewareSpec>> {
+    let Some(raw) = raw else { return Some(Vec::new()) };
+    let at = &route.key("middleware");
     let fix = "write middleware = [] for none, or one [[routes.middleware]] table per stage";
     let items = v.shaped(at, raw, "an array of tables", fix)?;
     let known = v.known_kinds.clone();
@@ -399,6 +398,9 @@ fn middleware(
         });
         let spec = kind.map(|kind| MiddlewareSpec { kind, options, path: at.to_string() });
         specs = push(specs, spec);
+    }
+    if let Some(specs) = &specs {
+        chains::check(v, route, specs);
     }
     specs
 }

@@ -120,15 +120,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
     let at = Path::default().key("state");
     let r = v.table(&at, raw, "[state] with backend = \"memory\"")?;
     let key = |key: &str| at.key(key);
-    let backends = [("memory", Backend::Memory), ("redis", Backend::Redis)];
-    let backend = v.choice(&key("backend"), &r.backend, "\"memory\"", &backends, |name| {
-        let fix = match suggest(name, ["memory", "redis"]) {
-            Some(near) => format!("did you mean \"{near}\"?"),
-            None => "use \"memory\" or \"redis\"".to_owned(),
-        };
-        (format!("unknown backend {name:?}"), fix)
-    });
-    let redis_url = r.redis_url.as_ref().map(|value| redis_target(v, &key("redis_url"), value));
+    let backend = backend(v, &at, r);
     let ttl = Duration::from_secs(1)..=Duration::from_secs(365 * 24 * 3600);
     let ttl = v.duration(&key("ttl"), &r.ttl, ttl).or(Duration::from_secs(24 * 3600));
     let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"rangeway:\"", |prefix| {
@@ -167,7 +159,37 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
         Ok(PathBuf::from(file))
     });
 
-    let backend = match (backend.opt()?, redis_url) {
+    let backend = backend?;
+    let snapshot_file = match (snapshot_file.opt(), &backend) {
+        (Some(Some(_)), StateBackend::Redis(_)) => v.fail(
+            &key("snapshot_file"),
+            "is for the memory store: Redis keeps the records itself",
+            "remove snapshot_file, or use backend = \"memory\"",
+        ),
+        (file, _) => file,
+    };
+    let id_key = id_key(v, &at, id_key_env?, id_key_file.opt()?, &backend)?;
+    let (max_memory, client_share) = (max_memory.or(256 << 20)?, client_share.or(0.01)?);
+    // Within f64's exact integers: `max_memory` is at most 1 TiB.
+    let max_client_memory = Some(((max_memory as f64 * client_share) as u64).max(1));
+    let (backend, id_key, max_memory) = (Some(backend), Some(id_key), Some(max_memory));
+    complete! { StateConfig {
+        backend, ttl, key_prefix, id_key, max_memory, max_client_memory, snapshot_file,
+    } }
+}
+
+/// `backend` and `redis_url`, which together say where state lives.
+fn backend(v: &mut Ctx<'_>, at: &Path, r: &RawState) -> Option<StateBackend> {
+    let backends = [("memory", Backend::Memory), ("redis", Backend::Redis)];
+    let backend = v.choice(&at.key("backend"), &r.backend, "\"memory\"", &backends, |name| {
+        let fix = match suggest(name, ["memory", "redis"]) {
+            Some(near) => format!("did you mean \"{near}\"?"),
+            None => "use \"memory\" or \"redis\"".to_owned(),
+        };
+        (format!("unknown backend {name:?}"), fix)
+    });
+    let redis_url = r.redis_url.as_ref().map(|value| redis_target(v, &at.key("redis_url"), value));
+    Some(match (backend.opt()?, redis_url) {
         // Without `backend`, a `redis_url` means Redis: an operator who wrote one and forgot
         // `backend` wants shared state, and silently running per-instance would break resumes
         // behind a load balancer.
@@ -179,25 +201,28 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
         (None | Some(Backend::Memory), None) => StateBackend::Memory,
         (Some(Backend::Redis), None) => {
             return v.fail(
-                &key("redis_url"),
+                &at.key("redis_url"),
                 "is required when backend = \"redis\"",
                 "add redis_url = \"redis://127.0.0.1:6379/0\" (or a list of node URLs for a \
                  cluster), or use backend = \"memory\"",
             );
         }
-    };
-    let snapshot_file = match (snapshot_file.opt(), &backend) {
-        (Some(Some(_)), StateBackend::Redis(_)) => v.fail(
-            &key("snapshot_file"),
-            "is for the memory store: Redis keeps the records itself",
-            "remove snapshot_file, or use backend = \"memory\"",
-        ),
-        (file, _) => file,
-    };
-    let id_key = match (id_key_env?, id_key_file.opt()?, &backend) {
+    })
+}
+
+/// The download ids' key: from `id_key_env` or `id_key_file`, one at most; with the memory
+/// store, a key of the process's own when neither is set.
+fn id_key(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    from_env: Option<Secret>,
+    from_file: Option<Secret>,
+    backend: &StateBackend,
+) -> Option<IdKeySource> {
+    Some(match (from_env, from_file, backend) {
         (Some(_), Some(_), _) => {
             return v.fail(
-                &key("id_key_file"),
+                &at.key("id_key_file"),
                 "is given with id_key_env: the key would come from two places",
                 "keep one of id_key_env and id_key_file",
             );
@@ -206,7 +231,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
         (None, None, StateBackend::Memory) => IdKeySource::Generated,
         (None, None, StateBackend::Redis(_)) => {
             return v.fail(
-                &key("id_key_env"),
+                &at.key("id_key_env"),
                 "is required with backend = \"redis\": every instance sharing the store must derive \
                  the same download ids, from a secret key",
                 format!(
@@ -216,14 +241,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
                 ),
             );
         }
-    };
-    let (max_memory, client_share) = (max_memory.or(256 << 20)?, client_share.or(0.01)?);
-    // Within f64's exact integers: `max_memory` is at most 1 TiB.
-    let max_client_memory = Some(((max_memory as f64 * client_share) as u64).max(1));
-    let (backend, id_key, max_memory) = (Some(backend), Some(id_key), Some(max_memory));
-    complete! { StateConfig {
-        backend, ttl, key_prefix, id_key, max_memory, max_client_memory, snapshot_file,
-    } }
+    })
 }
 
 fn id_key_env(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<Secret> {

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ::config::Value;
+
 use super::check::{Ctx, Got, Problem, checked, complete, read_small_file, wrong};
 use super::host::{Host, split_host_port};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
@@ -175,95 +177,15 @@ fn check_one(
     let s3 = r.bucket.is_some();
     if !s3 {
         // Checked first, so that a stray S3 key is reported however the rest reads.
-        let fix = "add bucket = \"NAME\" (with url = the S3 endpoint) to make this an S3 upstream, or remove it";
+        let fix = "add bucket = \"NAME\" (with url = the S3 endpoint) to make this an S3 upstream, \
+                   or remove it";
         refuse!(v, at, r: region, addressing, key_prefix, access_key_env, secret_key_env,
-            session_token_env, credentials_file, profile, anonymous; "applies to S3 upstreams only", fix);
+            session_token_env, credentials_file, profile, anonymous;
+            "applies to S3 upstreams only", fix);
     }
     let health_check =
         checked(r.health_check.as_ref(), |raw| health_check(v, &key("health_check"), raw));
-    let host_header = |v: &mut Ctx<'_>| {
-        v.parsed(&key("host_header"), &r.host_header, "\"origin.example.com\"", |text| {
-            match split_host_port(text) {
-                // A validated host and port are header-safe ASCII.
-                Ok(_) => Ok(text.to_owned()),
-                Err(e) => wrong(
-                    format!("{text:?} is not a host[:port]: {e}"),
-                    "write a host with an optional port, e.g. host_header = \"files.example.com\"",
-                ),
-            }
-        })
-        .opt()
-    };
-    let kind = match (&r.urls, &r.url, &r.dir) {
-        (Some(urls), None, None) => {
-            if s3 {
-                v.report(&key("urls"), "an S3 upstream has one endpoint", "use url = the S3 endpoint");
-            }
-            let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
-            let parsed = v.strings(&key("urls"), urls, "a url string", example, parse_http_url);
-            // Until the urls are good, which are https is unknown, and so whether the TLS keys
-            // apply: they are checked once the urls are fixed.
-            let tls = match &parsed {
-                Got::Good(urls) => tls_keys(v, at, r, urls.iter().find(|u| u.tls).map(|u| &u.host)),
-                _ => Some(Tls::default()),
-            };
-            let (host_header, urls) = (host_header(v), parsed.or(Vec::new())?);
-            if urls.is_empty() {
-                return v.fail(&key("urls"), "expected a non-empty list of urls", format!("write urls = {example}"));
-            }
-            // A route's paths are written under the base path, which must be every replica's.
-            if urls.windows(2).any(|pair| pair[0].base_path != pair[1].base_path) {
-                return v.fail(
-                    &key("urls"),
-                    "the urls have different paths",
-                    "give every replica the same path (or none): a route's paths are written under it",
-                );
-            }
-            let (tls, host_header) = (tls?, host_header?);
-            let replicas = urls.into_iter().map(|url| url.upstream(&tls, host_header.clone()));
-            Some(UpstreamKind::Replicas(replicas.collect()))
-        }
-        (Some(_), _, _) => {
-            v.fail(&key("urls"), "urls cannot be combined with url or dir", "keep urls (every replica) and remove url")
-        }
-        (None, Some(url), None) => {
-            let url = v.parsed(&key("url"), url, URL_EXAMPLE, parse_http_url);
-            // Until the url is good, its scheme is unknown, and so whether the TLS keys apply.
-            let tls = match &url {
-                Got::Good(url) => tls_keys(v, at, r, url.tls.then_some(&url.host)),
-                _ => Some(Tls::default()),
-            };
-            let endpoint = url.ok().zip(tls).map(|(url, tls)| url.upstream(&tls, None));
-            match s3 {
-                true => s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3),
-                false => {
-                    let (endpoint, host_header) = (endpoint, host_header(v));
-                    let (mut http, host_header) = (endpoint?, host_header?);
-                    http.host_header = host_header.unwrap_or(http.host_header);
-                    Some(UpstreamKind::Http(http))
-                }
-            }
-        }
-        (None, None, Some(_)) if s3 => v.fail(
-            at,
-            "has bucket but dir instead of url",
-            "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
-        ),
-        (None, None, Some(dir)) => {
-            let fix = "remove it: a dir upstream reads local files";
-            refuse!(v, at, r: ca_file, insecure_skip_verify, sni, host_header;
-                "applies to url upstreams only, not to dir", fix);
-            v.parsed(&key("dir"), dir, "\"./data\"", check_dir).ok().map(|path| UpstreamKind::Dir { path })
-        }
-        (None, Some(_), Some(_)) => {
-            v.fail(at, "has both url and dir", "keep one: url for an HTTP(S) origin, dir for a local folder")
-        }
-        (None, None, None) => v.fail(
-            at,
-            "has neither url nor dir",
-            format!("add url = {URL_EXAMPLE} for an HTTP(S) origin, or dir = \"./data\" for a local folder"),
-        ),
-    };
+    let kind = kind(v, at, r);
     let (kind, health_check) = (kind?, health_check?);
     if let (UpstreamKind::Dir { .. }, Some(_)) = (&kind, &health_check) {
         return v.fail(
@@ -276,6 +198,110 @@ fn check_one(
     complete! { UpstreamConfig {
         name, kind, connect_timeout, read_timeout, write_timeout, idle_timeout, health_check,
     } }
+}
+
+/// What the upstream is: its `urls`, its `url` (with `bucket`, an S3 store) or its `dir`.
+fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
+    let (key, s3) = (|key: &str| at.key(key), r.bucket.is_some());
+    match (&r.urls, &r.url, &r.dir) {
+        (Some(urls), None, None) => replicas(v, at, r, urls).map(UpstreamKind::Replicas),
+        (Some(_), _, _) => v.fail(
+            &key("urls"),
+            "urls cannot be combined with url or dir",
+            "keep urls (every replica) and remove url",
+        ),
+        (None, Some(url), None) => {
+            let url = v.parsed(&key("url"), url, URL_EXAMPLE, parse_http_url);
+            // Until the url is good, its scheme is unknown, and so whether the TLS keys apply.
+            let tls = match &url {
+                Got::Good(url) => tls_keys(v, at, r, url.tls.then_some(&url.host)),
+                _ => Some(Tls::default()),
+            };
+            let endpoint = url.ok().zip(tls).map(|(url, tls)| url.upstream(&tls, None));
+            if s3 {
+                return s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3);
+            }
+            let (endpoint, host_header) = (endpoint, host_header(v, at, r));
+            let (mut http, host_header) = (endpoint?, host_header?);
+            http.host_header = host_header.unwrap_or(http.host_header);
+            Some(UpstreamKind::Http(http))
+        }
+        (None, None, Some(_)) if s3 => v.fail(
+            at,
+            "has bucket but dir instead of url",
+            "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
+        ),
+        (None, None, Some(dir)) => {
+            let fix = "remove it: a dir upstream reads local files";
+            refuse!(v, at, r: ca_file, insecure_skip_verify, sni, host_header;
+                "applies to url upstreams only, not to dir", fix);
+            let path = v.parsed(&key("dir"), dir, "\"./data\"", check_dir).ok();
+            path.map(|path| UpstreamKind::Dir { path })
+        }
+        (None, Some(_), Some(_)) => v.fail(
+            at,
+            "has both url and dir",
+            "keep one: url for an HTTP(S) origin, dir for a local folder",
+        ),
+        (None, None, None) => v.fail(
+            at,
+            "has neither url nor dir",
+            format!(
+                "add url = {URL_EXAMPLE} for an HTTP(S) origin, or dir = \"./data\" for a local folder"
+            ),
+        ),
+    }
+}
+
+/// `urls = [...]`: replicas of one origin. Their paths must agree (a route's paths are written
+/// under it), the TLS keys apply to the https ones, and `host_header` to all.
+fn replicas(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    r: &RawUpstream,
+    urls: &Value,
+) -> Option<Vec<HttpUpstream>> {
+    let key = |key: &str| at.key(key);
+    if r.bucket.is_some() {
+        v.report(&key("urls"), "an S3 upstream has one endpoint", "use url = the S3 endpoint");
+    }
+    let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
+    let parsed = v.strings(&key("urls"), urls, "a url string", example, parse_http_url);
+    // Until the urls are good, which are https is unknown, and so whether the TLS keys apply:
+    // they are checked once the urls are fixed.
+    let tls = match &parsed {
+        Got::Good(urls) => tls_keys(v, at, r, urls.iter().find(|u| u.tls).map(|u| &u.host)),
+        _ => Some(Tls::default()),
+    };
+    let (host_header, urls) = (host_header(v, at, r), parsed.or(Vec::new())?);
+    if urls.is_empty() {
+        let fix = format!("write urls = {example}");
+        return v.fail(&key("urls"), "expected a non-empty list of urls", fix);
+    }
+    if urls.windows(2).any(|pair| pair[0].base_path != pair[1].base_path) {
+        return v.fail(
+            &key("urls"),
+            "the urls have different paths",
+            "give every replica the same path (or none): a route's paths are written under it",
+        );
+    }
+    let (tls, host_header) = (tls?, host_header?);
+    Some(urls.into_iter().map(|url| url.upstream(&tls, host_header.clone())).collect())
+}
+
+fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<String>> {
+    let example = "\"origin.example.com\"";
+    let host_header = v.parsed(&at.key("host_header"), &r.host_header, example, |text| {
+        match split_host_port(text) {
+            // A validated host and port are header-safe ASCII.
+            Ok(_) => Ok(text.to_owned()),
+            Err(e) => wrong(
+                format!("{text:?} is not a host[:port]: {e}"),
+                "write a host with an optional port, e.g. host_header = \"files.example.com\"",
+            ),
+        }
+    });
+    host_header.opt()
 }
 
 fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
@@ -381,25 +407,7 @@ fn s3_upstream(
     });
     let addressing = addressing.or(Addressing::Path);
     let virtual_host = addressing == Some(Addressing::VirtualHost);
-    // S3's naming rules; `_` and capitals too for path-style addressing, as older buckets and
-    // S3-compatible stores allow them.
-    let bucket = v.parsed(&key("bucket"), &r.bucket, "\"releases\"", |bucket| {
-        let dns_safe = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-';
-        let path_safe = |b: u8| dns_safe(b) || b.is_ascii_uppercase() || b == b'_';
-        let edge_ok = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
-        let valid = (3..=63).contains(&bucket.len())
-            && bucket.bytes().all(|b| if virtual_host { dns_safe(b) } else { path_safe(b) })
-            && edge_ok(bucket.as_bytes().first())
-            && edge_ok(bucket.as_bytes().last())
-            && !bucket.contains("..");
-        let rule = if virtual_host {
-            "3 to 63 lower-case letters, digits, '.' and '-', beginning and ending with a letter or \
-             digit (it becomes part of a host name)"
-        } else {
-            "3 to 63 letters, digits, '.', '-' and '_', beginning and ending with a letter or digit"
-        };
-        if valid { Ok(bucket.to_owned()) } else { wrong(format!("{bucket:?} is not a valid bucket name"), format!("write the bucket's name: {rule}")) }
-    });
+    let bucket = v.parsed(&key("bucket"), &r.bucket, "\"releases\"", |b| bucket(b, virtual_host));
     let region = v.parsed(&key("region"), &r.region, "\"us-east-1\"", |region| {
         if !region.is_empty()
             && region.len() <= 64
@@ -414,24 +422,7 @@ fn s3_upstream(
         )
     });
     let region = region.or("us-east-1".to_owned());
-    // A folder of the bucket: segments without `.`/`..`, empty parts or control characters, so
-    // that no key can be written above it.
-    let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"builds/2026\"", |prefix| {
-        let segments: Vec<String> =
-            prefix.split('/').filter(|s| !s.is_empty()).map(str::to_owned).collect();
-        let problem = if prefix.trim_matches('/').contains("//") {
-            "has an empty segment (//)"
-        } else if segments.iter().any(|s| s == "." || s == "..") {
-            "has a '.' or '..' segment"
-        } else if prefix.chars().any(|c| c.is_control() || c == '\\') {
-            "has a control character or a backslash"
-        } else {
-            return Ok(segments);
-        };
-        let fix =
-            "write the folder's key prefix as plain segments, e.g. key_prefix = \"builds/2026\"";
-        wrong(problem, fix)
-    });
+    let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"builds/2026\"", key_prefix);
     let key_prefix = key_prefix.or(Vec::new());
     let credentials = match v.boolean(&key("anonymous"), &r.anonymous).or(false) {
         Some(true) => {
@@ -461,6 +452,50 @@ fn s3_upstream(
     }
     let (endpoint, bucket) = (Some(endpoint), bucket.ok());
     complete! { S3Upstream { endpoint, bucket, region, addressing, key_prefix, credentials } }
+}
+
+/// A bucket's name, by S3's naming rules; `_` and capitals too for path-style addressing, as older
+/// buckets and S3-compatible stores allow them.
+fn bucket(bucket: &str, virtual_host: bool) -> Result<String, Problem> {
+    let dns_safe = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-';
+    let path_safe = |b: u8| dns_safe(b) || b.is_ascii_uppercase() || b == b'_';
+    let edge_ok = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
+    if (3..=63).contains(&bucket.len())
+        && bucket.bytes().all(|b| if virtual_host { dns_safe(b) } else { path_safe(b) })
+        && edge_ok(bucket.as_bytes().first())
+        && edge_ok(bucket.as_bytes().last())
+        && !bucket.contains("..")
+    {
+        return Ok(bucket.to_owned());
+    }
+    let rule = if virtual_host {
+        "3 to 63 lower-case letters, digits, '.' and '-', beginning and ending with a letter or \
+         digit (it becomes part of a host name)"
+    } else {
+        "3 to 63 letters, digits, '.', '-' and '_', beginning and ending with a letter or digit"
+    };
+    wrong(
+        format!("{bucket:?} is not a valid bucket name"),
+        format!("write the bucket's name: {rule}"),
+    )
+}
+
+/// A folder of the bucket: segments without `.`/`..`, empty parts or control characters, so that
+/// no key can be written above it.
+fn key_prefix(prefix: &str) -> Result<Vec<String>, Problem> {
+    let segments: Vec<String> =
+        prefix.split('/').filter(|s| !s.is_empty()).map(str::to_owned).collect();
+    let problem = if prefix.trim_matches('/').contains("//") {
+        "has an empty segment (//)"
+    } else if segments.iter().any(|s| s == "." || s == "..") {
+        "has a '.' or '..' segment"
+    } else if prefix.chars().any(|c| c.is_control() || c == '\\') {
+        "has a control character or a backslash"
+    } else {
+        return Ok(segments);
+    };
+    let fix = "write the folder's key prefix as plain segments, e.g. key_prefix = \"builds/2026\"";
+    wrong(problem, fix)
 }
 
 /// Credentials, by the first source configured: `access_key_env`/`secret_key_env`, then
