@@ -24,8 +24,8 @@ pub(super) enum Transport {
     /// proxy; they are refused now.
     #[default]
     Pingora,
-    /// rangeway's relay (`relay.rs`): its own upstream client, the answer through the same phases
-    /// as pingora's, the body read in chunks — from the origin's socket straight into the chunks
+    /// rangeway's relay (`source.rs`, `source_body.rs`, `deliver.rs`): its own upstream client, the
+    /// body read in chunks — from the origin's socket straight into the chunks
     /// the stages take, where pingora would copy each — through the body filter; continued from
     /// where the origin breaks it off when `resume` says how.
     Relay { resume: Option<UpstreamResume> },
