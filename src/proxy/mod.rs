@@ -13,6 +13,7 @@
 
 mod admit;
 mod answer;
+mod client_session;
 mod completion;
 mod context;
 mod deliver;
@@ -40,14 +41,12 @@ mod under_way;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use http::StatusCode;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use rangeway_middleware::rfc9110::RangeLimits;
 use tracing::Instrument as _;
-use tracing::info;
 
 use crate::cache::SliceCache;
 use crate::config::{ClientLimits, IpNet};
@@ -58,7 +57,7 @@ use crate::state::StateStore;
 use crate::telemetry::live::LiveResponses;
 use crate::telemetry::metrics::Metrics;
 use crate::traces::Traces;
-use answer::{error_answer, respond};
+use client_session::{ClientSession, answer_pipelined};
 use completion::Completions;
 use context::RequestCtx;
 use deliver::ClientWatch;
@@ -143,7 +142,7 @@ impl Proxy {
     /// Answers the request: its way through the pipeline's steps. Every step but the last may
     /// answer it itself (a refusal, an error), and the rest is skipped; `record` follows in any
     /// case, from pingora's `logging`.
-    async fn answer(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
+    async fn answer(&self, session: &mut impl ClientSession, ctx: &mut RequestCtx) -> Result<()> {
         if let Some(traces) = &self.traces {
             ctx.trace = traces.start(&session.req_header().headers).map(RequestTrace::new);
         }
@@ -186,6 +185,7 @@ impl ProxyHttp for Proxy {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        answer_pipelined(session);
         self.answer(session, ctx).await?;
         Ok(true)
     }
@@ -210,13 +210,7 @@ impl ProxyHttp for Proxy {
         e: &Error,
         ctx: &mut Self::CTX,
     ) -> FailToProxy {
-        let (status, message) = error_answer(e);
-        if status != 0 && session.response_written().is_none() {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-            if let Err(write_error) = respond(session, status, message, &[]).await {
-                info!(route = ctx.route_name(), error = %write_error, "could not send the error answer");
-            }
-        }
+        let status = self.answer_failure(session, e, ctx).await;
         FailToProxy { error_code: status, can_reuse_downstream: false }
     }
 
