@@ -136,6 +136,14 @@ impl Proxy {
         self.cache = cache;
         self
     }
+
+    /// The proxy, asking origins through `client` (its completion passes too).
+    #[cfg(test)]
+    pub(crate) fn with_origin_client(mut self, client: OriginClient) -> Self {
+        self.origin_client = Arc::new(client);
+        self.completions = Arc::new(Completions::new(Arc::clone(&self.origin_client)));
+        self
+    }
 }
 
 impl Proxy {
