@@ -25,6 +25,8 @@ mod negotiation;
 mod origin_digest;
 mod origin_request;
 mod pace;
+#[cfg(test)]
+mod pipeline_tests;
 mod plan;
 mod record;
 mod s3;

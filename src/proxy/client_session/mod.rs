@@ -12,6 +12,9 @@
 
 mod pingora;
 
+#[cfg(test)]
+pub(super) mod memory;
+
 use std::future::Future;
 use std::os::fd::RawFd;
 use std::time::Duration;
