@@ -28,7 +28,7 @@ use crate::state::DownloadSession;
 #[path = "../../tests/support/multipart.rs"]
 mod multipart;
 
-/// The answers as `multipart` reads them.
+/// The answers as `multipart` reads them: it names them as the integration tests' client does.
 mod http {
     /// An answer as its client got it.
     #[derive(Debug)]
