@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -155,19 +155,16 @@ pub fn build(
         if sample.is_some() {
             sample_names.push(name.clone());
         }
-        let origin = DirOrigin::new(path, range_limits).map_err(|source| StartError::Folder {
-            name: name.clone(),
-            path: path.clone(),
-            source,
-        })?;
-        let socket = dir::socket_path(name);
+        let origin = dir_origin(name, path, range_limits)?;
+        let dir_service = DirService::new(name, path);
         let mut service = Service::new(format!("dir origin {name}"), origin);
-        service.add_uds(&socket.to_string_lossy(), None);
+        service.add_uds(&dir_service.socket.to_string_lossy(), None);
         service.threads = Some(1);
         server.add_service(service);
-        dirs.insert(name.clone(), DirService { folder: path.clone(), socket });
+        dirs.insert(name.clone(), dir_service);
     }
-    let table = build_routes(config, chains, &dirs, &metrics)?;
+    let Assembled { proxy, routes, live, cache } =
+        assemble_proxy(config, chains, &dirs, &store, &metrics)?;
     let samples = config
         .routes
         .iter()
@@ -176,30 +173,8 @@ pub fn build(
         .map(|route| format!("{}/{}", route.path_prefix.trim_end_matches('/'), dir::SAMPLE_NAME))
         .collect();
 
-    let routes = Arc::new(RouteSwitch::new(table));
     let routes_in_force = Arc::clone(&routes);
     server.add_service(background_service("health checks", HealthChecks::new(Arc::clone(&routes))));
-    let live = Arc::new(LiveResponses::new());
-    let id_key = match (&config.state.id_key, &config.state.snapshot_file) {
-        (IdKeySource::Configured(key), _) => FingerprintKey::new(key.expose().as_bytes()),
-        // The ids the records are kept under must name the same downloads after a restart.
-        (IdKeySource::Generated, Some(file)) => FingerprintKey::new(&SnapshotFile::id_key(file)?),
-        (IdKeySource::Generated, None) => FingerprintKey::generate().map_err(StartError::IdKey)?,
-    };
-    let cache =
-        config.cache.as_ref().and_then(|cache| SliceCache::open(cache, &metrics)).map(Arc::new);
-    let proxy = Proxy::new(
-        Arc::clone(&routes),
-        range_limits,
-        Arc::clone(&metrics),
-        Arc::clone(&store),
-        Arc::clone(&live),
-        config.server.client_limits,
-        id_key,
-    )
-    .with_cache(cache.clone())
-    .with_traces(config.traces.as_ref().map(|traces| Traces::new(traces.sampling)))
-    .with_trusted_proxies(config.server.trusted_proxies.clone());
     let mut proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
     proxy.h2_options = Some(h2_options());
     // HTTP/1's idle wait is timed by the admission's wrapper; HTTP/2's, with no stream open, by
@@ -259,6 +234,85 @@ pub fn build(
         dirs,
         certificates,
         snapshot,
+    })
+}
+
+/// The proxy and what it shares with the server's other services.
+struct Assembled {
+    proxy: Proxy,
+    /// The route table in force, which the health checks and the admin listener read and a
+    /// reload replaces.
+    routes: Arc<RouteSwitch>,
+    live: Arc<LiveResponses>,
+    cache: Option<Arc<SliceCache>>,
+}
+
+/// The proxy `config` describes: its routes, with their middleware (`chains`) and their `dir`
+/// upstreams reached through `dirs`; the download ids' key; the slice cache; over `store`.
+fn assemble_proxy(
+    config: &Config,
+    chains: Vec<Chain>,
+    dirs: &BTreeMap<String, DirService>,
+    store: &Arc<dyn StateStore>,
+    metrics: &Arc<Metrics>,
+) -> Result<Assembled, StartError> {
+    let table = build_routes(config, chains, dirs, metrics)?;
+    let routes = Arc::new(RouteSwitch::new(table));
+    let live = Arc::new(LiveResponses::new());
+    let id_key = match (&config.state.id_key, &config.state.snapshot_file) {
+        (IdKeySource::Configured(key), _) => FingerprintKey::new(key.expose().as_bytes()),
+        // The ids the records are kept under must name the same downloads after a restart.
+        (IdKeySource::Generated, Some(file)) => FingerprintKey::new(&SnapshotFile::id_key(file)?),
+        (IdKeySource::Generated, None) => FingerprintKey::generate().map_err(StartError::IdKey)?,
+    };
+    let cache =
+        config.cache.as_ref().and_then(|cache| SliceCache::open(cache, metrics)).map(Arc::new);
+    let proxy = Proxy::new(
+        Arc::clone(&routes),
+        RangeLimits::with_max_ranges(config.server.max_ranges),
+        Arc::clone(metrics),
+        Arc::clone(store),
+        Arc::clone(&live),
+        config.server.client_limits,
+        id_key,
+    )
+    .with_cache(cache.clone())
+    .with_traces(config.traces.as_ref().map(|traces| Traces::new(traces.sampling)))
+    .with_trusted_proxies(config.server.trusted_proxies.clone());
+    Ok(Assembled { proxy, routes, live, cache })
+}
+
+/// The proxy `config` describes, as [`build`] makes it, with the embedded store and its `dir`
+/// upstreams served in memory rather than on sockets (the pipeline's tests); and those origins.
+#[cfg(test)]
+pub(crate) fn in_memory(
+    config: &Config,
+    registry: &StageRegistry,
+) -> Result<(Proxy, Arc<crate::origin::memory::MemoryOrigins>), StartError> {
+    let chains = config.build_chains(registry).map_err(StartError::Middleware)?;
+    let range_limits = RangeLimits::with_max_ranges(config.server.max_ranges);
+    let (mut origins, mut dirs) = (crate::origin::memory::MemoryOrigins::new(), BTreeMap::new());
+    for (name, upstream) in &config.upstreams {
+        if let UpstreamKind::Dir { path } = &upstream.kind {
+            let service = DirService::new(name, path);
+            origins.serve(service.socket.clone(), dir_origin(name, path, range_limits)?);
+            dirs.insert(name.clone(), service);
+        }
+    }
+    let origins = Arc::new(origins);
+    let store: Arc<dyn StateStore> = Arc::new(state::memory_store(&config.state));
+    let metrics = Arc::new(Metrics::new());
+    let Assembled { proxy, .. } = assemble_proxy(config, chains, &dirs, &store, &metrics)?;
+    let client = crate::routes::origin_client::OriginClient::in_memory(Arc::clone(&origins));
+    Ok((proxy.with_origin_client(client), origins))
+}
+
+/// The origin that serves `name`'s folder at `path`.
+fn dir_origin(name: &str, path: &Path, range_limits: RangeLimits) -> Result<DirOrigin, StartError> {
+    DirOrigin::new(path, range_limits).map_err(|source| StartError::Folder {
+        name: name.to_owned(),
+        path: path.to_owned(),
+        source,
     })
 }
 
@@ -349,6 +403,13 @@ fn h2_options() -> pingora_core::protocols::http::v2::server::H2Options {
 pub struct DirService {
     folder: PathBuf,
     socket: PathBuf,
+}
+
+impl DirService {
+    /// The service of upstream `name`'s `folder`, on a socket of its own.
+    fn new(name: &str, folder: &Path) -> Self {
+        Self { folder: folder.to_owned(), socket: dir::socket_path(name) }
+    }
 }
 
 /// The upstreams and routes of `config`, with their middleware (`chains`, one per route).

@@ -52,6 +52,8 @@ use crate::routes::origin_client::OriginClient;
 use crate::telemetry::metrics::Metrics;
 use fill::Fills;
 pub(crate) use fill::{CacheBody, OutputWriter, Segment};
+#[cfg(test)]
+pub(crate) use store::tests::Folder;
 use store::{SliceId, SliceStore, VersionKey};
 
 /// How long an object whose answers may not be cached is sent straight to its origin before

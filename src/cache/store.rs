@@ -835,7 +835,7 @@ fn crc_of(file: &File, len: u64) -> io::Result<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::SystemTime;
 
     use http::HeaderMap;
@@ -846,10 +846,10 @@ mod tests {
     const SLICE: u64 = 1 << 20;
 
     /// A folder under the temp dir, removed with what is in it on drop.
-    struct Folder(PathBuf);
+    pub(crate) struct Folder(pub(crate) PathBuf);
 
     impl Folder {
-        fn new(tag: &str) -> Self {
+        pub(crate) fn new(tag: &str) -> Self {
             let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap();
             let name = format!("rangeway-store-{tag}-{}-{}", std::process::id(), nanos.as_nanos());
             let path = std::env::temp_dir().join(name);

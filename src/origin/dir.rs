@@ -301,7 +301,7 @@ pub fn prepare_folder(root: &Path) -> std::io::Result<Option<PathBuf>> {
 }
 
 /// Deterministic, incompressible bytes (xorshift64*), so every run writes the same sample.
-fn sample_bytes(len: usize) -> Vec<u8> {
+pub(crate) fn sample_bytes(len: usize) -> Vec<u8> {
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut out = Vec::with_capacity(len);
     while out.len() < len {

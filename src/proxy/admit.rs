@@ -6,13 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode, header};
-use pingora_core::protocols::http::ServerSession;
 use pingora_error::Result;
-use pingora_proxy::Session;
 use tracing::info;
 
 use super::Proxy;
 use super::answer::{Lapsed, declares_body, header_over_limits, respond};
+use super::client_session::ClientSession;
 use super::context::RequestCtx;
 use super::download;
 use crate::client_address;
@@ -43,7 +42,7 @@ impl Proxy {
     /// Admits the request, or answers it (`None`).
     pub(super) async fn admit(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Admitted>> {
         let Some((route, path)) = self.route_request(session, ctx).await? else { return Ok(None) };
@@ -58,28 +57,23 @@ impl Proxy {
     /// it; `None` once answered otherwise.
     async fn route_request(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
     ) -> Result<Option<(Arc<Route>, NormalizedPath)>> {
         // A client that takes none of the response for this long is cut, rather than holding its
         // buffers and upstream connection indefinitely.
-        session.set_write_timeout(Some(self.client_limits.write_timeout));
+        session.set_write_timeout(self.client_limits.write_timeout);
         if let Some(problem) = header_over_limits(session.req_header(), &self.client_limits) {
             // The connection ends with this answer: a client that sends such headers once will
             // again, and what follows them on the connection is not worth reading.
-            session.set_keepalive(None);
+            session.close_after_response();
             let status = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
             respond(session, status, problem, &[(header::CONNECTION, "close")]).await?;
             return Ok(None);
         }
-        // Requests a client pipelines on its connection are answered in turn (RFC 9112 §9.3.2),
-        // where pingora would close the connection after the first and drop the others.
-        if let ServerSession::H1(h1) = session.as_downstream_mut() {
-            h1.set_pipelining_enabled(true);
-        }
         let req = session.req_header();
         ctx.client = session
-            .client_addr()
+            .peer()
             .and_then(|addr| addr.as_inet())
             .map(|addr| client_address::client(addr.ip(), &req.headers, &self.trusted_proxies));
         if req.version == http::Version::HTTP_11 && !req.headers.contains_key(header::HOST) {
@@ -101,7 +95,7 @@ impl Proxy {
         }
         if declares_body(&req.headers) {
             // What follows the header on the connection may be read as anything: it ends here.
-            session.set_keepalive(None);
+            session.close_after_response();
             let problem = "a GET or HEAD request has no body: send it without one\n";
             let close = [(header::CONNECTION, "close")];
             respond(session, StatusCode::BAD_REQUEST, problem, &close).await?;
@@ -126,7 +120,7 @@ impl Proxy {
     /// what; `None` once refused.
     async fn authorize(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &RequestCtx,
         route: &Route,
         path: &NormalizedPath,

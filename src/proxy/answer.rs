@@ -5,12 +5,12 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
-use pingora_proxy::Session;
 use rangeway_middleware::rfc9110::unsatisfied_content_range;
 use std::time::{Duration, UNIX_EPOCH};
 use tracing::info;
 
 use super::Proxy;
+use super::client_session::ClientSession;
 use super::context::{BodyPlan, RequestCtx};
 use super::download::{DOWNLOAD_ID, DownloadId};
 use super::hop_by_hop::VIA;
@@ -177,7 +177,7 @@ pub(super) fn empty_answer(response: &mut ResponseHeader, status: StatusCode) ->
 
 /// A short answer of rangeway's own.
 pub(super) async fn respond(
-    session: &mut Session,
+    session: &mut impl ClientSession,
     status: StatusCode,
     message: &str,
     extra: &[(header::HeaderName, &str)],
@@ -194,9 +194,9 @@ pub(super) async fn respond(
         )?;
     }
     let head_only = session.req_header().method == Method::HEAD;
-    session.write_response_header(Box::new(response), head_only).await?;
+    session.write_header(Box::new(response), head_only).await?;
     if !head_only {
-        session.write_response_body(Some(Bytes::copy_from_slice(message.as_bytes())), true).await?;
+        session.write_body(Some(Bytes::copy_from_slice(message.as_bytes())), true).await?;
     }
     Ok(())
 }
@@ -252,11 +252,29 @@ pub(super) fn error_kind(e: &Error) -> &'static str {
 }
 
 impl Proxy {
+    /// Answers a request the pipeline failed with `e`, unless its header went out already or
+    /// its client is gone: the status the failure is counted with (0: none).
+    pub(super) async fn answer_failure(
+        &self,
+        session: &mut impl ClientSession,
+        e: &Error,
+        ctx: &RequestCtx,
+    ) -> u16 {
+        let (status, message) = error_answer(e);
+        if status != 0 && session.response_written().is_none() {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            if let Err(write_error) = respond(session, status, message, &[]).await {
+                info!(route = ctx.route_name(), error = %write_error, "could not send the error answer");
+            }
+        }
+        status
+    }
+
     /// Refuses a download past its route's concurrent-download limits (429), before the origin
     /// is asked.
     pub(super) async fn refuse_limited(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &RequestCtx,
         limit: Limit,
     ) -> Result<bool> {
@@ -281,7 +299,7 @@ impl Proxy {
     /// a presigned URL's is S3's own answer, 403 `AccessDenied`, which SDKs know.
     pub(super) async fn refuse_lapsed(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         route: &str,
         lapse: Lapsed,
     ) -> Result<bool> {
@@ -325,7 +343,7 @@ impl Proxy {
     /// that says how to download it so that it can be resumed.
     pub(super) async fn refuse_ambiguous(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         download: &DownloadId,
     ) -> Result<()> {

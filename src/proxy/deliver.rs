@@ -10,19 +10,17 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
-use pingora_core::protocols::http::{HttpTask, ServerSession};
 use pingora_error::{Error, ErrorSource, ErrorType, OrErr, Result};
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
 
 use super::Proxy;
+use super::client_session::ClientSession;
 use super::context::RequestCtx;
 use super::pace::Pacer;
 use super::source::Sourced;
 use super::source_body::{BodyReader, Piece, Pump, READ_BYTES, UpstreamBody};
 use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
 use super::transport::{BodyFrom, KernelBody};
-use crate::admission::ClientConnection;
 use crate::cache::{CacheBody, Segment};
 use crate::routes::Route;
 use crate::routes::origin_client::{Exchange, Tries};
@@ -40,7 +38,7 @@ impl Proxy {
     /// Writes the client's answer, shaped in `ctx`, with the source's body.
     pub(super) async fn deliver(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         route: &Arc<Route>,
         sourced: Sourced,
@@ -77,7 +75,7 @@ impl Proxy {
             .and_then(|from| {
                 ctx.transport.for_body(session, ctx.passes_body_untouched(), from, &response)
             });
-        unsent_bounded(session, kernel_way.is_some());
+        session.bound_unsent(kernel_way.is_some());
         match (kernel_way, body) {
             (
                 Some((way, KernelBody { client, len, pipe: Some(pipe) })),
@@ -93,7 +91,7 @@ impl Proxy {
                 Box::pin(self.send_files(session, ctx, response, (client, len), cached)).await
             }
             (_, Some(body)) if head_only => {
-                session.write_response_header(Box::new(response), true).await?;
+                session.write_header(Box::new(response), true).await?;
                 body.release(&self.origin_client).await;
                 Ok(())
             }
@@ -102,9 +100,9 @@ impl Proxy {
                 // A cached answer without a body (HEAD, 304, 412, 416).
                 let mut end = None;
                 self.filter_body(&mut end, true, ctx)?;
-                session.write_response_header(Box::new(response), end.is_none()).await?;
+                session.write_header(Box::new(response), end.is_none()).await?;
                 if end.is_some() {
-                    session.write_response_body(end, true).await?;
+                    session.write_body(end, true).await?;
                 }
                 Ok(())
             }
@@ -139,7 +137,7 @@ impl Proxy {
     /// body continued where it breaks.
     async fn copy(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
         mut body: UpstreamBody,
@@ -151,17 +149,17 @@ impl Proxy {
         if done {
             // Pooled before the client hears of the end: its next request may want it.
             body.release(&self.origin_client).await;
-            session.write_response_header(Box::new(response), false).await?;
+            session.write_header(Box::new(response), false).await?;
             let out = chunks.len();
             if out == 0 {
-                return session.write_response_body(None, true).await;
+                return session.write_body(None, true).await;
             }
             for (i, chunk) in chunks.into_iter().enumerate() {
                 write_out(session, ctx, Some(chunk), i + 1 == out).await?;
             }
             return Ok(());
         }
-        session.write_response_header(Box::new(response), false).await?;
+        session.write_header(Box::new(response), false).await?;
         for chunk in chunks {
             write_out(session, ctx, Some(chunk), false).await?;
         }
@@ -188,7 +186,7 @@ impl Proxy {
     /// rather than a cut 200 — what pingora does with the header and body it reads in one go.
     async fn hold(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         body: &mut UpstreamBody,
         pump: &mut Pump,
@@ -242,14 +240,14 @@ impl Proxy {
     /// (see splice.rs), continuing it where the origin breaks it off as the relay does.
     async fn splice(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
         (client, len, mut pipe): (RawSocket, u64, Pipe),
         exchange: Exchange,
         pump: Pump,
     ) -> Result<()> {
-        write_header_now(session, response).await?;
+        session.write_header_now(Box::new(response)).await?;
         let spliced = self.splice_body(ctx, &client, &mut pipe, len, exchange, pump).await;
         self.account_sent_aside(session, ctx, spliced).await
     }
@@ -260,11 +258,11 @@ impl Proxy {
     /// any other response.
     async fn account_sent_aside(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         outcome: Result<()>,
     ) -> Result<()> {
-        if !sent_aside(session, ctx.spliced) {
+        if !session.note_sent_aside(ctx.spliced) {
             return Err(Error::explain(
                 ErrorType::InternalError,
                 "a spliced response was not accounted",
@@ -273,19 +271,19 @@ impl Proxy {
         let mut left = ctx.spliced;
         while left > 0 {
             let n = left.min(SENT_ASIDE.len() as u64) as usize;
-            session.write_response_body(Some(Bytes::from_static(&SENT_ASIDE[..n])), false).await?;
+            session.write_body(Some(Bytes::from_static(&SENT_ASIDE[..n])), false).await?;
             left -= n as u64;
         }
         outcome?;
-        if unaccounted(session) != 0 {
+        if session.unaccounted() != 0 {
             // What is left would swallow the next response's bytes: the connection must end.
-            session.set_keepalive(None);
+            session.close_after_response();
             return Err(Error::explain(
                 ErrorType::InternalError,
                 "a spliced body was not accounted",
             ));
         }
-        session.write_response_body(None, true).await
+        session.write_body(None, true).await
     }
 
     /// Answers with `response` and sends its body from the cache's files to the client's socket
@@ -293,13 +291,13 @@ impl Proxy {
     /// a splice is.
     async fn send_files(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
         (client, len): (RawSocket, u64),
         mut body: Box<CacheBody>,
     ) -> Result<()> {
-        write_header_now(session, response).await?;
+        session.write_header_now(Box::new(response)).await?;
         let write = self.client_limits.write_timeout;
         let live = ctx.live.as_ref();
         let mut sent = 0u64;
@@ -443,7 +441,7 @@ impl Proxy {
     /// One chunk (or the end) through the body filter, then to the client.
     async fn forward(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         chunk: Option<Bytes>,
         end: bool,
@@ -458,39 +456,35 @@ impl Proxy {
 }
 
 /// How the relay learns that its client went away while the origin (or the cache's fetch) keeps
-/// it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2, its stream reset or its
-/// connection gone. Dropping the wait drops the origin's request with it.
+/// it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2 (a session without a socket
+/// of its own), its stream reset or its connection gone, as the session tells
+/// (`ClientSession::stream_gone`). Dropping the wait drops the origin's request with it.
 pub(super) enum ClientWatch {
     Socket(RawSocket),
     Stream,
+    /// The socket could not be duplicated.
     Unwatched,
 }
 
 impl ClientWatch {
-    pub(super) fn of(session: &Session) -> Self {
-        match session.as_downstream() {
-            ServerSession::H1(h1) => {
-                RawSocket::duplicate(h1.stream().id()).map_or(Self::Unwatched, Self::Socket)
-            }
-            ServerSession::H2(_) => Self::Stream,
-            _ => Self::Unwatched,
+    pub(super) fn of(session: &impl ClientSession) -> Self {
+        match session.connection_fd() {
+            Some(fd) => RawSocket::duplicate(fd).map_or(Self::Unwatched, Self::Socket),
+            None => Self::Stream,
         }
     }
 
     /// `work`'s outcome, or a client-gone error as soon as the client is gone.
     pub(super) async fn unless_gone<T>(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         work: impl Future<Output = T>,
     ) -> Result<T> {
         let gone = async {
-            match (self, session.as_downstream_mut()) {
-                (Self::Socket(socket), _) => socket.closed().await,
-                (Self::Stream, ServerSession::H2(h2)) => {
-                    // Its reason does not matter: the stream will not take an answer.
-                    let _ = h2.idle().await;
-                }
-                _ => std::future::pending().await,
+            match self {
+                Self::Socket(socket) => socket.closed().await,
+                Self::Stream => session.stream_gone().await,
+                Self::Unwatched => std::future::pending().await,
             }
         };
         tokio::select! {
@@ -508,7 +502,7 @@ pub(super) fn client_gone() -> Box<Error> {
 /// Writes `body` to the client: at once, or on a shaped route paced in steps (`pace.rs`). A traced
 /// request counts the time the client held the writes up (pacing not included).
 async fn write_out(
-    session: &mut Session,
+    session: &mut impl ClientSession,
     ctx: &mut RequestCtx,
     body: Option<Bytes>,
     end: bool,
@@ -517,74 +511,28 @@ async fn write_out(
         && let Some(trace) = ctx.trace.as_mut()
     {
         let (began, len) = (Instant::now(), body.as_ref().map_or(0, Bytes::len));
-        let written = session.write_response_body(body, end).await;
+        let written = session.write_body(body, end).await;
         trace.client_wrote(len, began.elapsed());
         return written;
     }
     let Some(pacer) = ctx.pacer.as_mut() else {
-        return session.write_response_body(body, end).await;
+        return session.write_body(body, end).await;
     };
     let Some(mut body) = body else {
-        return session.write_response_body(None, end).await;
+        return session.write_body(None, end).await;
     };
     while body.len() > pacer.step() {
         let step = body.split_to(pacer.step());
         pacer.wait(step.len()).await;
-        session.write_response_body(Some(step), false).await?;
+        session.write_body(Some(step), false).await?;
     }
     pacer.wait(body.len()).await;
-    session.write_response_body(Some(body), end).await
+    session.write_body(Some(body), end).await
 }
 
 /// What pingora's writer is handed for the bytes that went past it: never read, never sent (see
 /// `ClientConnection::note_sent_aside`); zeroed, so it costs no memory until something reads it.
 static SENT_ASIDE: [u8; 1 << 20] = [0; 1 << 20];
-
-/// Tells the client connection that `bytes` of body went out past pingora's writer. `false` when
-/// it cannot be told (no admission wrapper): pingora's writes would then reach the client.
-fn sent_aside(session: &Session, bytes: u64) -> bool {
-    let ServerSession::H1(h1) = session.as_downstream() else { return false };
-    let Some(watched) = ClientConnection::of(h1.stream()) else { return false };
-    watched.note_sent_aside(bytes);
-    true
-}
-
-/// Bounds the client socket's unsent bytes for a body the kernel sends, and lifts the bound for
-/// one rangeway writes (see `ClientConnection::bound_unsent`).
-fn unsent_bounded(session: &Session, kernel_way: bool) {
-    if let ServerSession::H1(h1) = session.as_downstream()
-        && let Some(watched) = ClientConnection::of(h1.stream())
-    {
-        watched.bound_unsent(kernel_way);
-    }
-}
-
-/// Bytes the client connection was told went past pingora's writer and it has not written since.
-fn unaccounted(session: &Session) -> u64 {
-    match session.as_downstream() {
-        ServerSession::H1(h1) => {
-            ClientConnection::of(h1.stream()).map_or(0, ClientConnection::unaccounted)
-        }
-        _ => 0,
-    }
-}
-
-/// Writes the response header and sends it at once, before the body goes out by another way:
-/// pingora buffers a header with a Content-Length until body bytes follow, and offers no flush
-/// of its own. A failed task after the header is its way to one ("flush what we have and quit").
-async fn write_header_now(session: &mut Session, response: ResponseHeader) -> Result<()> {
-    const FLUSHED: ErrorType = ErrorType::Custom("HeaderFlushed");
-    let ServerSession::H1(h1) = session.as_downstream_mut() else {
-        return Err(Error::explain(ErrorType::InternalError, "splicing to a client not on HTTP/1"));
-    };
-    let tasks =
-        vec![HttpTask::Header(Box::new(response), false), HttpTask::Failed(Error::new(FLUSHED))];
-    match h1.response_duplex_vec(tasks).await {
-        Err(e) if *e.etype() == FLUSHED => Ok(()),
-        Err(e) => Err(e),
-        Ok(_) => Err(Error::explain(ErrorType::InternalError, "the header was not flushed")),
-    }
-}
 
 /// How much of a body the relay reads before it sends the header (see `relay`).
 const HOLD_BYTES: usize = 64 * 1024;

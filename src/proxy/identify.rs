@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime};
 use http::{Method, StatusCode, header};
 use pingora_error::Result;
 use pingora_http::RequestHeader;
-use pingora_proxy::Session;
 use tracing::Instrument as _;
 
 use super::admit::Admitted;
 use super::answer::{Lapsed, respond};
+use super::client_session::ClientSession;
 use super::context::{DownloadCtx, LostSession, RequestCtx, ip_text};
 use super::download::{self, DownloadId, continues_past_start, download_id, holding, object_key};
 use super::plan::{plan_parts, plan_upstream};
@@ -57,7 +57,7 @@ impl Proxy {
     /// source is asked, and the download's session and resume decision.
     pub(super) async fn identify(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         admitted: Admitted,
     ) -> Result<Option<()>> {

@@ -1,18 +1,20 @@
 //! The proxy: rangeway's request pipeline, behind pingora's `ProxyHttp` as a thin adapter.
 //!
-//! pingora reads the request header and hands the session to [`Proxy::answer`], the one function
-//! a request's way through rangeway is read in: admit (admit.rs: client limits, HTTP's rules, the
-//! path, the route, S3 client keys and signed links) → identify (identify.rs: what to ask the
-//! source, the download and what the store knows of it, the resume decision) → source, shape and
-//! deliver (source.rs and source_body.rs: the slice cache or the origin, a broken body continued;
-//! shape.rs: the RFC 9110 answer; transform.rs: each chunk through the stages and cut; deliver.rs:
-//! the body written, spliced or sent from the cache's files) → record (record.rs, from pingora's `logging`: the store, the
-//! metrics, the trace, the access line). pingora's own proxying never runs. Each way an answer
-//! can take is followed step by step in `LIFECYCLE.md` beside this file; `docs/architecture.md`
-//! has the whole.
+//! pingora reads the request header and hands the session — to the steps a `ClientSession`
+//! (client_session/), their one view of the client, which another listener can implement — to
+//! [`Proxy::answer`], the one function a request's way through rangeway is read in: admit
+//! (admit.rs: client limits, HTTP's rules, the path, the route, S3 client keys and signed links)
+//! → identify (identify.rs: what to ask the source, the download and what the store knows of it,
+//! the resume decision) → source (source.rs, source_body.rs: the slice cache or the origin, a
+//! broken body continued) → shape (shape.rs: the RFC 9110 answer) → deliver (deliver.rs,
+//! transform.rs: each chunk through the stages and cut; the body written, spliced or sent from
+//! the cache's files) → record (record.rs, from pingora's `logging`: the store, the metrics, the
+//! trace, the access line). pingora's own proxying never runs. Each way an answer can take is
+//! followed step by step in `LIFECYCLE.md` beside this file; `docs/architecture.md` has the whole.
 
 mod admit;
 mod answer;
+mod client_session;
 mod completion;
 mod context;
 mod deliver;
@@ -24,6 +26,8 @@ mod negotiation;
 mod origin_digest;
 mod origin_request;
 mod pace;
+#[cfg(test)]
+mod pipeline_tests;
 mod plan;
 mod record;
 mod s3;
@@ -40,14 +44,12 @@ mod under_way;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use http::StatusCode;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use rangeway_middleware::rfc9110::RangeLimits;
 use tracing::Instrument as _;
-use tracing::info;
 
 use crate::cache::SliceCache;
 use crate::config::{ClientLimits, IpNet};
@@ -58,7 +60,7 @@ use crate::state::StateStore;
 use crate::telemetry::live::LiveResponses;
 use crate::telemetry::metrics::Metrics;
 use crate::traces::Traces;
-use answer::{error_answer, respond};
+use client_session::{ClientSession, answer_pipelined};
 use completion::Completions;
 use context::RequestCtx;
 use deliver::ClientWatch;
@@ -137,13 +139,21 @@ impl Proxy {
         self.cache = cache;
         self
     }
+
+    /// The proxy, asking origins through `client` (its completion passes too).
+    #[cfg(test)]
+    pub(crate) fn with_origin_client(mut self, client: OriginClient) -> Self {
+        self.origin_client = Arc::new(client);
+        self.completions = Arc::new(Completions::new(Arc::clone(&self.origin_client)));
+        self
+    }
 }
 
 impl Proxy {
     /// Answers the request: its way through the pipeline's steps. Every step but the last may
     /// answer it itself (a refusal, an error), and the rest is skipped; `record` follows in any
     /// case, from pingora's `logging`.
-    async fn answer(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
+    async fn answer(&self, session: &mut impl ClientSession, ctx: &mut RequestCtx) -> Result<()> {
         if let Some(traces) = &self.traces {
             ctx.trace = traces.start(&session.req_header().headers).map(RequestTrace::new);
         }
@@ -186,6 +196,7 @@ impl ProxyHttp for Proxy {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        answer_pipelined(session);
         self.answer(session, ctx).await?;
         Ok(true)
     }
@@ -210,13 +221,7 @@ impl ProxyHttp for Proxy {
         e: &Error,
         ctx: &mut Self::CTX,
     ) -> FailToProxy {
-        let (status, message) = error_answer(e);
-        if status != 0 && session.response_written().is_none() {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-            if let Err(write_error) = respond(session, status, message, &[]).await {
-                info!(route = ctx.route_name(), error = %write_error, "could not send the error answer");
-            }
-        }
+        let status = self.answer_failure(session, e, ctx).await;
         FailToProxy { error_code: status, can_reuse_downstream: false }
     }
 

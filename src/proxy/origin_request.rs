@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, header};
 use pingora_error::{Error, ErrorType, Result};
 
+use super::client_session::ClientSession;
 use super::context::RequestCtx;
 use super::hop_by_hop::VIA;
 use crate::routes::Route;
@@ -112,11 +113,8 @@ pub(super) fn complete(
 }
 
 /// The client's connection, as [`complete`] tells the origin of it.
-pub(super) fn client_side(session: &pingora_proxy::Session) -> ClientSide<'_> {
-    ClientSide {
-        authority: session.req_header().uri.authority(),
-        tls: session.digest().is_some_and(|d| d.ssl_digest.is_some()),
-    }
+pub(super) fn client_side(session: &impl ClientSession) -> ClientSide<'_> {
+    ClientSide { authority: session.req_header().uri.authority(), tls: session.is_tls() }
 }
 
 fn value<T>(text: T, name: &'static str) -> Result<HeaderValue>

@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use http::header;
-use pingora_core::protocols::http::ServerSession;
 use pingora_error::{Error, ErrorSource};
-use pingora_proxy::Session;
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::Chain;
 use tracing::Instrument as _;
@@ -14,11 +12,11 @@ use tracing::{info, warn};
 
 use super::Proxy;
 use super::answer::{error_kind, is_client_abort};
+use super::client_session::ClientSession;
 use super::completion::Unfinished;
 use super::context::RequestCtx;
 use super::traced::{StoreCall, store_span};
 use super::transport::Transport;
-use crate::admission::ClientConnection;
 use crate::cache::Outcome;
 use crate::client_address::Client;
 use crate::links;
@@ -29,14 +27,15 @@ impl Proxy {
     /// The response's end: what it delivered recorded in the store, what its stages learned kept,
     /// a completion pass started if its pieces left a digest unfinished, its metrics counted, its
     /// trace ended and its access line written.
-    pub(super) async fn record(&self, session: &Session, e: Option<&Error>, ctx: &mut RequestCtx) {
-        if let ServerSession::H1(h1) = session.as_downstream()
-            && let Some(connection) = ClientConnection::of(h1.stream())
-        {
-            connection.response_ended();
-        }
+    pub(super) async fn record(
+        &self,
+        session: &impl ClientSession,
+        e: Option<&Error>,
+        ctx: &mut RequestCtx,
+    ) {
+        session.response_ended();
         // What reached the client's connection, not what the body filter handed on.
-        let sent = session.body_bytes_sent() as u64;
+        let sent = session.body_bytes_sent();
         let mut completed = None;
         let delivery = if sent > 0 { ctx.take_delivery(sent, e.is_none()) } else { None };
         if let Some(delivery) = delivery {
@@ -89,9 +88,9 @@ impl Proxy {
 
     /// The response counted in the metrics, its trace's span given its fields and ended, and
     /// its access line written.
-    fn log_access(&self, session: &Session, e: Option<&Error>, ctx: &RequestCtx) {
+    fn log_access(&self, session: &impl ClientSession, e: Option<&Error>, ctx: &RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let sent = session.body_bytes_sent() as u64;
+        let sent = session.body_bytes_sent();
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
         let transport = ctx.transport.name();
@@ -110,19 +109,19 @@ impl Proxy {
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
         let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
         // Formatted only when the line is written (tracing evaluates fields of enabled events).
-        let logged_client = LoggedClient::of(ctx.client, session.client_addr());
+        let logged_client = LoggedClient::of(ctx.client, session.peer());
         let client = logged_client.as_ref().map(tracing::field::display);
         let forwarded_by =
             ctx.client.and_then(|client| client.forwarded_by).map(tracing::field::display);
         // The target as the client wrote it in HTTP/1 (HTTP/2 has the authority in the URI).
         // A signed link's signature shortened: the log must not hold a usable link.
         let path = links::redacted(req.uri.path_and_query().map_or("/", |p| p.as_str()));
-        let version = tracing::field::debug(req.version);
+        let version = tracing::field::debug(session.version());
         let trace_id = ctx.trace.as_ref().and_then(|trace| {
             let span = &trace.span;
             span.record("http.request.method", req.method.as_str());
             span.record("url.path", tracing::field::display(path));
-            span.record("network.protocol.version", tracing::field::debug(req.version));
+            span.record("network.protocol.version", tracing::field::debug(session.version()));
             span.record("rangeway.route", route);
             if let Some(download) = &ctx.download {
                 span.record("rangeway.download_id", download.id.as_str());

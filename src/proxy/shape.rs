@@ -6,7 +6,6 @@ use std::time::SystemTime;
 use http::{Method, StatusCode, header};
 use pingora_error::Result;
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
 use rangeway_middleware::Window;
 use rangeway_middleware::rfc9110::{Validators, content_range};
 use tracing::Instrument as _;
@@ -16,6 +15,7 @@ use super::Proxy;
 use super::answer::{
     ACCEPT_BYTES, answer_without_body, refuse_changed, refuse_lost_session, set_partial,
 };
+use super::client_session::ClientSession;
 use super::context::{BodyPlan, RequestCtx};
 use super::download::object_version;
 use super::hop_by_hop::forwarded;
@@ -71,7 +71,7 @@ impl Proxy {
     /// or the RFC 9110 answer to what the client asked (200, 206, multipart, 304, 412, 416).
     pub(super) async fn shape(
         &self,
-        session: &Session,
+        session: &impl ClientSession,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
@@ -116,7 +116,7 @@ impl Proxy {
     /// one: `true` when the answer is one of those.
     async fn shape_unusual(
         &self,
-        session: &Session,
+        session: &impl ClientSession,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
         status: u16,
@@ -162,7 +162,7 @@ impl Proxy {
     /// stages that observe it started; the download told what it delivers.
     fn shape_plain(
         &self,
-        session: &Session,
+        session: &impl ClientSession,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
         answer_validators: &Validators,

@@ -6,10 +6,8 @@ use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Method, StatusCode, header};
-use pingora_core::protocols::http::ServerSession;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::{Chain, ObjectVersion as StageObject};
 use rangeway_middleware::checksum::want_repr_digest_sha256;
@@ -20,6 +18,7 @@ use tracing::warn;
 
 use super::Proxy;
 use super::answer::{ACCEPT_BYTES, answer_without_body, empty_answer, refuse_changed, set_partial};
+use super::client_session::ClientSession;
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
 use super::plan::{PART_GAP, covering};
@@ -44,7 +43,7 @@ impl Proxy {
     /// the stages over the upstream body to learn more.
     pub(super) fn observe(
         &self,
-        session: &Session,
+        session: &impl ClientSession,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
         route: &Route,
@@ -91,7 +90,7 @@ impl Proxy {
     /// are evaluated against them; the chain is started for the output range to send.
     pub(super) fn transformed_response(
         &self,
-        session: &Session,
+        session: &impl ClientSession,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
         route: &Route,
@@ -329,7 +328,7 @@ impl Proxy {
     /// Shows the response in the admin API while it is in flight, when it delivers to a download.
     /// On HTTP/1 the live view holds a duplicate of the client's socket, so that it counts what
     /// the client took, not what was written ahead of it (see `admin::live::LiveResponse`).
-    pub(super) fn go_live(&self, session: &Session, ctx: &mut RequestCtx) {
+    pub(super) fn go_live(&self, session: &impl ClientSession, ctx: &mut RequestCtx) {
         if matches!(ctx.body, BodyPlan::Discard) {
             return;
         }
@@ -340,10 +339,8 @@ impl Proxy {
         // What the response will record at its end, before any byte went out; the parts of a
         // multipart answer are not shown as they go.
         if let Some(delivery) = ctx.delivery(0, false).filter(|d| d.ending != Ending::Parts) {
-            let client = match session.as_downstream() {
-                ServerSession::H1(h1) => super::splice::duplicate_fd(h1.stream().id()).ok(),
-                _ => None,
-            };
+            let client =
+                session.connection_fd().and_then(|fd| super::splice::duplicate_fd(fd).ok());
             ctx.live = Some(self.live.register(delivery, client));
         }
     }

@@ -9,10 +9,10 @@ use std::time::Instant;
 use http::header;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
-use pingora_proxy::Session;
 use rangeway_middleware::ByteRange;
 
 use super::Proxy;
+use super::client_session::ClientSession;
 use super::context::RequestCtx;
 use super::deliver::ClientWatch;
 use super::hop_by_hop::{answer_to_forward, end_to_end};
@@ -45,7 +45,7 @@ impl Proxy {
     /// else the origin. Every wait on either ends when the client goes (`watch`).
     pub(super) async fn source(
         &self,
-        session: &mut Session,
+        session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         route: &Arc<Route>,
         watch: &ClientWatch,
@@ -127,6 +127,6 @@ impl Proxy {
 
 /// Whether the client's own `Authorization` goes upstream with its request: not to an S3
 /// upstream, where rangeway signs with its own keys.
-pub(super) fn client_authorized(session: &Session, route: &Route) -> bool {
+pub(super) fn client_authorized(session: &impl ClientSession, route: &Route) -> bool {
     session.req_header().headers.contains_key(header::AUTHORIZATION) && !route.upstream.is_s3()
 }

@@ -5,12 +5,10 @@
 
 use http::Method;
 use pingora_core::protocols::Stream;
-use pingora_core::protocols::http::ServerSession;
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
 
+use super::client_session::ClientSession;
 use super::splice::{Pipe, RawSocket};
-use crate::admission::ClientConnection;
 use crate::config::UpstreamResume;
 use crate::range::content_length;
 use crate::routes::Route;
@@ -60,13 +58,14 @@ impl Transport {
 
     /// The way of a relayed answer's body, once its header is in: passed on by the kernel when
     /// it goes out untouched — of known length, at least [`SPLICE_MIN_BYTES`], neither cut nor
-    /// staged nor checked against a digest — to a plain HTTP/1 client whose connection can
-    /// account for bytes that go past pingora's writer (rangeway's `ClientConnection`, which the
-    /// server puts under every proxy connection): spliced from a plain origin socket when a pipe
+    /// staged nor checked against a digest — to a client whose session hands the kernel its
+    /// socket (`ClientSession::kernel_socket`: a plain HTTP/1 client on rangeway's
+    /// `ClientConnection`, which the server puts under every proxy connection and which accounts
+    /// for bytes that go past pingora's writer): spliced from a plain origin socket when a pipe
     /// can be had (`Pipe::take`), sent from the cache's files.
     pub(super) fn for_body(
         self,
-        session: &Session,
+        session: &impl ClientSession,
         untouched: bool,
         from: BodyFrom<'_>,
         response: &ResponseHeader,
@@ -76,8 +75,6 @@ impl Transport {
             return None;
         }
         let len = content_length(&response.headers).filter(|len| *len >= SPLICE_MIN_BYTES)?;
-        let ServerSession::H1(h1) = session.as_downstream() else { return None };
-        let accountable = ClientConnection::of(h1.stream()).is_some();
         let way = match from {
             BodyFrom::Origin(exchange) if plain(exchange.session.stream()).is_some() => {
                 Self::Splice { resume }
@@ -85,10 +82,10 @@ impl Transport {
             BodyFrom::Origin(_) => return None,
             BodyFrom::Cache => Self::Sendfile,
         };
-        if !untouched || !accountable {
+        if !untouched {
             return None;
         }
-        let client = plain_socket(Some(h1.stream()))?;
+        let client = session.kernel_socket()?;
         // Taken last: a pipe is held from here to the body's end.
         let pipe = match way {
             Self::Splice { .. } => Some(Pipe::take()?),
@@ -129,6 +126,8 @@ pub(super) fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
     RawSocket::duplicate(plain(stream)?.id()).ok()
 }
 
+/// The stream, when it is a plain socket: not TLS, and a socket at all — a stream in memory has
+/// no socket digest, and its id names no descriptor of its own.
 fn plain(stream: Option<&Stream>) -> Option<&Stream> {
-    stream.filter(|s| s.get_ssl_digest().is_none())
+    stream.filter(|s| s.get_ssl_digest().is_none() && s.get_socket_digest().is_some())
 }

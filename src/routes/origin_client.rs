@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use http::header;
 use pingora_core::connectors::TransportConnector;
+use pingora_core::protocols::Stream;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::protocols::http::v1::client::HttpSession as Http1Session;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
@@ -109,7 +110,45 @@ pub(crate) fn pinned_range(
 /// upstreams are; the pool holds connections rather than sessions, so that one whose body was
 /// spliced past pingora's reader can go back to it.
 pub(crate) struct OriginClient {
-    transport: TransportConnector,
+    dialer: Dialer,
+}
+
+/// Where an origin client's connections come from, chosen once, when it is made.
+enum Dialer {
+    /// The network: pingora's connector, and its pool.
+    Network(TransportConnector),
+    /// Origins served in this process over in-memory pipes, by the address of the socket they
+    /// stand for; a connection a request (the pipeline's tests).
+    #[cfg(test)]
+    Memory(std::sync::Arc<crate::origin::memory::MemoryOrigins>),
+}
+
+impl Dialer {
+    /// A connection to `peer`, and whether it was pooled.
+    async fn connect(&self, peer: &HttpPeer) -> Result<(Stream, bool)> {
+        match self {
+            Self::Network(transport) => match transport.reused_stream(peer).await {
+                Some(stream) => Ok((stream, true)),
+                // Connecting (TLS's handshake with it) is an 8 KiB future, boxed so that every
+                // future that makes an exchange — and every response's, which pingora boxes and
+                // moves — does not carry it for the pooled case.
+                None => Ok((Box::pin(transport.new_stream(peer)).await?, false)),
+            },
+            #[cfg(test)]
+            Self::Memory(origins) => Ok((origins.dial(peer.address())?, false)),
+        }
+    }
+
+    /// Keeps `stream`, whose exchange is over, for the next request to `peer`.
+    fn release(&self, stream: Stream, peer: &HttpPeer) {
+        match self {
+            Self::Network(transport) => {
+                transport.release_stream(stream, peer.reuse_hash(), peer.options.idle_timeout);
+            }
+            #[cfg(test)]
+            Self::Memory(_) => {}
+        }
+    }
 }
 
 impl std::fmt::Debug for OriginClient {
@@ -146,7 +185,13 @@ impl Exchange {
 
 impl OriginClient {
     pub(crate) fn new() -> Self {
-        Self { transport: TransportConnector::new(None) }
+        Self { dialer: Dialer::Network(TransportConnector::new(None)) }
+    }
+
+    /// A client that reaches `origins` in memory, and no network.
+    #[cfg(test)]
+    pub(crate) fn in_memory(origins: std::sync::Arc<crate::origin::memory::MemoryOrigins>) -> Self {
+        Self { dialer: Dialer::Memory(origins) }
     }
 
     /// Sends `request` (made by [`Upstream::request`] for `replica`) to that replica of
@@ -178,13 +223,7 @@ impl OriginClient {
         let asked = std::time::Instant::now();
         let exchanged = async {
             let peer = upstream.peer(replica).await?;
-            // A pooled connection, or a new one: connecting (TLS's handshake with it) is an 8 KiB
-            // future, boxed so that every future that makes an exchange — and every response's,
-            // which pingora boxes and moves — does not carry it for the pooled case.
-            let (stream, reused) = match self.transport.reused_stream(peer.as_ref()).await {
-                Some(stream) => (stream, true),
-                None => (Box::pin(self.transport.new_stream(peer.as_ref())).await?, false),
-            };
+            let (stream, reused) = self.dialer.connect(peer.as_ref()).await?;
             attempt.record("rangeway.connection_reused", reused);
             attempt.record("rangeway.connect_ms", asked.elapsed().as_secs_f64() * 1000.0);
             let mut h1 = Http1Session::new_with_options(stream, peer.as_ref());
@@ -323,7 +362,7 @@ impl OriginClient {
         };
         session.respect_keepalive();
         if let Some(stream) = session.reuse().await {
-            self.transport.release_stream(stream, peer.reuse_hash(), peer.options.idle_timeout);
+            self.dialer.release(stream, &peer);
         }
     }
 
@@ -336,8 +375,7 @@ impl OriginClient {
         };
         session.respect_keepalive();
         if session.will_keepalive() {
-            let stream = session.into_inner();
-            self.transport.release_stream(stream, peer.reuse_hash(), peer.options.idle_timeout);
+            self.dialer.release(session.into_inner(), &peer);
         }
     }
 

@@ -1,0 +1,108 @@
+//! The client's side of a request as the pipeline sees it: the request read and the response
+//! written, whatever listener and protocol carry them. [`ClientSession`] holds exactly what the
+//! steps use; pingora's HTTP/1 and HTTP/2 sessions implement it (pingora.rs, the one place the
+//! pipeline names them), and the pipeline's tests drive every step through an in-memory one
+//! (memory.rs). Another listener — HTTP/3 is next — feeds the same pipeline by implementing it
+//! for its own streams: a session with no socket of its own answers `None` to the kernel's ways
+//! and tells the client's going through [`ClientSession::stream_gone`], as HTTP/2 does.
+//!
+//! The steps take it as a generic (`&mut impl ClientSession`), not as a trait object: its writes
+//! are called for every chunk of a body, and an object's async methods would box a future for
+//! each.
+
+mod pingora;
+
+#[cfg(test)]
+pub(super) mod memory;
+
+use std::future::Future;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pingora_core::protocols::l4::socket::SocketAddr;
+use pingora_error::Result;
+use pingora_http::{RequestHeader, ResponseHeader};
+
+use super::splice::RawSocket;
+
+pub(super) use pingora::answer_pipelined;
+
+/// A client's request and the response the pipeline writes for it.
+pub(super) trait ClientSession: Send + Sync {
+    /// The request's header, as the client sent it.
+    fn req_header(&self) -> &RequestHeader;
+
+    /// The connection's peer: the client, or the source a balancer's PROXY header named. `None`
+    /// where there is none to name.
+    fn peer(&self) -> Option<&SocketAddr>;
+
+    /// Whether the connection is TLS (the origin is told `X-Forwarded-Proto: https`).
+    fn is_tls(&self) -> bool;
+
+    /// The protocol the request came in, as the access line and the trace name it.
+    fn version(&self) -> http::Version;
+
+    /// How long one write may wait on a client that takes nothing: then the response is cut.
+    fn set_write_timeout(&mut self, timeout: Duration);
+
+    /// The connection ends with this response: nothing after it is read.
+    fn close_after_response(&mut self);
+
+    /// Writes the response's header, once; `end`: no body follows.
+    fn write_header(
+        &mut self,
+        header: Box<ResponseHeader>,
+        end: bool,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Writes the response's header and sends it at once, for a body that goes out past this
+    /// session's writer (spliced, or sent from the cache's files on [`Self::kernel_socket`]):
+    /// a writer may otherwise hold a header until body bytes follow it.
+    fn write_header_now(
+        &mut self,
+        header: Box<ResponseHeader>,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Writes `body` (when there is some), then ends the response when `end` says.
+    fn write_body(
+        &mut self,
+        body: Option<Bytes>,
+        end: bool,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The response's header, once written.
+    fn response_written(&self) -> Option<&ResponseHeader>;
+
+    /// The body bytes the response sent: through the writer, and those it was told went past it.
+    fn body_bytes_sent(&self) -> u64;
+
+    /// A duplicate of the client's socket for a body the kernel sends (splice, sendfile): only a
+    /// plain socket whose bytes sent past the writer can be accounted for
+    /// ([`Self::note_sent_aside`]); `None` for every other session.
+    fn kernel_socket(&self) -> Option<RawSocket>;
+
+    /// The socket of the client's connection when the request has it to itself (HTTP/1, plain or
+    /// TLS): the live view reads what the client took from it, and the client watch sees it
+    /// close. `None` where the connection carries other requests or is no socket: then
+    /// [`Self::stream_gone`] tells when the client goes.
+    fn connection_fd(&self) -> Option<RawFd>;
+
+    /// Resolves once the client has gone — its stream reset, its connection closed — for a
+    /// session without [`Self::connection_fd`]; never where that cannot be told.
+    fn stream_gone(&mut self) -> impl Future<Output = ()> + Send;
+
+    /// `bytes` of the body went out past the writer: the writer's next `bytes` are its account
+    /// of them, swallowed. `false` when the session cannot account for them.
+    fn note_sent_aside(&self, bytes: u64) -> bool;
+
+    /// Bytes noted as sent past the writer that its writes have not accounted for yet.
+    fn unaccounted(&self) -> u64;
+
+    /// Bounds the socket's unsent bytes for a body the kernel sends (`true`), or lifts the bound
+    /// for one written from rangeway's buffers.
+    fn bound_unsent(&self, kernel_way: bool);
+
+    /// The response has ended: the connection is idle until its next request.
+    fn response_ended(&self);
+}

@@ -1,0 +1,140 @@
+//! [`ClientSession`] for pingora's sessions, HTTP/1 (plain or TLS, on rangeway's
+//! `ClientConnection`) and HTTP/2: the one place the pipeline names them. Writes go through
+//! pingora's `Session` (its downstream modules, none of which rangeway turns on); the kernel's
+//! ways and their accounting are HTTP/1's alone.
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pingora_core::protocols::http::{HttpTask, ServerSession};
+use pingora_core::protocols::l4::socket::SocketAddr;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::Session;
+
+use super::ClientSession;
+use crate::admission::ClientConnection;
+use crate::proxy::splice::RawSocket;
+use crate::proxy::transport::plain_socket;
+
+impl ClientSession for Session {
+    fn req_header(&self) -> &RequestHeader {
+        self.as_downstream().req_header()
+    }
+
+    fn peer(&self) -> Option<&SocketAddr> {
+        self.as_downstream().client_addr()
+    }
+
+    fn is_tls(&self) -> bool {
+        self.as_downstream().digest().is_some_and(|d| d.ssl_digest.is_some())
+    }
+
+    fn version(&self) -> http::Version {
+        self.as_downstream().req_header().version
+    }
+
+    fn set_write_timeout(&mut self, timeout: Duration) {
+        self.as_downstream_mut().set_write_timeout(Some(timeout));
+    }
+
+    fn close_after_response(&mut self) {
+        self.as_downstream_mut().set_keepalive(None);
+    }
+
+    async fn write_header(&mut self, header: Box<ResponseHeader>, end: bool) -> Result<()> {
+        self.write_response_header(header, end).await
+    }
+
+    /// pingora buffers a header with a Content-Length until body bytes follow, and offers no
+    /// flush of its own: a failed task after the header is its way to one ("flush what we have
+    /// and quit").
+    async fn write_header_now(&mut self, header: Box<ResponseHeader>) -> Result<()> {
+        const FLUSHED: ErrorType = ErrorType::Custom("HeaderFlushed");
+        let ServerSession::H1(h1) = self.as_downstream_mut() else {
+            return Err(Error::explain(
+                ErrorType::InternalError,
+                "splicing to a client not on HTTP/1",
+            ));
+        };
+        let tasks = vec![HttpTask::Header(header, false), HttpTask::Failed(Error::new(FLUSHED))];
+        match h1.response_duplex_vec(tasks).await {
+            Err(e) if *e.etype() == FLUSHED => Ok(()),
+            Err(e) => Err(e),
+            Ok(_) => Err(Error::explain(ErrorType::InternalError, "the header was not flushed")),
+        }
+    }
+
+    async fn write_body(&mut self, body: Option<Bytes>, end: bool) -> Result<()> {
+        self.write_response_body(body, end).await
+    }
+
+    fn response_written(&self) -> Option<&ResponseHeader> {
+        self.as_downstream().response_written()
+    }
+
+    fn body_bytes_sent(&self) -> u64 {
+        self.as_downstream().body_bytes_sent() as u64
+    }
+
+    fn kernel_socket(&self) -> Option<RawSocket> {
+        let ServerSession::H1(h1) = self.as_downstream() else { return None };
+        ClientConnection::of(h1.stream())?;
+        plain_socket(Some(h1.stream()))
+    }
+
+    fn connection_fd(&self) -> Option<RawFd> {
+        match self.as_downstream() {
+            ServerSession::H1(h1) => Some(h1.stream().id()),
+            _ => None,
+        }
+    }
+
+    async fn stream_gone(&mut self) {
+        match self.as_downstream_mut() {
+            ServerSession::H2(h2) => {
+                // Its reason does not matter: the stream will not take an answer.
+                let _ = h2.idle().await;
+            }
+            _ => std::future::pending().await,
+        }
+    }
+
+    fn note_sent_aside(&self, bytes: u64) -> bool {
+        let Some(connection) = connection(self) else { return false };
+        connection.note_sent_aside(bytes);
+        true
+    }
+
+    fn unaccounted(&self) -> u64 {
+        connection(self).map_or(0, ClientConnection::unaccounted)
+    }
+
+    fn bound_unsent(&self, kernel_way: bool) {
+        if let Some(connection) = connection(self) {
+            connection.bound_unsent(kernel_way);
+        }
+    }
+
+    fn response_ended(&self) {
+        if let Some(connection) = connection(self) {
+            connection.response_ended();
+        }
+    }
+}
+
+/// The admission wrapper of an HTTP/1 session's connection (HTTP/2's streams share theirs).
+fn connection(session: &Session) -> Option<&ClientConnection> {
+    let ServerSession::H1(h1) = session.as_downstream() else { return None };
+    ClientConnection::of(h1.stream())
+}
+
+/// Readies `session` to be answered: on HTTP/1, requests a client pipelines on its connection
+/// are answered in turn (RFC 9112 §9.3.2), where pingora would close the connection after the
+/// first and drop the others.
+pub(in crate::proxy) fn answer_pipelined(session: &mut Session) {
+    if let ServerSession::H1(h1) = session.as_downstream_mut() {
+        h1.set_pipelining_enabled(true);
+    }
+}
