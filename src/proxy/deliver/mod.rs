@@ -1,17 +1,21 @@
 //! The deliver step of the pipeline, rangeway's one delivery engine: the client's answer written
 //! — its header once, its body the one way chosen for it (transport.rs): spliced from the
-//! origin's socket to the client's (splice.rs), sent from the cache's files (sendfile), or read
-//! and copied through the transform step, paced on a shaped route (pace.rs). Every wait on the
-//! source ends when the client goes.
+//! origin's socket to the client's (kernel.rs, splice.rs), sent from the cache's files
+//! (kernel.rs), or read and copied through the transform step, paced on a shaped route (pace.rs).
+//! What a body sent past pingora's writer needs of the client connection — bytes accounted, the
+//! unsent bound — is send_accounting.rs's. Every wait on the source ends when the client goes.
+
+mod kernel;
+mod send_accounting;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::Method;
-use pingora_core::protocols::http::{HttpTask, ServerSession};
-use pingora_error::{Error, ErrorSource, ErrorType, OrErr, Result};
+use pingora_core::protocols::http::ServerSession;
+use pingora_error::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
@@ -20,12 +24,10 @@ use super::context::RequestCtx;
 use super::pace::Pacer;
 use super::source::Sourced;
 use super::source_body::{BodyReader, Piece, Pump, READ_BYTES, UpstreamBody};
-use super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
+use super::splice::RawSocket;
 use super::transport::{BodyFrom, KernelBody};
-use crate::admission::ClientConnection;
-use crate::cache::{CacheBody, Segment};
 use crate::routes::Route;
-use crate::routes::origin_client::{Exchange, Tries};
+use send_accounting::unsent_bounded;
 
 /// The first bytes of a body the transform step has passed, held until the header goes out.
 struct Held {
@@ -238,208 +240,6 @@ impl Proxy {
         Ok(Held { chunks, pending, done })
     }
 
-    /// Answers with `response` and splices its body from the origin's socket to the client's
-    /// (see splice.rs), continuing it where the origin breaks it off as the relay does.
-    async fn splice(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        response: ResponseHeader,
-        (client, len, mut pipe): (RawSocket, u64, Pipe),
-        exchange: Exchange,
-        pump: Pump,
-    ) -> Result<()> {
-        write_header_now(session, response).await?;
-        let spliced = self.splice_body(ctx, &client, &mut pipe, len, exchange, pump).await;
-        self.account_sent_aside(session, ctx, spliced).await
-    }
-
-    /// Ends a response whose body went past pingora's writer (`ctx.spliced` bytes of it, then
-    /// `outcome`). pingora's writer is told of those bytes, as writes its connection swallows:
-    /// it then counts them, frames the response as complete and keeps the connection, as for
-    /// any other response.
-    async fn account_sent_aside(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        outcome: Result<()>,
-    ) -> Result<()> {
-        if !sent_aside(session, ctx.spliced) {
-            return Err(Error::explain(
-                ErrorType::InternalError,
-                "a spliced response was not accounted",
-            ));
-        }
-        let mut left = ctx.spliced;
-        while left > 0 {
-            let n = left.min(SENT_ASIDE.len() as u64) as usize;
-            session.write_response_body(Some(Bytes::from_static(&SENT_ASIDE[..n])), false).await?;
-            left -= n as u64;
-        }
-        outcome?;
-        if unaccounted(session) != 0 {
-            // What is left would swallow the next response's bytes: the connection must end.
-            session.set_keepalive(None);
-            return Err(Error::explain(
-                ErrorType::InternalError,
-                "a spliced body was not accounted",
-            ));
-        }
-        session.write_response_body(None, true).await
-    }
-
-    /// Answers with `response` and sends its body from the cache's files to the client's socket
-    /// (sendfile(2)); what is still being fetched goes out as it arrives. Accounted to pingora as
-    /// a splice is.
-    async fn send_files(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        response: ResponseHeader,
-        (client, len): (RawSocket, u64),
-        mut body: Box<CacheBody>,
-    ) -> Result<()> {
-        write_header_now(session, response).await?;
-        let write = self.client_limits.write_timeout;
-        let live = ctx.live.as_ref();
-        let mut sent = 0u64;
-        let outcome = async {
-            while let Some(segment) =
-                client.unless_closed(body.next(true)).await.ok_or_else(client_gone)??
-            {
-                let written = match segment {
-                    Segment::File { file, offset, len } => client
-                        .send_file(&file, offset, len, write, |n| {
-                            live.inspect(|live| live.sent(n));
-                        })
-                        .await
-                        .map(|()| len),
-                    Segment::Bytes(bytes) => client.write_all(&bytes, write).await.map(|()| {
-                        live.inspect(|live| live.sent(bytes.len()));
-                        bytes.len() as u64
-                    }),
-                };
-                sent += written
-                    .or_err(ErrorType::WriteError, "writing the body")
-                    .map_err(|e| e.into_down())?;
-            }
-            Ok::<(), Box<Error>>(())
-        }
-        .await;
-        ctx.spliced = sent;
-        let outcome = outcome.and_then(|()| {
-            if sent == len {
-                Ok(())
-            } else {
-                Err(Error::explain(ErrorType::InternalError, "a cached body was not its length"))
-            }
-        });
-        self.account_sent_aside(session, ctx, outcome).await
-    }
-
-    /// Splices the `len` bytes of body from `exchange` (and its continuations) to `client`.
-    async fn splice_body(
-        &self,
-        ctx: &mut RequestCtx,
-        client: &RawSocket,
-        pipe: &mut Pipe,
-        len: u64,
-        mut exchange: Exchange,
-        mut pump: Pump,
-    ) -> Result<()> {
-        let timeouts = Timeouts {
-            // As pingora: no read timeout configured, none applied.
-            read: exchange.read_timeout().unwrap_or(Duration::MAX),
-            write: self.client_limits.write_timeout,
-        };
-        let (start, mut tries) = (pump.at, Tries::new());
-        let mut sent = 0;
-        // Where the body of the exchange being spliced began, in `sent`: for its span.
-        let mut attempt_from = 0;
-        // A shaped body is spliced in paced steps: the kernel still moves every byte.
-        let mut pacer = ctx.pacer.take();
-        let live = ctx.live.as_ref();
-        let outcome = loop {
-            let result = async {
-                // The bytes that came with the header are in pingora's buffer: they go first.
-                // (Without any, pingora waits for the origin's: the client is watched meanwhile.)
-                let first = client.unless_closed(exchange.session.read_response_body()).await;
-                if let Some(first) = first.ok_or_else(client_gone)?? {
-                    if let Some(pacer) = pacer.as_mut() {
-                        pacer.wait(first.len()).await;
-                    }
-                    client
-                        .write_all(&first, timeouts.write)
-                        .await
-                        .or_err(ErrorType::WriteError, "writing the body")
-                        .map_err(|e| e.into_down())?;
-                    sent += first.len() as u64;
-                    live.inspect(|live| live.sent(first.len()));
-                }
-                let origin =
-                    super::transport::plain_socket(exchange.session.stream()).ok_or_else(|| {
-                        Error::explain(
-                            ErrorType::InternalError,
-                            "the origin connection cannot be spliced",
-                        )
-                    })?;
-                let mut left = len - sent;
-                let mut delivered = |n: usize| {
-                    sent += n as u64;
-                    live.inspect(|live| live.sent(n));
-                };
-                let spliced = match pacer.as_mut() {
-                    None => splice(&origin, client, pipe, left, timeouts, delivered).await,
-                    Some(pacer) => {
-                        let mut spliced = Ok(());
-                        while left > 0 && spliced.is_ok() {
-                            let step = left.min(pacer.step() as u64);
-                            pacer.wait(step as usize).await;
-                            spliced =
-                                splice(&origin, client, pipe, step, timeouts, &mut delivered).await;
-                            left -= step;
-                        }
-                        spliced
-                    }
-                };
-                spliced.map_err(|e| match e {
-                    SpliceError::Upstream(e) => {
-                        Error::because(ErrorType::ReadError, "reading the body", e).into_up()
-                    }
-                    SpliceError::Downstream(e) => {
-                        Error::because(ErrorType::WriteError, "writing the body", e).into_down()
-                    }
-                })
-            }
-            .await;
-            match result {
-                Ok(()) => {
-                    exchange.ended(sent - attempt_from, "complete");
-                    self.origin_client.release_read_past(exchange);
-                    break Ok(());
-                }
-                Err(e) if *e.esource() == ErrorSource::Upstream => {
-                    exchange.ended(sent - attempt_from, "cut");
-                    pump.at = start + sent;
-                    match pump.continued(e, &mut tries).await {
-                        Ok(next) => {
-                            exchange = next;
-                            attempt_from = sent;
-                        }
-                        Err(e) => break Err(e),
-                    }
-                }
-                Err(e) => {
-                    exchange.ended(sent - attempt_from, "client_gone");
-                    break Err(e);
-                }
-            }
-        };
-        ctx.pacer = pacer;
-        ctx.spliced = sent;
-        outcome
-    }
-
     /// One chunk (or the end) through the body filter, then to the client.
     async fn forward(
         &self,
@@ -534,56 +334,6 @@ async fn write_out(
     }
     pacer.wait(body.len()).await;
     session.write_response_body(Some(body), end).await
-}
-
-/// What pingora's writer is handed for the bytes that went past it: never read, never sent (see
-/// `ClientConnection::note_sent_aside`); zeroed, so it costs no memory until something reads it.
-static SENT_ASIDE: [u8; 1 << 20] = [0; 1 << 20];
-
-/// Tells the client connection that `bytes` of body went out past pingora's writer. `false` when
-/// it cannot be told (no admission wrapper): pingora's writes would then reach the client.
-fn sent_aside(session: &Session, bytes: u64) -> bool {
-    let ServerSession::H1(h1) = session.as_downstream() else { return false };
-    let Some(watched) = ClientConnection::of(h1.stream()) else { return false };
-    watched.note_sent_aside(bytes);
-    true
-}
-
-/// Bounds the client socket's unsent bytes for a body the kernel sends, and lifts the bound for
-/// one rangeway writes (see `ClientConnection::bound_unsent`).
-fn unsent_bounded(session: &Session, kernel_way: bool) {
-    if let ServerSession::H1(h1) = session.as_downstream()
-        && let Some(watched) = ClientConnection::of(h1.stream())
-    {
-        watched.bound_unsent(kernel_way);
-    }
-}
-
-/// Bytes the client connection was told went past pingora's writer and it has not written since.
-fn unaccounted(session: &Session) -> u64 {
-    match session.as_downstream() {
-        ServerSession::H1(h1) => {
-            ClientConnection::of(h1.stream()).map_or(0, ClientConnection::unaccounted)
-        }
-        _ => 0,
-    }
-}
-
-/// Writes the response header and sends it at once, before the body goes out by another way:
-/// pingora buffers a header with a Content-Length until body bytes follow, and offers no flush
-/// of its own. A failed task after the header is its way to one ("flush what we have and quit").
-async fn write_header_now(session: &mut Session, response: ResponseHeader) -> Result<()> {
-    const FLUSHED: ErrorType = ErrorType::Custom("HeaderFlushed");
-    let ServerSession::H1(h1) = session.as_downstream_mut() else {
-        return Err(Error::explain(ErrorType::InternalError, "splicing to a client not on HTTP/1"));
-    };
-    let tasks =
-        vec![HttpTask::Header(Box::new(response), false), HttpTask::Failed(Error::new(FLUSHED))];
-    match h1.response_duplex_vec(tasks).await {
-        Err(e) if *e.etype() == FLUSHED => Ok(()),
-        Err(e) => Err(e),
-        Ok(_) => Err(Error::explain(ErrorType::InternalError, "the header was not flushed")),
-    }
 }
 
 /// How much of a body the relay reads before it sends the header (see `relay`).
