@@ -19,7 +19,6 @@ use super::context::{DownloadCtx, LostSession, RequestCtx, ip_text};
 use super::download::{self, DownloadId, continues_past_start, download_id, holding, object_key};
 use super::plan::{plan_parts, plan_upstream};
 use super::traced::{StoreCall, store_span};
-use super::transport::Transport;
 use super::under_way::Limit;
 use super::{Proxy, grace, negotiation, s3};
 use crate::links::{self, Link};
@@ -74,7 +73,6 @@ impl Proxy {
         ctx.client_ip = ctx.client.map(|client| ip_text(client.ip));
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(&route));
-        ctx.transport = Transport::choose(&route);
         ctx.coding_declined = route
             .chain
             .content_coding()

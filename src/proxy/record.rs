@@ -94,9 +94,9 @@ impl Proxy {
         let sent = session.body_bytes_sent() as u64;
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
-        let transport = ctx.transport.name();
+        let transport = ctx.transport_taken().name();
         self.metrics.request(route, status, sent, elapsed, transport);
-        if ctx.spliced > 0 && matches!(ctx.transport, Transport::Splice { .. }) {
+        if ctx.spliced > 0 && ctx.transport == Some(Transport::Splice) {
             self.metrics.spliced(route, ctx.spliced);
         }
         let cache = ctx.cache.map(Outcome::name);

@@ -50,7 +50,7 @@ impl Proxy {
         route: &Arc<Route>,
         watch: &ClientWatch,
     ) -> Result<Sourced> {
-        let policy = ctx.transport.resume();
+        let policy = route.upstream_resume;
         ctx.replica = route.upstream.choose();
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());

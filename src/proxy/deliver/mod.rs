@@ -1,9 +1,10 @@
 //! The deliver step of the pipeline, rangeway's one delivery engine: the client's answer written
-//! — its header once, its body the one way chosen for it (transport.rs): spliced from the
-//! origin's socket to the client's (kernel.rs, splice.rs), sent from the cache's files
-//! (kernel.rs), or read and copied through the transform step, paced on a shaped route (pace.rs).
-//! What a body sent past pingora's writer needs of the client connection — bytes accounted, the
-//! unsent bound — is send_accounting.rs's. Every wait on the source ends when the client goes.
+//! — its header once, its body the one way chosen for it (`BodyWay::choose`, transport.rs):
+//! spliced from the origin's socket to the client's (kernel.rs, splice.rs), sent from the cache's
+//! files (kernel.rs), or read and copied through the transform step, paced on a shaped route
+//! (pace.rs). What a body sent past pingora's writer needs of the client connection — bytes
+//! accounted, the unsent bound — is send_accounting.rs's. Every wait on the source ends when the
+//! client goes.
 
 mod kernel;
 mod send_accounting;
@@ -25,7 +26,7 @@ use super::pace::Pacer;
 use super::source::Sourced;
 use super::source_body::{BodyReader, Piece, Pump, READ_BYTES, UpstreamBody};
 use super::splice::RawSocket;
-use super::transport::{BodyFrom, KernelBody};
+use super::transport::BodyWay;
 use crate::routes::Route;
 use send_accounting::unsent_bounded;
 
@@ -67,31 +68,20 @@ impl Proxy {
         if let Some(pacer) = &ctx.pacer {
             pump.read_max = pacer.step().min(READ_BYTES);
         }
-        let from = match &body {
-            Some(UpstreamBody::Origin { exchange, .. }) => Some(BodyFrom::Origin(exchange)),
-            Some(UpstreamBody::Cache(_)) => Some(BodyFrom::Cache),
-            None => None,
-        };
-        // A shaped origin body is spliced in paced steps; a shaped cache body goes through the
-        // paced writer (sendfile has no steps).
-        let kernel_way = from
-            .filter(|from| ctx.pacer.is_none() || matches!(from, BodyFrom::Origin(_)))
-            .and_then(|from| {
-                ctx.transport.for_body(session, ctx.passes_body_untouched(), from, &response)
-            });
-        unsent_bounded(session, kernel_way.is_some());
-        match (kernel_way, body) {
+        let (untouched, paced) = (ctx.passes_body_untouched(), ctx.pacer.is_some());
+        let way = BodyWay::choose(session, untouched, paced, body.as_ref(), &response);
+        ctx.transport = Some(way.transport());
+        unsent_bounded(session, way.by_kernel());
+        match (way, body) {
             (
-                Some((way, KernelBody { client, len, pipe: Some(pipe) })),
+                BodyWay::Splice { client, len, pipe },
                 Some(UpstreamBody::Origin { exchange, .. }),
             ) => {
-                ctx.transport = way;
                 let spliced =
                     self.splice(session, ctx, response, (client, len, pipe), *exchange, pump);
                 Box::pin(spliced).await
             }
-            (Some((way, KernelBody { client, len, .. })), Some(UpstreamBody::Cache(cached))) => {
-                ctx.transport = way;
+            (BodyWay::Sendfile { client, len }, Some(UpstreamBody::Cache(cached))) => {
                 Box::pin(self.send_files(session, ctx, response, (client, len), cached)).await
             }
             (_, Some(body)) if head_only => {
