@@ -100,9 +100,6 @@ pub struct RequestCtx {
     pub(super) transport: Option<Transport>,
     /// What the slice cache did for the request, on a route that uses it.
     pub(super) cache: Option<crate::cache::Outcome>,
-    /// A transformed representation's bytes from the cache: the answer's body, the stages not
-    /// run.
-    pub(super) cached_output: Option<Box<crate::cache::CacheBody>>,
     /// Keeps the whole slices of the representation the stages make, for the next request.
     pub(super) output_writer: Option<crate::cache::OutputWriter>,
     /// How the client's If-Range, when it is a date, goes upstream.
@@ -209,7 +206,6 @@ impl Default for RequestCtx {
             spliced: 0,
             transport: None,
             cache: None,
-            cached_output: None,
             output_writer: None,
             if_range_date: IfRangeDate::NotADate,
             part_gap: None,

@@ -160,7 +160,9 @@ impl Proxy {
             let watch = ClientWatch::of(session);
             let mut sourced = self.source(session, ctx, &route, &watch).await?;
             self.check_resume_version(&sourced.response, ctx);
-            self.shape(session, &mut sourced.response, ctx).await?;
+            if let Some(kept) = self.shape(session, &mut sourced.response, ctx).await? {
+                sourced.answer_with_kept(kept);
+            }
             self.deliver(session, ctx, &route, sourced, &watch).await
         }
         .instrument(span)

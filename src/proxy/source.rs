@@ -19,7 +19,7 @@ use super::hop_by_hop::{answer_to_forward, end_to_end};
 use super::origin_request::{self, client_side};
 use super::shaping::upstream_stream;
 use super::source_body::{BodySource, Continuable, UpstreamBody};
-use crate::cache::{Bypass, CacheAnswer, Outcome};
+use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
 use crate::config::UpstreamResume;
 use crate::routes::Route;
 use crate::routes::origin_client::Exchange;
@@ -38,6 +38,15 @@ pub(super) struct Sourced {
     pub(super) base: Option<RequestHeader>,
     /// How a broken body is continued; `None` on routes that do not continue bodies.
     pub(super) policy: Option<UpstreamResume>,
+}
+
+impl Sourced {
+    /// Its body is `kept`, a transformed representation the slice cache keeps whole for the
+    /// answer (found as the answer is shaped): its bytes, not the origin's — which a cache body
+    /// fetches only as it is read, so none are.
+    pub(super) fn answer_with_kept(&mut self, kept: Box<CacheBody>) {
+        self.body = Some(UpstreamBody::Cache(kept));
+    }
 }
 
 impl Proxy {

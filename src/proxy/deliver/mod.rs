@@ -50,9 +50,6 @@ impl Proxy {
         watch: &ClientWatch,
     ) -> Result<()> {
         let Sourced { mut response, body, stream, continuable, base, policy } = sourced;
-        // A transformed representation the cache holds: its bytes, not the origin's (which a
-        // cache body fetches only as it is read: nothing, then).
-        let body = ctx.cached_output.take().map(UpstreamBody::Cache).or(body);
         let authorized = super::source::client_authorized(session, route);
         let parts = std::mem::take(&mut ctx.rest_parts).into();
         let mut pump = Pump::new(
