@@ -226,8 +226,8 @@ impl RequestCtx {
     }
 
     /// The way the answer took, for its access line and metrics: its body's, once chosen; before
-    /// that, `Relay` for a request given to its route's relay (a refusal of its download, an
-    /// error of its source), `Pingora` for one rangeway answered before its route was found.
+    /// that, `Relay` for a request handed to its route (`route`, set as it is identified: a
+    /// refusal of its download, an error of its source), `Pingora` for one answered before.
     pub(super) fn transport_taken(&self) -> Transport {
         match (self.transport, &self.route) {
             (Some(way), _) => way,

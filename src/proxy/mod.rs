@@ -3,13 +3,14 @@
 //! pingora reads the request header and hands the session to [`Proxy::answer`], the one function
 //! a request's way through rangeway is read in: admit (admit.rs: client limits, HTTP's rules, the
 //! path, the route, S3 client keys and signed links) → identify (identify.rs: what to ask the
-//! source, the download and what the store knows of it, the resume decision) → source, shape and
-//! deliver (relay.rs: the slice cache or the origin, a broken body continued; shape.rs: the RFC
-//! 9110 answer; transform.rs: each chunk through the stages and cut; the body written, spliced or
-//! sent from the cache's files) → record (record.rs, from pingora's `logging`: the store, the
-//! metrics, the trace, the access line). pingora's own proxying never runs. Each way an answer
-//! can take is followed step by step in `LIFECYCLE.md` beside this file; `docs/architecture.md`
-//! has the whole.
+//! source, the download and what the store knows of it, the resume decision) → source
+//! (source.rs, source_body.rs: the slice cache or the origin, a broken body continued) → shape
+//! (shape.rs, shaping.rs: the RFC 9110 answer; a transformed representation the cache keeps
+//! becomes the source's body) → deliver (deliver/: the body's way chosen once, transport.rs; each
+//! chunk through the stages and cut, transform.rs; the body written, spliced or sent from the
+//! cache's files) → record (record.rs, from pingora's `logging`: the store, the metrics, the
+//! trace, the access line). pingora's own proxying never runs. Each way an answer can take is
+//! followed step by step in `LIFECYCLE.md` beside this file; `docs/architecture.md` has the whole.
 
 mod admit;
 mod answer;

@@ -20,7 +20,8 @@ use crate::routes::origin_client::Exchange;
 /// (`transport=`) and `rangeway_transport_total` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Transport {
-    /// None: rangeway answered the request itself before its route was found (a refusal, a 404).
+    /// None: rangeway answered the request itself before it was handed to its route (a refusal,
+    /// a 404).
     /// Named `pingora` in logs and metrics, as when requests with a body were pingora's to
     /// proxy; they are refused now.
     Pingora,
