@@ -108,12 +108,11 @@ impl Proxy {
         let mut pacer = ctx.pacer.take();
         let live = ctx.live.as_ref();
         let outcome = loop {
-            let spliced = (len, timeouts);
             let result = splice_exchange(
                 &mut exchange,
                 client,
                 pipe,
-                spliced,
+                (len, timeouts),
                 pacer.as_mut(),
                 live,
                 &mut sent,
