@@ -3,7 +3,7 @@
 //! access line and traces.
 //!
 //! The connection's peer is the starting point. Behind a balancer that sends the PROXY protocol
-//! (`[server] proxy_protocol`), `admission.rs` has already made the peer the address its header
+//! (`[server] proxy_protocol`), `admission/` has already made the peer the address its header
 //! names. A peer in `[server] trusted_proxies` is a proxy whose `X-Forwarded-For` is believed:
 //! the list is walked from its right end — the hop nearest rangeway — past every trusted
 //! address, and the first one not trusted is the client. Only the right end can be believed:

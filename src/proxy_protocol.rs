@@ -347,7 +347,7 @@ mod tests {
     }
 
     proptest! {
-        /// What `admission.rs` relies on, on any bytes: no panic; a header lies within the bytes
+        /// What `admission/` relies on, on any bytes: no panic; a header lies within the bytes
         /// and parses the same alone; read exactly as asked from the first byte, the bytes give
         /// the same answer, never asking past a header's end (a refusal may come only once the
         /// first bytes asked for are in). (`fuzz/fuzz_targets/proxy_header.rs`

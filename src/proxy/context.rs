@@ -96,13 +96,10 @@ pub struct RequestCtx {
     pub(super) replica: usize,
     /// Body bytes that went to the client by splice(2) (pingora's writer is told of them after).
     pub(super) spliced: u64,
-    /// The way the answer takes (see transport.rs).
-    pub(super) transport: Transport,
+    /// The way the body went, once the deliver step chose it (see transport.rs).
+    pub(super) transport: Option<Transport>,
     /// What the slice cache did for the request, on a route that uses it.
     pub(super) cache: Option<crate::cache::Outcome>,
-    /// A transformed representation's bytes from the cache: the answer's body, the stages not
-    /// run.
-    pub(super) cached_output: Option<Box<crate::cache::CacheBody>>,
     /// Keeps the whole slices of the representation the stages make, for the next request.
     pub(super) output_writer: Option<crate::cache::OutputWriter>,
     /// How the client's If-Range, when it is a date, goes upstream.
@@ -207,9 +204,8 @@ impl Default for RequestCtx {
             connect_tries: 0,
             replica: 0,
             spliced: 0,
-            transport: Transport::default(),
+            transport: None,
             cache: None,
-            cached_output: None,
             output_writer: None,
             if_range_date: IfRangeDate::NotADate,
             part_gap: None,
@@ -221,12 +217,23 @@ impl Default for RequestCtx {
 
 impl RequestCtx {
     /// Whether the answer's body goes to the client exactly as it comes: no stage, no digest
-    /// check, no cut, no stretches to join (see `Transport::for_body`).
+    /// check, no cut, no stretches to join (see `BodyWay::choose`).
     pub(super) fn passes_body_untouched(&self) -> bool {
         self.pass.is_none()
             && self.origin_digest.is_none()
             && matches!(self.body, BodyPlan::Forward)
             && self.rest_parts.is_empty()
+    }
+
+    /// The way the answer took, for its access line and metrics: its body's, once chosen; before
+    /// that, `Relay` for a request handed to its route (`route`, set as it is identified: a
+    /// refusal of its download, an error of its source), `Pingora` for one answered before.
+    pub(super) fn transport_taken(&self) -> Transport {
+        match (self.transport, &self.route) {
+            (Some(way), _) => way,
+            (None, Some(_)) => Transport::Relay,
+            (None, None) => Transport::Pingora,
+        }
     }
 
     pub(super) fn route_name(&self) -> &str {

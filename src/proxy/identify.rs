@@ -19,7 +19,6 @@ use super::context::{DownloadCtx, LostSession, RequestCtx, ip_text};
 use super::download::{self, DownloadId, continues_past_start, download_id, holding, object_key};
 use super::plan::{plan_parts, plan_upstream};
 use super::traced::{StoreCall, store_span};
-use super::transport::Transport;
 use super::under_way::Limit;
 use super::{Proxy, grace, negotiation, s3};
 use crate::links::{self, Link};
@@ -74,7 +73,6 @@ impl Proxy {
         ctx.client_ip = ctx.client.map(|client| ip_text(client.ip));
         ctx._active = Some(self.metrics.active_download());
         ctx.route = Some(Arc::clone(&route));
-        ctx.transport = Transport::choose(&route);
         ctx.coding_declined = route
             .chain
             .content_coding()
@@ -171,15 +169,7 @@ impl Proxy {
             _ => (None, None, Vec::new()),
         };
         let stored = stored.filter(|_| ranged);
-        let mut limited = None;
-        if let (Some(limits), true) = (&route.download_limits, req.method == Method::GET) {
-            let client = ctx.client.map(|client| client.ip);
-            let held = format!("{}|{object}", download.id);
-            match self.under_way.admit(&route.name, limits, client, &held).await {
-                Ok(place) => ctx.under_way = Some(place),
-                Err(limit) => limited = Some(limit),
-            }
-        }
+        let limited = self.hold_place(req, ctx, route, &download, &object).await;
         // Only what began before the expiry may go on: see `grace`.
         let refused_lapse = lapsed.filter(|lapse| {
             !grace::continues_download(stored.as_ref(), lapse.expires(), &ctx.client_range)
@@ -233,6 +223,30 @@ impl Proxy {
             .map(Refusal::Ambiguous)
             .or(limited.map(Refusal::Limited))
             .or(refused_lapse.map(Refusal::Lapsed))
+    }
+
+    /// The download's place under its route's concurrent-download limits, held in `ctx` to the
+    /// response's end; the limit it would break when there is none.
+    async fn hold_place(
+        &self,
+        req: &RequestHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        download: &DownloadId,
+        object: &str,
+    ) -> Option<Limit> {
+        let (Some(limits), true) = (&route.download_limits, req.method == Method::GET) else {
+            return None;
+        };
+        let client = ctx.client.map(|client| client.ip);
+        let held = format!("{}|{object}", download.id);
+        match self.under_way.admit(&route.name, limits, client, &held).await {
+            Ok(place) => {
+                ctx.under_way = Some(place);
+                None
+            }
+            Err(limit) => Some(limit),
+        }
     }
 
     /// A bare resume the store cannot vouch for: a prefix client is refused unless the answer

@@ -6,11 +6,13 @@
 //! (admit.rs: client limits, HTTP's rules, the path, the route, S3 client keys and signed links)
 //! → identify (identify.rs: what to ask the source, the download and what the store knows of it,
 //! the resume decision) → source (source.rs, source_body.rs: the slice cache or the origin, a
-//! broken body continued) → shape (shape.rs: the RFC 9110 answer) → deliver (deliver.rs,
-//! transform.rs: each chunk through the stages and cut; the body written, spliced or sent from
-//! the cache's files) → record (record.rs, from pingora's `logging`: the store, the metrics, the
-//! trace, the access line). pingora's own proxying never runs. Each way an answer can take is
-//! followed step by step in `LIFECYCLE.md` beside this file; `docs/architecture.md` has the whole.
+//! broken body continued) → shape (shape.rs, shaping.rs: the RFC 9110 answer; a transformed
+//! representation the cache keeps becomes the source's body) → deliver (deliver/: the body's way
+//! chosen once, transport.rs; each chunk through the stages and cut, transform.rs; the body
+//! written, spliced or sent from the cache's files) → record (record.rs, from pingora's
+//! `logging`: the store, the metrics, the trace, the access line). pingora's own proxying never
+//! runs. Each way an answer can take is followed step by step in `LIFECYCLE.md` beside this file;
+//! `docs/architecture.md` has the whole.
 
 mod admit;
 mod answer;
@@ -60,10 +62,9 @@ use crate::state::StateStore;
 use crate::telemetry::live::LiveResponses;
 use crate::telemetry::metrics::Metrics;
 use crate::traces::Traces;
-use client_session::{ClientSession, answer_pipelined};
+use client_session::{ClientSession, ClientWatch, answer_pipelined};
 use completion::Completions;
 use context::RequestCtx;
-use deliver::ClientWatch;
 use traced::{RequestTrace, request_span};
 
 /// The proxy, built once from config and shared by every request.
@@ -170,7 +171,9 @@ impl Proxy {
             let watch = ClientWatch::of(session);
             let mut sourced = self.source(session, ctx, &route, &watch).await?;
             self.check_resume_version(&sourced.response, ctx);
-            self.shape(session, &mut sourced.response, ctx).await?;
+            if let Some(kept) = self.shape(session, &mut sourced.response, ctx).await? {
+                sourced.answer_with_kept(kept);
+            }
             self.deliver(session, ctx, &route, sourced, &watch).await
         }
         .instrument(span)

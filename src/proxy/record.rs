@@ -2,6 +2,7 @@
 //! completion pass, metrics, the trace and the access line.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::header;
 use pingora_error::{Error, ErrorSource};
@@ -93,18 +94,9 @@ impl Proxy {
         let sent = session.body_bytes_sent();
         let route = ctx.route_name();
         let elapsed = ctx.started.elapsed();
-        let transport = ctx.transport.name();
-        self.metrics.request(route, status, sent, elapsed, transport);
-        if ctx.spliced > 0 && matches!(ctx.transport, Transport::Splice { .. }) {
-            self.metrics.spliced(route, ctx.spliced);
-        }
+        let transport = ctx.transport_taken().name();
         let cache = ctx.cache.map(Outcome::name);
-        if let Some(outcome) = cache {
-            self.metrics.cache_request(route, outcome);
-        }
-        if let Some(pacer) = &ctx.pacer {
-            self.metrics.shaped(route, pacer.shaped, pacer.waited);
-        }
+        self.count(ctx, (status, sent, elapsed), transport, cache);
         let req = session.req_header();
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
         let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
@@ -167,6 +159,28 @@ impl Proxy {
                     transport, cache, client, forwarded_by, trace_id, error = %e,
                 )
             }
+        }
+    }
+
+    /// The response counted in the metrics: its status, body bytes and time, the way it took,
+    /// what the cache did, what was spliced and paced.
+    fn count(
+        &self,
+        ctx: &RequestCtx,
+        (status, sent, elapsed): (u16, u64, Duration),
+        transport: &'static str,
+        cache: Option<&'static str>,
+    ) {
+        let route = ctx.route_name();
+        self.metrics.request(route, status, sent, elapsed, transport);
+        if ctx.spliced > 0 && ctx.transport == Some(Transport::Splice) {
+            self.metrics.spliced(route, ctx.spliced);
+        }
+        if let Some(outcome) = cache {
+            self.metrics.cache_request(route, outcome);
+        }
+        if let Some(pacer) = &ctx.pacer {
+            self.metrics.shaped(route, pacer.shaped, pacer.waited);
         }
     }
 }

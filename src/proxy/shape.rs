@@ -24,6 +24,7 @@ use super::s3;
 use super::shaping::{remove_whole_object_checksums, upstream_stream};
 use super::source_body::Continuable;
 use super::traced::request_span;
+use crate::cache::CacheBody;
 use crate::range::{Asked, IfRangeDate, Shape, shape_response, validators};
 use crate::state::ObjectVersion;
 use crate::telemetry::metrics::Unvouched;
@@ -69,12 +70,13 @@ impl Proxy {
     /// The client's answer from the source's: refused (the object changed, the session may be
     /// lost), an S3 error spoken back, a 416 given its length, the transformed representation's,
     /// or the RFC 9110 answer to what the client asked (200, 206, multipart, 304, 412, 416).
+    /// A transformed representation the slice cache keeps is returned: its bytes are the body.
     pub(super) async fn shape(
         &self,
         session: &impl ClientSession,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
-    ) -> Result<()> {
+    ) -> Result<Option<Box<CacheBody>>> {
         let status = response.status.as_u16();
         ctx.upstream_status = Some(status);
         ctx.upstream_header = ctx.upstream_asked.map(|t| t.elapsed());
@@ -83,7 +85,8 @@ impl Proxy {
         let origin_digest =
             if status == 200 { OriginDigestCheck::for_response(&response.headers) } else { None };
         if let Some(id) = ctx.download.as_ref().filter(|d| d.changed).map(|d| d.id.clone()) {
-            return refuse_changed(response, ctx, &id);
+            refuse_changed(response, ctx, &id)?;
+            return Ok(None);
         }
         if let Some(lost) = ctx.lost_session
             && lost.refuse
@@ -92,10 +95,11 @@ impl Proxy {
         {
             let route = ctx.route_name().to_owned();
             self.unvouched(ctx, &route, Unvouched::Refused);
-            return refuse_lost_session(response, ctx);
+            refuse_lost_session(response, ctx)?;
+            return Ok(None);
         }
         if self.shape_unusual(session, response, ctx, status).await? {
-            return Ok(());
+            return Ok(None);
         }
         if ctx.route.as_ref().is_some_and(|route| route.chain.content_coding().is_some()) {
             // The answer depends on Accept-Encoding, coded or not.
@@ -109,7 +113,8 @@ impl Proxy {
             self.go_live(session, ctx);
             return result;
         }
-        self.shape_plain(session, response, ctx, &answer_validators, version, origin_digest)
+        self.shape_plain(session, response, ctx, &answer_validators, version, origin_digest)?;
+        Ok(None)
     }
 
     /// An S3 error spoken back to the client in S3's words, or a 416 without the length given

@@ -1,18 +1,20 @@
 //! The client's answer shaped from the upstream's: the transformed representation's, the observed
 //! one's, multipart bodies, refusals of answers that cannot be made correct.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Method, StatusCode, header};
 use pingora_error::{Error, ErrorType, Result};
-use pingora_http::ResponseHeader;
+use pingora_http::{RequestHeader, ResponseHeader};
 use rangeway_middleware::ByteRange;
-use rangeway_middleware::chain::{Chain, ObjectVersion as StageObject};
+use rangeway_middleware::chain::{Chain, Learned, ObjectVersion as StageObject};
 use rangeway_middleware::checksum::want_repr_digest_sha256;
 use rangeway_middleware::rfc9110::{
-    ContentRange, IgnoreReason, MultipartBody, MultipartPlan, content_range, parse_content_range,
+    ContentRange, IgnoreReason, MultipartBody, MultipartPlan, RangeSet, content_range,
+    parse_content_range,
 };
 use tracing::warn;
 
@@ -26,7 +28,7 @@ use crate::cache::{CacheBody, Outcome, OutputWriter, SliceCache, Version};
 use crate::fingerprint::fingerprint;
 use crate::range::{Asked, ClientRange, Shape, shape_response, validators};
 use crate::representation::{
-    ChainPass, ORIGIN_DIGEST_HEADERS, digest_headers, representation_etag, version_key,
+    ChainPass, ORIGIN_DIGEST_HEADERS, StoredFacts, digest_headers, representation_etag, version_key,
 };
 use crate::routes::Route;
 use crate::state::{Ending, ObjectVersion};
@@ -87,7 +89,9 @@ impl Proxy {
 
     /// On a route that transforms: the transformed representation's answer. Its length, ETag and
     /// ranges come from the chain and the origin's version; the client's range and validators
-    /// are evaluated against them; the chain is started for the output range to send.
+    /// are evaluated against them; the chain is started for the output range to send — or, when
+    /// the slice cache keeps that range of the representation, its bytes are returned: the
+    /// answer's body in place of the source's.
     pub(super) fn transformed_response(
         &self,
         session: &impl ClientSession,
@@ -95,7 +99,7 @@ impl Proxy {
         ctx: &mut RequestCtx,
         route: &Route,
         version: Option<crate::state::ObjectVersion>,
-    ) -> Result<()> {
+    ) -> Result<Option<Box<CacheBody>>> {
         let status = response.status.as_u16();
         forwarded(response)?;
         if !matches!(status, 200 | 206) {
@@ -103,39 +107,61 @@ impl Proxy {
             // the planned range: nothing of the origin's bytes is sent.
             response.remove_header(&header::ETAG);
             response.remove_header(&header::CONTENT_RANGE);
-            return Ok(());
+            return Ok(None);
         }
         let stream = upstream_stream(status, &response.headers);
         let (Some(version), Some(stream)) = (version, stream) else {
-            return self.refuse(
-                response,
-                ctx,
-                &route.name,
-                "the upstream did not say the object's length, which the route's middleware needs",
-            );
+            let reason =
+                "the upstream did not say the object's length, which the route's middleware needs";
+            self.refuse(response, ctx, &route.name, reason)?;
+            return Ok(None);
         };
-        let known = ctx.known.take().unwrap_or_default().for_version(version_key(&version));
-        let strong_etag = version.etag.as_deref().filter(|_| version.strong);
-        let path = ctx.object_path.clone();
-        let object =
-            StageObject { route: &route.name, path: &path, strong_etag, len: version.size };
-        let learned = known.learned();
-        let lens = route.chain.lengths(&object, &learned);
-        let output_len = lens.last().copied().flatten();
-        let etag = strong_etag.map(|etag| representation_etag(etag, &route.chain));
+        let made = Representation::of(ctx, route, version, stream);
         // The representation's own version: what a download of it is of.
-        let delivered = output_len.map(|size| ObjectVersion {
-            etag: etag.clone(),
-            strong: etag.is_some(),
-            size,
-            last_modified: version.last_modified,
-            content_type: version.content_type.clone(),
-        });
-        // Resume safety, as for the origin's own bytes: a bare resume the representation may
-        // not follow is refused.
+        let delivered = made.delivered();
+        if self.refuse_changed_representation(response, ctx, route, &made, delivered.as_ref())? {
+            return Ok(None);
+        }
+        let req = session.req_header();
+        let coding = route.chain.content_coding();
+        let shape = representation_shape(req, response, ctx, &made, coding);
+        representation_fields(response, route, &made, coding)?;
+        let ControlFlow::Continue(output) =
+            self.cut_representation(response, ctx, route, shape, &made)?
+        else {
+            return Ok(None);
+        };
+        let want = want_repr_digest_sha256(
+            req.headers.get_all("want-repr-digest").iter().map(HeaderValue::as_bytes),
+        );
+        for (name, value) in digest_headers(&route.chain, &made.known, &made.lens, want) {
+            response.insert_header(name, value)?;
+        }
+        let parts = ctx.multipart_span();
+        if let Some(download) = ctx.download.as_mut() {
+            download.note_response(response, delivered, parts)?;
+            download.origin_version = Some(made.version.clone());
+        }
+        if req.method != Method::GET || matches!(ctx.body, BodyPlan::Discard) {
+            ctx.body = BodyPlan::Discard;
+            return Ok(None);
+        }
+        self.start_representation(response, ctx, route, made, output)
+    }
+
+    /// Resume safety, as for the origin's own bytes: a bare resume the representation may not
+    /// follow is refused (`true`).
+    fn refuse_changed_representation(
+        &self,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        made: &Representation,
+        delivered: Option<&ObjectVersion>,
+    ) -> Result<bool> {
         if let Some(download) = ctx.download.as_mut()
             && let Some(resume_version) = download.resume_version.take()
-            && !delivered.as_ref().is_some_and(|delivered| delivered.same_as(&resume_version))
+            && !delivered.is_some_and(|delivered| delivered.same_as(&resume_version))
         {
             download.changed = true;
             self.metrics.resume_refused(&route.name);
@@ -143,89 +169,39 @@ impl Proxy {
             // The representation's ETag, as on its answers: the origin's is not its to show (on
             // an encrypting route it would tell what the ciphertext hides).
             response.remove_header(&header::ETAG);
-            if let Some(etag) = etag.as_deref().and_then(|e| HeaderValue::from_str(e).ok()) {
+            if let Some(etag) = made.etag.as_deref().and_then(|e| HeaderValue::from_str(e).ok()) {
                 response.insert_header(header::ETAG, etag)?;
             }
-            return refuse_changed(response, ctx, &id);
+            refuse_changed(response, ctx, &id)?;
+            return Ok(true);
         }
-        // Ranges only of what can be made again byte for byte: a version pinned by a strong
-        // ETag, of a known length; never of a content coding, which clients decode as it comes
-        // and would resume at decoded offsets.
-        let coding = route.chain.content_coding();
-        let rangeable = etag.is_some() && output_len.is_some() && coding.is_none();
-        let mut own = http::HeaderMap::new();
-        if let Some(etag) = etag.as_deref().and_then(|e| HeaderValue::from_str(e).ok()) {
-            own.insert(header::ETAG, etag);
-        }
-        if let Some(modified) = response.headers.get(header::LAST_MODIFIED) {
-            own.insert(header::LAST_MODIFIED, modified.clone());
-        }
-        if let Some(len) = output_len {
-            own.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-        }
-        // Ranges far apart would make the stages produce everything between them: answered whole
-        // instead, which costs what the client takes (see `plan_parts`).
-        let together = |set: &rangeway_middleware::rfc9110::RangeSet| {
-            output_len.is_some_and(|len| set.fetches(len, PART_GAP).len() <= 1)
-        };
-        let client_range = match &ctx.client_range {
-            ClientRange::Bytes(set) if rangeable && !together(set) => {
-                ClientRange::Ignored(IgnoreReason::Sparse)
-            }
-            range if rangeable => range.clone(),
-            _ => ClientRange::Absent,
-        };
-        let req = session.req_header();
-        let asked = Asked {
-            method: &req.method,
-            headers: &req.headers,
-            range: &client_range,
-            sent: None,
-            if_range_date_sent: false,
-            part_gap: None,
-            lost_sessions_since: ctx.lost_session.filter(|l| !l.refuse).map(|l| l.since),
-        };
-        let shape = shape_response(&asked, 200, &own, &validators(&own), SystemTime::now());
-        let want = want_repr_digest_sha256(
-            req.headers.get_all("want-repr-digest").iter().map(HeaderValue::as_bytes),
-        );
-        let is_get = req.method == Method::GET;
-        for name in ORIGIN_DIGEST_HEADERS.iter().copied().chain([
-            "etag",
-            "content-range",
-            "accept-ranges",
-            "content-length",
-            "transfer-encoding",
-        ]) {
-            response.remove_header(name);
-        }
-        remove_whole_object_checksums(response);
-        if let Some(etag) = &etag {
-            response.insert_header(header::ETAG, etag.as_str())?;
-        }
-        if let Some(coding) = coding {
-            response.insert_header(header::CONTENT_ENCODING, coding)?;
-        }
-        if let Some(media_type) = route.chain.media_type() {
-            response.insert_header(header::CONTENT_TYPE, media_type)?;
-        }
-        if let Some(disposition) = content_disposition(&path, &route.chain) {
-            response.insert_header(header::CONTENT_DISPOSITION, disposition)?;
-        }
+        Ok(false)
+    }
+
+    /// The answer as `shape` says, for the representation: whole, one range, multipart, without
+    /// content — with the range of the representation to send, if any — or refused (`Break`).
+    fn cut_representation(
+        &self,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        shape: Shape,
+        made: &Representation,
+    ) -> Result<ControlFlow<(), Option<ByteRange>>> {
         let output = match shape {
             Shape::Forward => {
                 if ctx.lost_session.is_some() && matches!(ctx.client_range, ClientRange::Bytes(_)) {
                     self.unvouched(ctx, &route.name, Unvouched::Whole);
                 }
                 response.set_status(StatusCode::OK)?;
-                match output_len {
+                match made.output_len {
                     Some(len) => response.insert_header(header::CONTENT_LENGTH, len)?,
                     None => response.insert_header(header::TRANSFER_ENCODING, "chunked")?,
                 }
-                if rangeable {
+                if made.rangeable(route.chain.content_coding()) {
                     response.insert_header(header::ACCEPT_RANGES, ACCEPT_BYTES)?;
                 }
-                output_len.map(ByteRange::whole)
+                made.output_len.map(ByteRange::whole)
             }
             Shape::Single { range, complete_len, .. } => {
                 let value = content_range(range, complete_len);
@@ -235,12 +211,16 @@ impl Proxy {
             }
             Shape::Multiple { ranges, complete_len, .. } => {
                 let Some(covering) = covering(&ranges) else {
-                    return self.refuse(response, ctx, &route.name, "no ranges to send");
+                    self.refuse(response, ctx, &route.name, "no ranges to send")?;
+                    return Ok(ControlFlow::Break(()));
                 };
                 self.multipart(response, ctx, &ranges, complete_len, covering.start())?;
                 Some(covering)
             }
-            Shape::BadGateway(reason) => return self.refuse(response, ctx, &route.name, reason),
+            Shape::BadGateway(reason) => {
+                self.refuse(response, ctx, &route.name, reason)?;
+                return Ok(ControlFlow::Break(()));
+            }
             shape @ (Shape::Unsatisfiable { .. }
             | Shape::NotModified
             | Shape::PreconditionFailed) => {
@@ -248,18 +228,23 @@ impl Proxy {
                 None
             }
         };
-        for (name, value) in digest_headers(&route.chain, &known, &lens, want) {
-            response.insert_header(name, value)?;
-        }
-        let parts = ctx.multipart_span();
-        if let Some(download) = ctx.download.as_mut() {
-            download.note_response(response, delivered, parts)?;
-            download.origin_version = Some(version.clone());
-        }
-        if !is_get || matches!(ctx.body, BodyPlan::Discard) {
-            ctx.body = BodyPlan::Discard;
-            return Ok(());
-        }
+        Ok(ControlFlow::Continue(output))
+    }
+
+    /// The chain planned for the `output` range of the representation (the whole without one);
+    /// then that range's bytes when the slice cache keeps them all — returned, the stages not
+    /// run — or else the stages started, what they make kept by the cache for the next request
+    /// where it keeps the representation.
+    fn start_representation(
+        &self,
+        response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        made: Representation,
+        output: Option<ByteRange>,
+    ) -> Result<Option<Box<CacheBody>>> {
+        let Representation { version, stream, path, known, learned, output_len, etag, .. } = made;
+        let object = stage_object(&route.name, &path, &version);
         let plan = match output {
             Some(output) => route.chain.plan(output, &object, &learned),
             None => Ok(route.chain.plan_whole(&object, &learned)),
@@ -267,31 +252,23 @@ impl Proxy {
         let plan = match plan {
             Ok(plan) if stream.contains_range(&plan.origin()) => plan,
             Ok(_) => {
-                return self.refuse(
-                    response,
-                    ctx,
-                    &route.name,
-                    "the upstream's answer does not hold the bytes the middleware needs",
-                );
+                let reason = "the upstream's answer does not hold the bytes the middleware needs";
+                self.refuse(response, ctx, &route.name, reason)?;
+                return Ok(None);
             }
             Err(error) => {
                 warn!(route = %route.name, %error, "the route's middleware cannot plan this response");
-                return self.refuse(
-                    response,
-                    ctx,
-                    &route.name,
-                    "the middleware cannot plan this range",
-                );
+                self.refuse(response, ctx, &route.name, "the middleware cannot plan this range")?;
+                return Ok(None);
             }
         };
         // The representation's bytes, when the cache keeps them all: the stages need not run.
         if let Some(hit) = self.cached_representation(ctx, route, etag.as_deref(), output_len) {
             match hit.cached_output(plan.output(), &route.name) {
                 Some(output) => {
-                    ctx.cached_output = Some(output);
                     ctx.cache = Some(Outcome::Hit);
                     response.insert_header("x-rangeway-cache", Outcome::Hit.name())?;
-                    return Ok(());
+                    return Ok(Some(output));
                 }
                 None => ctx.output_writer = Some(hit.writer(plan.output().start())),
             }
@@ -302,7 +279,7 @@ impl Proxy {
         let pass = ChainPass::start(&route.chain, &plan, &object, known, stream.start())
             .map_err(|e| Error::because(ErrorType::InternalError, "starting the middleware", e))?;
         ctx.pass = Some(pass);
-        Ok(())
+        Ok(None)
     }
 
     /// The slice cache's view of a transformed representation (`etag`, `len`), on a route that
@@ -405,6 +382,139 @@ impl CachedRepresentation {
     fn writer(&self, at: u64) -> OutputWriter {
         self.cache.output_writer(&self.version, at)
     }
+}
+
+/// What a transformed answer is made from: the origin's version, what the store knows of it,
+/// and the representation the route's chain makes of it.
+struct Representation {
+    /// The origin's version.
+    version: ObjectVersion,
+    /// Which bytes of the object the upstream's body holds.
+    stream: ByteRange,
+    /// The object's path on the upstream, as the stages are told it.
+    path: String,
+    known: StoredFacts,
+    learned: Learned,
+    /// Each stage's output length, where known.
+    lens: Vec<Option<u64>>,
+    /// The representation's length, where known.
+    output_len: Option<u64>,
+    /// The representation's ETag, made from the origin's strong one.
+    etag: Option<String>,
+}
+
+impl Representation {
+    /// The representation of `version` the route's chain makes, with what the store knows.
+    fn of(ctx: &mut RequestCtx, route: &Route, version: ObjectVersion, stream: ByteRange) -> Self {
+        let known = ctx.known.take().unwrap_or_default().for_version(version_key(&version));
+        let path = ctx.object_path.clone();
+        let learned = known.learned();
+        let lens = route.chain.lengths(&stage_object(&route.name, &path, &version), &learned);
+        let output_len = lens.last().copied().flatten();
+        let strong_etag = version.etag.as_deref().filter(|_| version.strong);
+        let etag = strong_etag.map(|etag| representation_etag(etag, &route.chain));
+        Self { version, stream, path, known, learned, lens, output_len, etag }
+    }
+
+    /// The representation's own version: what a download of it is of.
+    fn delivered(&self) -> Option<ObjectVersion> {
+        self.output_len.map(|size| ObjectVersion {
+            etag: self.etag.clone(),
+            strong: self.etag.is_some(),
+            size,
+            last_modified: self.version.last_modified,
+            content_type: self.version.content_type.clone(),
+        })
+    }
+
+    /// Whether it is answered in ranges: only what can be made again byte for byte — a version
+    /// pinned by a strong ETag, of a known length — and never a content `coding`, which clients
+    /// decode as it comes and would resume at decoded offsets.
+    fn rangeable(&self, coding: Option<&str>) -> bool {
+        self.etag.is_some() && self.output_len.is_some() && coding.is_none()
+    }
+}
+
+/// The object version of `route` at `path` as the stages are told it.
+fn stage_object<'a>(route: &'a str, path: &'a str, version: &'a ObjectVersion) -> StageObject<'a> {
+    let strong_etag = version.etag.as_deref().filter(|_| version.strong);
+    StageObject { route, path, strong_etag, len: version.size }
+}
+
+/// What the client asked, judged (RFC 9110) against the representation rather than the origin's
+/// answer: its validators, its length, its ranges where it is [`Representation::rangeable`].
+fn representation_shape(
+    req: &RequestHeader,
+    response: &ResponseHeader,
+    ctx: &RequestCtx,
+    made: &Representation,
+    coding: Option<&str>,
+) -> Shape {
+    let rangeable = made.rangeable(coding);
+    let mut own = http::HeaderMap::new();
+    if let Some(etag) = made.etag.as_deref().and_then(|e| HeaderValue::from_str(e).ok()) {
+        own.insert(header::ETAG, etag);
+    }
+    if let Some(modified) = response.headers.get(header::LAST_MODIFIED) {
+        own.insert(header::LAST_MODIFIED, modified.clone());
+    }
+    if let Some(len) = made.output_len {
+        own.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+    // Ranges far apart would make the stages produce everything between them: answered whole
+    // instead, which costs what the client takes (see `plan_parts`).
+    let together =
+        |set: &RangeSet| made.output_len.is_some_and(|len| set.fetches(len, PART_GAP).len() <= 1);
+    let client_range = match &ctx.client_range {
+        ClientRange::Bytes(set) if rangeable && !together(set) => {
+            ClientRange::Ignored(IgnoreReason::Sparse)
+        }
+        range if rangeable => range.clone(),
+        _ => ClientRange::Absent,
+    };
+    let asked = Asked {
+        method: &req.method,
+        headers: &req.headers,
+        range: &client_range,
+        sent: None,
+        if_range_date_sent: false,
+        part_gap: None,
+        lost_sessions_since: ctx.lost_session.filter(|l| !l.refuse).map(|l| l.since),
+    };
+    shape_response(&asked, 200, &own, &validators(&own), SystemTime::now())
+}
+
+/// The representation's own header fields in place of the origin's: its ETag, content coding,
+/// media type and file name; none of the origin's digests, checksums, range or length.
+fn representation_fields(
+    response: &mut ResponseHeader,
+    route: &Route,
+    made: &Representation,
+    coding: Option<&str>,
+) -> Result<()> {
+    for name in ORIGIN_DIGEST_HEADERS.iter().copied().chain([
+        "etag",
+        "content-range",
+        "accept-ranges",
+        "content-length",
+        "transfer-encoding",
+    ]) {
+        response.remove_header(name);
+    }
+    remove_whole_object_checksums(response);
+    if let Some(etag) = &made.etag {
+        response.insert_header(header::ETAG, etag.as_str())?;
+    }
+    if let Some(coding) = coding {
+        response.insert_header(header::CONTENT_ENCODING, coding)?;
+    }
+    if let Some(media_type) = route.chain.media_type() {
+        response.insert_header(header::CONTENT_TYPE, media_type)?;
+    }
+    if let Some(disposition) = content_disposition(&made.path, &route.chain) {
+        response.insert_header(header::CONTENT_DISPOSITION, disposition)?;
+    }
+    Ok(())
 }
 
 /// `attachment; filename="NAME.EXT"` for a chain that names its output (`.gz`): the last

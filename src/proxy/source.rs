@@ -13,13 +13,13 @@ use rangeway_middleware::ByteRange;
 
 use super::Proxy;
 use super::client_session::ClientSession;
+use super::client_session::ClientWatch;
 use super::context::RequestCtx;
-use super::deliver::ClientWatch;
 use super::hop_by_hop::{answer_to_forward, end_to_end};
 use super::origin_request::{self, client_side};
 use super::shaping::upstream_stream;
 use super::source_body::{BodySource, Continuable, UpstreamBody};
-use crate::cache::{Bypass, CacheAnswer, Outcome};
+use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
 use crate::config::UpstreamResume;
 use crate::routes::Route;
 use crate::routes::origin_client::Exchange;
@@ -40,6 +40,15 @@ pub(super) struct Sourced {
     pub(super) policy: Option<UpstreamResume>,
 }
 
+impl Sourced {
+    /// Its body is `kept`, a transformed representation the slice cache keeps whole for the
+    /// answer (found as the answer is shaped): its bytes, not the origin's — which a cache body
+    /// fetches only as it is read, so none are.
+    pub(super) fn answer_with_kept(&mut self, kept: Box<CacheBody>) {
+        self.body = Some(UpstreamBody::Cache(kept));
+    }
+}
+
 impl Proxy {
     /// Asks the source what the plan in `ctx` says: the slice cache on a route that uses one,
     /// else the origin. Every wait on either ends when the client goes (`watch`).
@@ -50,7 +59,7 @@ impl Proxy {
         route: &Arc<Route>,
         watch: &ClientWatch,
     ) -> Result<Sourced> {
-        let policy = ctx.transport.resume();
+        let policy = route.upstream_resume;
         ctx.replica = route.upstream.choose();
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());

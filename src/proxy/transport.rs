@@ -1,43 +1,60 @@
-//! Which way a request's answer takes from its origin (or the slice cache) to its client, chosen
-//! here and nowhere else: before the request goes upstream ([`Transport::choose`]), then, once the
-//! answer's header is in, whether its body can bypass rangeway's memory ([`Transport::for_body`]). `LIFECYCLE.md`, beside this
-//! file, follows a request down each way.
+//! Which way a request's answer takes from its origin (or the slice cache) to its client: one
+//! value, [`BodyWay`], chosen in one place ([`BodyWay::choose`]) by the deliver step once the
+//! answer's header is shaped, with what that way needs (the client's socket, the body's pipe from
+//! the pipe budget) and the route's pacing taken into account; [`Transport`] names it in the
+//! access line and the metrics. `LIFECYCLE.md`, beside this file, follows a request down each way.
 
 use http::Method;
 use pingora_core::protocols::Stream;
 use pingora_http::ResponseHeader;
 
 use super::client_session::ClientSession;
+use super::source_body::UpstreamBody;
 use super::splice::{Pipe, RawSocket};
-use crate::config::UpstreamResume;
 use crate::range::content_length;
-use crate::routes::Route;
 use crate::routes::origin_client::Exchange;
 
-/// How a request's answer travels from its origin to its client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How a request's answer travelled from its origin to its client, as the access line
+/// (`transport=`) and `rangeway_transport_total` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Transport {
-    /// None: rangeway answered the request itself before a way was chosen (a refusal, a 404).
+    /// None: rangeway answered the request itself before it was handed to its route (a refusal,
+    /// a 404).
     /// Named `pingora` in logs and metrics, as when requests with a body were pingora's to
     /// proxy; they are refused now.
-    #[default]
     Pingora,
-    /// rangeway's relay (`source.rs`, `source_body.rs`, `deliver.rs`): its own upstream client, the
-    /// body read in chunks — from the origin's socket straight into the chunks
-    /// the stages take, where pingora would copy each — through the body filter; continued from
-    /// where the origin breaks it off when `resume` says how.
-    Relay { resume: Option<UpstreamResume> },
+    /// rangeway's relay: its own upstream client, the body read in chunks — from the origin's
+    /// socket straight into the chunks the stages take, where pingora would copy each — through
+    /// the transform step ([`BodyWay::Copy`]). Also the name of a request given to its route's
+    /// relay that ended before its body's way was chosen (a refusal of its download, an error of
+    /// its source).
+    Relay,
     /// The relay, the body passed on untouched from the origin's socket to the client's with
-    /// splice(2), never entering rangeway's memory (`splice.rs`); continued as the relay's.
-    Splice { resume: Option<UpstreamResume> },
+    /// splice(2), never entering rangeway's memory ([`BodyWay::Splice`]).
+    Splice,
     /// The relay, the answer from the slice cache (`crate::cache`) and its body passed on
-    /// untouched from the cache's files to the client's socket with sendfile(2).
+    /// untouched from the cache's files to the client's socket with sendfile(2)
+    /// ([`BodyWay::Sendfile`]).
     Sendfile,
+}
+
+/// How an answer's body goes to its client, with what that way needs: the one value the deliver
+/// step chooses for it ([`BodyWay::choose`]).
+pub(super) enum BodyWay {
+    /// Read by rangeway and written through pingora's writer: through the transform step, in
+    /// paced steps on a shaped route (pace.rs).
+    Copy,
+    /// Spliced from the origin's plain socket to the client's through the body's pipe (its share
+    /// of the pipe budget, `Pipe::take`), in paced steps on a shaped route; continued as the
+    /// relay's where the origin breaks it off.
+    Splice { client: RawSocket, len: u64, pipe: Pipe },
+    /// Sent from the slice cache's files to the client's socket.
+    Sendfile { client: RawSocket, len: u64 },
 }
 
 /// Where a relayed answer's body comes from.
 #[derive(Clone, Copy)]
-pub(super) enum BodyFrom<'a> {
+enum BodyFrom<'a> {
     /// The origin's answer on this exchange.
     Origin(&'a Exchange),
     /// The slice cache.
@@ -49,76 +66,82 @@ pub(super) enum BodyFrom<'a> {
 /// closes), and a body below it is read in a few chunks anyway.
 const SPLICE_MIN_BYTES: u64 = 256 * 1024;
 
-impl Transport {
-    /// The way of a request to `route`, before it goes upstream: the relay. (Requests reach it
-    /// only as GET or HEAD without a body: other methods and bodies are refused before.)
-    pub(super) fn choose(route: &Route) -> Self {
-        Self::Relay { resume: route.upstream_resume }
+impl BodyWay {
+    /// The way of an answer's `body`, once its header (`response`) is shaped: passed on by the
+    /// kernel when it goes out `untouched` (no stage, digest check, cut or stretches), else
+    /// copied. A `paced` body from the cache is copied too: sendfile has no steps.
+    pub(super) fn choose(
+        session: &impl ClientSession,
+        untouched: bool,
+        paced: bool,
+        body: Option<&UpstreamBody>,
+        response: &ResponseHeader,
+    ) -> Self {
+        let from = match body {
+            Some(UpstreamBody::Origin { exchange, .. }) => BodyFrom::Origin(exchange),
+            Some(UpstreamBody::Cache(_)) if !paced => BodyFrom::Cache,
+            _ => return Self::Copy,
+        };
+        Self::kernel_way(session, untouched, from, response).unwrap_or(Self::Copy)
     }
 
-    /// The way of a relayed answer's body, once its header is in: passed on by the kernel when
-    /// it goes out untouched — of known length, at least [`SPLICE_MIN_BYTES`], neither cut nor
-    /// staged nor checked against a digest — to a client whose session hands the kernel its
-    /// socket (`ClientSession::kernel_socket`: a plain HTTP/1 client on rangeway's
-    /// `ClientConnection`, which the server puts under every proxy connection and which accounts
-    /// for bytes that go past pingora's writer): spliced from a plain origin socket when a pipe
-    /// can be had (`Pipe::take`), sent from the cache's files.
-    pub(super) fn for_body(
-        self,
+    /// The kernel's way for a GET's body that goes out untouched — of known length, at least
+    /// [`SPLICE_MIN_BYTES`] — to a client whose session hands the kernel its socket
+    /// (`ClientSession::kernel_socket`: a plain HTTP/1 client on rangeway's `ClientConnection`,
+    /// which the server puts under every proxy connection and which accounts for bytes that go
+    /// past pingora's writer): spliced from a plain origin socket when a pipe can be had
+    /// (`Pipe::take`), sent from the cache's files; `None` when it cannot have one.
+    fn kernel_way(
         session: &impl ClientSession,
         untouched: bool,
         from: BodyFrom<'_>,
         response: &ResponseHeader,
-    ) -> Option<(Self, KernelBody)> {
-        let Self::Relay { resume } = self else { return None };
+    ) -> Option<Self> {
         if session.req_header().method != Method::GET {
             return None;
         }
         let len = content_length(&response.headers).filter(|len| *len >= SPLICE_MIN_BYTES)?;
-        let way = match from {
-            BodyFrom::Origin(exchange) if plain(exchange.session.stream()).is_some() => {
-                Self::Splice { resume }
-            }
+        let spliced = match from {
+            BodyFrom::Origin(exchange) if plain(exchange.session.stream()).is_some() => true,
             BodyFrom::Origin(_) => return None,
-            BodyFrom::Cache => Self::Sendfile,
+            BodyFrom::Cache => false,
         };
         if !untouched {
             return None;
         }
         let client = session.kernel_socket()?;
         // Taken last: a pipe is held from here to the body's end.
-        let pipe = match way {
-            Self::Splice { .. } => Some(Pipe::take()?),
-            _ => None,
-        };
-        Some((way, KernelBody { client, len, pipe }))
+        Some(match spliced {
+            true => Self::Splice { client, len, pipe: Pipe::take()? },
+            false => Self::Sendfile { client, len },
+        })
     }
 
-    /// How bodies the origin breaks off are continued; `None`: they are not.
-    pub(super) fn resume(self) -> Option<UpstreamResume> {
-        match self {
-            Self::Pingora | Self::Sendfile => None,
-            Self::Relay { resume } | Self::Splice { resume } => resume,
-        }
+    /// Whether the kernel sends the body: the client socket's unsent bytes are then bounded.
+    pub(super) fn by_kernel(&self) -> bool {
+        !matches!(self, Self::Copy)
     }
 
-    /// Its name in the access log and in `rangeway_transport_total`.
-    pub(super) fn name(self) -> &'static str {
+    /// Its name in the access log and the metrics.
+    pub(super) fn transport(&self) -> Transport {
         match self {
-            Self::Pingora => "pingora",
-            Self::Relay { .. } => "relay",
-            Self::Splice { .. } => "splice",
-            Self::Sendfile => "sendfile",
+            Self::Copy => Transport::Relay,
+            Self::Splice { .. } => Transport::Splice,
+            Self::Sendfile { .. } => Transport::Sendfile,
         }
     }
 }
 
-/// What the kernel needs to pass a body on: the client's socket, the body's length and, to splice
-/// it, a pipe.
-pub(super) struct KernelBody {
-    pub(super) client: RawSocket,
-    pub(super) len: u64,
-    pub(super) pipe: Option<Pipe>,
+impl Transport {
+    /// Its name in the access log and in `rangeway_transport_total`.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Pingora => "pingora",
+            Self::Relay => "relay",
+            Self::Splice => "splice",
+            Self::Sendfile => "sendfile",
+        }
+    }
 }
 
 /// A connection's socket for rangeway's own reads and writes, unless it is TLS.

@@ -11,6 +11,7 @@
 //! each.
 
 mod pingora;
+mod watch;
 
 #[cfg(test)]
 pub(super) mod memory;
@@ -27,6 +28,7 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use super::splice::RawSocket;
 
 pub(super) use pingora::answer_pipelined;
+pub(super) use watch::{ClientWatch, client_gone};
 
 /// A client's request and the response the pipeline writes for it.
 pub(super) trait ClientSession: Send + Sync {

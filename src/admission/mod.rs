@@ -1,0 +1,331 @@
+//! What a client connection may cost before the proxy sees a request: connections per address
+//! and in all, how long its request header may take to arrive, and how long it may wait idle for
+//! the next one.
+//!
+//! pingora bounds a request header's size (1 MiB) and each read (60 s), but not the time the
+//! whole header takes: a client dribbling a byte every few seconds (slowloris) holds its
+//! connection forever. [`Admission`] wraps the proxy's application: it counts each address's
+//! connections (more than the limit are answered 503 and closed), and wraps each connection's
+//! stream so that a request header not complete within `client_header_timeout` of its first byte
+//! ends the connection.
+//!
+//! Every client connection holds a place among `max_connections` ([`Connections`]); an HTTP/1
+//! connection between two requests is idle there, closed after `client_keepalive_timeout`, or
+//! sooner when a new connection needs its place. (HTTP/2 connections count, and pingora closes
+//! them after the same time with no stream open; they are not chosen to make room.)
+//!
+//! On TLS listeners it also makes the TLS handshake, after the connection was counted and within
+//! the same deadline: pingora's own listeners would give a handshake 60 s, count it nowhere, and
+//! log each failed one (every scanner's) at ERROR.
+//!
+//! With `proxy_protocol` on, each connection must begin with a PROXY protocol header
+//! (`proxy_protocol.rs`), read here before anything else — before the connection is counted,
+//! before TLS — within the same deadline; its source address becomes the connection's peer for
+//! everything after, through the socket digest pingora hands every session. A connection without
+//! one is closed unanswered.
+//!
+//! Its wrapper ([`ClientConnection`], client_connection.rs) is the one every client connection's
+//! bytes pass through, so it also holds what the deliver step needs of the connection's writes
+//! and pingora's stream does not do (`crate::client_writes`: bytes sent past pingora's writer,
+//! the unsent bound, HTTP/2's writes gathered); places among `max_connections` and their idle
+//! eviction are connections.rs's.
+
+mod client_connection;
+mod connections;
+
+pub(crate) use client_connection::ClientConnection;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use pingora_core::apps::ServerApp;
+use pingora_core::listeners::tls::Acceptor;
+use pingora_core::protocols::l4::socket::SocketAddr;
+use pingora_core::protocols::l4::stream::Stream as TcpStream;
+use pingora_core::protocols::{ALPN, GetSocketDigest, SocketDigest, Ssl, Stream};
+use pingora_core::server::ShutdownWatch;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tracing::{debug, warn};
+
+use crate::config::ClientLimits;
+use crate::proxy_protocol::{self, Parsed, ProxyHeaderError};
+use crate::telemetry::metrics::Metrics;
+use client_connection::Phase;
+use connections::{Admitted, Connections};
+
+/// The answer to a connection over its address's limit, written before its request is read.
+const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; \
+charset=utf-8\r\ncontent-length: 39\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
+connections from your address\n";
+
+/// The answer to a connection past `max_connections` while none is idle.
+const FULL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; \
+charset=utf-8\r\ncontent-length: 28\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
+connections open\n";
+
+/// What a connection cut for its slow header is told, and logged with. pingora logs such a
+/// connection at ERROR, which would put the log's volume in the hands of whoever opens slow
+/// connections: the binary's log drops pingora's line for them (they are counted, in
+/// `rangeway_client_connections_refused_total{reason="header_timeout"}`).
+pub const HEADER_TIMED_OUT: &str = "the request header took longer than client_header_timeout";
+
+/// The proxy's application behind connection admission.
+pub struct Admission<A> {
+    inner: Arc<A>,
+    limits: ClientLimits,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    /// Every listener's connections together, for `max_connections`.
+    connections: Arc<Connections>,
+    metrics: Arc<Metrics>,
+    /// On TLS listeners: what makes each connection's handshake.
+    tls: Option<Arc<Acceptor>>,
+    /// Whether each connection begins with a PROXY protocol header (`server.proxy_protocol`).
+    proxy_protocol: bool,
+}
+
+impl<A> Admission<A> {
+    pub fn new(inner: A, limits: ClientLimits, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            limits,
+            open: Arc::default(),
+            connections: Arc::new(Connections::new(metrics.client_connections())),
+            metrics,
+            tls: None,
+            proxy_protocol: false,
+        }
+    }
+
+    /// The same, requiring a PROXY protocol header on every connection when `required`.
+    pub fn with_proxy_protocol(mut self, required: bool) -> Self {
+        self.proxy_protocol = required;
+        self
+    }
+
+    /// The same application and per-address counts, for TLS listeners: each connection's
+    /// handshake made with `acceptor` first.
+    pub fn with_tls(&self, acceptor: Acceptor) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            limits: self.limits,
+            open: Arc::clone(&self.open),
+            connections: Arc::clone(&self.connections),
+            metrics: Arc::clone(&self.metrics),
+            tls: Some(Arc::new(acceptor)),
+            proxy_protocol: self.proxy_protocol,
+        }
+    }
+
+    /// Reads the connection's PROXY protocol header and makes the client it names the stream's
+    /// peer. `false` (counted, logged at debug) when there is no valid header within
+    /// `client_header_timeout`: the connection is then to be closed.
+    async fn take_proxy_header(&self, stream: &mut Stream) -> bool {
+        let peer = stream.get_socket_digest().and_then(|digest| digest.peer_addr().cloned());
+        let source = match tokio::time::timeout(self.limits.header_timeout, read_preface(stream))
+            .await
+        {
+            Ok(Ok(Preface::Header(source))) => source,
+            Ok(Ok(Preface::Closed)) => {
+                debug!(client = ?peer, "a connection closed before its first byte");
+                return false;
+            }
+            Ok(Ok(Preface::Refused(e))) => {
+                self.metrics.connection_refused("proxy_protocol");
+                debug!(client = ?peer, error = %e, "closed a connection without a valid PROXY protocol header");
+                return false;
+            }
+            Ok(Err(e)) => {
+                self.metrics.connection_refused("proxy_protocol");
+                debug!(client = ?peer, error = %e, "the connection ended inside its PROXY protocol header");
+                return false;
+            }
+            Err(_) => {
+                self.metrics.connection_refused("header_timeout");
+                debug!(client = ?peer, "PROXY protocol header slower than client_header_timeout");
+                return false;
+            }
+        };
+        // LOCAL (a balancer's own health check): the peer is the client.
+        let Some(source) = source else { return true };
+        let Some(tcp) = stream.as_any().downcast_ref::<TcpStream>() else { return true };
+        let digest = SocketDigest::from_raw_fd(tcp.as_raw_fd());
+        let local = stream.get_socket_digest().and_then(|digest| digest.local_addr().cloned());
+        // Both cells are new and empty: neither set can fail.
+        let _ = digest.peer_addr.set(Some(SocketAddr::Inet(source)));
+        let _ = digest.local_addr.set(local);
+        stream.set_socket_digest(digest);
+        true
+    }
+
+    /// The TLS connection over `stream`, or `None` (counted, logged at debug) when its handshake
+    /// fails or takes longer than `client_header_timeout`.
+    async fn handshake(&self, acceptor: &Acceptor, stream: Stream) -> Option<Stream> {
+        // A TLS listener's connections are TCP streams, as pingora's listener made them.
+        let tcp = match stream.into_any().downcast::<TcpStream>() {
+            Ok(tcp) => *tcp,
+            Err(_) => {
+                warn!("a TLS listener's connection is not a TCP stream: closed");
+                return None;
+            }
+        };
+        let peer = tcp.get_socket_digest().and_then(|digest| digest.peer_addr().cloned());
+        match tokio::time::timeout(self.limits.header_timeout, acceptor.tls_handshake(tcp)).await {
+            Ok(Ok(tls)) => Some(Box::new(tls)),
+            Ok(Err(e)) => {
+                self.metrics.connection_refused("tls_handshake");
+                debug!(client = ?peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                self.metrics.connection_refused("header_timeout");
+                debug!(client = ?peer, "TLS handshake slower than client_header_timeout");
+                None
+            }
+        }
+    }
+
+    /// A place for a connection from `ip`, or `None` when its address has all it may have.
+    /// Ends a connection refused before its request is read, with `answer` unless it is TLS (a
+    /// TLS client would read an answer in plain text as a broken handshake).
+    async fn refuse(&self, mut stream: Stream, answer: &[u8]) {
+        if self.tls.is_none() {
+            let _ = stream.write_all(answer).await;
+            let _ = stream.flush().await;
+        }
+        let _ = AsyncWriteExt::shutdown(&mut stream).await;
+    }
+
+    fn admit(&self, ip: IpAddr) -> Option<Slot> {
+        let limit = self.limits.max_connections_per_client;
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(ip).or_insert(0);
+        if limit != 0 && *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(Slot { ip, open: Arc::clone(&self.open) })
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for Admission<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        // A kept-alive connection comes back for its next request: admitted already.
+        if stream.as_any().is::<ClientConnection>() {
+            return self.inner.process_new(stream, shutdown).await;
+        }
+        if self.proxy_protocol && !self.take_proxy_header(&mut stream).await {
+            let _ = AsyncWriteExt::shutdown(&mut stream).await;
+            return None;
+        }
+        let ip = stream.get_socket_digest().and_then(|digest| match digest.peer_addr() {
+            Some(SocketAddr::Inet(addr)) => Some(addr.ip()),
+            _ => None,
+        });
+        let slot = match ip.map(|ip| self.admit(ip)) {
+            Some(None) => {
+                self.metrics.connection_refused("per_client_limit");
+                // Counted, and only at debug: a client over its limit must not flood the log.
+                debug!(client = ?ip, limit = self.limits.max_connections_per_client, "refused a connection: its address has as many open as max_connections_per_client allows");
+                self.refuse(stream, TOO_MANY).await;
+                return None;
+            }
+            Some(Some(slot)) => Some(slot),
+            // Not over TCP (a Unix socket): one local peer, nothing to count.
+            None => None,
+        };
+        let place = match self.connections.admit(self.limits.max_connections) {
+            Admitted::Free(place) => place,
+            Admitted::InPlaceOfIdle(place) => {
+                self.metrics.connection_refused("max_connections_idle");
+                debug!(
+                    limit = self.limits.max_connections,
+                    "max_connections reached: closed the longest idle connection to make room"
+                );
+                place
+            }
+            Admitted::Full => {
+                self.metrics.connection_refused("max_connections");
+                debug!(client = ?ip, limit = self.limits.max_connections, "refused a connection: max_connections are open and none is idle");
+                self.refuse(stream, FULL).await;
+                return None;
+            }
+        };
+        let stream = match &self.tls {
+            // Boxed: its state would otherwise be in the future of every request that comes
+            // back on a kept-alive connection (see docs/benchmarks.md, "Boxed futures").
+            Some(acceptor) => Box::pin(self.handshake(acceptor, stream)).await?,
+            None => stream,
+        };
+        let mut watched = ClientConnection::new(stream, &self.limits, slot, &self.metrics);
+        watched.place = Some(place);
+        if matches!(watched.selected_alpn_proto(), Some(ALPN::H2)) {
+            watched.phase = Phase::Frames;
+            watched.writes.gather();
+        } else {
+            // A new connection waits for its first request as a kept-alive one for its next.
+            watched.response_ended();
+        }
+        self.inner.process_new(Box::new(watched), shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await;
+    }
+}
+
+/// What a connection that must begin with a PROXY protocol header began with.
+enum Preface {
+    /// A header naming the client (`None`: it names none, the peer is the client).
+    Header(Option<std::net::SocketAddr>),
+    Refused(ProxyHeaderError),
+    /// Nothing: closed before its first byte, as TCP checks (`/readyz`'s, a balancer's) are.
+    /// Not counted as refused, or every probe would be.
+    Closed,
+}
+
+/// Reads the PROXY protocol header at the start of `stream`, and no byte past it.
+async fn read_preface(stream: &mut Stream) -> io::Result<Preface> {
+    let mut header = vec![0u8];
+    if stream.read(&mut header).await? == 0 {
+        return Ok(Preface::Closed);
+    }
+    loop {
+        match proxy_protocol::parse(&header) {
+            Ok(Parsed::Incomplete { at_least }) => {
+                let have = header.len();
+                header.resize(at_least, 0);
+                stream.read_exact(&mut header[have..]).await?;
+            }
+            Ok(Parsed::Header { source, .. }) => return Ok(Preface::Header(source)),
+            Err(e) => return Ok(Preface::Refused(e)),
+        }
+    }
+}
+
+/// A connection's place in its address's count, given back when the connection ends.
+#[derive(Debug)]
+pub(super) struct Slot {
+    ip: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! How the pipeline learns that its client went away while the source keeps it waiting.
+
+use std::future::Future;
+
+use pingora_error::{Error, ErrorType, Result};
+
+use super::ClientSession;
+use crate::proxy::splice::RawSocket;
+
+/// How the pipeline learns that its client went away while the origin (or the cache's fetch)
+/// keeps it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2 (a session without a
+/// socket of its own), its stream reset or its connection gone, as the session tells
+/// (`ClientSession::stream_gone`). Dropping the wait drops the origin's request with it.
+pub(in crate::proxy) enum ClientWatch {
+    Socket(RawSocket),
+    Stream,
+    /// The socket could not be duplicated.
+    Unwatched,
+}
+
+impl ClientWatch {
+    pub(in crate::proxy) fn of(session: &impl ClientSession) -> Self {
+        match session.connection_fd() {
+            Some(fd) => RawSocket::duplicate(fd).map_or(Self::Unwatched, Self::Socket),
+            None => Self::Stream,
+        }
+    }
+
+    /// `work`'s outcome, or a client-gone error as soon as the client is gone.
+    pub(in crate::proxy) async fn unless_gone<T>(
+        &self,
+        session: &mut impl ClientSession,
+        work: impl Future<Output = T>,
+    ) -> Result<T> {
+        let gone = async {
+            match self {
+                Self::Socket(socket) => socket.closed().await,
+                Self::Stream => session.stream_gone().await,
+                Self::Unwatched => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            done = work => Ok(done),
+            () = gone => Err(client_gone()),
+        }
+    }
+}
+
+/// The error a request ends with when its client went away.
+pub(in crate::proxy) fn client_gone() -> Box<Error> {
+    Error::explain(ErrorType::ConnectionClosed, "the client hung up").into_down()
+}
