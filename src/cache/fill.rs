@@ -273,7 +273,9 @@ impl CacheBody {
                 {
                     source
                 }
-                _ => self.open(index).await?,
+                // Boxed: once a slice, and large (it may fetch from the origin), it would
+                // otherwise grow every read's future.
+                _ => Box::pin(self.open(index)).await?,
             };
             let offset = self.at - slice.start();
             let rest = slice.end().min(self.end) - self.at;
@@ -348,12 +350,10 @@ impl CacheBody {
                             return Ok(Some(Segment::Bytes(bytes)));
                         }
                         Progress::Failed(FillFailure::Disk) => {
-                            let exchange = self
-                                .origin_range(
-                                    ByteRange::new(self.at, slice.end().min(self.end))
-                                        .unwrap_or(super::NOTHING),
-                                )
-                                .await?;
+                            let range = ByteRange::new(self.at, slice.end().min(self.end))
+                                .unwrap_or(super::NOTHING);
+                            // Boxed: rare and large, as `open` above.
+                            let exchange = Box::pin(self.origin_range(range)).await?;
                             self.current = Some(Source::Origin {
                                 exchange,
                                 left: slice.end().min(self.end) - self.at,
@@ -365,7 +365,8 @@ impl CacheBody {
                 Source::Origin { mut exchange, left } => {
                     if left == 0 {
                         if let Some(fetch) = &self.fetch {
-                            fetch.origin.release(*exchange).await;
+                            // Boxed, as `open` above: once a slice.
+                            Box::pin(fetch.origin.release(*exchange)).await;
                         }
                         continue;
                     }

@@ -42,6 +42,7 @@ mod traced;
 mod transform;
 mod transport;
 mod under_way;
+mod unless;
 
 use std::sync::Arc;
 

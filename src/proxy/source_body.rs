@@ -271,7 +271,9 @@ impl BodyReader {
                         body.release(&pump.client).await;
                     }
                     let Some(part) = pump.parts.pop_front() else { return Piece::End };
-                    return match pump.next_part(part).await {
+                    // Boxed, as the continuation below: rare and large, they would otherwise grow
+                    // every read's future.
+                    return match Box::pin(pump.next_part(part)).await {
                         Ok(next) => {
                             self.body = Some(next);
                             pump.attempt_from = pump.at;
@@ -287,7 +289,7 @@ impl BodyReader {
                 }
                 Err(broke) => {
                     body.ended(pump.at - pump.attempt_from, "cut");
-                    match pump.continued(broke, &mut self.tries).await {
+                    match Box::pin(pump.continued(broke, &mut self.tries)).await {
                         Ok(next) => {
                             pump.attempt_from = pump.at;
                             self.body = Some(UpstreamBody::Origin {

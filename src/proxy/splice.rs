@@ -20,6 +20,8 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::debug;
 
+use super::unless::Unless;
+
 /// The most a pipe holds, and so what one spliced body has in flight between the origin's socket
 /// and the client's; the kernel moves up to this much a call. The largest pipe an unprivileged
 /// process may ask for (`fs.pipe-max-size`). Larger pipes mean fewer, larger splice calls: under
@@ -161,12 +163,12 @@ impl RawSocket {
         }
     }
 
-    /// `work`'s outcome, or `None` as soon as the peer closes the connection.
-    pub(super) async fn unless_closed<T>(&self, work: impl Future<Output = T>) -> Option<T> {
-        tokio::select! {
-            done = work => Some(done),
-            () = self.closed() => None,
-        }
+    /// `work`'s outcome, or `Err(())` as soon as the peer closes the connection.
+    pub(super) fn unless_closed<W: Future>(
+        &self,
+        work: W,
+    ) -> Unless<W, impl Future<Output = ()> + '_> {
+        Unless::new(work, self.closed())
     }
 
     /// Runs `op` until it does not block, waiting for `interest` at most `timeout` each time:

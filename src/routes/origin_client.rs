@@ -357,10 +357,9 @@ impl OriginClient {
     /// Returns the connection of an exchange whose body was read to its end to the pool, when
     /// the origin keeps it open.
     pub(crate) async fn release(&self, exchange: Exchange) {
-        let Exchange { session: HttpSession::H1(mut session), peer, .. } = exchange else {
-            return;
-        };
-        session.respect_keepalive();
+        // Taken apart before the wait: the exchange's span would otherwise be held across it,
+        // and the exchange with it, in this future and every caller's.
+        let Some((session, peer)) = reusable(exchange) else { return };
         if let Some(stream) = session.reuse().await {
             self.dialer.release(stream, &peer);
         }
@@ -370,10 +369,7 @@ impl OriginClient {
     /// reader (spliced, or read from the socket by rangeway: pingora saw only its first bytes)
     /// to the pool, when the origin keeps it open.
     pub(crate) fn release_read_past(&self, exchange: Exchange) {
-        let Exchange { session: HttpSession::H1(mut session), peer, .. } = exchange else {
-            return;
-        };
-        session.respect_keepalive();
+        let Some((session, peer)) = reusable(exchange) else { return };
         if session.will_keepalive() {
             self.dialer.release(session.into_inner(), &peer);
         }
@@ -393,4 +389,16 @@ impl OriginClient {
         self.release(exchange).await;
         Ok(length)
     }
+}
+
+/// An HTTP/1 exchange's session, set to keep its connection only if the origin's answer allows,
+/// and its peer: what returning the connection to the pool needs.
+fn reusable(
+    exchange: Exchange,
+) -> Option<(pingora_core::protocols::http::v1::client::HttpSession, Box<HttpPeer>)> {
+    let Exchange { session: HttpSession::H1(mut session), peer, .. } = exchange else {
+        return None;
+    };
+    session.respect_keepalive();
+    Some((session, peer))
 }

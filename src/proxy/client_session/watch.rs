@@ -2,10 +2,11 @@
 
 use std::future::Future;
 
-use pingora_error::{Error, ErrorType, Result};
+use pingora_error::{Error, ErrorType};
 
 use super::ClientSession;
 use crate::proxy::splice::RawSocket;
+use crate::proxy::unless::Unless;
 
 /// How the pipeline learns that its client went away while the origin (or the cache's fetch)
 /// keeps it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2 (a session without a
@@ -27,22 +28,20 @@ impl ClientWatch {
     }
 
     /// `work`'s outcome, or a client-gone error as soon as the client is gone.
-    pub(in crate::proxy) async fn unless_gone<T>(
-        &self,
-        session: &mut impl ClientSession,
-        work: impl Future<Output = T>,
-    ) -> Result<T> {
-        let gone = async {
+    pub(in crate::proxy) fn unless_gone<'a, W: Future>(
+        &'a self,
+        session: &'a mut impl ClientSession,
+        work: W,
+    ) -> Unless<W, impl Future<Output = Box<Error>> + 'a> {
+        let gone = async move {
             match self {
                 Self::Socket(socket) => socket.closed().await,
                 Self::Stream => session.stream_gone().await,
                 Self::Unwatched => std::future::pending().await,
             }
+            client_gone()
         };
-        tokio::select! {
-            done = work => Ok(done),
-            () = gone => Err(client_gone()),
-        }
+        Unless::new(work, gone)
     }
 }
 

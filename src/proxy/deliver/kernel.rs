@@ -52,7 +52,7 @@ impl Proxy {
         let mut sent = 0u64;
         let outcome = async {
             while let Some(segment) =
-                client.unless_closed(body.next(true)).await.ok_or_else(client_gone)??
+                client.unless_closed(body.next(true)).await.map_err(|()| client_gone())??
             {
                 let written = match segment {
                     Segment::File { file, offset, len } => client
@@ -161,7 +161,7 @@ async fn splice_exchange(
     // The bytes that came with the header are in pingora's buffer: they go first.
     // (Without any, pingora waits for the origin's: the client is watched meanwhile.)
     let first = client.unless_closed(exchange.session.read_response_body()).await;
-    if let Some(first) = first.ok_or_else(client_gone)?? {
+    if let Some(first) = first.map_err(|()| client_gone())?? {
         if let Some(pacer) = pacer.as_mut() {
             pacer.wait(first.len()).await;
         }
