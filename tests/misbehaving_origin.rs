@@ -71,6 +71,23 @@ fn a_wrong_range_is_never_passed_off() {
     assert!(response.header("x-rangeway-error").unwrap().contains("does not cover"));
 }
 
+/// A whole error answer keeps its connection for the client's next request, as it says; only an
+/// answer cut after its header ends the connection.
+#[test]
+fn a_refusal_keeps_the_connection_it_says_it_keeps() {
+    let (_origin, proxy, object) = setup(Behaviour::WrongRange(5));
+    let mut connection = Connection::open(proxy.addr()).expect("connect to the proxy");
+    let refused = connection
+        .send(&RawRequest::get("/obj.bin").header("Range", "bytes=100-199"))
+        .expect("the refusal");
+    assert_eq!(refused.status, 502);
+    assert_ne!(refused.header("connection"), Some("close"));
+    let whole =
+        connection.send(&RawRequest::get("/obj.bin")).expect("the next request, same connection");
+    assert_eq!(whole.status, 200);
+    assert_eq!(whole.body, object);
+}
+
 #[test]
 fn a_cut_body_ends_the_client_connection_short() {
     let (_origin, proxy, object) = setup(Behaviour::CutAfter(1000));

@@ -225,8 +225,8 @@ impl ProxyHttp for Proxy {
         e: &Error,
         ctx: &mut Self::CTX,
     ) -> FailToProxy {
-        let status = self.answer_failure(session, e, ctx).await;
-        FailToProxy { error_code: status, can_reuse_downstream: false }
+        let (status, reusable) = self.answer_failure(session, e, ctx).await;
+        FailToProxy { error_code: status, can_reuse_downstream: reusable }
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
