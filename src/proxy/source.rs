@@ -22,7 +22,6 @@ use super::source_body::{BodySource, Continuable, UpstreamBody};
 use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
 use crate::config::UpstreamResume;
 use crate::routes::Route;
-use crate::routes::origin_client::Exchange;
 
 /// The source's answer, before it is shaped into the client's.
 pub(super) struct Sourced {
@@ -92,7 +91,13 @@ impl Proxy {
                 if let Some(CacheAnswer::Bypass(why)) = bypassed {
                     ctx.cache = Some(Outcome::Bypass(why));
                 }
-                let first = self.first_exchange(route, ctx, request, base.as_ref());
+                // Its span and `traceparent` when traced (in the request's span), then signed.
+                let first = self.origin_client.send_failing_over(
+                    &route.upstream,
+                    (&mut ctx.replica, &mut ctx.connect_tries),
+                    request,
+                    base.as_ref(),
+                );
                 let exchange = watch.unless_gone(session, first).await??;
                 let response =
                     exchange.session.response_header().map(answer_to_forward).ok_or_else(|| {
@@ -105,32 +110,6 @@ impl Proxy {
         let stream = upstream_stream(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         Ok(Sourced { response, body, stream, continuable, base, policy })
-    }
-
-    /// Sends the request (`request`, made for `ctx.replica`) and reads the answer's header. When
-    /// the replica cannot be reached, the others are tried (`Upstream::retry_elsewhere`), with
-    /// `base` and their Host (given when there are others).
-    async fn first_exchange(
-        &self,
-        route: &Route,
-        ctx: &mut RequestCtx,
-        request: RequestHeader,
-        base: Option<&RequestHeader>,
-    ) -> Result<Exchange> {
-        let upstream = &route.upstream;
-        // Its span and `traceparent` when traced (in the request's span, the relay's), then
-        // signed.
-        let mut sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
-        while let (Err(_), Some(base)) = (&sent, base) {
-            if !upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries) {
-                break;
-            }
-            ctx.replica = upstream.choose();
-            let mut request = base.clone();
-            request.insert_header(header::HOST, upstream.host_header(ctx.replica).clone())?;
-            sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
-        }
-        sent
     }
 }
 

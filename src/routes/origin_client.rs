@@ -210,6 +210,30 @@ impl OriginClient {
         self.exchange(upstream, replica, request, attempt).await
     }
 
+    /// Sends a request's first `request` (made for `*replica`) as [`Self::send`] does. When that
+    /// replica cannot be reached, the others are tried as [`Upstream::retry_elsewhere`] allows
+    /// (`tried` counts them), each with `base` and its Host (`base` given when there are
+    /// others); `*replica` ends as the one asked last.
+    pub(crate) async fn send_failing_over(
+        &self,
+        upstream: &Upstream,
+        (replica, tried): (&mut usize, &mut usize),
+        request: RequestHeader,
+        base: Option<&RequestHeader>,
+    ) -> Result<Exchange> {
+        let mut sent = self.send(upstream, *replica, request, "first").await;
+        while let (Err(_), Some(base)) = (&sent, base) {
+            if !upstream.retry_elsewhere(*replica, tried) {
+                break;
+            }
+            *replica = upstream.choose();
+            let mut request = base.clone();
+            request.insert_header(header::HOST, upstream.host_header(*replica).clone())?;
+            sent = self.send(upstream, *replica, request, "first").await;
+        }
+        sent
+    }
+
     /// Sends `request` as it is (already authorized, its `traceparent` set for `attempt`, its
     /// span) and reads the answer's header. A replica that cannot be reached is passed over for
     /// a while (one that answers 5xx is, by whoever reads the answer).
