@@ -106,9 +106,7 @@ impl BodySource {
             .and_then(|len| len.checked_sub(received))
             .filter(|left| *left > 0)
             // Only then: a socket is duplicated and registered for it.
-            .and_then(|left| {
-                Some((left, super::transport::plain_socket(exchange.session.stream())?))
-            })
+            .and_then(|left| Some((left, super::splice::plain_socket(exchange.session.stream())?)))
             .map(|(left, socket)| DirectBody {
                 socket,
                 left,

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use pingora_core::protocols::Stream;
 use rustix::net::RecvFlags;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
@@ -63,6 +64,17 @@ pub(super) fn duplicate_fd(raw: RawFd) -> io::Result<OwnedFd> {
     // duplicated, and the duplicate is what the caller owns.
     let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
     Ok(rustix::io::fcntl_dupfd_cloexec(borrowed, 0)?)
+}
+
+/// A connection's socket for rangeway's own reads and writes, unless it is TLS.
+pub(super) fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
+    RawSocket::duplicate(stream.filter(|s| is_plain(Some(s)))?.id()).ok()
+}
+
+/// Whether the stream is a plain socket: not TLS, and a socket at all — a stream in memory has
+/// no socket digest, and its id names no descriptor of its own.
+pub(super) fn is_plain(stream: Option<&Stream>) -> bool {
+    stream.is_some_and(|s| s.get_ssl_digest().is_none() && s.get_socket_digest().is_some())
 }
 
 impl RawSocket {

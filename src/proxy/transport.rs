@@ -5,12 +5,11 @@
 //! access line and the metrics. `LIFECYCLE.md`, beside this file, follows a request down each way.
 
 use http::Method;
-use pingora_core::protocols::Stream;
 use pingora_http::ResponseHeader;
 
 use super::client_session::ClientSession;
 use super::source_body::UpstreamBody;
-use super::splice::{Pipe, RawSocket};
+use super::splice::{Pipe, RawSocket, is_plain};
 use crate::range::content_length;
 use crate::routes::origin_client::Exchange;
 
@@ -102,7 +101,7 @@ impl BodyWay {
         }
         let len = content_length(&response.headers).filter(|len| *len >= SPLICE_MIN_BYTES)?;
         let spliced = match from {
-            BodyFrom::Origin(exchange) if plain(exchange.session.stream()).is_some() => true,
+            BodyFrom::Origin(exchange) if is_plain(exchange.session.stream()) => true,
             BodyFrom::Origin(_) => return None,
             BodyFrom::Cache => false,
         };
@@ -142,15 +141,4 @@ impl Transport {
             Self::Sendfile => "sendfile",
         }
     }
-}
-
-/// A connection's socket for rangeway's own reads and writes, unless it is TLS.
-pub(super) fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
-    RawSocket::duplicate(plain(stream)?.id()).ok()
-}
-
-/// The stream, when it is a plain socket: not TLS, and a socket at all — a stream in memory has
-/// no socket digest, and its id names no descriptor of its own.
-fn plain(stream: Option<&Stream>) -> Option<&Stream> {
-    stream.filter(|s| s.get_ssl_digest().is_none() && s.get_socket_digest().is_some())
 }

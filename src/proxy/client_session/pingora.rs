@@ -16,7 +16,7 @@ use pingora_proxy::Session;
 use super::ClientSession;
 use crate::admission::ClientConnection;
 use crate::proxy::splice::RawSocket;
-use crate::proxy::transport::plain_socket;
+use crate::proxy::splice::plain_socket;
 
 impl ClientSession for Session {
     fn req_header(&self) -> &RequestHeader {

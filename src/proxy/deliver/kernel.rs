@@ -174,7 +174,7 @@ async fn splice_exchange(
         live.inspect(|live| live.sent(first.len()));
     }
     let origin =
-        super::super::transport::plain_socket(exchange.session.stream()).ok_or_else(|| {
+        super::super::splice::plain_socket(exchange.session.stream()).ok_or_else(|| {
             Error::explain(ErrorType::InternalError, "the origin connection cannot be spliced")
         })?;
     let mut left = len - *sent;
