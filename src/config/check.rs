@@ -15,7 +15,7 @@ use super::errors::ConfigError;
 pub(super) use super::errors::{Problem, wrong};
 use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
-use super::units::{self, UnitError};
+use crate::values::units::{self, UnitError};
 
 /// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
 /// struct is never built of a value that was reported.
@@ -496,33 +496,4 @@ pub(super) fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
-}
-
-/// The contents of a small file a config value names (a CA bundle, a key file), or what is wrong
-/// with it. Only regular files: a FIFO without a writer would block the load forever, and a device
-/// such as `/dev/zero` has no end. Read through `take`, as a file may grow.
-pub(super) fn read_small_file(file: &str, max_len: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    match std::fs::metadata(file) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(format!("{file:?} does not exist"));
-        }
-        Err(e) => return Err(format!("{file:?} cannot be inspected: {e}")),
-        Ok(meta) if !meta.is_file() => return Err(format!("{file:?} is not a regular file")),
-        Ok(_) => {}
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(file)
-        .and_then(|f| f.take(max_len + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("{file:?} cannot be read: {e}"))?;
-    if bytes.len() as u64 > max_len {
-        return Err(format!("{file:?} is larger than {} KiB", max_len / 1024));
-    }
-    Ok(bytes)
-}
-
-/// A credentials or key file: small (at most 1 MiB), regular, UTF-8.
-pub(super) fn read_text(file: &str) -> Result<String, String> {
-    let bytes = read_small_file(file, 1 << 20)?;
-    String::from_utf8(bytes).map_err(|_| format!("{file:?} is not UTF-8 text"))
 }

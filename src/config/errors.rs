@@ -3,13 +3,7 @@
 
 use std::fmt;
 
-/// A problem as a check finds it: what is wrong, and the fix.
-pub(super) type Problem = (String, String);
-
-/// `Err` of a problem and its fix.
-pub(super) fn wrong<T>(problem: impl Into<String>, fix: impl Into<String>) -> Result<T, Problem> {
-    Err((problem.into(), fix.into()))
-}
+pub(super) use crate::values::{Problem, wrong};
 
 /// One problem in the configuration, displayed as `path (line L, column C): problem — fix`. No
 /// field ever holds a secret: values of secret-bearing keys are never echoed, only described.

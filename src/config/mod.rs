@@ -11,14 +11,13 @@
 //! - `check.rs` and a file per section: the validation pass making the typed [`Config`], only ever
 //!   built when every value is good and every reference (route -> upstream) resolves.
 //!
-//! No error repeats a Redis URL, a URL with credentials or any secret; [`RedisUrl`], [`Secret`]
-//! and [`AdminToken`] redact themselves in `Debug`.
+//! No error repeats a Redis URL, a URL with credentials or any secret; the value types these are
+//! held in (`crate::values`, `crate::s3::credentials`) redact themselves in `Debug`.
 
 mod cache;
 mod chains;
 mod check;
 mod errors;
-mod host;
 mod raw;
 mod route;
 mod secret;
@@ -27,7 +26,6 @@ mod source;
 mod state;
 mod tls;
 mod traces;
-mod units;
 mod upstream;
 
 use std::collections::BTreeMap;
@@ -39,12 +37,10 @@ pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::{Count, DownloadLimits, RateLimit, RouteConfig, SignedLinks, UpstreamResume};
-pub use secret::{S3ClientKeys, S3Credentials, Secret};
-pub use server::{AdminToken, ClientLimits, ServerConfig};
-pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
+pub use server::{ClientLimits, ServerConfig};
+pub use state::{IdKeySource, RedisTarget, StateBackend, StateConfig};
 pub use tls::{TlsCertificate, TlsConfig};
 pub use traces::{LogConfig, LogFormat, TracesConfig};
-pub use units::{UnitError, parse_duration, parse_size};
 pub use upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
 };

@@ -10,13 +10,14 @@ use http::HeaderName;
 use super::cache::{self, RouteCache};
 use super::chains::{self, MiddlewareSpec};
 use super::check::{Ctx, Problem, checked, complete, push, suggest, wrong};
-use super::host::split_host_port;
 use super::raw::{
     Keys, Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
 };
-use super::secret::{self, KeyFile, S3ClientKeys};
+use super::secret::{self, KeyFile};
 use super::source::Path;
 use crate::links::LinkKeys;
+use crate::s3::credentials::S3ClientKeys;
+use crate::values::host::split_host_port;
 
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
 /// Shorter than this, a link key could be guessed.

@@ -1,78 +1,13 @@
 //! Secrets the config names but never holds: read at load time from the environment variable a
-//! `*_env` key names, from key files (`ID SECRET` lines) or from an AWS credentials file, and
-//! never printed.
-
-use std::collections::BTreeMap;
-use std::fmt;
-use std::path::Path as FilePath;
+//! `*_env` key names or from key files (`ID SECRET` lines), and never printed.
 
 use ::config::Value;
-use zeroize::Zeroizing;
 
-use super::check::{Ctx, Problem, read_text, wrong};
+use super::check::{Ctx, wrong};
 use super::source::Path;
-
-/// A secret value: `Debug` redacts it, there is no `Display`, and its memory is zeroed on drop.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Zeroizing<String>);
-
-impl Secret {
-    pub(super) fn new(value: String) -> Self {
-        Self(Zeroizing::new(value))
-    }
-
-    /// The value, for the one place that uses it (a signature, a comparison).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-/// An access key, read once at load time. The key id is no secret in AWS's terms, but it names
-/// an account: it is kept out of logs all the same.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct S3Credentials {
-    pub access_key_id: Secret,
-    pub secret_access_key: Secret,
-    pub session_token: Option<Secret>,
-    /// Where the key came from, for logs: `environment variables RANGEWAY_S3_KEY_ID/…`,
-    /// `/root/.aws/credentials [default]`.
-    pub source: String,
-}
-
-/// The keys S3 clients must sign with on a route (`s3_client_keys_file`): access key id → secret.
-/// `Debug` shows how many there are only.
-#[derive(Clone, PartialEq, Eq)]
-pub struct S3ClientKeys {
-    keys: BTreeMap<String, Secret>,
-}
-
-impl S3ClientKeys {
-    /// The keys `(access key id, secret)`, for tests.
-    #[cfg(test)]
-    pub(crate) fn of(pairs: &[(&str, &str)]) -> Self {
-        let keys =
-            pairs.iter().map(|(id, secret)| ((*id).to_owned(), Secret::new((*secret).to_owned())));
-        Self { keys: keys.collect() }
-    }
-
-    /// The secret of `access_key_id`, if the route admits it.
-    pub fn secret(&self, access_key_id: &str) -> Option<&Secret> {
-        self.keys.get(access_key_id)
-    }
-}
-
-impl fmt::Debug for S3ClientKeys {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("S3ClientKeys").field("keys", &self.keys.len()).finish()
-    }
-}
+use crate::s3::credentials::S3ClientKeys;
+use crate::values::secret::{Secret, printable};
+use crate::values::small_file::read_text;
 
 /// How to explain a `*_env` key's problems.
 pub(super) struct SecretKey<'s> {
@@ -211,100 +146,5 @@ pub(super) fn read_client_keys(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Opt
         },
     };
     let keys = read_key_file(v, at, value, &kind)?;
-    Some(S3ClientKeys { keys: keys.into_iter().collect() })
-}
-
-pub(super) fn printable(value: &str) -> bool {
-    value.bytes().all(|b| b.is_ascii_graphic())
-}
-
-/// The AWS SDKs' own sources, in their order: `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`
-/// (`AWS_SESSION_TOKEN`), then the shared credentials file (`AWS_SHARED_CREDENTIALS_FILE`, else
-/// `~/.aws/credentials`) at `profile`, else `AWS_PROFILE`, else `default`.
-pub(super) fn standard_credentials(
-    v: &Ctx<'_>,
-    profile: Option<String>,
-) -> Result<S3Credentials, Problem> {
-    let var = |name: &str| {
-        v.env.get(name).and_then(|v| v.to_str()).filter(|v| !v.is_empty()).map(str::to_owned)
-    };
-    if let (Some(id), Some(secret)) = (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) {
-        if !printable(&id) || !printable(&secret) {
-            return wrong(
-                "AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY holds spaces or control characters",
-                "set them to the key without spaces or newlines",
-            );
-        }
-        return Ok(S3Credentials {
-            access_key_id: Secret::new(id),
-            secret_access_key: Secret::new(secret),
-            session_token: var("AWS_SESSION_TOKEN").map(Secret::new),
-            source: "environment variables AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY".to_owned(),
-        });
-    }
-    let file = match (var("AWS_SHARED_CREDENTIALS_FILE"), var("HOME")) {
-        (Some(file), _) => Some(std::path::PathBuf::from(file)),
-        (None, Some(home)) => Some(std::path::PathBuf::from(home).join(".aws/credentials")),
-        (None, None) => None,
-    };
-    match file.filter(|file| file.exists()) {
-        Some(file) => {
-            let profile = profile.or_else(|| var("AWS_PROFILE"));
-            read_credentials_file(&file, profile.as_deref().unwrap_or("default"))
-        }
-        None => wrong(
-            "has no credentials",
-            "give the upstream credentials: access_key_env and secret_key_env naming the \
-             variables that hold them, credentials_file, the AWS_ACCESS_KEY_ID and \
-             AWS_SECRET_ACCESS_KEY variables, or anonymous = true for a public bucket",
-        ),
-    }
-}
-
-/// Reads `[profile]` of an AWS shared credentials file (INI: `key = value`, `#`/`;` comments).
-/// Problems name the file, the profile and the key, never a value.
-pub(super) fn read_credentials_file(
-    file: &FilePath,
-    profile: &str,
-) -> Result<S3Credentials, Problem> {
-    let shown = file.display();
-    let fix = "point credentials_file at a readable AWS credentials file";
-    let text = read_text(&file.to_string_lossy()).or_else(|problem| wrong(problem, fix))?;
-    let (mut in_profile, mut found_profile) = (false, false);
-    let mut values: BTreeMap<&str, String> = BTreeMap::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with(['#', ';']))
-    {
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            in_profile = name.trim() == profile;
-            found_profile |= in_profile;
-        } else if let Some((key, value)) = line.split_once('=').filter(|_| in_profile) {
-            match value.trim() {
-                "" => values.remove(key.trim()),
-                value => values.insert(key.trim(), value.to_owned()),
-            };
-        }
-    }
-    if !found_profile {
-        let fix = "add the profile to the file, or name an existing one with profile = \"…\"";
-        return wrong(format!("{shown} has no profile [{profile}]"), fix);
-    }
-    let mut take = |key: &str| {
-        let missing = || {
-            (format!("{shown} [{profile}] has no {key}"), format!("add {key} = … to [{profile}]"))
-        };
-        values.remove(key).ok_or_else(missing)
-    };
-    let (id, secret) = (take("aws_access_key_id")?, take("aws_secret_access_key")?);
-    if !printable(&id) || !printable(&secret) {
-        return wrong(
-            format!("{shown} [{profile}] has a key with spaces or control characters"),
-            "write the key id and secret without spaces or quotes",
-        );
-    }
-    Ok(S3Credentials {
-        access_key_id: Secret::new(id),
-        secret_access_key: Secret::new(secret),
-        session_token: take("aws_session_token").ok().map(Secret::new),
-        source: format!("{shown} [{profile}]"),
-    })
+    Some(S3ClientKeys::new(keys))
 }

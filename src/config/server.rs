@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::check::{Ctx, Problem, checked, complete, wrong};
-use super::host::Host;
 use super::raw::{Raw, RawServer};
-use super::secret::{self, Secret, SecretKey};
+use super::secret::{self, SecretKey};
 use super::source::Path;
 use crate::ip_net::IpNet;
+use crate::values::host::Host;
+use crate::values::secret::AdminToken;
 
 /// Measured on cache hits (see docs/benchmarks.md, "The unsent bound"): a socket that queues no
 /// more than this unsent pushes its bytes out in the call that writes them, instead of leaving
@@ -98,28 +99,6 @@ pub(super) fn default_max_connections(descriptors: Option<u64>) -> usize {
     })
 }
 
-/// The admin API's bearer token. Never printed: `Debug` redacts it and there is no `Display`.
-#[derive(Clone, Debug)]
-pub struct AdminToken {
-    env_var: String,
-    token: Secret,
-}
-
-impl AdminToken {
-    /// The environment variable the token was read from (a name, safe to log).
-    pub fn env_var(&self) -> &str {
-        &self.env_var
-    }
-
-    /// Whether `presented` is the token. Every byte is compared whatever the mismatches, so the
-    /// time taken reveals the token's length at most, never its content.
-    pub fn verify(&self, presented: &[u8]) -> bool {
-        let expected = self.token.expose().as_bytes();
-        presented.len() == expected.len()
-            && expected.iter().zip(presented).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
-    }
-}
-
 pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfig> {
     let at = Path::default().key("server");
     let r = v.table(&at, raw, "[server] with listen = \"127.0.0.1:8080\"")?;
@@ -136,7 +115,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
             otherwise: "or remove admin_token_env to leave the admin API open on admin_listen",
         };
         let (env_var, token) = secret::read_env(v, &key("admin_token_env"), value, &secret)?;
-        Some(AdminToken { env_var, token })
+        Some(AdminToken::new(env_var, token))
     });
     // The bound on threads only catches a typo such as `threads = 80000`; available_parallelism
     // fails only where the OS cannot say, and one thread still works.

@@ -15,6 +15,7 @@ use rangeway_middleware::chain::{
 
 use super::source::Env;
 use super::*;
+use crate::values::secret::Secret;
 
 /// The stages the tests load configs with: the built-in ones.
 fn kinds() -> StageRegistry {
@@ -2307,154 +2308,6 @@ fn balancer_keys() {
 // ---------------------------------------------------------------------------------------------
 // The loader's parts
 
-mod units {
-    use std::time::Duration;
-
-    use super::super::units::*;
-
-    #[test]
-    fn sizes() {
-        let good: &[(&str, u64)] = &[
-            ("0", 0),
-            ("1048576", 1_048_576),
-            ("64KiB", 65_536),
-            ("64kib", 65_536),
-            ("1 MiB", 1_048_576),
-            ("1MB", 1_000_000),
-            ("1mb", 1_000_000),
-            ("512k", 524_288),
-            ("512K", 524_288),
-            ("2m", 2_097_152),
-            ("1g", 1 << 30),
-            ("1GiB", 1 << 30),
-            ("1GB", 1_000_000_000),
-            ("1TiB", 1 << 40),
-            ("3TB", 3_000_000_000_000),
-            ("100B", 100),
-            ("  7 kB  ", 7_000),
-            ("16777215TiB", 16_777_215 << 40),
-            ("18446744073709551615", u64::MAX),
-        ];
-        for &(text, want) in good {
-            assert_eq!(parse_size(text), Ok(want), "{text:?}");
-        }
-    }
-
-    #[test]
-    fn bad_sizes() {
-        let bad: &[(&str, &str)] = &[
-            ("", "empty"),
-            ("   ", "empty"),
-            ("MiB", "does not start with a number"),
-            ("-1", "does not start with a number"),
-            ("1.5MiB", "not a whole number"),
-            ("1 parsec", "unknown size unit \"parsec\""),
-            ("1 KiBB", "unknown size unit"),
-            ("1 Ki B", "unknown size unit"),
-            ("16777216TiB1", "unknown size unit"),
-            ("16777216TiB", "does not fit in 64 bits"),
-            ("18446744073709551616", "does not fit in 64 bits"),
-            ("99999999999999999999999999999", "does not fit in 64 bits"),
-        ];
-        for &(text, want) in bad {
-            let err = parse_size(text).expect_err(text);
-            assert!(err.problem.contains(want), "{text:?}: {err}");
-            assert!(!err.fix.is_empty());
-        }
-    }
-
-    #[test]
-    fn durations() {
-        let good: &[(&str, Duration)] = &[
-            ("30s", Duration::from_secs(30)),
-            ("500ms", Duration::from_millis(500)),
-            ("24h", Duration::from_secs(86_400)),
-            ("1h30m", Duration::from_secs(5_400)),
-            ("1h 30m", Duration::from_secs(5_400)),
-            ("0s", Duration::ZERO),
-            (" 2min ", Duration::from_secs(120)),
-            ("1d", Duration::from_secs(86_400)),
-        ];
-        for &(text, want) in good {
-            assert_eq!(parse_duration(text), Ok(want), "{text:?}");
-        }
-    }
-
-    #[test]
-    fn bad_durations() {
-        let bad: &[(&str, &str, &str)] = &[
-            ("30", "bare number", "write \"30s\""),
-            ("0", "bare number", "write \"0s\""),
-            ("", "empty", "\"30s\""),
-            ("30 parsecs", "not a duration", "\"1h30m\""),
-            ("-1s", "not a duration", "\"30s\""),
-            ("s", "not a duration", "\"30s\""),
-            ("99999999999999999999999h", "not a duration", "\"30s\""),
-        ];
-        for &(text, problem, fix) in bad {
-            let err = parse_duration(text).expect_err(text);
-            assert!(err.problem.contains(problem), "{text:?}: {err}");
-            assert!(err.fix.contains(fix), "{text:?}: {err}");
-        }
-    }
-}
-
-mod hosts {
-    use std::net::{Ipv4Addr, Ipv6Addr};
-
-    use super::super::host::*;
-
-    #[test]
-    fn hosts() {
-        assert_eq!(Host::parse("Example.COM"), Ok(Host::Name("example.com".into())));
-        assert_eq!(Host::parse("minio_1"), Ok(Host::Name("minio_1".into())));
-        assert_eq!(Host::parse("10.0.0.1"), Ok(Host::V4(Ipv4Addr::new(10, 0, 0, 1))));
-        assert_eq!(Host::parse("[::1]"), Ok(Host::V6(Ipv6Addr::LOCALHOST)));
-        assert_eq!(Host::parse("[::1]").map(|h| h.to_string()), Ok("[::1]".into()));
-        assert_eq!(Host::parse("[::1]").map(|h| h.bare()), Ok("::1".into()));
-        for bad in [
-            "",
-            "10.0.0.256",
-            "a..b",
-            ".a",
-            "a.",
-            "-a",
-            "a-",
-            "a b",
-            "a/b",
-            "::1",
-            "[::1",
-            "[x]",
-            "é.com",
-        ] {
-            assert!(Host::parse(bad).is_err(), "{bad:?}");
-        }
-        assert!(Host::parse(&"a".repeat(64)).is_err());
-        assert!(Host::parse(&["a"; 128].join(".")).is_err());
-    }
-
-    #[test]
-    fn host_ports() {
-        assert_eq!(split_host_port("h:9000"), Ok((Host::Name("h".into()), Some(9000))));
-        assert_eq!(split_host_port("h"), Ok((Host::Name("h".into()), None)));
-        assert_eq!(split_host_port("[::1]:443"), Ok((Host::V6(Ipv6Addr::LOCALHOST), Some(443))));
-        assert_eq!(split_host_port("[::1]"), Ok((Host::V6(Ipv6Addr::LOCALHOST), None)));
-        for (bad, want) in [
-            ("h:", "empty"),
-            ("h:x", "not a number"),
-            ("h:0", "port 0"),
-            ("h:65536", "port 65536 is out of range"),
-            ("h:99999999999999999999", "out of range"),
-            ("[::1]x", "unexpected text"),
-            ("[::1", "unclosed"),
-            (":80", "host is empty"),
-        ] {
-            let err = split_host_port(bad).expect_err(bad);
-            assert!(err.contains(want), "{bad:?}: {err}");
-        }
-    }
-}
-
 mod urls {
     use super::super::upstream::parse_http_url;
 
@@ -2548,48 +2401,6 @@ mod listeners {
         assert_eq!(default_max_connections(Some(1024)), 192);
         assert_eq!(default_max_connections(Some(10)), 1, "never none");
         assert_eq!(default_max_connections(None), 1_000_000);
-    }
-}
-
-mod aws_credentials {
-    use std::path::Path;
-
-    use super::super::secret::{Secret, read_credentials_file};
-
-    #[test]
-    fn credentials_files() {
-        let dir = std::env::temp_dir().join(format!("rangeway-creds-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let file = dir.join("credentials");
-        std::fs::write(
-            &file,
-            "# comment\n[default]\naws_access_key_id = AKIDDEFAULT\naws_secret_access_key = \
-             sekrit/default\n\n[ci]\naws_access_key_id=AKIDCI\naws_secret_access_key=sekrit-ci\n\
-             aws_session_token = tok\n[half]\naws_access_key_id = AKIDHALF\n",
-        )
-        .expect("write");
-        let creds = read_credentials_file(&file, "default").expect("default");
-        assert_eq!(creds.access_key_id.expose(), "AKIDDEFAULT");
-        assert_eq!(creds.secret_access_key.expose(), "sekrit/default");
-        assert!(creds.session_token.is_none());
-        let creds = read_credentials_file(&file, "ci").expect("ci");
-        assert_eq!(creds.secret_access_key.expose(), "sekrit-ci");
-        assert_eq!(creds.session_token.as_ref().map(Secret::expose), Some("tok"));
-        assert!(!format!("{creds:?}").contains("sekrit"));
-
-        let (problem, _) = read_credentials_file(&file, "nope").expect_err("no profile");
-        assert!(problem.contains("has no profile [nope]"), "{problem}");
-        let (problem, _) = read_credentials_file(&file, "half").expect_err("half");
-        assert!(problem.contains("has no aws_secret_access_key"), "{problem}");
-        assert!(!problem.contains("AKIDHALF"));
-        let (problem, _) =
-            read_credentials_file(&dir.join("missing"), "default").expect_err("missing");
-        assert!(problem.contains("does not exist"), "{problem}");
-        // A device or a FIFO would never end, or never begin: refused before it is opened.
-        let (problem, _) =
-            read_credentials_file(Path::new("/dev/zero"), "default").expect_err("a device");
-        assert!(problem.contains("is not a regular file"), "{problem}");
-        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }
 

@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use ::config::Value;
 
-use super::check::{Ctx, Got, Problem, checked, complete, read_small_file, wrong};
-use super::host::{Host, split_host_port};
+use super::check::{Ctx, Got, Problem, checked, complete, wrong};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
-use super::secret::{self, S3Credentials, SecretKey};
+use super::secret::{self, SecretKey};
 use super::source::Path;
+use crate::s3::credentials::{self, S3Credentials};
+use crate::values::host::{Host, split_host_port};
+use crate::values::small_file::read_small_file;
 
 const URL_EXAMPLE: &str = "\"http://127.0.0.1:9000\"";
 
@@ -523,13 +525,14 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
             }
             let profile = v.string(&key("profile"), &r.profile, "\"default\"").opt()?;
             let Some(file) = &r.credentials_file else {
-                let credentials = secret::standard_credentials(v, profile);
-                return v.check(at, credentials);
+                let env = |name: &str| v.env.get(name)?.to_str().map(str::to_owned);
+                return v.check(at, credentials::standard_credentials(env, profile));
             };
             let example = "\"/etc/rangeway/aws-credentials\"";
             let profile = profile.as_deref().unwrap_or("default");
-            let read =
-                |file: &str| secret::read_credentials_file(std::path::Path::new(file), profile);
+            let read = |file: &str| {
+                credentials::read_credentials_file(std::path::Path::new(file), profile)
+            };
             return v.parsed(&key("credentials_file"), file, example, read).ok();
         }
     };
