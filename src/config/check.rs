@@ -476,24 +476,8 @@ pub(super) fn suggest<'c>(
     let limit = (word.chars().count() / 3).max(1);
     candidates
         .into_iter()
-        .map(|c| (edit_distance(&word.to_lowercase(), &c.to_lowercase()), c))
+        .map(|c| (strsim::levenshtein(&word.to_lowercase(), &c.to_lowercase()), c))
         .filter(|&(d, _)| d <= limit)
         .min_by_key(|&(d, _)| d)
         .map(|(_, c)| c)
-}
-
-/// Levenshtein distance over chars, in O(len(b)) memory.
-pub(super) fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = if ca == cb { diagonal } else { 1 + diagonal.min(above).min(row[j]) };
-            diagonal = above;
-        }
-    }
-    row[b.len()]
 }

@@ -2308,77 +2308,6 @@ fn balancer_keys() {
 // ---------------------------------------------------------------------------------------------
 // The loader's parts
 
-mod urls {
-    use super::super::upstream::parse_http_url;
-
-    #[test]
-    fn http_urls() {
-        let url = parse_http_url("http://127.0.0.1:9000").map_err(|e| e.0).expect("valid");
-        assert!(!url.tls);
-        assert_eq!(
-            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
-            ("127.0.0.1".into(), 9000, "127.0.0.1:9000", "")
-        );
-
-        let url = parse_http_url("HTTPS://S3.Example.com/bucket/").map_err(|e| e.0).expect("valid");
-        assert!(url.tls);
-        assert_eq!(
-            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
-            ("s3.example.com".into(), 443, "s3.example.com", "/bucket")
-        );
-
-        let url = parse_http_url("http://[::1]:8000/a%20b/c").map_err(|e| e.0).expect("valid");
-        assert_eq!(
-            (url.host.bare(), url.port, url.authority.as_str(), url.base_path.as_str()),
-            ("::1".into(), 8000, "[::1]:8000", "/a%20b/c")
-        );
-
-        let bad: &[(&str, &str)] = &[
-            ("127.0.0.1:9000", "no scheme"),
-            ("ftp://h", "scheme ftp:// is not supported"),
-            ("s3://bucket", "scheme s3:// is not supported"),
-            ("http://", "host is empty"),
-            ("http://:80", "host is empty"),
-            ("http://h:0", "port 0"),
-            ("http://h:65536", "out of range"),
-            ("http://h:x", "not a number"),
-            ("http://h/a?x=1", "?query"),
-            ("http://h/a#top", "#fragment"),
-            ("http://u:p@h", "credentials"),
-            ("http://h//a", "empty segment"),
-            ("http://h/a/../b", "'..'"),
-            ("http://h/a/./b", "'.'"),
-            ("http://h/a%zz", "two hex digits"),
-            ("http://h/a%2", "two hex digits"),
-            ("http://h/a b", "percent-encoded"),
-            ("http://h/a\\b", "percent-encoded"),
-            ("http://h_.x-/", "starts or ends with '-'"),
-        ];
-        for &(text, want) in bad {
-            let Err((problem, fix)) = parse_http_url(text) else {
-                panic!("{text:?} parsed");
-            };
-            assert!(problem.contains(want), "{text:?}: {problem}");
-            assert!(!fix.is_empty());
-        }
-        let Err((_, fix)) = parse_http_url("127.0.0.1:9000") else {
-            panic!("parsed without scheme");
-        };
-        assert_eq!(fix, "add the scheme: \"http://127.0.0.1:9000\"");
-    }
-
-    #[test]
-    fn url_errors_never_repeat_credentials() {
-        for text in ["http://user:hunter2@h", "hunter2@h:1", "xx://hunter2@h", "ht tp://hunter2@h"]
-        {
-            let Err((problem, fix)) = parse_http_url(text) else {
-                panic!("{text:?} parsed");
-            };
-            assert!(!problem.contains("hunter2") && !fix.contains("hunter2"), "{text:?}");
-        }
-    }
-}
-
 mod listeners {
     use std::net::SocketAddr;
 
@@ -2405,19 +2334,9 @@ mod listeners {
 }
 
 mod suggestions {
-    use super::super::check::{edit_distance, suggest};
+    use super::super::check::suggest;
     use super::super::route::kind_fix;
     use super::super::source::Path;
-
-    #[test]
-    fn edit_distances() {
-        assert_eq!(edit_distance("", ""), 0);
-        assert_eq!(edit_distance("listen", "listen"), 0);
-        assert_eq!(edit_distance("listn", "listen"), 1);
-        assert_eq!(edit_distance("kitten", "sitting"), 3);
-        assert_eq!(edit_distance("", "abc"), 3);
-        assert_eq!(edit_distance("abc", ""), 3);
-    }
 
     #[test]
     fn suggestions() {

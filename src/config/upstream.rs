@@ -13,9 +13,8 @@ use super::secret::{self, SecretKey};
 use super::source::Path;
 use crate::s3::credentials::{self, S3Credentials};
 use crate::values::host::{Host, split_host_port};
+use crate::values::http_url::{HttpUrl, URL_EXAMPLE};
 use crate::values::small_file::read_small_file;
-
-const URL_EXAMPLE: &str = "\"http://127.0.0.1:9000\"";
 
 /// Reports each key of `r` named that is written: `{key} {problem}`, with `fix`.
 macro_rules! refuse {
@@ -213,13 +212,13 @@ fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
             "keep urls (every replica) and remove url",
         ),
         (None, Some(url), None) => {
-            let url = v.parsed(&key("url"), url, URL_EXAMPLE, parse_http_url);
+            let url = v.parsed(&key("url"), url, URL_EXAMPLE, HttpUrl::parse);
             // Until the url is good, its scheme is unknown, and so whether the TLS keys apply.
             let tls = match &url {
                 Got::Good(url) => tls_keys(v, at, r, url.tls.then_some(&url.host)),
                 _ => Some(Tls::default()),
             };
-            let endpoint = url.ok().zip(tls).map(|(url, tls)| url.upstream(&tls, None));
+            let endpoint = url.ok().zip(tls).map(|(url, tls)| http_upstream(url, &tls, None));
             if s3 {
                 return s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3);
             }
@@ -268,7 +267,7 @@ fn replicas(
         v.report(&key("urls"), "an S3 upstream has one endpoint", "use url = the S3 endpoint");
     }
     let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
-    let parsed = v.strings(&key("urls"), urls, "a url string", example, parse_http_url);
+    let parsed = v.strings(&key("urls"), urls, "a url string", example, HttpUrl::parse);
     // Until the urls are good, which are https is unknown, and so whether the TLS keys apply:
     // they are checked once the urls are fixed.
     let tls = match &parsed {
@@ -288,7 +287,7 @@ fn replicas(
         );
     }
     let (tls, host_header) = (tls?, host_header?);
-    Some(urls.into_iter().map(|url| url.upstream(&tls, host_header.clone())).collect())
+    Some(urls.into_iter().map(|url| http_upstream(url, &tls, host_header.clone())).collect())
 }
 
 fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<String>> {
@@ -573,101 +572,17 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
     })
 }
 
-pub(super) struct HttpUrl {
-    pub(super) tls: bool,
-    pub(super) host: Host,
-    pub(super) port: u16,
-    /// `host[:port]` as written (host lower-cased, IPv6 in brackets), the default Host header.
-    pub(super) authority: String,
-    pub(super) base_path: String,
-}
-
-impl HttpUrl {
-    /// The upstream this url names, with the TLS keys that apply to it when it is https.
-    fn upstream(self, tls: &Tls, host_header: Option<String>) -> HttpUpstream {
-        let name = self.host.is_name().then(|| self.host.bare());
-        HttpUpstream {
-            tls: self.tls,
-            sni: tls.sni.clone().or(name).filter(|_| self.tls),
-            ca_file: tls.ca_file.clone().filter(|_| self.tls),
-            insecure_skip_verify: tls.insecure_skip_verify && self.tls,
-            host: self.host.bare(),
-            port: self.port,
-            base_path: self.base_path,
-            host_header: host_header.unwrap_or(self.authority),
-        }
+/// The upstream `url` names, with the TLS keys that apply to it when it is https.
+fn http_upstream(url: HttpUrl, tls: &Tls, host_header: Option<String>) -> HttpUpstream {
+    let name = url.host.is_name().then(|| url.host.bare());
+    HttpUpstream {
+        tls: url.tls,
+        sni: tls.sni.clone().or(name).filter(|_| url.tls),
+        ca_file: tls.ca_file.clone().filter(|_| url.tls),
+        insecure_skip_verify: tls.insecure_skip_verify && url.tls,
+        host: url.host.bare(),
+        port: url.port,
+        base_path: url.base_path,
+        host_header: host_header.unwrap_or(url.authority),
     }
-}
-
-/// Parses `http(s)://host[:port][/base]`. Credentials, query and fragment are refused: the first
-/// would be sent nowhere (and logged), the others cannot be prefixed to request paths.
-///
-/// The url is not repeated in messages, as it might carry credentials.
-pub(super) fn parse_http_url(text: &str) -> Result<HttpUrl, Problem> {
-    let text = text.trim();
-    let example = format!("write it as http(s)://HOST[:PORT][/BASE], e.g. {URL_EXAMPLE}");
-    let Some((scheme, rest)) = text.split_once("://") else {
-        let host = text.split(['/', ':']).next().unwrap_or("");
-        return match !text.contains('@') && Host::parse(host).is_ok() {
-            true => {
-                wrong("is not a URL (no scheme://)", format!("add the scheme: \"http://{text}\""))
-            }
-            false => wrong("is not a URL (no scheme://)", example),
-        };
-    };
-    let tls = match scheme.to_ascii_lowercase().as_str() {
-        "http" => false,
-        "https" => true,
-        s if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) => {
-            return wrong(
-                format!("the scheme {s}:// is not supported"),
-                "use http:// or https://; for a local folder use dir = \"...\" instead of url",
-            );
-        }
-        _ => return wrong("the scheme is not supported", example),
-    };
-    let (rest, fragment) = rest.split_at(rest.find('#').unwrap_or(rest.len()));
-    let (rest, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
-    let (authority, base) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    if !fragment.is_empty() {
-        return wrong("has a #fragment, which is never sent to a server", "remove it");
-    } else if !query.is_empty() {
-        return wrong(
-            "has a ?query, which cannot be combined with request paths",
-            "remove it; for credentials or signing use the upstream's own settings",
-        );
-    } else if authority.contains('@') {
-        return wrong(
-            "holds credentials (user:password@)",
-            "remove them from the url; credentials in urls end up in logs",
-        );
-    }
-    let (host, port) = split_host_port(authority).or_else(|e| wrong(e, example.clone()))?;
-    let authority = port.map_or_else(|| host.to_string(), |port| format!("{host}:{port}"));
-    let base_path = check_base_path(base).or_else(|e| wrong(e, example))?;
-    let port = port.unwrap_or(if tls { 443 } else { 80 });
-    Ok(HttpUrl { tls, port, host, authority, base_path })
-}
-
-/// The url's path, used as a prefix of every upstream request path. It must be in normal form, or
-/// the proxy's path normalisation could be undone by it: no `.`/`..` or empty segments, only valid
-/// percent-escapes, no characters that need escaping.
-fn check_base_path(base: &str) -> Result<String, String> {
-    let trimmed = base.trim_end_matches('/');
-    let segment = trimmed.split('/').skip(1).find(|s| matches!(*s, "" | "." | ".."));
-    let bytes = trimmed.as_bytes();
-    let escape =
-        |i: usize| bytes.get(i + 1..i + 3).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
-    let byte = bytes.iter().enumerate().find(|&(i, &b)| {
-        !(b.is_ascii_alphanumeric() || b"/-._~!$&'()*+,;=:@%".contains(&b))
-            || (b == b'%' && !escape(i))
-    });
-    let problem = match (segment, byte) {
-        (Some(""), _) => "the path has an empty segment (//)",
-        (Some(_), _) => "the path has a '.' or '..' segment",
-        (None, Some((_, b'%'))) => "the path has a '%' that is not followed by two hex digits",
-        (None, Some(_)) => "the path has a character that must be percent-encoded",
-        (None, None) => return Ok(trimmed.to_owned()),
-    };
-    Err(problem.to_owned())
 }

@@ -3,6 +3,7 @@
 //! handles a host, a size, a secret or a Redis URL).
 
 pub mod host;
+pub mod http_url;
 pub mod redis_url;
 pub mod secret;
 pub(crate) mod small_file;
