@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::check::{Ctx, complete, wrong};
+use super::check::{Ctx, complete, read, wrong};
 use super::raw::{Raw, RawCache, RawRouteCache};
 use super::source::Path;
 
@@ -66,11 +66,11 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Opti
     });
     // At least a few slices, at most 1 PiB. Smaller slices cost a file and an origin request each
     // for little; larger ones make a cold small range fetch more than it needs.
-    let max_size =
-        v.size(&at.key("max_size"), &r.max_size, 16 << 20..=1 << 50, "\"10GiB\"").or(10 << 30);
-    let slice_size =
-        v.size(&at.key("slice_size"), &r.slice_size, 1 << 20..=8 << 20, "\"4MiB\"").or(4 << 20);
-    let max_entries = v.integer(&at.key("max_entries"), &r.max_entries, ENTRIES, "100000").opt();
+    read! { v, at, r;
+        max_size: size(16 << 20..=1 << 50, "\"10GiB\"").or(10 << 30);
+        slice_size: size(1 << 20..=8 << 20, "\"4MiB\"").or(4 << 20);
+        max_entries: integer(ENTRIES, "100000").opt();
+    }
     let (dir, max_size, slice_size, max_entries) = (dir?, max_size?, slice_size?, max_entries?);
     let max_entries =
         max_entries.unwrap_or((max_size / BYTES_PER_ENTRY).clamp(*ENTRIES.start(), *ENTRIES.end()));
@@ -87,12 +87,11 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Opti
 /// A route's `cache` table.
 pub(super) fn route(v: &mut Ctx<'_>, at: &Path, r: &RawRouteCache) -> Option<RouteCache> {
     let policies = [("rfc9111", Revalidate::Rfc9111), ("each-download", Revalidate::EachDownload)];
-    let revalidate =
-        v.choice(&at.key("revalidate"), &r.revalidate, "\"each-download\"", &policies, |other| {
-            let fix = "use \"rfc9111\" (when the response's freshness says) or \"each-download\"";
-            (format!("{other:?} is not a revalidation policy"), fix.to_owned())
-        });
-    let revalidate = revalidate.or(Revalidate::Rfc9111);
-    let authorized = v.boolean(&at.key("authorized"), &r.authorized).or(false);
+    let (example, what) = ("\"each-download\"", "a revalidation policy");
+    let fix = "use \"rfc9111\" (when the response's freshness says) or \"each-download\"";
+    read! { v, at, r;
+        revalidate: choice(example, &policies, what, fix).or(Revalidate::Rfc9111);
+        authorized: boolean().or(false);
+    }
     complete! { RouteCache { revalidate, authorized } }
 }

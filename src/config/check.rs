@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use ::config::{Value, ValueKind};
 use rangeway_middleware::chain::StageRegistry;
+use serde::de::DeserializeOwned;
 
 use super::errors::ConfigError;
 pub(super) use super::errors::{Problem, wrong};
@@ -27,6 +28,28 @@ macro_rules! complete {
     (@ $field:ident, $value:expr) => { $value };
 }
 pub(super) use complete;
+
+/// Reads keys of the raw table `$r` at `$at`, each bound to its own name: the [`Ctx`] reader
+/// named, given the key's path and value and then the arguments (bounds, example), and what
+/// follows (`.or(default)`, `.opt()`). One line a key: its bounds and default in one table.
+macro_rules! read {
+    ($v:ident, $at:expr, $r:ident; $($key:ident: $reader:ident($($arg:expr),*)
+        $(.$then:ident($($then_arg:expr),*))*;)*) => {
+        $(let $key = $v.$reader(&$at.key(stringify!($key)), &$r.$key, $($arg),*)
+            $(.$then($($then_arg),*))*;)*
+    };
+}
+pub(super) use read;
+
+/// A value of a raw table: `None` when the key is not written.
+pub(super) type Field<'v> = Option<&'v Value>;
+
+pub(super) const fn secs(seconds: u64) -> Duration {
+    Duration::from_secs(seconds)
+}
+
+pub(super) const MS: Duration = Duration::from_millis(1);
+pub(super) const DAY: u64 = 24 * 3600;
 
 /// State of one validation pass.
 pub(super) struct Ctx<'a> {
@@ -194,11 +217,41 @@ impl<'a> Ctx<'a> {
         self.bad(at, problem, format!("write {} = {example}", at.last_key()))
     }
 
+    /// What `check` makes of the table (or value) at `at` when it is written; `Some(None)` when
+    /// it is not.
+    pub(super) fn nested<R, T>(
+        &mut self,
+        at: &Path,
+        raw: &Option<R>,
+        check: impl FnOnce(&mut Self, &Path, &R) -> Option<T>,
+    ) -> Option<Option<T>> {
+        checked(raw.as_ref(), |raw| check(self, at, raw))
+    }
+
+    /// A key that is `true` (`T`'s defaults), `false` (off) or a table for `table` to check; `on`
+    /// when it is not written. From a variable, the bare word.
+    pub(super) fn switch<T: Default, R: DeserializeOwned + Keys>(
+        &mut self,
+        at: &Path,
+        value: &Option<Value>,
+        on: bool,
+        example: &str,
+        table: impl FnOnce(&mut Self, &Path, &R) -> Option<T>,
+    ) -> Option<Option<T>> {
+        let Some(value) = value else { return Some(on.then(T::default)) };
+        if matches!(value.kind, ValueKind::Boolean(_)) || self.set_by_env(at) {
+            return self.boolean(at, value).ok().map(|on| on.then(T::default));
+        }
+        let raw = Raw::<R>::from(value.clone());
+        let read = self.table(at, &raw, example)?;
+        table(self, at, read).map(Some)
+    }
+
     /// A string; `example` (TOML syntax, quotes included) is shown when it is something else.
     pub(super) fn string<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
     ) -> Got<String> {
         match value.into() {
@@ -212,7 +265,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn parsed<'v, T>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
         parse: impl FnOnce(&str) -> Result<T, Problem>,
     ) -> Got<T> {
@@ -220,11 +273,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// `true` or `false`; from a variable, the bare word.
-    pub(super) fn boolean<'v>(
-        &mut self,
-        at: &Path,
-        value: impl Into<Option<&'v Value>>,
-    ) -> Got<bool> {
+    pub(super) fn boolean<'v>(&mut self, at: &Path, value: impl Into<Field<'v>>) -> Got<bool> {
         let Some(value) = value.into() else { return Got::Absent };
         match &value.kind {
             ValueKind::Boolean(on) => Got::Good(*on),
@@ -241,7 +290,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn integer<'v, T>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         range: RangeInclusive<T>,
         example: &str,
     ) -> Got<T>
@@ -274,7 +323,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn ratio<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
     ) -> Got<f64> {
         let Some(value) = value.into() else { return Got::Absent };
@@ -297,7 +346,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn duration<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         range: RangeInclusive<Duration>,
     ) -> Got<Duration> {
         let Some(value) = value.into() else { return Got::Absent };
@@ -326,7 +375,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn size<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         range: RangeInclusive<u64>,
         example: &str,
     ) -> Got<u64> {
@@ -349,18 +398,20 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// One of `choices` by its name; `refused` explains any other name.
+    /// One of `choices` by its name; any other is "not `what`", with `fix`.
     pub(super) fn choice<'v, T: Copy>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
         choices: &[(&str, T)],
-        refused: impl FnOnce(&str) -> Problem,
+        what: &str,
+        fix: &str,
     ) -> Got<T> {
         self.parsed(at, value, example, |name| {
             let known = choices.iter().find(|(known, _)| *known == name);
-            known.map(|&(_, choice)| choice).ok_or_else(|| refused(name))
+            let refused = || (format!("{name:?} is not {what}"), fix.to_owned());
+            known.map(|&(_, choice)| choice).ok_or_else(refused)
         })
     }
 
@@ -369,7 +420,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn strings<'v, T>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         item: &str,
         example: &str,
         parse: impl Fn(&str) -> Result<T, Problem>,
@@ -396,7 +447,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn socket_addr<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
     ) -> Got<SocketAddr> {
         self.parsed(at, value, &format!("\"{example}\""), |text| {

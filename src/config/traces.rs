@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::check::{Ctx, complete, wrong};
+use super::check::{Ctx, complete, read, wrong};
 use super::raw::{Raw, RawLog, RawTraces};
 use super::source::Path;
 
@@ -50,14 +50,14 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawTraces>>) -> Option<Opt
         });
         endpoint.ok()
     });
-    let sampling = v.ratio(&at.key("sampling"), &r.sampling, "0.01").or(1.0);
-    let service_name = v.parsed(&at.key("service_name"), &r.service_name, "\"rangeway\"", |name| {
-        match name.trim() {
-            "" => wrong("is empty", "name the service, e.g. \"rangeway\""),
-            _ => Ok(name.to_owned()),
-        }
-    });
-    let service_name = service_name.or("rangeway".to_owned());
+    let service = |name: &str| match name.trim() {
+        "" => wrong("is empty", "name the service, e.g. \"rangeway\""),
+        _ => Ok(name.to_owned()),
+    };
+    read! { v, at, r;
+        sampling: ratio("0.01").or(1.0);
+        service_name: parsed("\"rangeway\"", service).or("rangeway".to_owned());
+    }
     let resource = r.resource.as_ref().map_or(Some(BTreeMap::new()), |raw| {
         let at = at.key("resource");
         let fix = "write resource = { \"deployment.environment\" = \"production\" }";
@@ -91,9 +91,7 @@ pub(super) fn check_log(v: &mut Ctx<'_>, raw: &Raw<RawLog>) -> Option<LogConfig>
     let at = Path::default().key("log");
     let r = v.table(&at, raw, "[log] with format = \"json\"")?;
     let formats = [("text", LogFormat::Text), ("json", LogFormat::Json)];
-    let format = v.choice(&at.key("format"), &r.format, "\"json\"", &formats, |other| {
-        let fix = "use \"text\" (key=value lines) or \"json\" (one object per line)";
-        (format!("{other:?} is not a log format"), fix.to_owned())
-    });
-    Some(LogConfig { format: format.or(LogFormat::Text)? })
+    let fix = "use \"text\" (key=value lines) or \"json\" (one object per line)";
+    read! { v, at, r; format: choice("\"json\"", &formats, "a log format", fix).or(LogFormat::Text); }
+    complete! { LogConfig { format } }
 }

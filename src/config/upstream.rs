@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use ::config::Value;
 
-use super::check::{Ctx, Got, Problem, checked, complete, wrong};
+use super::check::{Ctx, DAY, Got, MS, Problem, checked, complete, read, secs, wrong};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
 use super::secret::{self, SecretKey};
 use super::source::Path;
 use crate::s3::credentials::{self, S3Credentials};
+use crate::s3::names;
 use crate::values::host::{Host, split_host_port};
 use crate::values::http_url::{HttpUrl, URL_EXAMPLE};
 use crate::values::small_file::read_small_file;
@@ -166,17 +167,13 @@ fn check_one(
     raw: &Raw<RawUpstream>,
 ) -> Option<UpstreamConfig> {
     let r = v.table(at, raw, &format!("[upstreams.{name}] with url = {URL_EXAMPLE}"))?;
-    let key = |key: &str| at.key(key);
-    let mut timeout = |key: &str, value, max, default| {
-        let range = Duration::from_millis(1)..=Duration::from_secs(max);
-        v.duration(&at.key(key), value, range).or(Duration::from_secs(default))
-    };
-    let connect_timeout = timeout("connect_timeout", &r.connect_timeout, 300, 5);
-    let read_timeout = timeout("read_timeout", &r.read_timeout, 24 * 3600, 60);
-    let write_timeout = timeout("write_timeout", &r.write_timeout, 24 * 3600, 60);
-    let idle_timeout = timeout("idle_timeout", &r.idle_timeout, 24 * 3600, 60);
-    let s3 = r.bucket.is_some();
-    if !s3 {
+    read! { v, at, r;
+        connect_timeout: duration(MS..=secs(300)).or(secs(5));
+        read_timeout: duration(MS..=secs(DAY)).or(secs(60));
+        write_timeout: duration(MS..=secs(DAY)).or(secs(60));
+        idle_timeout: duration(MS..=secs(DAY)).or(secs(60));
+    }
+    if r.bucket.is_none() {
         // Checked first, so that a stray S3 key is reported however the rest reads.
         let fix = "add bucket = \"NAME\" (with url = the S3 endpoint) to make this an S3 upstream, \
                    or remove it";
@@ -184,13 +181,12 @@ fn check_one(
             session_token_env, credentials_file, profile, anonymous;
             "applies to S3 upstreams only", fix);
     }
-    let health_check =
-        checked(r.health_check.as_ref(), |raw| health_check(v, &key("health_check"), raw));
+    read! { v, at, r; health_check: nested(health_check); }
     let kind = kind(v, at, r);
     let (kind, health_check) = (kind?, health_check?);
     if let (UpstreamKind::Dir { .. }, Some(_)) = (&kind, &health_check) {
         return v.fail(
-            &key("health_check"),
+            &at.key("health_check"),
             "a dir upstream is a local folder, with nothing to check",
             "remove health_check",
         );
@@ -307,18 +303,19 @@ fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<Str
 
 fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
     let r = v.table(at, raw, "[upstreams.NAME.health_check] with path = \"/healthz\"")?;
-    let path = v.parsed(&at.key("path"), &r.path, "\"/healthz\"", |path| {
+    let request_path = |path: &str| {
         if path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
             return Ok(path.to_owned());
         }
         let fix = "write a path starting with '/', e.g. path = \"/healthz\"";
         wrong(format!("{path:?} is not a request path"), fix)
-    });
-    let path = path.or("/".to_owned());
-    let range = Duration::from_millis(10)..=Duration::from_secs(3600);
-    let interval = v.duration(&at.key("interval"), &r.interval, range.clone());
-    let interval = interval.or(Duration::from_secs(5));
-    let timeout = v.duration(&at.key("timeout"), &r.timeout, range).or(Duration::from_secs(2));
+    };
+    let range = Duration::from_millis(10)..=secs(3600);
+    read! { v, at, r;
+        path: parsed("\"/healthz\"", request_path).or("/".to_owned());
+        interval: duration(range.clone()).or(secs(5));
+        timeout: duration(range).or(secs(2));
+    }
     complete! { HealthCheck { path, interval, timeout } }
 }
 
@@ -400,31 +397,17 @@ fn s3_upstream(
         );
     }
     let styles = [("path", Addressing::Path), ("virtual-host", Addressing::VirtualHost)];
-    let addressing = v.choice(&key("addressing"), &r.addressing, "\"path\"", &styles, |other| {
-        (
-            format!("{other:?} is not an addressing style"),
-            "use \"path\" (https://endpoint/bucket/key) or \"virtual-host\" (https://bucket.endpoint/key)".to_owned(),
-        )
-    });
-    let addressing = addressing.or(Addressing::Path);
+    let fix = "use \"path\" (https://endpoint/bucket/key) or \"virtual-host\" \
+               (https://bucket.endpoint/key)";
+    let what = "an addressing style";
+    read! { v, at, r; addressing: choice("\"path\"", &styles, what, fix).or(Addressing::Path); }
     let virtual_host = addressing == Some(Addressing::VirtualHost);
-    let bucket = v.parsed(&key("bucket"), &r.bucket, "\"releases\"", |b| bucket(b, virtual_host));
-    let region = v.parsed(&key("region"), &r.region, "\"us-east-1\"", |region| {
-        if !region.is_empty()
-            && region.len() <= 64
-            && region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
-            return Ok(region.to_owned());
-        }
-        wrong(
-            format!("{region:?} is not a region name"),
-            "write the region the bucket is in, e.g. region = \"eu-west-1\" (most S3-compatible \
-             stores accept \"us-east-1\")",
-        )
-    });
-    let region = region.or("us-east-1".to_owned());
-    let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"builds/2026\"", key_prefix);
-    let key_prefix = key_prefix.or(Vec::new());
+    let bucket = |name: &str| names::bucket(name, virtual_host);
+    read! { v, at, r; bucket: parsed("\"releases\"", bucket).ok(); }
+    read! { v, at, r;
+        region: parsed("\"us-east-1\"", names::region).or("us-east-1".to_owned());
+        key_prefix: parsed("\"builds/2026\"", names::key_prefix).or(Vec::new());
+    }
     let credentials = match v.boolean(&key("anonymous"), &r.anonymous).or(false) {
         Some(true) => {
             let fix = "remove it, or anonymous = true to sign requests with it";
@@ -451,52 +434,8 @@ fn s3_upstream(
             "use addressing = \"path\", or the endpoint's DNS name",
         );
     }
-    let (endpoint, bucket) = (Some(endpoint), bucket.ok());
+    let endpoint = Some(endpoint);
     complete! { S3Upstream { endpoint, bucket, region, addressing, key_prefix, credentials } }
-}
-
-/// A bucket's name, by S3's naming rules; `_` and capitals too for path-style addressing, as older
-/// buckets and S3-compatible stores allow them.
-fn bucket(bucket: &str, virtual_host: bool) -> Result<String, Problem> {
-    let dns_safe = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-';
-    let path_safe = |b: u8| dns_safe(b) || b.is_ascii_uppercase() || b == b'_';
-    let edge_ok = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
-    if (3..=63).contains(&bucket.len())
-        && bucket.bytes().all(|b| if virtual_host { dns_safe(b) } else { path_safe(b) })
-        && edge_ok(bucket.as_bytes().first())
-        && edge_ok(bucket.as_bytes().last())
-        && !bucket.contains("..")
-    {
-        return Ok(bucket.to_owned());
-    }
-    let rule = if virtual_host {
-        "3 to 63 lower-case letters, digits, '.' and '-', beginning and ending with a letter or \
-         digit (it becomes part of a host name)"
-    } else {
-        "3 to 63 letters, digits, '.', '-' and '_', beginning and ending with a letter or digit"
-    };
-    wrong(
-        format!("{bucket:?} is not a valid bucket name"),
-        format!("write the bucket's name: {rule}"),
-    )
-}
-
-/// A folder of the bucket: segments without `.`/`..`, empty parts or control characters, so that
-/// no key can be written above it.
-fn key_prefix(prefix: &str) -> Result<Vec<String>, Problem> {
-    let segments: Vec<String> =
-        prefix.split('/').filter(|s| !s.is_empty()).map(str::to_owned).collect();
-    let problem = if prefix.trim_matches('/').contains("//") {
-        "has an empty segment (//)"
-    } else if segments.iter().any(|s| s == "." || s == "..") {
-        "has a '.' or '..' segment"
-    } else if prefix.chars().any(|c| c.is_control() || c == '\\') {
-        "has a control character or a backslash"
-    } else {
-        return Ok(segments);
-    };
-    let fix = "write the folder's key prefix as plain segments, e.g. key_prefix = \"builds/2026\"";
-    wrong(problem, fix)
 }
 
 /// Credentials, by the first source configured: `access_key_env`/`secret_key_env`, then

@@ -2,5 +2,6 @@
 
 pub mod credentials;
 pub mod error;
+pub mod names;
 pub mod sign;
 pub mod verify;
