@@ -13,15 +13,12 @@ use super::check::{Ctx, DAY, MS, Problem, complete, push, read, secs, suggest, w
 use super::raw::{
     Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
 };
-use super::secret::{self, KeyFile};
 use super::source::Path;
 use crate::links::LinkKeys;
 use crate::s3::credentials::S3ClientKeys;
 use crate::values::host::split_host_port;
 
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
-/// Shorter than this, a link key could be guessed.
-const MIN_LINK_KEY_LEN: usize = 32;
 /// The slowest rate worth shaping to, and the fastest worth naming (bytes per second).
 const RATES: std::ops::RangeInclusive<u64> = 1024..=(1 << 40);
 
@@ -195,7 +192,8 @@ fn check_one(
     };
     read! { v, at, r; strip_prefix: boolean().or(false); }
     let middleware = middleware(v, at, r.middleware.as_ref());
-    read! { v, at, r; s3_client_keys_file: nested(secret::read_client_keys); }
+    let example = "\"/etc/rangeway/s3-clients\"";
+    read! { v, at, r; s3_client_keys_file: parsed(example, S3ClientKeys::read_file).opt(); }
     let s3_presigned_grace = match (&r.s3_presigned_grace, &s3_client_keys_file) {
         (Some(_), Some(None)) => v.fail(
             &key("s3_presigned_grace"),
@@ -371,34 +369,15 @@ pub(super) fn kind_fix(known_kinds: &[&str], lead: &str) -> String {
     format!("{lead} one of: {}", kinds.join(", "))
 }
 
-/// `[routes.signed_links]`: `KEY_ID SECRET` lines, the newest last.
+/// `[routes.signed_links]`.
 fn signed_links(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawSignedLinks>) -> Option<SignedLinks> {
-    let r =
-        v.table(at, raw, "[routes.signed_links] with keys_file = \"/etc/rangeway/link-keys\"")?;
-    let fix = "add keys_file = \"/etc/rangeway/link-keys\" (lines of `KEY_ID SECRET`)";
-    let kind = KeyFile {
-        example: "\"/etc/rangeway/link-keys\"",
-        pair: "a `KEY_ID SECRET`",
-        fix: "write one `KEY_ID SECRET` pair per line, the newest last (e.g. \
-              `echo \"$(date +%Y-%m) $(openssl rand -hex 32)\" >> FILE`)",
-        unreadable_fix: "point keys_file at a readable file of link keys",
-        check: |id, secret| {
-            if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-                Some("has a key id of other than letters, digits, '-', '_' and '.'".to_owned())
-            } else if secret.len() < MIN_LINK_KEY_LEN
-                || !secret.bytes().all(|b| b.is_ascii_graphic())
-            {
-                Some(format!("has a secret of fewer than {MIN_LINK_KEY_LEN} printable characters"))
-            } else {
-                None
-            }
-        },
-    };
+    let example = "\"/etc/rangeway/link-keys\"";
+    let r = v.table(at, raw, &format!("[routes.signed_links] with keys_file = {example}"))?;
+    let fix = format!("add keys_file = {example} (lines of `KEY_ID SECRET`)");
     let keys = v.required(&at.key("keys_file"), r.keys_file.as_ref(), fix);
-    let keys = keys.and_then(|value| secret::read_key_file(v, &at.key("keys_file"), value, &kind));
+    let keys = keys
+        .and_then(|file| v.parsed(&at.key("keys_file"), file, example, LinkKeys::read_file).ok());
     read! { v, at, r; grace: duration(Duration::ZERO..=secs(30 * DAY)).or(secs(DAY)); }
-    // A key file holds at least one key, so `LinkKeys::new` has a newest one.
-    let keys = LinkKeys::new(keys?.iter().map(|(id, secret)| (id.clone(), secret.expose())));
     complete! { SignedLinks { keys, grace } }
 }
 

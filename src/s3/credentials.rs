@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::values::secret::{Secret, printable};
+use crate::values::secret::{KeyFile, Secret, printable};
 use crate::values::small_file::read_text;
 use crate::values::{Problem, wrong};
 
@@ -32,6 +32,21 @@ pub struct S3ClientKeys {
 impl S3ClientKeys {
     pub(crate) fn new(keys: impl IntoIterator<Item = (String, Secret)>) -> Self {
         Self { keys: keys.into_iter().collect() }
+    }
+
+    /// The keys of an `s3_client_keys_file`: one `ACCESS_KEY_ID SECRET` pair per line.
+    pub(crate) fn read_file(file: &str) -> Result<Self, Problem> {
+        let kind = KeyFile {
+            pair: "an `ACCESS_KEY_ID SECRET`",
+            fix: "write one `ACCESS_KEY_ID SECRET` pair per line (generate them, e.g. with \
+                  `openssl rand -hex 10` and `openssl rand -base64 30`)",
+            unreadable_fix: "point s3_client_keys_file at a readable file of client keys",
+            check: |id, secret| {
+                (!printable(id) || !printable(secret))
+                    .then(|| "is not an `ACCESS_KEY_ID SECRET` pair".to_owned())
+            },
+        };
+        kind.read(file).map(Self::new)
     }
 
     /// The keys `(access key id, secret)`, for tests.
