@@ -28,25 +28,23 @@ macro_rules! refuse {
     };
 }
 
-/// One `[upstreams.NAME]`; docs/configuration.md describes each key and its default.
+/// One `[upstreams.NAME]`; docs/configuration.md describes each key and its default. The
+/// timeouts apply to `dir` upstreams too, whose origin service is reached over a local socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UpstreamConfig {
-    /// The NAME, as routes refer to it: `[A-Za-z0-9_-]+`.
+    /// `[A-Za-z0-9_-]+`, as routes name it.
     pub name: String,
     pub kind: UpstreamKind,
-    /// The timeouts apply to `dir` upstreams too: the proxy reaches their origin service over a
-    /// local socket.
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub write_timeout: Duration,
-    /// How long a pooled keep-alive connection may stay idle.
     pub idle_timeout: Duration,
     pub health_check: Option<HealthCheck>,
 }
 
-/// Active health checks of an upstream's replicas: a `GET` of `path` every `interval`; a replica
-/// that does not answer 2xx within `timeout` gets no requests until it does again.
+/// A `GET` of `path` every `interval`: a replica that does not answer 2xx within `timeout` gets no
+/// requests until it does again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HealthCheck {
@@ -55,22 +53,19 @@ pub struct HealthCheck {
     pub timeout: Duration,
 }
 
+/// An origin over HTTP(S) (`url`), a local folder (`dir`), an S3-compatible store whose requests
+/// rangeway signs (`url` with `bucket`), or replicas of one origin (`urls`): requests go round
+/// the healthy ones, and a body one of them breaks off may be continued from another.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UpstreamKind {
-    /// An origin reached over HTTP or HTTPS (`url = ...`).
     Http(HttpUpstream),
-    /// A local folder served as an origin (`dir = ...`), created by the server when missing.
     Dir { path: PathBuf },
-    /// An S3-compatible store (`url = ...` with `bucket = ...`), whose requests rangeway signs.
     S3(S3Upstream),
-    /// Replicas of one origin holding the same objects (`urls = [...]`): requests go round the
-    /// healthy ones, and a body one of them breaks off may be continued from another.
     Replicas(Vec<HttpUpstream>),
 }
 
-/// An HTTP(S) origin, from `url = "http(s)://host[:port][/base]"`. `ca_file`,
-/// `insecure_skip_verify` and `sni` are only ever set when `tls`.
+/// An HTTP(S) origin. `ca_file`, `insecure_skip_verify` and `sni` are only ever set with `tls`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HttpUpstream {
@@ -80,39 +75,34 @@ pub struct HttpUpstream {
     pub port: u16,
     /// Prefix of every upstream path: empty, or `/`-led without a trailing `/` (`/bucket`).
     pub base_path: String,
-    /// Checked at load time to be a readable file holding a certificate.
     pub ca_file: Option<PathBuf>,
     /// Verification off, whatever `ca_file` says: the proxy must log this loudly.
     pub insecure_skip_verify: bool,
     /// `sni` if set, else the url's host when that is a DNS name (SNI cannot carry IP literals,
     /// RFC 6066; the certificate is then checked against the IP).
     pub sni: Option<String>,
-    /// `host_header` if set, else the url's authority as written. Valid header text.
+    /// `host_header` if set, else the url's authority as written.
     pub host_header: String,
 }
 
-/// An S3-compatible origin.
+/// An S3-compatible origin: its endpoint (without a path), the folder of the bucket the routes
+/// serve (segments; none for the whole bucket), and no credentials for `anonymous = true`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct S3Upstream {
-    /// The service endpoint (`url`), without a path.
     pub endpoint: HttpUpstream,
     pub bucket: String,
-    /// The signing region.
     pub region: String,
     pub addressing: Addressing,
-    /// The folder of the bucket the routes serve, as segments; empty for the whole bucket.
     pub key_prefix: Vec<String>,
-    /// `None` for `anonymous = true`: requests go unsigned (public buckets).
     pub credentials: Option<S3Credentials>,
 }
 
-/// Where the bucket goes in a request.
+/// Where the bucket goes: `https://endpoint/bucket/key`, what S3-compatible stores expect, or
+/// `https://bucket.endpoint/key`, AWS's own default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Addressing {
-    /// `https://endpoint/bucket/key`: the default, and what S3-compatible stores expect.
     Path,
-    /// `https://bucket.endpoint/key`: AWS's own default.
     VirtualHost,
 }
 
