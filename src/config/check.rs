@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::fmt::Display;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use super::errors::ConfigError;
 pub(super) use super::errors::{Problem, wrong};
 use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
+use crate::values::listen_addr;
 use crate::values::units::{self, UnitError};
 
 /// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
@@ -442,35 +443,14 @@ impl<'a> Ctx<'a> {
         all.map_or(Got::Bad, Got::Good)
     }
 
-    /// A socket address to listen on: an IP literal and a port. Host names are refused, because
-    /// which address a name resolves to at boot is not something a listener should leave to chance.
+    /// A socket address to listen on (`crate::values::listen_addr`).
     pub(super) fn socket_addr<'v>(
         &mut self,
         at: &Path,
         value: impl Into<Field<'v>>,
         example: &str,
     ) -> Got<SocketAddr> {
-        self.parsed(at, value, &format!("\"{example}\""), |text| {
-            let text = text.trim();
-            if let Ok(addr) = text.parse::<SocketAddr>() {
-                return Ok(addr);
-            }
-            let ip_and_port = text.rsplit_once(':').filter(|(ip, port)| {
-                ip.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok()
-                    && !port.is_empty()
-                    && port.bytes().all(|b| b.is_ascii_digit())
-            });
-            if let Some((_, port)) = ip_and_port {
-                wrong(format!("port {port} is out of range"), "use a port from 0 to 65535 (0 picks a free one)")
-            } else if text.parse::<IpAddr>().is_ok() {
-                wrong(format!("{text:?} has no port"), format!("add a port, e.g. \"{text}:8080\" (IPv6: \"[{text}]:8080\")"))
-            } else {
-                wrong(
-                    format!("{text:?} is not a socket address"),
-                    format!("write an IP address and a port, e.g. \"{example}\" or \"[::1]:8080\"; host names are not resolved"),
-                )
-            }
-        })
+        self.parsed(at, value, &format!("\"{example}\""), |text| listen_addr::parse(text, example))
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod host;
 pub mod http_url;
+pub(crate) mod listen_addr;
 pub mod redis_url;
 pub mod secret;
 pub(crate) mod small_file;
