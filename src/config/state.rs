@@ -10,12 +10,10 @@ use super::check::{Ctx, DAY, Problem, checked, complete, read, secs, suggest, ty
 use super::raw::{Raw, RawState};
 use super::secret::{self, SecretKey};
 use super::source::Path;
+use crate::fingerprint::{MIN_KEY_LEN as MIN_ID_KEY_LEN, read_key_file};
 use crate::values::redis_url::RedisUrl;
 use crate::values::secret::Secret;
-use crate::values::small_file::read_small_file;
 
-/// A key shorter than this could be guessed from the ids it derives.
-const MIN_ID_KEY_LEN: usize = 32;
 const ID_KEY_EXAMPLE: &str = "id_key_env = \"RANGEWAY_ID_KEY\"";
 
 /// `[state]`; docs/configuration.md describes each key and its default.
@@ -68,7 +66,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawState>) -> Option<StateConfig>
     let id_key_env =
         checked(r.id_key_env.as_ref(), |value| id_key_env(v, &at.key("id_key_env"), value));
     read! { v, at, r;
-        id_key_file: parsed("\"/etc/rangeway/id_key\"", id_key_file).opt();
+        id_key_file: parsed("\"/etc/rangeway/id_key\"", read_key_file).opt();
         max_memory: size(1 << 20..=1 << 40, "\"256MiB\"").or(256 << 20);
         client_share: ratio("0.01").then(|share| some_share(v, &at, share)).or(0.01);
         snapshot_file: parsed(snapshot, |file| snapshot_file(file, snapshot)).opt();
@@ -206,24 +204,6 @@ fn id_key_env(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<Secret> {
         );
     }
     Some(secret)
-}
-
-/// `id_key_file`: a file holding the key (a line of printable ASCII; one trailing newline is
-/// allowed). Its content is never shown.
-fn id_key_file(file: &str) -> Result<Secret, Problem> {
-    let fix = "write a key of 32 or more printable characters into it, e.g. \
-               `openssl rand -hex 32 > FILE`, the same file for every instance";
-    // A key file larger than 4 KiB is a wrong path.
-    let bytes = read_small_file(file, 4096).or_else(|problem| wrong(problem, fix))?;
-    let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
-    let text = text.strip_suffix(b"\r").unwrap_or(text);
-    if text.len() < MIN_ID_KEY_LEN || !text.iter().all(u8::is_ascii_graphic) {
-        let problem = format!(
-            "{file:?} does not hold a key of {MIN_ID_KEY_LEN} or more printable characters without spaces"
-        );
-        return wrong(problem, fix);
-    }
-    Ok(Secret::new(String::from_utf8_lossy(text).into_owned()))
 }
 
 /// `redis_url`: a URL, or a list of cluster nodes. From the environment a list is written as a TOML
