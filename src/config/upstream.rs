@@ -277,18 +277,16 @@ fn replicas(
 }
 
 fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<String>> {
-    let example = "\"origin.example.com\"";
-    let host_header = v.parsed(&at.key("host_header"), &r.host_header, example, |text| {
-        match split_host_port(text) {
-            // A validated host and port are header-safe ASCII.
-            Ok(_) => Ok(text.to_owned()),
-            Err(e) => wrong(
-                format!("{text:?} is not a host[:port]: {e}"),
-                "write a host with an optional port, e.g. host_header = \"files.example.com\"",
-            ),
-        }
-    });
-    host_header.opt()
+    let host_port = |text: &str| match split_host_port(text) {
+        // A validated host and port are header-safe ASCII.
+        Ok(_) => Ok(text.to_owned()),
+        Err(e) => wrong(
+            format!("{text:?} is not a host[:port]: {e}"),
+            "write a host with an optional port, e.g. host_header = \"files.example.com\"",
+        ),
+    };
+    read! { v, at, r; host_header: parsed("\"origin.example.com\"", host_port).opt(); }
+    host_header
 }
 
 fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
@@ -326,7 +324,7 @@ fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https_host: Option<&Hos
         refuse!(v, at, r: ca_file, insecure_skip_verify, sni; "applies to https:// urls only", fix);
         return Some(Tls::default());
     }
-    let ca_file = v.parsed(&at.key("ca_file"), &r.ca_file, "\"/etc/rangeway/ca.pem\"", |file| {
+    let ca_bundle = |file: &str| {
         // CA bundles are a few hundred KiB; the cap only stops a mistyped path to a huge file
         // from being read whole.
         let problem = match read_small_file(file, 16 << 20) {
@@ -337,24 +335,23 @@ fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https_host: Option<&Hos
             Ok(_) => return Ok(PathBuf::from(file)),
         };
         wrong(problem, "point ca_file at a readable PEM file of CA certificates")
-    });
-    let insecure_skip_verify = v.boolean(&at.key("insecure_skip_verify"), &r.insecure_skip_verify);
-    let sni =
-        v.parsed(&at.key("sni"), &r.sni, "\"origin.example.com\"", |text| {
-            match Host::parse(text) {
-                Ok(Host::Name(name)) => Ok(name),
-                Ok(_) => wrong(
-                    format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
-                    "use a DNS name, or remove sni to send none",
-                ),
-                Err(e) => wrong(
-                    format!("{text:?} is not a DNS name: {e}"),
-                    "write a DNS name, e.g. sni = \"origin.example.com\"",
-                ),
-            }
-        });
-    let (ca_file, insecure_skip_verify, sni) =
-        (ca_file.opt(), insecure_skip_verify.or(false), sni.opt());
+    };
+    let dns_name = |text: &str| match Host::parse(text) {
+        Ok(Host::Name(name)) => Ok(name),
+        Ok(_) => wrong(
+            format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
+            "use a DNS name, or remove sni to send none",
+        ),
+        Err(e) => wrong(
+            format!("{text:?} is not a DNS name: {e}"),
+            "write a DNS name, e.g. sni = \"origin.example.com\"",
+        ),
+    };
+    read! { v, at, r;
+        ca_file: parsed("\"/etc/rangeway/ca.pem\"", ca_bundle).opt();
+        insecure_skip_verify: boolean().or(false);
+        sni: parsed("\"origin.example.com\"", dns_name).opt();
+    }
     complete! { Tls { ca_file, insecure_skip_verify, sni } }
 }
 
