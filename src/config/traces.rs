@@ -91,7 +91,8 @@ pub(super) fn check_log(v: &mut Ctx<'_>, raw: &Raw<RawLog>) -> Option<LogConfig>
     let at = Path::default().key("log");
     let r = v.table(&at, raw, "[log] with format = \"json\"")?;
     let formats = [("text", LogFormat::Text), ("json", LogFormat::Json)];
-    let fix = "use \"text\" (key=value lines) or \"json\" (one object per line)";
-    read! { v, at, r; format: choice("\"json\"", &formats, "a log format", fix).or(LogFormat::Text); }
+    let (what, fix) =
+        ("a log format", "use \"text\" (key=value lines) or \"json\" (one object per line)");
+    read! { v, at, r; format: choice("\"json\"", &formats, what, fix).or(LogFormat::Text); }
     complete! { LogConfig { format } }
 }
