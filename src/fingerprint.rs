@@ -6,6 +6,13 @@ use cmac::Cmac;
 use hmac::{Hmac, KeyInit as _, Mac as _};
 use sha2::{Digest, Sha256};
 
+use crate::values::secret::Secret;
+use crate::values::small_file::read_small_file;
+use crate::values::{Problem, wrong};
+
+/// A configured download id key shorter than this could be guessed from the ids it derives.
+pub const MIN_KEY_LEN: usize = 32;
+
 /// The first `bytes` bytes (at most 32) of the SHA-256 of `parts`, as lower-case hex.
 ///
 /// Parts are separated by a 0 byte, so `["ab", "c"]` and `["a", "bc"]` differ (parts here never
@@ -19,6 +26,24 @@ pub fn digest<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> [u8; 32] {
     let mut hash = Sha256::new();
     feed(parts, |part| hash.update(part));
     hash.finalize().into()
+}
+
+/// The key held in a file (`id_key_file`): a line of printable ASCII, one trailing newline
+/// allowed. Its content is never shown.
+pub(crate) fn read_key_file(file: &str) -> Result<Secret, Problem> {
+    let fix = "write a key of 32 or more printable characters into it, e.g. \
+               `openssl rand -hex 32 > FILE`, the same file for every instance";
+    // A key file larger than 4 KiB is a wrong path.
+    let bytes = read_small_file(file, 4096).or_else(|problem| wrong(problem, fix))?;
+    let text = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
+    let text = text.strip_suffix(b"\r").unwrap_or(text);
+    if text.len() < MIN_KEY_LEN || !text.iter().all(u8::is_ascii_graphic) {
+        let problem = format!(
+            "{file:?} does not hold a key of {MIN_KEY_LEN} or more printable characters without spaces"
+        );
+        return wrong(problem, fix);
+    }
+    Ok(Secret::new(String::from_utf8_lossy(text).into_owned()))
 }
 
 /// A secret key for fingerprints only its holder can make: download ids derived from what a

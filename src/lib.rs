@@ -26,3 +26,4 @@ pub mod state;
 pub mod telemetry;
 pub mod tls;
 pub mod traces;
+pub mod values;

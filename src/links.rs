@@ -32,6 +32,8 @@ use sha2::Sha256;
 use zeroize::Zeroizing;
 
 use crate::ip_net::IpNet;
+use crate::values::Problem;
+use crate::values::secret::KeyFile;
 
 /// The query parameters of a signed link. All begin with `rw-`, which is how they are told from
 /// the origin's own parameters (and never forwarded to it).
@@ -43,6 +45,8 @@ pub const ID: &str = "rw-id";
 const PREFIX: &str = "rw-";
 
 const CONTEXT: &str = "rangeway-link-v2";
+/// Shorter than this, a link key could be guessed.
+const MIN_KEY_LEN: usize = 32;
 /// The first format's: links signed before the query was.
 const CONTEXT_V1: &str = "rangeway-link-v1";
 
@@ -68,6 +72,32 @@ impl LinkKeys {
         let newest = keys.last()?.0.clone();
         let keys = keys.into_iter().map(|(id, key)| (id, Zeroizing::new(key.to_owned())));
         Some(Self { keys: keys.collect(), newest })
+    }
+
+    /// The keys of a route's `keys_file`: a `KEY_ID SECRET` line each, the newest last.
+    pub(crate) fn read_file(file: &str) -> Result<Self, Problem> {
+        let kind = KeyFile {
+            pair: "a `KEY_ID SECRET`",
+            fix: "write one `KEY_ID SECRET` pair per line, the newest last (e.g. \
+                  `echo \"$(date +%Y-%m) $(openssl rand -hex 32)\" >> FILE`)",
+            unreadable_fix: "point keys_file at a readable file of link keys",
+            check: |id, secret| {
+                if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+                    Some("has a key id of other than letters, digits, '-', '_' and '.'".to_owned())
+                } else if secret.len() < MIN_KEY_LEN
+                    || !secret.bytes().all(|b| b.is_ascii_graphic())
+                {
+                    Some(format!("has a secret of fewer than {MIN_KEY_LEN} printable characters"))
+                } else {
+                    None
+                }
+            },
+        };
+        let keys = kind.read(file)?;
+        let newest = keys.last().map(|(id, _)| id.clone()).unwrap_or_default();
+        let keys = keys.into_iter().map(|(id, key)| (id, Zeroizing::new(key.expose().to_owned())));
+        // A key file holds at least one key, so there is a newest one.
+        Ok(Self { keys: keys.collect(), newest })
     }
 
     /// The id of the key `rangeway sign` uses.

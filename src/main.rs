@@ -231,7 +231,7 @@ fn sign(config: &Config, request: &SignRequest) -> Result<String, String> {
     use rangeway::request_path::NormalizedPath;
     let path = NormalizedPath::parse(&request.path)
         .map_err(|e| format!("{}: {e} — give the path clients ask for", request.path))?;
-    let lifetime = rangeway::config::parse_duration(&request.expires_in)
+    let lifetime = rangeway::values::units::parse_duration(&request.expires_in)
         .map_err(|e| format!("--expires-in {}: {e}", request.expires_in))?;
     let host = request.host.as_deref().map(str::to_ascii_lowercase);
     let route = config

@@ -20,13 +20,13 @@ use pingora_core::protocols::http::ServerSession;
 use serde_json::{Value, json};
 
 use crate::cache::{Selection, SliceCache};
-use crate::config::AdminToken;
 use crate::representation::current_digests;
 use crate::request_path::NormalizedPath;
 use crate::routes::{Route, RouteSwitch};
 use crate::state::{DownloadSession, StateStore, unix_now};
 use crate::telemetry::live::LiveResponses;
 use crate::telemetry::metrics::Metrics;
+use crate::values::secret::AdminToken;
 
 /// Most downloads one `/v1/downloads` page lists.
 const MAX_PAGE: usize = 1000;

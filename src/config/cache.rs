@@ -2,24 +2,21 @@
 
 use std::path::PathBuf;
 
-use super::check::{Ctx, complete, wrong};
+use super::check::{Ctx, complete, read, wrong};
 use super::raw::{Raw, RawCache, RawRouteCache};
 use super::source::Path;
 
-/// Without `max_entries`, one entry (a file or a folder) for each 64 KiB of `max_size`: a slice
-/// of the default size is one entry for 4 MiB, so a cache of large objects never meets the bound,
-/// while one of many small objects (three entries each: a folder, its metadata, a slice) meets
-/// it before `max_size` — which bounds the cache's inodes and rangeway's memory for its index.
+/// Without `max_entries`, one entry per 64 KiB of `max_size`: a cache of large objects never meets
+/// it, while one of many small objects (a folder, metadata and a slice each) meets it before
+/// `max_size`, which bounds the cache's inodes and the memory of its index.
 const BYTES_PER_ENTRY: u64 = 64 << 10;
-/// Room for a few objects' folders, metadata and slices; at most 2³², past which a number is a
-/// mistake.
+/// Room for a few objects; past 2³² a number is a mistake.
 const ENTRIES: std::ops::RangeInclusive<u64> = 64..=1 << 32;
 
-/// `[cache]`: present when the section is. docs/configuration.md describes each key.
+/// `[cache]`; docs/configuration.md describes each key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CacheConfig {
-    /// Created at start when missing.
     pub dir: PathBuf,
     /// Bytes on disk, as `du` counts them.
     pub max_size: u64,
@@ -33,18 +30,18 @@ pub struct CacheConfig {
 #[non_exhaustive]
 pub struct RouteCache {
     pub revalidate: Revalidate,
-    /// Whether the answers to requests carrying `Authorization` may be stored and served (they
-    /// are for one client unless the route says so; RFC 9111 §3.5 lets the origin say so too).
+    /// Whether answers to requests with `Authorization` may be stored and served: they are for
+    /// one client unless the route (or the origin, RFC 9111 §3.5) says otherwise.
     pub authorized: bool,
 }
 
 /// When a stored response is validated with the origin before it is served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Revalidate {
-    /// When RFC 9111 says it must be: once it is stale, or when it or the request says `no-cache`.
+    /// When RFC 9111 says so: once stale, or on `no-cache`.
     #[default]
     Rfc9111,
-    /// Also at the start of every new download (a request that resumes no download session).
+    /// Also at the start of every new download.
     EachDownload,
 }
 
@@ -52,34 +49,28 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Opti
     let Some(raw) = raw else { return Some(None) };
     let at = Path::default().key("cache");
     let r = v.table(&at, raw, "[cache] with dir = \"/var/cache/rangeway\"")?;
-    let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
-    let dir = match &r.dir {
-        Some(value) => v
-            .parsed(&at.key("dir"), value, "\"/var/cache/rangeway\"", |dir| {
-                match std::fs::metadata(dir) {
-                    _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
-                    Ok(meta) if !meta.is_dir() => {
-                        wrong(format!("{dir:?} exists but is not a directory"), fix)
-                    }
-                    // A folder that cannot be written is found at start, and turns the cache off
-                    // rather than the server: downloads go on from the origin.
-                    _ => Ok(PathBuf::from(dir)),
+    let fix = "add dir = \"/var/cache/rangeway\" (a folder rangeway may write), or remove [cache]";
+    let dir = v.required(&at.key("dir"), r.dir.as_ref(), fix).and_then(|value| {
+        let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
+        let dir = v.parsed(&at.key("dir"), value, "\"/var/cache/rangeway\"", |dir| {
+            match std::fs::metadata(dir) {
+                _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
+                Ok(meta) if !meta.is_dir() => {
+                    wrong(format!("{dir:?} exists but is not a directory"), fix)
                 }
-            })
-            .ok(),
-        None => {
-            let fix = "add dir = \"/var/cache/rangeway\" (a folder rangeway may write), or remove [cache]";
-            v.fail(&at.key("dir"), "is missing", fix)
-        }
-    };
-    // At least a few slices; at most 1 PiB, past which a number is a mistake.
-    let max_size =
-        v.size(&at.key("max_size"), &r.max_size, 16 << 20..=1 << 50, "\"10GiB\"").or(10 << 30);
-    // Smaller slices cost a file and an origin request each for little; larger ones make a cold
-    // small range fetch more than it needs.
-    let slice_size =
-        v.size(&at.key("slice_size"), &r.slice_size, 1 << 20..=8 << 20, "\"4MiB\"").or(4 << 20);
-    let max_entries = v.integer(&at.key("max_entries"), &r.max_entries, ENTRIES, "100000").opt();
+                // One that cannot be written turns the cache off at start, not the server.
+                _ => Ok(PathBuf::from(dir)),
+            }
+        });
+        dir.ok()
+    });
+    // At least a few slices, at most 1 PiB. Smaller slices cost a file and an origin request each
+    // for little; larger ones make a cold small range fetch more than it needs.
+    read! { v, at, r;
+        max_size: size(16 << 20..=1 << 50, "\"10GiB\"").or(10 << 30);
+        slice_size: size(1 << 20..=8 << 20, "\"4MiB\"").or(4 << 20);
+        max_entries: integer(ENTRIES, "100000").opt();
+    }
     let (dir, max_size, slice_size, max_entries) = (dir?, max_size?, slice_size?, max_entries?);
     let max_entries =
         max_entries.unwrap_or((max_size / BYTES_PER_ENTRY).clamp(*ENTRIES.start(), *ENTRIES.end()));
@@ -96,15 +87,11 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Opti
 /// A route's `cache` table.
 pub(super) fn route(v: &mut Ctx<'_>, at: &Path, r: &RawRouteCache) -> Option<RouteCache> {
     let policies = [("rfc9111", Revalidate::Rfc9111), ("each-download", Revalidate::EachDownload)];
-    let revalidate =
-        v.choice(&at.key("revalidate"), &r.revalidate, "\"each-download\"", &policies, |other| {
-            (
-                format!("{other:?} is not a revalidation policy"),
-                "use \"rfc9111\" (when the response's freshness says) or \"each-download\""
-                    .to_owned(),
-            )
-        });
-    let revalidate = revalidate.or(Revalidate::Rfc9111);
-    let authorized = v.boolean(&at.key("authorized"), &r.authorized).or(false);
+    let (example, what) = ("\"each-download\"", "a revalidation policy");
+    let fix = "use \"rfc9111\" (when the response's freshness says) or \"each-download\"";
+    read! { v, at, r;
+        revalidate: choice(example, &policies, what, fix).or(Revalidate::Rfc9111);
+        authorized: boolean().or(false);
+    }
     complete! { RouteCache { revalidate, authorized } }
 }

@@ -1,6 +1,5 @@
-//! Each route's middleware entries built into a [`Chain`] by the stage registry: the last step of
-//! validation, so a bad option or an impossible order is reported with the other problems,
-//! before anything listens.
+//! Each route's middleware built into a [`Chain`] by the stage registry: the last step of
+//! validation, so that a bad option or an impossible order is reported with the other problems.
 
 use std::collections::BTreeMap;
 
@@ -12,14 +11,12 @@ use rangeway_middleware::chain::{
 use super::check::Ctx;
 use super::source::Path;
 
-/// A middleware entry as written: its kind is known to the stage registry (checked at load time),
-/// its options are left for that stage to parse.
+/// A middleware entry as written: a kind the registry has, and options left for its stage.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct MiddlewareSpec {
     pub kind: String,
-    /// Every key of the entry but `kind`. Each value's origin names the config file or the
-    /// environment variable that set it.
+    /// Every key but `kind`, each value's origin naming the file or the variable that set it.
     pub options: BTreeMap<String, ::config::Value>,
     /// Where the entry is, for the stage's own errors: `routes[1].middleware[0]`.
     pub path: String,
@@ -30,15 +27,12 @@ pub(super) type StageProblem = (Path, String, String);
 
 /// Reports what is wrong with the middleware of the route at `route`.
 pub(super) fn check(v: &mut Ctx<'_>, route: &Path, specs: &[MiddlewareSpec]) {
-    if let Err(problems) = chain(v.stages, route, specs) {
-        for (at, problem, fix) in problems {
-            v.report(&at, problem, fix);
-        }
+    for (at, problem, fix) in chain(v.stages, route, specs).err().unwrap_or_default() {
+        v.report(&at, problem, fix);
     }
 }
 
-/// The chain `registry` builds from the middleware of the route at `route`, or every problem
-/// with it.
+/// The chain `registry` builds of the route's middleware, or every problem with it.
 pub(super) fn chain(
     registry: &StageRegistry,
     route: &Path,
@@ -46,14 +40,11 @@ pub(super) fn chain(
 ) -> Result<Chain, Vec<StageProblem>> {
     let at = route.key("middleware");
     let mut problems = Vec::new();
-    let mut options = Vec::with_capacity(specs.len());
-    for (index, spec) in specs.iter().enumerate() {
-        let mut stage = StageOptions::new();
+    let mut options = vec![StageOptions::new(); specs.len()];
+    for ((index, spec), stage) in specs.iter().enumerate().zip(&mut options) {
         for (key, value) in &spec.options {
             match option_value(value) {
-                Some(value) => {
-                    stage.insert(key.clone(), value);
-                }
+                Some(value) => _ = stage.insert(key.clone(), value),
                 None => problems.push((
                     at.index(index).key(key),
                     "is a table, which no stage option takes".to_owned(),
@@ -61,28 +52,28 @@ pub(super) fn chain(
                 )),
             }
         }
-        options.push(stage);
     }
     let stages = specs.iter().zip(&options).map(|(spec, options)| (spec.kind.as_str(), options));
-    match registry.build_chain(stages) {
+    let found = match registry.build_chain(stages) {
         Ok(chain) if problems.is_empty() => return Ok(chain),
-        Ok(_) => {}
-        Err(found) => problems.extend(found.into_iter().map(|error| match error {
-            // A stage's message is `problem — fix` when it has a fix.
-            StageConfigError::Option { index, error } => {
-                let (problem, fix) = error
-                    .message()
-                    .split_once(" — ")
-                    .unwrap_or((error.message(), "see the stage's options in the README"));
-                (option_path(&at.index(index), error.key()), problem.to_owned(), fix.to_owned())
-            }
-            other => (
-                at.clone(),
-                other.to_string(),
-                "reorder the stages: checksums before encryption, encryption last".to_owned(),
-            ),
-        })),
-    }
+        Ok(_) => Vec::new(),
+        Err(found) => found,
+    };
+    problems.extend(found.into_iter().map(|error| match error {
+        // A stage's message is `problem — fix` when it has a fix.
+        StageConfigError::Option { index, error } => {
+            let message = error.message();
+            let (problem, fix) = message
+                .split_once(" — ")
+                .unwrap_or((message, "see the stage's options in the README"));
+            (option_path(&at.index(index), error.key()), problem.to_owned(), fix.to_owned())
+        }
+        other => (
+            at.clone(),
+            other.to_string(),
+            "reorder the stages: checksums before encryption, encryption last".to_owned(),
+        ),
+    }));
     Err(problems)
 }
 
@@ -96,12 +87,13 @@ fn option_path(stage: &Path, key: &str) -> Path {
 }
 
 fn option_value(value: &Value) -> Option<OptionValue> {
+    let int = |n: Option<i64>| OptionValue::Int(n.unwrap_or(i64::MAX));
     Some(match &value.kind {
         ValueKind::Boolean(b) => OptionValue::Bool(*b),
         ValueKind::I64(i) => OptionValue::Int(*i),
-        ValueKind::U64(u) => OptionValue::Int(i64::try_from(*u).unwrap_or(i64::MAX)),
-        ValueKind::I128(i) => OptionValue::Int(i64::try_from(*i).unwrap_or(i64::MAX)),
-        ValueKind::U128(u) => OptionValue::Int(i64::try_from(*u).unwrap_or(i64::MAX)),
+        ValueKind::U64(u) => int(i64::try_from(*u).ok()),
+        ValueKind::I128(i) => int(i64::try_from(*i).ok()),
+        ValueKind::U128(u) => int(i64::try_from(*u).ok()),
         ValueKind::Float(f) => OptionValue::Float(*f),
         ValueKind::String(s) => OptionValue::Str(s.clone()),
         ValueKind::Array(items) => {

@@ -4,18 +4,20 @@
 
 use std::borrow::Cow;
 use std::fmt::Display;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use ::config::{Value, ValueKind};
 use rangeway_middleware::chain::StageRegistry;
+use serde::de::DeserializeOwned;
 
 use super::errors::ConfigError;
 pub(super) use super::errors::{Problem, wrong};
 use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
-use super::units::{self, UnitError};
+use crate::values::listen_addr;
+use crate::values::units::{self, UnitError};
 
 /// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
 /// struct is never built of a value that was reported.
@@ -27,6 +29,28 @@ macro_rules! complete {
     (@ $field:ident, $value:expr) => { $value };
 }
 pub(super) use complete;
+
+/// Reads keys of the raw table `$r` at `$at`, each bound to its own name: the [`Ctx`] reader
+/// named, given the key's path and value and then the arguments (bounds, example), and what
+/// follows (`.or(default)`, `.opt()`). One line a key: its bounds and default in one table.
+macro_rules! read {
+    ($v:ident, $at:expr, $r:ident; $($key:ident: $reader:ident($($arg:expr),*)
+        $(.$then:ident($($then_arg:expr),*))*;)*) => {
+        $(let $key = $v.$reader(&$at.key(stringify!($key)), &$r.$key, $($arg),*)
+            $(.$then($($then_arg),*))*;)*
+    };
+}
+pub(super) use read;
+
+/// A value of a raw table: `None` when the key is not written.
+pub(super) type Field<'v> = Option<&'v Value>;
+
+pub(super) const fn secs(seconds: u64) -> Duration {
+    Duration::from_secs(seconds)
+}
+
+pub(super) const MS: Duration = Duration::from_millis(1);
+pub(super) const DAY: u64 = 24 * 3600;
 
 /// State of one validation pass.
 pub(super) struct Ctx<'a> {
@@ -194,11 +218,41 @@ impl<'a> Ctx<'a> {
         self.bad(at, problem, format!("write {} = {example}", at.last_key()))
     }
 
+    /// What `check` makes of the table (or value) at `at` when it is written; `Some(None)` when
+    /// it is not.
+    pub(super) fn nested<R, T>(
+        &mut self,
+        at: &Path,
+        raw: &Option<R>,
+        check: impl FnOnce(&mut Self, &Path, &R) -> Option<T>,
+    ) -> Option<Option<T>> {
+        checked(raw.as_ref(), |raw| check(self, at, raw))
+    }
+
+    /// A key that is `true` (`T`'s defaults), `false` (off) or a table for `table` to check; `on`
+    /// when it is not written. From a variable, the bare word.
+    pub(super) fn switch<T: Default, R: DeserializeOwned + Keys>(
+        &mut self,
+        at: &Path,
+        value: &Option<Value>,
+        on: bool,
+        example: &str,
+        table: impl FnOnce(&mut Self, &Path, &R) -> Option<T>,
+    ) -> Option<Option<T>> {
+        let Some(value) = value else { return Some(on.then(T::default)) };
+        if matches!(value.kind, ValueKind::Boolean(_)) || self.set_by_env(at) {
+            return self.boolean(at, value).ok().map(|on| on.then(T::default));
+        }
+        let raw = Raw::<R>::from(value.clone());
+        let read = self.table(at, &raw, example)?;
+        table(self, at, read).map(Some)
+    }
+
     /// A string; `example` (TOML syntax, quotes included) is shown when it is something else.
     pub(super) fn string<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
     ) -> Got<String> {
         match value.into() {
@@ -212,7 +266,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn parsed<'v, T>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
         parse: impl FnOnce(&str) -> Result<T, Problem>,
     ) -> Got<T> {
@@ -220,11 +274,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// `true` or `false`; from a variable, the bare word.
-    pub(super) fn boolean<'v>(
-        &mut self,
-        at: &Path,
-        value: impl Into<Option<&'v Value>>,
-    ) -> Got<bool> {
+    pub(super) fn boolean<'v>(&mut self, at: &Path, value: impl Into<Field<'v>>) -> Got<bool> {
         let Some(value) = value.into() else { return Got::Absent };
         match &value.kind {
             ValueKind::Boolean(on) => Got::Good(*on),
@@ -241,7 +291,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn integer<'v, T>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         range: RangeInclusive<T>,
         example: &str,
     ) -> Got<T>
@@ -274,7 +324,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn ratio<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
     ) -> Got<f64> {
         let Some(value) = value.into() else { return Got::Absent };
@@ -297,7 +347,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn duration<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         range: RangeInclusive<Duration>,
     ) -> Got<Duration> {
         let Some(value) = value.into() else { return Got::Absent };
@@ -326,7 +376,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn size<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         range: RangeInclusive<u64>,
         example: &str,
     ) -> Got<u64> {
@@ -349,18 +399,20 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// One of `choices` by its name; `refused` explains any other name.
+    /// One of `choices` by its name; any other is "not `what`", with `fix`.
     pub(super) fn choice<'v, T: Copy>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
         choices: &[(&str, T)],
-        refused: impl FnOnce(&str) -> Problem,
+        what: &str,
+        fix: &str,
     ) -> Got<T> {
         self.parsed(at, value, example, |name| {
             let known = choices.iter().find(|(known, _)| *known == name);
-            known.map(|&(_, choice)| choice).ok_or_else(|| refused(name))
+            let refused = || (format!("{name:?} is not {what}"), fix.to_owned());
+            known.map(|&(_, choice)| choice).ok_or_else(refused)
         })
     }
 
@@ -369,7 +421,7 @@ impl<'a> Ctx<'a> {
     pub(super) fn strings<'v, T>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         item: &str,
         example: &str,
         parse: impl Fn(&str) -> Result<T, Problem>,
@@ -391,35 +443,14 @@ impl<'a> Ctx<'a> {
         all.map_or(Got::Bad, Got::Good)
     }
 
-    /// A socket address to listen on: an IP literal and a port. Host names are refused, because
-    /// which address a name resolves to at boot is not something a listener should leave to chance.
+    /// A socket address to listen on (`crate::values::listen_addr`).
     pub(super) fn socket_addr<'v>(
         &mut self,
         at: &Path,
-        value: impl Into<Option<&'v Value>>,
+        value: impl Into<Field<'v>>,
         example: &str,
     ) -> Got<SocketAddr> {
-        self.parsed(at, value, &format!("\"{example}\""), |text| {
-            let text = text.trim();
-            if let Ok(addr) = text.parse::<SocketAddr>() {
-                return Ok(addr);
-            }
-            let ip_and_port = text.rsplit_once(':').filter(|(ip, port)| {
-                ip.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok()
-                    && !port.is_empty()
-                    && port.bytes().all(|b| b.is_ascii_digit())
-            });
-            if let Some((_, port)) = ip_and_port {
-                wrong(format!("port {port} is out of range"), "use a port from 0 to 65535 (0 picks a free one)")
-            } else if text.parse::<IpAddr>().is_ok() {
-                wrong(format!("{text:?} has no port"), format!("add a port, e.g. \"{text}:8080\" (IPv6: \"[{text}]:8080\")"))
-            } else {
-                wrong(
-                    format!("{text:?} is not a socket address"),
-                    format!("write an IP address and a port, e.g. \"{example}\" or \"[::1]:8080\"; host names are not resolved"),
-                )
-            }
-        })
+        self.parsed(at, value, &format!("\"{example}\""), |text| listen_addr::parse(text, example))
     }
 }
 
@@ -476,53 +507,8 @@ pub(super) fn suggest<'c>(
     let limit = (word.chars().count() / 3).max(1);
     candidates
         .into_iter()
-        .map(|c| (edit_distance(&word.to_lowercase(), &c.to_lowercase()), c))
+        .map(|c| (strsim::levenshtein(&word.to_lowercase(), &c.to_lowercase()), c))
         .filter(|&(d, _)| d <= limit)
         .min_by_key(|&(d, _)| d)
         .map(|(_, c)| c)
-}
-
-/// Levenshtein distance over chars, in O(len(b)) memory.
-pub(super) fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = if ca == cb { diagonal } else { 1 + diagonal.min(above).min(row[j]) };
-            diagonal = above;
-        }
-    }
-    row[b.len()]
-}
-
-/// The contents of a small file a config value names (a CA bundle, a key file), or what is wrong
-/// with it. Only regular files: a FIFO without a writer would block the load forever, and a device
-/// such as `/dev/zero` has no end. Read through `take`, as a file may grow.
-pub(super) fn read_small_file(file: &str, max_len: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    match std::fs::metadata(file) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(format!("{file:?} does not exist"));
-        }
-        Err(e) => return Err(format!("{file:?} cannot be inspected: {e}")),
-        Ok(meta) if !meta.is_file() => return Err(format!("{file:?} is not a regular file")),
-        Ok(_) => {}
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(file)
-        .and_then(|f| f.take(max_len + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("{file:?} cannot be read: {e}"))?;
-    if bytes.len() as u64 > max_len {
-        return Err(format!("{file:?} is larger than {} KiB", max_len / 1024));
-    }
-    Ok(bytes)
-}
-
-/// A credentials or key file: small (at most 1 MiB), regular, UTF-8.
-pub(super) fn read_text(file: &str) -> Result<String, String> {
-    let bytes = read_small_file(file, 1 << 20)?;
-    String::from_utf8(bytes).map_err(|_| format!("{file:?} is not UTF-8 text"))
 }

@@ -1,24 +1,15 @@
 //! rangeway's configuration: a TOML file, overridden by `RANGEWAY__SECTION__KEY` environment
 //! variables, checked in one pass that reports every problem with its key path, its fix and where
-//! the value is (its line and column, or the variable that set it). docs/configuration.md is the
-//! reference for users; this is how the loader is built:
-//!
-//! - `source.rs`: the `config` crate layers the file and the overrides (each variable resolved
-//!   against the file's keys ignoring case, a numeric segment naming an existing array element);
-//!   what is kept of them tells a problem which variable set a value or where in the file it is.
-//! - `raw.rs`: serde-derived raw structs of every table, each value kept as written, so that
-//!   deserialising never stops at a bad value.
-//! - `check.rs` and a file per section: the validation pass making the typed [`Config`], only ever
-//!   built when every value is good and every reference (route -> upstream) resolves.
-//!
-//! No error repeats a Redis URL, a URL with credentials or any secret; [`RedisUrl`], [`Secret`]
-//! and [`AdminToken`] redact themselves in `Debug`.
+//! the value is. docs/configuration.md is the reference for users. `source.rs` layers the sources
+//! with the `config` crate and keeps where each value came from; `raw.rs` holds serde-derived raw
+//! structs that take any value, so that deserialising never stops at a bad one; `check.rs` and a
+//! file per section make the typed [`Config`], only ever built when everything is good. No error
+//! repeats a URL with credentials or a secret.
 
 mod cache;
 mod chains;
 mod check;
 mod errors;
-mod host;
 mod raw;
 mod route;
 mod secret;
@@ -27,7 +18,6 @@ mod source;
 mod state;
 mod tls;
 mod traces;
-mod units;
 mod upstream;
 
 use std::collections::BTreeMap;
@@ -39,12 +29,10 @@ pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::{Count, DownloadLimits, RateLimit, RouteConfig, SignedLinks, UpstreamResume};
-pub use secret::{S3ClientKeys, S3Credentials, Secret};
-pub use server::{AdminToken, ClientLimits, ServerConfig};
-pub use state::{IdKeySource, RedisTarget, RedisUrl, StateBackend, StateConfig};
+pub use server::{ClientLimits, ServerConfig};
+pub use state::{IdKeySource, RedisTarget, StateBackend, StateConfig};
 pub use tls::{TlsCertificate, TlsConfig};
 pub use traces::{LogConfig, LogFormat, TracesConfig};
-pub use units::{UnitError, parse_duration, parse_size};
 pub use upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
 };
@@ -61,50 +49,43 @@ pub const DEFAULT_TOML: &str = include_str!("../../config/default.toml");
 /// A config file larger than this is certainly a wrong path (a log, a disk image).
 const MAX_FILE_LEN: u64 = 4 << 20;
 
-/// A validated configuration.
+/// A validated configuration: the optional sections are `None` when absent (traces off).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Config {
     pub server: ServerConfig,
     pub state: StateConfig,
-    /// `[cache]`, when there is one.
     pub cache: Option<CacheConfig>,
-    /// `[tls]`, when there is one.
     pub tls: Option<TlsConfig>,
-    /// `[traces]`, when there is one: traces are off without it.
     pub traces: Option<TracesConfig>,
-    /// `[log]`.
     pub log: LogConfig,
-    /// By name.
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     /// In file order, at least one; no two share a host and a prefix.
     pub routes: Vec<RouteConfig>,
 }
 
 impl Config {
-    /// Loads the file at `path`, applies the `RANGEWAY__…` environment overrides and validates
-    /// the result, each route's middleware against what the stages of `stages` accept.
+    /// Loads the file at `path` with the environment overrides, each route's middleware checked
+    /// against what the stages of `stages` accept.
     ///
     /// # Errors
-    /// Every problem found: one naming the file when it cannot be read or is not TOML, else one
-    /// per bad key, value or reference.
+    /// One naming the file when it cannot be read or is not TOML, else every problem found.
     pub fn load(path: &Path, stages: &StageRegistry) -> Result<Self, ConfigErrors> {
         let name = path.display().to_string();
         let text = read_file(path)
-            .map_err(|(problem, fix)| ConfigErrors::one(ConfigError::new(&name, problem, fix)))?;
+            .map_err(|(problem, fix)| ConfigErrors(vec![ConfigError::new(&name, problem, fix)]))?;
         Self::from_sources(&text, &name, &Env::process(), stages)
     }
 
     /// Loads [`DEFAULT_TOML`] with the environment overrides: what runs when no file is given.
     ///
     /// # Errors
-    /// As [`Config::load`]; the default itself is valid, so only overrides can be at fault.
+    /// As [`Config::load`]; only overrides can be at fault.
     pub fn load_default(stages: &StageRegistry) -> Result<Self, ConfigErrors> {
         Self::from_sources(DEFAULT_TOML, "the embedded default config", &Env::process(), stages)
     }
 
-    /// Validates TOML text, without environment overrides. `admin_token_env` is still looked up in
-    /// the process environment, as that is where the token lives.
+    /// Validates TOML text without environment overrides (the `*_env` keys are still looked up).
     ///
     /// # Errors
     /// As [`Config::load`].
@@ -119,7 +100,7 @@ impl Config {
         stages: &StageRegistry,
     ) -> Result<Self, ConfigErrors> {
         let (raw, origins, errors) =
-            source::load::<Raw<RawConfig>>(text, name, env).map_err(ConfigErrors::one)?;
+            source::load::<Raw<RawConfig>>(text, name, env).map_err(|e| ConfigErrors(vec![e]))?;
         let mut v = Ctx::new(env, &origins, stages, name);
         let config = Self::check(&mut v, &raw);
         let errors = [errors, v.errors].concat();
@@ -127,12 +108,12 @@ impl Config {
             Some(config) if errors.is_empty() => Ok(config),
             // A check returns `None` after reporting why; should one ever not, the load must
             // still fail with something said rather than an empty list.
-            None if errors.is_empty() => Err(ConfigErrors::one(ConfigError::new(
+            None if errors.is_empty() => Err(ConfigErrors(vec![ConfigError::new(
                 name,
                 "was refused without a reason",
                 "report this as a bug of rangeway, with the config",
-            ))),
-            _ => Err(ConfigErrors::new(errors)),
+            )])),
+            _ => Err(ConfigErrors(errors)),
         }
     }
 
@@ -159,11 +140,9 @@ impl Config {
     /// The chain of every route, in route order, built by `registry`.
     ///
     /// # Errors
-    /// Every bad option of every stage, and every order of stages that cannot work, at once
-    /// (which a config loaded with the same registry has none of).
+    /// Every bad option and impossible order of stages (none, with the registry it was loaded by).
     pub fn build_chains(&self, registry: &StageRegistry) -> Result<Vec<Chain>, ConfigErrors> {
-        let mut chains = Vec::with_capacity(self.routes.len());
-        let mut errors = Vec::new();
+        let (mut chains, mut errors) = (Vec::with_capacity(self.routes.len()), Vec::new());
         for (index, route) in self.routes.iter().enumerate() {
             let at = KeyPath::default().key("routes").index(index);
             match chains::chain(registry, &at, &route.middleware) {
@@ -175,7 +154,7 @@ impl Config {
                 ),
             }
         }
-        if errors.is_empty() { Ok(chains) } else { Err(ConfigErrors::new(errors)) }
+        if errors.is_empty() { Ok(chains) } else { Err(ConfigErrors(errors)) }
     }
 }
 

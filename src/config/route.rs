@@ -4,55 +4,43 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use ::config::{Value, ValueKind};
+use ::config::Value;
 use http::HeaderName;
 
 use super::cache::{self, RouteCache};
 use super::chains::{self, MiddlewareSpec};
-use super::check::{Ctx, Problem, checked, complete, push, suggest, wrong};
-use super::host::split_host_port;
+use super::check::{Ctx, DAY, MS, Problem, complete, push, read, secs, suggest, wrong};
 use super::raw::{
-    Keys, Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
+    Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
 };
-use super::secret::{self, KeyFile, S3ClientKeys};
 use super::source::Path;
 use crate::links::LinkKeys;
+use crate::s3::credentials::S3ClientKeys;
+use crate::values::host::split_host_port;
 
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
-/// Shorter than this, a link key could be guessed.
-const MIN_LINK_KEY_LEN: usize = 32;
 /// The slowest rate worth shaping to, and the fastest worth naming (bytes per second).
 const RATES: std::ops::RangeInclusive<u64> = 1024..=(1 << 40);
-const DAY: u64 = 24 * 3600;
 
 /// One `[[routes]]`; docs/configuration.md describes each key and its default.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RouteConfig {
-    /// Matched against the request's host without its port; lower case (IPv6 in brackets).
-    /// `None` matches any host.
+    /// Lower case (IPv6 in brackets), matched without the port; `None` matches any host.
     pub host: Option<String>,
-    /// Starts with `/`; free of `..`, `//`, `%`, `\`, control characters and whitespace, so it can
-    /// be compared with a normalised request path byte for byte.
+    /// Normalised (no `..`, `//`, `%`, `\`, control characters or whitespace), so that it can be
+    /// compared with a normalised request path byte for byte.
     pub path_prefix: String,
-    /// The name of an upstream defined in `[upstreams]`.
+    /// The name of an upstream in `[upstreams]`.
     pub upstream: String,
     pub strip_prefix: bool,
     /// The stages, in order; empty for a passthrough route.
     pub middleware: Vec<MiddlewareSpec>,
-    /// When set, only requests signed (SigV4) with one of these keys are served.
     pub s3_client_keys: Option<S3ClientKeys>,
-    /// How long after a presigned URL expired a download begun with it may still resume.
     pub s3_presigned_grace: Duration,
-    /// On, with the defaults, unless `upstream_resume = false`.
     pub upstream_resume: Option<UpstreamResume>,
-    /// Let clients' `response-*` query parameters reach an S3 upstream. Off by default: any
-    /// client could otherwise make an object be served as, say, `text/html` inline from
-    /// rangeway's host.
     pub s3_response_overrides: bool,
-    /// `None`: the route does not use `[cache]`.
     pub cache: Option<RouteCache>,
-    /// When set, only signed links are served (`crate::links`).
     pub signed_links: Option<SignedLinks>,
     pub download_limits: Option<DownloadLimits>,
     pub rate_limit: Option<RateLimit>,
@@ -63,9 +51,7 @@ pub struct RouteConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UpstreamResume {
-    /// Continuations one response may use.
     pub attempts: u32,
-    /// The most time one response may spend waiting for continuations.
     pub deadline: Duration,
     /// The wait before the first continuation, doubled for each next one.
     pub backoff: Duration,
@@ -78,22 +64,20 @@ impl UpstreamResume {
 
 impl Default for UpstreamResume {
     fn default() -> Self {
-        Self { attempts: 5, deadline: Duration::from_secs(30), backoff: Duration::from_millis(100) }
+        Self { attempts: 5, deadline: secs(30), backoff: Duration::from_millis(100) }
     }
 }
 
-/// A route that serves only signed links (`crate::links`).
+/// A route that serves only signed links (`crate::links`); the key file's last line signs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SignedLinks {
-    /// By id; the file's last line signs new links.
     pub keys: LinkKeys,
-    /// How long after its link expired a download begun before may still resume.
     pub grace: Duration,
 }
 
-/// Concurrent-download limits of a route, each `None` for no limit; past one a new download is
-/// answered 429 before the origin is asked.
+/// Concurrent-download limits of a route, `None` for none; past one a new download is answered
+/// 429 before the origin is asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DownloadLimits {
@@ -102,31 +86,24 @@ pub struct DownloadLimits {
     pub count: Count,
 }
 
-/// What a download limit counts.
+/// What a download limit counts: a download once, however many ranged requests fetch its pieces
+/// at the same time (`aria2c -x16`), or every request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Count {
-    /// A download once, however many ranged requests fetch its pieces at the same time
-    /// (`aria2c -x16`).
     Download,
-    /// Every request.
     Request,
 }
 
-/// A route's bandwidth limits, in bytes per second. Bodies are paced in steps of at most 50 ms
-/// of the slowest rate that applies, so no 100 ms window carries more than twice the rate.
+/// A route's bandwidth limits, in bytes per second: per response (`rate`, after its first
+/// `after` bytes), per client address, per route; `origin_header` names a response field by
+/// which the origin may lower one response's rate, as nginx's `X-Accel-Limit-Rate`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RateLimit {
-    /// Each response.
     pub rate: Option<u64>,
-    /// The first bytes of each response that go out unshaped (a fast start).
     pub after: u64,
-    /// All of one client address's responses on the route together.
     pub per_client: Option<u64>,
-    /// All of the route's responses together, a fair share each.
     pub per_route: Option<u64>,
-    /// A response field by which the origin may lower one response's rate (never raise it above
-    /// `rate`), as nginx's `X-Accel-Limit-Rate`. Not sent to clients.
     pub origin_header: Option<HeaderName>,
 }
 
@@ -194,14 +171,13 @@ fn check_one(
     around: &RouteContext<'_>,
 ) -> (Option<(Option<String>, String)>, Option<RouteConfig>) {
     let Some(r) = v.table(at, raw, ROUTE_EXAMPLE) else { return (None, None) };
-    let key = |key: &str| at.key(key);
-    let path_prefix = match &r.path_prefix {
-        Some(value) => v.parsed(&key("path_prefix"), value, "\"/files/\"", check_path_prefix).ok(),
-        None => v.fail(&key("path_prefix"), "is missing", "add path_prefix = \"/files/\""),
-    };
-    let host = v.parsed(&key("host"), &r.host, "\"dl.example.com\"", route_host);
-    let host = host.opt();
-    let declared = around.declared;
+    let (key, declared) = (|key: &str| at.key(key), around.declared);
+    let fix = "add path_prefix = \"/files/\"";
+    let path_prefix = v.required(&key("path_prefix"), r.path_prefix.as_ref(), fix);
+    let path_prefix = path_prefix.and_then(|prefix| {
+        v.parsed(&key("path_prefix"), prefix, "\"/files/\"", check_path_prefix).ok()
+    });
+    read! { v, at, r; host: parsed("\"dl.example.com\"", route_host).opt(); }
     let upstream = match &r.upstream {
         Some(value) => {
             v.parsed(&key("upstream"), value, "\"origin\"", |name| upstream(name, declared)).ok()
@@ -214,34 +190,31 @@ fn check_one(
             v.fail(&key("upstream"), "is missing", fix)
         }
     };
-    let strip_prefix = v.boolean(&key("strip_prefix"), &r.strip_prefix).or(false);
+    read! { v, at, r; strip_prefix: boolean().or(false); }
     let middleware = middleware(v, at, r.middleware.as_ref());
-    let s3_client_keys = checked(r.s3_client_keys_file.as_ref(), |value| {
-        secret::read_client_keys(v, &key("s3_client_keys_file"), value)
-    });
-    let s3_presigned_grace = match (&r.s3_presigned_grace, &s3_client_keys) {
+    let example = "\"/etc/rangeway/s3-clients\"";
+    read! { v, at, r; s3_client_keys_file: parsed(example, S3ClientKeys::read_file).opt(); }
+    let s3_presigned_grace = match (&r.s3_presigned_grace, &s3_client_keys_file) {
         (Some(_), Some(None)) => v.fail(
             &key("s3_presigned_grace"),
             "has no effect without s3_client_keys_file",
             "add s3_client_keys_file, or remove this key",
         ),
         (value, _) => {
-            let range = Duration::ZERO..=Duration::from_secs(30 * DAY);
-            v.duration(&key("s3_presigned_grace"), value, range).or(Duration::from_secs(DAY))
+            let range = Duration::ZERO..=secs(30 * DAY);
+            v.duration(&key("s3_presigned_grace"), value, range).or(secs(DAY))
         }
     };
     // On unless a route turns it off: a body its origin breaks off is otherwise a broken
     // download, as through any other proxy.
     let example = "[routes.upstream_resume] with attempts = 5";
-    let upstream_resume =
-        switch(v, &key("upstream_resume"), &r.upstream_resume, true, example, resume);
-    let s3_response_overrides =
-        v.boolean(&key("s3_response_overrides"), &r.s3_response_overrides).or(false);
-    let signed_links =
-        checked(r.signed_links.as_ref(), |raw| signed_links(v, &key("signed_links"), raw));
-    let download_limits =
-        checked(r.download_limits.as_ref(), |raw| download_limits(v, &key("download_limits"), raw));
-    let rate_limit = checked(r.rate_limit.as_ref(), |raw| rate_limit(v, &key("rate_limit"), raw));
+    read! { v, at, r;
+        upstream_resume: switch(true, example, resume);
+        s3_response_overrides: boolean().or(false);
+        signed_links: nested(signed_links);
+        download_limits: nested(download_limits);
+        rate_limit: nested(rate_limit);
+    }
     let cache = match (&r.cache, around.cache) {
         (Some(_), false) => v.fail(
             &key("cache"),
@@ -253,10 +226,11 @@ fn check_one(
         (value, _) => {
             let folder = upstream.as_ref().is_some_and(|name| around.folders.contains(name));
             let example = "[routes.cache] with revalidate = \"each-download\"";
-            switch(v, &key("cache"), value, around.cache && !folder, example, cache::route)
+            v.switch(&key("cache"), value, around.cache && !folder, example, cache::route)
         }
     };
     let claim = host.clone().zip(path_prefix.clone());
+    let s3_client_keys = s3_client_keys_file;
     let route = (|| {
         complete! { RouteConfig {
             host, path_prefix, upstream, strip_prefix, middleware, s3_client_keys, s3_presigned_grace,
@@ -286,25 +260,22 @@ fn list(names: &BTreeSet<String>) -> String {
 }
 
 fn check_path_prefix(prefix: &str) -> Result<String, Problem> {
-    let problem = if !prefix.starts_with('/') {
-        "does not start with '/'"
-    } else if prefix.contains("..") {
-        "contains '..'"
-    } else if prefix.contains("//") {
-        "contains '//'"
-    } else if prefix.contains('%') {
-        "contains '%' (write the decoded character; requests are matched after decoding)"
-    } else if prefix.contains('\\') {
-        "contains '\\'"
-    } else if prefix.contains('\0') {
-        "contains a NUL character"
-    } else if prefix.split('/').any(|s| s == ".") {
-        "has a '.' segment"
-    } else if prefix.chars().any(|c| c.is_control() || c.is_whitespace() || c == '?' || c == '#') {
-        "contains whitespace, a control character, '?' or '#'"
-    } else if prefix.len() > 1024 {
-        "is longer than 1024 bytes"
-    } else {
+    let odd = |c: char| c.is_control() || c.is_whitespace() || c == '?' || c == '#';
+    let problem = [
+        (!prefix.starts_with('/'), "does not start with '/'"),
+        (prefix.contains(".."), "contains '..'"),
+        (prefix.contains("//"), "contains '//'"),
+        (
+            prefix.contains('%'),
+            "contains '%' (write the decoded character; requests are matched after decoding)",
+        ),
+        (prefix.contains('\\'), "contains '\\'"),
+        (prefix.contains('\0'), "contains a NUL character"),
+        (prefix.split('/').any(|s| s == "."), "has a '.' segment"),
+        (prefix.chars().any(odd), "contains whitespace, a control character, '?' or '#'"),
+        (prefix.len() > 1024, "is longer than 1024 bytes"),
+    ];
+    let Some((_, problem)) = problem.into_iter().find(|(wrong, _)| *wrong) else {
         return Ok(prefix.to_owned());
     };
     let fix = "write a normalised path that starts with '/', e.g. \"/files/\"";
@@ -326,33 +297,14 @@ fn upstream(name: &str, declared: Option<&BTreeSet<String>>) -> Result<String, P
     wrong(format!("no upstream named {name:?}"), fix)
 }
 
-/// A key that is `true` (`T`'s defaults), `false` (off) or a table for `table` to check; `on` when
-/// it is not written. From a variable, the bare word.
-pub(super) fn switch<T: Default, R: serde::de::DeserializeOwned + Keys>(
-    v: &mut Ctx<'_>,
-    at: &Path,
-    value: &Option<Value>,
-    on: bool,
-    example: &str,
-    table: impl FnOnce(&mut Ctx<'_>, &Path, &R) -> Option<T>,
-) -> Option<Option<T>> {
-    let Some(value) = value else { return Some(on.then(T::default)) };
-    if matches!(value.kind, ValueKind::Boolean(_)) || v.set_by_env(at) {
-        return v.boolean(at, value).ok().map(|on| on.then(T::default));
-    }
-    let raw = Raw::<R>::from(value.clone());
-    let read = v.table(at, &raw, example)?;
-    table(v, at, read).map(Some)
-}
-
 fn resume(v: &mut Ctx<'_>, at: &Path, r: &RawResume) -> Option<UpstreamResume> {
-    let defaults = UpstreamResume::default();
-    let attempts = v.integer(&at.key("attempts"), &r.attempts, 1..=100, "5").or(defaults.attempts);
-    let range = Duration::from_millis(1)..=Duration::from_secs(3600);
-    let deadline = v.duration(&at.key("deadline"), &r.deadline, range).or(defaults.deadline);
-    // The backoff doubles for each next continuation, up to this bound.
-    let range = Duration::ZERO..=Duration::from_secs(5);
-    let backoff = v.duration(&at.key("backoff"), &r.backoff, range).or(defaults.backoff);
+    let d = UpstreamResume::default();
+    // The backoff doubles for each next continuation, up to its bound.
+    read! { v, at, r;
+        attempts: integer(1..=100, "5").or(d.attempts);
+        deadline: duration(MS..=secs(3600)).or(d.deadline);
+        backoff: duration(Duration::ZERO..=secs(5)).or(d.backoff);
+    }
     complete! { UpstreamResume { attempts, deadline, backoff } }
 }
 
@@ -417,35 +369,15 @@ pub(super) fn kind_fix(known_kinds: &[&str], lead: &str) -> String {
     format!("{lead} one of: {}", kinds.join(", "))
 }
 
-/// `[routes.signed_links]`: `KEY_ID SECRET` lines, the newest last.
+/// `[routes.signed_links]`.
 fn signed_links(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawSignedLinks>) -> Option<SignedLinks> {
-    let r =
-        v.table(at, raw, "[routes.signed_links] with keys_file = \"/etc/rangeway/link-keys\"")?;
-    let fix = "add keys_file = \"/etc/rangeway/link-keys\" (lines of `KEY_ID SECRET`)";
-    let kind = KeyFile {
-        example: "\"/etc/rangeway/link-keys\"",
-        pair: "a `KEY_ID SECRET`",
-        fix: "write one `KEY_ID SECRET` pair per line, the newest last (e.g. \
-              `echo \"$(date +%Y-%m) $(openssl rand -hex 32)\" >> FILE`)",
-        unreadable_fix: "point keys_file at a readable file of link keys",
-        check: |id, secret| {
-            if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
-                Some("has a key id of other than letters, digits, '-', '_' and '.'".to_owned())
-            } else if secret.len() < MIN_LINK_KEY_LEN
-                || !secret.bytes().all(|b| b.is_ascii_graphic())
-            {
-                Some(format!("has a secret of fewer than {MIN_LINK_KEY_LEN} printable characters"))
-            } else {
-                None
-            }
-        },
-    };
+    let example = "\"/etc/rangeway/link-keys\"";
+    let r = v.table(at, raw, &format!("[routes.signed_links] with keys_file = {example}"))?;
+    let fix = format!("add keys_file = {example} (lines of `KEY_ID SECRET`)");
     let keys = v.required(&at.key("keys_file"), r.keys_file.as_ref(), fix);
-    let keys = keys.and_then(|value| secret::read_key_file(v, &at.key("keys_file"), value, &kind));
-    let range = Duration::ZERO..=Duration::from_secs(30 * DAY);
-    let grace = v.duration(&at.key("grace"), &r.grace, range).or(Duration::from_secs(DAY));
-    // A key file holds at least one key, so `LinkKeys::new` has a newest one.
-    let keys = LinkKeys::new(keys?.iter().map(|(id, secret)| (id.clone(), secret.expose())));
+    let keys = keys
+        .and_then(|file| v.parsed(&at.key("keys_file"), file, example, LinkKeys::read_file).ok());
+    read! { v, at, r; grace: duration(Duration::ZERO..=secs(30 * DAY)).or(secs(DAY)); }
     complete! { SignedLinks { keys, grace } }
 }
 
@@ -455,17 +387,14 @@ fn download_limits(
     raw: &Raw<RawDownloadLimits>,
 ) -> Option<DownloadLimits> {
     let r = v.table(at, raw, "[routes.download_limits] with per_client = 10")?;
-    let mut limit = |key: &str, value| v.integer(&at.key(key), value, 1..=1_000_000, "10").opt();
-    let (per_client, per_route) =
-        (limit("per_client", &r.per_client), limit("per_route", &r.per_route));
     let counts = [("download", Count::Download), ("request", Count::Request)];
-    let count = v.choice(&at.key("count"), &r.count, "\"download\"", &counts, |other| {
-        (
-            format!("{other:?} is not what a limit counts"),
-            "use \"download\" (each download once, however many pieces) or \"request\"".to_owned(),
-        )
-    });
-    let count = count.or(Count::Download);
+    let fix = "use \"download\" (each download once, however many pieces) or \"request\"";
+    let (example, what) = ("\"download\"", "what a limit counts");
+    read! { v, at, r;
+        per_client: integer(1..=1_000_000, "10").opt();
+        per_route: integer(1..=1_000_000, "10").opt();
+        count: choice(example, &counts, what, fix).or(Count::Download);
+    }
     let limits = complete! { DownloadLimits { per_client, per_route, count } }?;
     if limits.per_client.is_none() && limits.per_route.is_none() {
         let fix = "add per_client = 10 or per_route = 1000, or remove the table";
@@ -476,23 +405,21 @@ fn download_limits(
 
 fn rate_limit(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawRateLimit>) -> Option<RateLimit> {
     let r = v.table(at, raw, "[routes.rate_limit] with rate = \"2MiB\" (bytes per second)")?;
-    let mut rate = |key: &str, value: &Option<Value>| {
-        v.size(&at.key(key), value, RATES, "\"2MiB\" (per second)").opt()
-    };
-    let (per_response, per_client, per_route) =
-        (rate("rate", &r.rate), rate("per_client", &r.per_client), rate("per_route", &r.per_route));
-    let after = v.size(&at.key("after"), &r.after, 0..=(1 << 50), "\"4MiB\"").or(0);
-    let example = "\"X-Accel-Limit-Rate\"";
-    let origin_header = v.parsed(&at.key("origin_header"), &r.origin_header, example, |name| {
+    let header = |name: &str| {
         HeaderName::from_bytes(name.as_bytes()).or_else(|_| {
-            wrong(
-                format!("{name:?} is not a header name"),
-                "write a field name, e.g. \"X-Accel-Limit-Rate\"",
-            )
+            let fix = "write a field name, e.g. \"X-Accel-Limit-Rate\"";
+            wrong(format!("{name:?} is not a header name"), fix)
         })
-    });
-    let origin_header = origin_header.opt();
-    let limit = complete! { RateLimit { rate: per_response, after, per_client, per_route, origin_header } }?;
+    };
+    let per_second = "\"2MiB\" (per second)";
+    read! { v, at, r;
+        rate: size(RATES, per_second).opt();
+        per_client: size(RATES, per_second).opt();
+        per_route: size(RATES, per_second).opt();
+        after: size(0..=(1 << 50), "\"4MiB\"").or(0);
+        origin_header: parsed("\"X-Accel-Limit-Rate\"", header).opt();
+    }
+    let limit = complete! { RateLimit { rate, after, per_client, per_route, origin_header } }?;
     if limit.rate.is_none()
         && limit.per_client.is_none()
         && limit.per_route.is_none()

@@ -5,25 +5,23 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::check::{Ctx, Problem, checked, complete, wrong};
-use super::host::Host;
+use super::check::{Ctx, MS, Problem, checked, complete, read, secs, wrong};
 use super::raw::{Raw, RawServer};
-use super::secret::{self, Secret, SecretKey};
+use super::secret::{self, SecretKey};
 use super::source::Path;
 use crate::ip_net::IpNet;
+use crate::values::host::Host;
+use crate::values::secret::AdminToken;
 
-/// Measured on cache hits (see docs/benchmarks.md, "The unsent bound"): a socket that queues no
-/// more than this unsent pushes its bytes out in the call that writes them, instead of leaving
-/// the transmit work to the ACKs; eight times what Cloudflare's edge sets, so that a fast long
-/// path stays full.
+/// A socket that queues no more than this unsent pushes its bytes out in the call that writes
+/// them rather than leaving it to the ACKs (docs/benchmarks.md, "The unsent bound"); eight times
+/// what Cloudflare's edge sets, so that a fast long path stays full.
 const DEFAULT_NOTSENT_LOWAT: u32 = 128 * 1024;
 /// Below this a socket would wake its writer for every few segments.
 const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
-/// Descriptors kept aside from the clients' share: listeners, the store's connections, logs, the
-/// cache's files being read.
+/// Descriptors kept aside from the clients' share: listeners, the store, logs, cache files.
 const RESERVED_DESCRIPTORS: u64 = 256;
-/// What one client connection may hold at once: its socket, an origin connection, a splice's pipe
-/// (two).
+/// What one client connection may hold: its socket, an origin connection, a splice's pipe (two).
 const DESCRIPTORS_PER_CONNECTION: u64 = 4;
 /// The default when the descriptor limit is unlimited or unknown, and the most that may be set.
 const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
@@ -35,7 +33,6 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Never the same socket as `listen`.
     pub admin_listen: SocketAddr,
-    /// Read from the variable `admin_token_env` names, when it is set.
     pub admin_token: Option<AdminToken>,
     pub threads: NonZeroUsize,
     pub grace_period: Duration,
@@ -48,49 +45,46 @@ pub struct ServerConfig {
     pub admin_hosts: Vec<String>,
 }
 
-/// Bounds on what one client connection may cost, whatever it does.
+/// Bounds on what one client connection may cost, whatever it does: the `client_*` and
+/// `max_*` keys of `[server]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClientLimits {
-    /// `client_header_timeout`.
     pub header_timeout: Duration,
-    /// `client_write_timeout`.
     pub write_timeout: Duration,
     /// 0 for no limit.
     pub max_connections_per_client: usize,
     pub max_header_bytes: usize,
     pub max_header_fields: usize,
-    /// `client_notsent_lowat`; 0 leaves the system's setting.
+    /// 0 leaves the system's setting.
     pub notsent_lowat: u32,
-    /// `client_keepalive_timeout`.
     pub keepalive_timeout: Duration,
-    /// Default: see [`default_max_connections`].
     pub max_connections: usize,
 }
 
 impl Default for ClientLimits {
     fn default() -> Self {
         Self {
-            header_timeout: Duration::from_secs(10),
-            write_timeout: Duration::from_secs(60),
+            header_timeout: secs(10),
+            write_timeout: secs(60),
             max_connections_per_client: 1024,
             max_header_bytes: 32 * 1024,
             max_header_fields: 100,
             notsent_lowat: DEFAULT_NOTSENT_LOWAT,
-            keepalive_timeout: Duration::from_secs(60),
+            keepalive_timeout: secs(60),
             max_connections: default_max_connections(descriptor_limit()),
         }
     }
 }
 
-/// The descriptors the process may open (`RLIMIT_NOFILE`): its hard limit, which `serve` raises
-/// the soft one to (`server::raise_descriptor_limit`); `None` when unlimited.
-pub(crate) fn descriptor_limit() -> Option<u64> {
+/// The descriptors the process may open: the hard `RLIMIT_NOFILE`, which `serve` raises the soft
+/// one to; `None` when unlimited.
+pub(super) fn descriptor_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum
 }
 
-/// `max_connections` when it is not set: each connection may hold
-/// [`DESCRIPTORS_PER_CONNECTION`], after [`RESERVED_DESCRIPTORS`] kept aside.
+/// `max_connections` when it is not set: [`DESCRIPTORS_PER_CONNECTION`] each, after
+/// [`RESERVED_DESCRIPTORS`].
 pub(super) fn default_max_connections(descriptors: Option<u64>) -> usize {
     descriptors.map_or(MAX_CONNECTIONS_LIMIT, |limit| {
         let share = limit.saturating_sub(RESERVED_DESCRIPTORS) / DESCRIPTORS_PER_CONNECTION;
@@ -98,36 +92,14 @@ pub(super) fn default_max_connections(descriptors: Option<u64>) -> usize {
     })
 }
 
-/// The admin API's bearer token. Never printed: `Debug` redacts it and there is no `Display`.
-#[derive(Clone, Debug)]
-pub struct AdminToken {
-    env_var: String,
-    token: Secret,
-}
-
-impl AdminToken {
-    /// The environment variable the token was read from (a name, safe to log).
-    pub fn env_var(&self) -> &str {
-        &self.env_var
-    }
-
-    /// Whether `presented` is the token. Every byte is compared whatever the mismatches, so the
-    /// time taken reveals the token's length at most, never its content.
-    pub fn verify(&self, presented: &[u8]) -> bool {
-        let expected = self.token.expose().as_bytes();
-        presented.len() == expected.len()
-            && expected.iter().zip(presented).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
-    }
-}
-
 pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfig> {
     let at = Path::default().key("server");
     let r = v.table(&at, raw, "[server] with listen = \"127.0.0.1:8080\"")?;
-    let key = |key: &str| at.key(key);
-    let listen = v.socket_addr(&key("listen"), &r.listen, "127.0.0.1:8080");
-    let listen = listen.or(SocketAddr::from(([127, 0, 0, 1], 8080)));
-    let admin_listen = v.socket_addr(&key("admin_listen"), &r.admin_listen, "127.0.0.1:9090");
-    let admin_listen = admin_listen.or(SocketAddr::from(([127, 0, 0, 1], 9090)));
+    let localhost = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    read! { v, at, r;
+        listen: socket_addr("127.0.0.1:8080").or(localhost(8080));
+        admin_listen: socket_addr("127.0.0.1:9090").or(localhost(9090));
+    }
     let admin_token = checked(r.admin_token_env.as_ref(), |value| {
         let secret = SecretKey {
             example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
@@ -135,56 +107,33 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
             source_hint: " (e.g. from `openssl rand -hex 32`)",
             otherwise: "or remove admin_token_env to leave the admin API open on admin_listen",
         };
-        let (env_var, token) = secret::read_env(v, &key("admin_token_env"), value, &secret)?;
-        Some(AdminToken { env_var, token })
+        let (env_var, token) = secret::read_env(v, &at.key("admin_token_env"), value, &secret)?;
+        Some(AdminToken::new(env_var, token))
     });
     // The bound on threads only catches a typo such as `threads = 80000`; available_parallelism
     // fails only where the OS cannot say, and one thread still works.
     let cpus = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);
-    let threads = v.integer(&key("threads"), &r.threads, 1..=1024, "4").opt();
-    let threads = threads.map(|n| n.and_then(NonZeroUsize::new).unwrap_or(cpus));
-    let grace_period = v.duration(
-        &key("grace_period"),
-        &r.grace_period,
-        Duration::ZERO..=Duration::from_secs(3600),
-    );
-    let grace_period = grace_period.or(Duration::from_secs(30));
-    let max_ranges = v.integer(&key("max_ranges"), &r.max_ranges, 1..=1000, "16").or(16);
+    let socket = ("\"/run/rangeway/upgrade.sock\"", PathBuf::from("/tmp/rangeway-upgrade.sock"));
+    let (proxies, hosts) = ("[\"10.0.0.0/8\", \"fd00::/8\"]", "[\"rangeway-1.internal\"]");
+    read! { v, at, r;
+        threads: integer(1..=1024, "4").opt();
+        grace_period: duration(Duration::ZERO..=secs(3600)).or(secs(30));
+        max_ranges: integer(1..=1000, "16").or(16);
+    }
     let client_limits = client_limits(v, &at, r);
-    let example = "\"/run/rangeway/upgrade.sock\"";
-    let upgrade_socket = v.parsed(&key("upgrade_socket"), &r.upgrade_socket, example, |text| {
-        // A Unix socket path holds at most 107 bytes (sun_path).
-        if text.is_empty() || text.len() > 107 || text.contains('\0') {
-            let fix =
-                "use a short absolute path, e.g. upgrade_socket = \"/run/rangeway/upgrade.sock\"";
-            return wrong("is not a usable Unix socket path (1 to 107 bytes)", fix);
-        }
-        Ok(PathBuf::from(text))
-    });
-    let upgrade_socket = upgrade_socket.or(PathBuf::from("/tmp/rangeway-upgrade.sock"));
-    let proxy_protocol = v.boolean(&key("proxy_protocol"), &r.proxy_protocol).or(false);
-    let example = "[\"10.0.0.0/8\", \"fd00::/8\"]";
-    let trusted_proxies = v.strings(&key("trusted_proxies"), &r.trusted_proxies, "a string", example, |text| {
-        IpNet::parse(text.trim()).or_else(|problem| {
-            wrong(
-                format!("{text:?} is not a network: {problem}"),
-                "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \"192.0.2.7\" \
-                 or \"fd00::/8\" (host names are not resolved)",
-            )
-        })
-    });
-    let trusted_proxies = trusted_proxies.or(Vec::new());
-    let example = "[\"rangeway-1.internal\"]";
-    let admin_hosts =
-        v.strings(&key("admin_hosts"), &r.admin_hosts, "a string", example, admin_host);
-    let admin_hosts = admin_hosts.or(Vec::new());
-
+    read! { v, at, r;
+        upgrade_socket: parsed(socket.0, upgrade_socket).or(socket.1);
+        proxy_protocol: boolean().or(false);
+        trusted_proxies: strings("a string", proxies, trusted_proxy).or(Vec::new());
+        admin_hosts: strings("a string", hosts, admin_host).or(Vec::new());
+    }
+    let threads = threads.map(|n| n.and_then(NonZeroUsize::new).unwrap_or(cpus));
     let (listen, admin_listen) = (listen?, admin_listen?);
     if sockets_collide(listen, admin_listen) {
         let other =
             SocketAddr::new(admin_listen.ip(), if listen.port() == 9090 { 9091 } else { 9090 });
         return v.fail(
-            &key("admin_listen"),
+            &at.key("admin_listen"),
             format!("{admin_listen} overlaps server.listen ({listen})"),
             format!(
                 "give admin_listen another port, e.g. \"{other}\": the admin API must never be \
@@ -196,6 +145,25 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
         listen: Some(listen), admin_listen: Some(admin_listen), admin_token, threads, grace_period,
         max_ranges, client_limits, upgrade_socket, proxy_protocol, trusted_proxies, admin_hosts,
     } }
+}
+
+/// A Unix socket path holds at most 107 bytes (sun_path).
+fn upgrade_socket(text: &str) -> Result<PathBuf, Problem> {
+    if text.is_empty() || text.len() > 107 || text.contains('\0') {
+        let fix = "use a short absolute path, e.g. upgrade_socket = \"/run/rangeway/upgrade.sock\"";
+        return wrong("is not a usable Unix socket path (1 to 107 bytes)", fix);
+    }
+    Ok(PathBuf::from(text))
+}
+
+fn trusted_proxy(text: &str) -> Result<IpNet, Problem> {
+    IpNet::parse(text.trim()).or_else(|problem| {
+        wrong(
+            format!("{text:?} is not a network: {problem}"),
+            "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \"192.0.2.7\" \
+             or \"fd00::/8\" (host names are not resolved)",
+        )
+    })
 }
 
 /// An `admin_hosts` entry: a name as a Host field writes it (IPv6 in brackets), without port.
@@ -219,80 +187,66 @@ fn admin_host(text: &str) -> Result<String, Problem> {
 }
 
 fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimits> {
-    let defaults = ClientLimits::default();
-    let key = |key: &str| at.key(key);
-    let mut timeout = |key: &str, value, default| {
-        let range = Duration::from_millis(1)..=Duration::from_secs(3600);
-        v.duration(&at.key(key), value, range).or(default)
-    };
-    let header_timeout =
-        timeout("client_header_timeout", &r.client_header_timeout, defaults.header_timeout);
-    let write_timeout =
-        timeout("client_write_timeout", &r.client_write_timeout, defaults.write_timeout);
-    let keepalive_timeout = timeout(
-        "client_keepalive_timeout",
-        &r.client_keepalive_timeout,
-        defaults.keepalive_timeout,
-    );
-    let max_connections_per_client = v
-        .integer(
-            &key("max_connections_per_client"),
-            &r.max_connections_per_client,
-            0..=1_000_000,
-            "1024",
-        )
-        .or(defaults.max_connections_per_client);
+    let d = ClientLimits::default();
+    let timeouts = MS..=secs(3600);
     // pingora itself reads at most 1 MiB of header and 256 fields: the limits stay within them.
-    let max_header_bytes =
-        v.size(&key("max_header_bytes"), &r.max_header_bytes, 1024..=1_048_575, "\"32KiB\"");
-    let max_header_bytes =
-        max_header_bytes.or(defaults.max_header_bytes as u64).map(|n| n as usize);
-    let max_header_fields =
-        v.integer(&key("max_header_fields"), &r.max_header_fields, 1..=256, "100");
-    let max_header_fields = max_header_fields.or(defaults.max_header_fields);
-    let at_max = key("max_connections");
-    let max_connections = v.integer(&at_max, &r.max_connections, 1..=MAX_CONNECTIONS_LIMIT, "10000").then(|max| {
-        match descriptor_limit() {
-            Some(descriptors) if max as u64 > descriptors => v.fail(
-                &at_max,
-                format!(
-                    "{max} connections cannot be open at once: the process may open {descriptors} \
-                     descriptors (RLIMIT_NOFILE), and each connection needs one"
-                ),
-                format!(
-                    "use at most {descriptors}, or leave it unset ({}: room for an origin connection \
-                     and a pipe each), or raise the limit (LimitNOFILE= in the systemd unit, ulimit -n)",
-                    default_max_connections(Some(descriptors))
-                ),
-            ),
-            _ => Some(max),
-        }
-    });
-    let max_connections = max_connections.or(defaults.max_connections);
-    // The upper bound only catches a typo: beyond it a socket's queue is the send buffer's anyway.
-    let at_lowat = key("client_notsent_lowat");
-    let notsent_lowat =
-        v.size(&at_lowat, &r.client_notsent_lowat, 0..=1 << 30, "\"128KiB\"").then(|size| {
-            match size {
-            // Checked against both bounds above, so the conversion holds.
-            0 | MIN_NOTSENT_LOWAT.. => Some(u32::try_from(size).unwrap_or(u32::MAX)),
-            _ => v.fail(
-                &at_lowat,
-                format!("{size} bytes would wake the writer for every few segments"),
-                "use at least \"16KiB\" (the default is \"128KiB\"), or 0 for the system's setting",
-            ),
-        }
-        });
-    let notsent_lowat = notsent_lowat.or(defaults.notsent_lowat);
+    // The upper bound of client_notsent_lowat only catches a typo: beyond it a socket's queue is
+    // the send buffer's anyway.
+    read! { v, at, r;
+        client_header_timeout: duration(timeouts.clone()).or(d.header_timeout);
+        client_write_timeout: duration(timeouts.clone()).or(d.write_timeout);
+        client_keepalive_timeout: duration(timeouts).or(d.keepalive_timeout);
+        max_connections_per_client: integer(0..=1_000_000, "1024").or(d.max_connections_per_client);
+        max_header_bytes: size(1024..=1_048_575, "\"32KiB\"").or(d.max_header_bytes as u64);
+        max_header_fields: integer(1..=256, "100").or(d.max_header_fields);
+        max_connections: integer(1..=MAX_CONNECTIONS_LIMIT, "10000").then(|max| fits(v, at, max));
+        client_notsent_lowat: size(0..=1 << 30, "\"128KiB\"").then(|size| lowat(v, at, size));
+    }
     complete! { ClientLimits {
-        header_timeout, write_timeout, max_connections_per_client, max_header_bytes,
-        max_header_fields, notsent_lowat, keepalive_timeout, max_connections,
+        header_timeout: client_header_timeout,
+        write_timeout: client_write_timeout,
+        keepalive_timeout: client_keepalive_timeout,
+        max_connections_per_client,
+        max_header_bytes: max_header_bytes.map(|n| n as usize),
+        max_header_fields,
+        notsent_lowat: client_notsent_lowat.or(d.notsent_lowat),
+        max_connections: max_connections.or(d.max_connections),
     } }
 }
 
+/// `max_connections`, when the process may open that many descriptors.
+fn fits(v: &mut Ctx<'_>, at: &Path, max: usize) -> Option<usize> {
+    match descriptor_limit() {
+        Some(descriptors) if max as u64 > descriptors => v.fail(
+            &at.key("max_connections"),
+            format!(
+                "{max} connections cannot be open at once: the process may open {descriptors} \
+                 descriptors (RLIMIT_NOFILE), and each connection needs one"
+            ),
+            format!(
+                "use at most {descriptors}, or leave it unset ({}: room for an origin connection \
+                 and a pipe each), or raise the limit (LimitNOFILE= in the systemd unit, ulimit -n)",
+                default_max_connections(Some(descriptors))
+            ),
+        ),
+        _ => Some(max),
+    }
+}
+
+fn lowat(v: &mut Ctx<'_>, at: &Path, size: u64) -> Option<u32> {
+    match size {
+        // Within the bounds read, so the conversion holds.
+        0 | MIN_NOTSENT_LOWAT.. => Some(u32::try_from(size).unwrap_or(u32::MAX)),
+        _ => v.fail(
+            &at.key("client_notsent_lowat"),
+            format!("{size} bytes would wake the writer for every few segments"),
+            "use at least \"16KiB\" (the default is \"128KiB\"), or 0 for the system's setting",
+        ),
+    }
+}
+
 /// Two listeners collide on the same non-zero port when their addresses are equal or either is a
-/// wildcard (`0.0.0.0`, `::`), which also covers the other. Port 0 is "any free port" (tests use
-/// it for both), so it never collides.
+/// wildcard, which also covers the other. Port 0 ("any free port", as tests use) never collides.
 pub(super) fn sockets_collide(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0
         && a.port() == b.port()

@@ -6,36 +6,33 @@ use std::time::{Duration, SystemTime};
 
 use ::config::{Value, ValueKind};
 
-use super::check::{Ctx, Got, complete, push};
+use super::check::{Ctx, Got, complete, push, read};
 use super::raw::{Raw, RawCertificate, RawTls};
 use super::server::ServerConfig;
 use super::source::Path;
 use crate::tls::{CertificateFiles, LoadedCertificate};
 
-const CERTIFICATE_EXAMPLE: &str = "[[tls.certificates]] with cert_file = \"/etc/rangeway/example.pem\" and key_file = \"/etc/rangeway/example.key\"";
+const CERTIFICATE_EXAMPLE: &str = "[[tls.certificates]] with cert_file = \
+    \"/etc/rangeway/example.pem\" and key_file = \"/etc/rangeway/example.key\"";
 /// A certificate expiring sooner than this is warned of.
 const EXPIRES_SOON: Duration = Duration::from_secs(14 * 24 * 3600);
 
-/// `[tls]`, when there is one.
+/// `[tls]`: listeners beside `server.listen`, and at least one certificate, each checked at load
+/// (`crate::tls::load`); `default` is the one for clients that name no host it serves.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct TlsConfig {
-    /// The TLS listeners, beside `server.listen` (plain HTTP).
     pub listen: Vec<SocketAddr>,
-    /// Whether HTTP/2 is offered (ALPN `h2`, then `http/1.1`).
     pub h2: bool,
-    /// At least one; checked at load (see `crate::tls::load`).
     pub certificates: Vec<TlsCertificate>,
-    /// Which of them clients get that name no host, or one no certificate serves.
     pub default: usize,
 }
 
-/// One certificate, as checked at load.
+/// One certificate, as checked at load: the DNS names it serves, and its expiry.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct TlsCertificate {
     pub files: CertificateFiles,
-    /// The DNS names it serves.
     pub names: Vec<String>,
     pub not_after: SystemTime,
 }
@@ -84,7 +81,7 @@ pub(super) fn check(
     let r = v.table(&at, raw, "[tls] with listen = \"0.0.0.0:443\" and a [[tls.certificates]]")?;
     let listen = v.required(&at.key("listen"), r.listen.as_ref(), "add listen = \"0.0.0.0:443\"");
     let listen = listen.and_then(|value| check_listen(v, &at.key("listen"), value, server));
-    let h2 = v.boolean(&at.key("h2"), &r.h2).or(true);
+    read! { v, at, r; h2: boolean().or(true); }
     let fix = format!("add {CERTIFICATE_EXAMPLE}");
     let certificates = v.required(&at.key("certificates"), r.certificates.as_ref(), fix);
     let certificates =

@@ -1,25 +1,23 @@
-//! `[traces]`: OpenTelemetry traces exported over OTLP/HTTP, off without the section; and
-//! `[log]`: the log's format.
+//! `[traces]`: OpenTelemetry traces over OTLP/HTTP, off without the section; `[log]`: the format.
 
 use std::collections::BTreeMap;
 
-use super::check::{Ctx, complete, wrong};
+use super::check::{Ctx, complete, read, wrong};
 use super::raw::{Raw, RawLog, RawTraces};
 use super::source::Path;
 
 const ENDPOINT_EXAMPLE: &str = "\"http://127.0.0.1:4318/v1/traces\"";
 
-/// `[traces]`: where spans go and how many requests make them.
+/// `[traces]`; docs/configuration.md describes each key.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TracesConfig {
     /// The collector's OTLP/HTTP traces URL (protobuf bodies).
     pub endpoint: String,
-    /// The share of requests traced when the client sent no `traceparent` (a client's decides
-    /// for its own request).
+    /// The share of requests traced when the client sent no `traceparent`.
     pub sampling: f64,
     pub service_name: String,
-    /// More resource attributes (`deployment.environment`, `service.instance.id`, ...).
+    /// More resource attributes (`deployment.environment`, ...).
     pub resource: BTreeMap<String, String>,
 }
 
@@ -30,13 +28,11 @@ pub struct LogConfig {
     pub format: LogFormat,
 }
 
-/// How log lines are written (on stderr).
+/// How log lines are written (on stderr): `key=value` text, or a JSON object per line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
-    /// `key=value` lines for people.
     #[default]
     Text,
-    /// One JSON object per line, fields at the top level (docs/operations.md lists them).
     Json,
 }
 
@@ -44,31 +40,29 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawTraces>>) -> Option<Opt
     let Some(raw) = raw else { return Some(None) };
     let at = Path::default().key("traces");
     let r = v.table(&at, raw, &format!("[traces] with endpoint = {ENDPOINT_EXAMPLE}"))?;
-    let endpoint = match &r.endpoint {
-        Some(value) => v.parsed(&at.key("endpoint"), value, ENDPOINT_EXAMPLE, |url| match endpoint_problem(url) {
-            None => Ok(url.to_owned()),
-            Some(problem) => wrong(problem, format!("give the collector's OTLP/HTTP URL, e.g. {ENDPOINT_EXAMPLE}")),
-        }).ok(),
-        None => v.fail(
-            &at.key("endpoint"),
-            "is missing",
-            format!("add endpoint = {ENDPOINT_EXAMPLE} (the collector's OTLP/HTTP URL), or remove [traces]"),
-        ),
-    };
-    let sampling = v.ratio(&at.key("sampling"), &r.sampling, "0.01").or(1.0);
-    let service_name = v.parsed(&at.key("service_name"), &r.service_name, "\"rangeway\"", |name| {
-        match name.trim() {
-            "" => wrong("is empty", "name the service, e.g. \"rangeway\""),
-            _ => Ok(name.to_owned()),
-        }
+    let fix = format!(
+        "add endpoint = {ENDPOINT_EXAMPLE} (the collector's OTLP/HTTP URL), or remove [traces]"
+    );
+    let endpoint = v.required(&at.key("endpoint"), r.endpoint.as_ref(), fix).and_then(|value| {
+        let endpoint = v.parsed(&at.key("endpoint"), value, ENDPOINT_EXAMPLE, |url| {
+            let fix = format!("give the collector's OTLP/HTTP URL, e.g. {ENDPOINT_EXAMPLE}");
+            endpoint_problem(url).map_or_else(|| Ok(url.to_owned()), |problem| wrong(problem, fix))
+        });
+        endpoint.ok()
     });
-    let service_name = service_name.or("rangeway".to_owned());
+    let service = |name: &str| match name.trim() {
+        "" => wrong("is empty", "name the service, e.g. \"rangeway\""),
+        _ => Ok(name.to_owned()),
+    };
+    read! { v, at, r;
+        sampling: ratio("0.01").or(1.0);
+        service_name: parsed("\"rangeway\"", service).or("rangeway".to_owned());
+    }
     let resource = r.resource.as_ref().map_or(Some(BTreeMap::new()), |raw| {
         let at = at.key("resource");
         let fix = "write resource = { \"deployment.environment\" = \"production\" }";
         let entries = v.shaped(&at, raw, "a table of strings", fix)?;
-        let attributes: Vec<_> = entries
-            .iter()
+        let attributes: Vec<_> = (entries.iter())
             .map(|(key, value)| {
                 Some((key.clone(), v.string(&at.key(key), value, "\"production\"").ok()?))
             })
@@ -78,8 +72,8 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawTraces>>) -> Option<Opt
     Some(complete! { TracesConfig { endpoint, sampling, service_name, resource } })
 }
 
-/// What is wrong with `url` as a collector's address, if anything. Never repeats the URL, which
-/// may hold credentials; a URL that does is refused (they would end up in error messages).
+/// What is wrong with `url` as a collector's address. Never repeats the URL; one with credentials
+/// is refused, as they would end up in error messages.
 fn endpoint_problem(url: &str) -> Option<&'static str> {
     let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
         return Some("is not an http:// or https:// URL");
@@ -97,11 +91,8 @@ pub(super) fn check_log(v: &mut Ctx<'_>, raw: &Raw<RawLog>) -> Option<LogConfig>
     let at = Path::default().key("log");
     let r = v.table(&at, raw, "[log] with format = \"json\"")?;
     let formats = [("text", LogFormat::Text), ("json", LogFormat::Json)];
-    let format = v.choice(&at.key("format"), &r.format, "\"json\"", &formats, |other| {
-        (
-            format!("{other:?} is not a log format"),
-            "use \"text\" (key=value lines) or \"json\" (one object per line)".to_owned(),
-        )
-    });
-    Some(LogConfig { format: format.or(LogFormat::Text)? })
+    let (what, fix) =
+        ("a log format", "use \"text\" (key=value lines) or \"json\" (one object per line)");
+    read! { v, at, r; format: choice("\"json\"", &formats, what, fix).or(LogFormat::Text); }
+    complete! { LogConfig { format } }
 }

@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use ::config::Value;
 
-use super::check::{Ctx, Got, Problem, checked, complete, read_small_file, wrong};
-use super::host::{Host, split_host_port};
+use super::check::{Ctx, DAY, Got, MS, Problem, checked, complete, read, secs, wrong};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
-use super::secret::{self, S3Credentials, SecretKey};
+use super::secret::{self, SecretKey};
 use super::source::Path;
-
-const URL_EXAMPLE: &str = "\"http://127.0.0.1:9000\"";
+use crate::s3::credentials::{self, S3Credentials};
+use crate::s3::names;
+use crate::values::host::{Host, split_host_port};
+use crate::values::http_url::{HttpUrl, URL_EXAMPLE};
+use crate::values::small_file::read_small_file;
 
 /// Reports each key of `r` named that is written: `{key} {problem}`, with `fix`.
 macro_rules! refuse {
@@ -26,25 +28,23 @@ macro_rules! refuse {
     };
 }
 
-/// One `[upstreams.NAME]`; docs/configuration.md describes each key and its default.
+/// One `[upstreams.NAME]`; docs/configuration.md describes each key and its default. The
+/// timeouts apply to `dir` upstreams too, whose origin service is reached over a local socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UpstreamConfig {
-    /// The NAME, as routes refer to it: `[A-Za-z0-9_-]+`.
+    /// `[A-Za-z0-9_-]+`, as routes name it.
     pub name: String,
     pub kind: UpstreamKind,
-    /// The timeouts apply to `dir` upstreams too: the proxy reaches their origin service over a
-    /// local socket.
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
     pub write_timeout: Duration,
-    /// How long a pooled keep-alive connection may stay idle.
     pub idle_timeout: Duration,
     pub health_check: Option<HealthCheck>,
 }
 
-/// Active health checks of an upstream's replicas: a `GET` of `path` every `interval`; a replica
-/// that does not answer 2xx within `timeout` gets no requests until it does again.
+/// A `GET` of `path` every `interval`: a replica that does not answer 2xx within `timeout` gets no
+/// requests until it does again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HealthCheck {
@@ -53,22 +53,19 @@ pub struct HealthCheck {
     pub timeout: Duration,
 }
 
+/// An origin over HTTP(S) (`url`), a local folder (`dir`), an S3-compatible store whose requests
+/// rangeway signs (`url` with `bucket`), or replicas of one origin (`urls`): requests go round
+/// the healthy ones, and a body one of them breaks off may be continued from another.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UpstreamKind {
-    /// An origin reached over HTTP or HTTPS (`url = ...`).
     Http(HttpUpstream),
-    /// A local folder served as an origin (`dir = ...`), created by the server when missing.
     Dir { path: PathBuf },
-    /// An S3-compatible store (`url = ...` with `bucket = ...`), whose requests rangeway signs.
     S3(S3Upstream),
-    /// Replicas of one origin holding the same objects (`urls = [...]`): requests go round the
-    /// healthy ones, and a body one of them breaks off may be continued from another.
     Replicas(Vec<HttpUpstream>),
 }
 
-/// An HTTP(S) origin, from `url = "http(s)://host[:port][/base]"`. `ca_file`,
-/// `insecure_skip_verify` and `sni` are only ever set when `tls`.
+/// An HTTP(S) origin. `ca_file`, `insecure_skip_verify` and `sni` are only ever set with `tls`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HttpUpstream {
@@ -78,39 +75,34 @@ pub struct HttpUpstream {
     pub port: u16,
     /// Prefix of every upstream path: empty, or `/`-led without a trailing `/` (`/bucket`).
     pub base_path: String,
-    /// Checked at load time to be a readable file holding a certificate.
     pub ca_file: Option<PathBuf>,
     /// Verification off, whatever `ca_file` says: the proxy must log this loudly.
     pub insecure_skip_verify: bool,
     /// `sni` if set, else the url's host when that is a DNS name (SNI cannot carry IP literals,
     /// RFC 6066; the certificate is then checked against the IP).
     pub sni: Option<String>,
-    /// `host_header` if set, else the url's authority as written. Valid header text.
+    /// `host_header` if set, else the url's authority as written.
     pub host_header: String,
 }
 
-/// An S3-compatible origin.
+/// An S3-compatible origin: its endpoint (without a path), the folder of the bucket the routes
+/// serve (segments; none for the whole bucket), and no credentials for `anonymous = true`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct S3Upstream {
-    /// The service endpoint (`url`), without a path.
     pub endpoint: HttpUpstream,
     pub bucket: String,
-    /// The signing region.
     pub region: String,
     pub addressing: Addressing,
-    /// The folder of the bucket the routes serve, as segments; empty for the whole bucket.
     pub key_prefix: Vec<String>,
-    /// `None` for `anonymous = true`: requests go unsigned (public buckets).
     pub credentials: Option<S3Credentials>,
 }
 
-/// Where the bucket goes in a request.
+/// Where the bucket goes: `https://endpoint/bucket/key`, what S3-compatible stores expect, or
+/// `https://bucket.endpoint/key`, AWS's own default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Addressing {
-    /// `https://endpoint/bucket/key`: the default, and what S3-compatible stores expect.
     Path,
-    /// `https://bucket.endpoint/key`: AWS's own default.
     VirtualHost,
 }
 
@@ -165,17 +157,13 @@ fn check_one(
     raw: &Raw<RawUpstream>,
 ) -> Option<UpstreamConfig> {
     let r = v.table(at, raw, &format!("[upstreams.{name}] with url = {URL_EXAMPLE}"))?;
-    let key = |key: &str| at.key(key);
-    let mut timeout = |key: &str, value, max, default| {
-        let range = Duration::from_millis(1)..=Duration::from_secs(max);
-        v.duration(&at.key(key), value, range).or(Duration::from_secs(default))
-    };
-    let connect_timeout = timeout("connect_timeout", &r.connect_timeout, 300, 5);
-    let read_timeout = timeout("read_timeout", &r.read_timeout, 24 * 3600, 60);
-    let write_timeout = timeout("write_timeout", &r.write_timeout, 24 * 3600, 60);
-    let idle_timeout = timeout("idle_timeout", &r.idle_timeout, 24 * 3600, 60);
-    let s3 = r.bucket.is_some();
-    if !s3 {
+    read! { v, at, r;
+        connect_timeout: duration(MS..=secs(300)).or(secs(5));
+        read_timeout: duration(MS..=secs(DAY)).or(secs(60));
+        write_timeout: duration(MS..=secs(DAY)).or(secs(60));
+        idle_timeout: duration(MS..=secs(DAY)).or(secs(60));
+    }
+    if r.bucket.is_none() {
         // Checked first, so that a stray S3 key is reported however the rest reads.
         let fix = "add bucket = \"NAME\" (with url = the S3 endpoint) to make this an S3 upstream, \
                    or remove it";
@@ -183,13 +171,12 @@ fn check_one(
             session_token_env, credentials_file, profile, anonymous;
             "applies to S3 upstreams only", fix);
     }
-    let health_check =
-        checked(r.health_check.as_ref(), |raw| health_check(v, &key("health_check"), raw));
+    read! { v, at, r; health_check: nested(health_check); }
     let kind = kind(v, at, r);
     let (kind, health_check) = (kind?, health_check?);
     if let (UpstreamKind::Dir { .. }, Some(_)) = (&kind, &health_check) {
         return v.fail(
-            &key("health_check"),
+            &at.key("health_check"),
             "a dir upstream is a local folder, with nothing to check",
             "remove health_check",
         );
@@ -211,13 +198,13 @@ fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
             "keep urls (every replica) and remove url",
         ),
         (None, Some(url), None) => {
-            let url = v.parsed(&key("url"), url, URL_EXAMPLE, parse_http_url);
+            let url = v.parsed(&key("url"), url, URL_EXAMPLE, HttpUrl::parse);
             // Until the url is good, its scheme is unknown, and so whether the TLS keys apply.
             let tls = match &url {
                 Got::Good(url) => tls_keys(v, at, r, url.tls.then_some(&url.host)),
                 _ => Some(Tls::default()),
             };
-            let endpoint = url.ok().zip(tls).map(|(url, tls)| url.upstream(&tls, None));
+            let endpoint = url.ok().zip(tls).map(|(url, tls)| http_upstream(url, &tls, None));
             if s3 {
                 return s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3);
             }
@@ -266,7 +253,7 @@ fn replicas(
         v.report(&key("urls"), "an S3 upstream has one endpoint", "use url = the S3 endpoint");
     }
     let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
-    let parsed = v.strings(&key("urls"), urls, "a url string", example, parse_http_url);
+    let parsed = v.strings(&key("urls"), urls, "a url string", example, HttpUrl::parse);
     // Until the urls are good, which are https is unknown, and so whether the TLS keys apply:
     // they are checked once the urls are fixed.
     let tls = match &parsed {
@@ -286,38 +273,37 @@ fn replicas(
         );
     }
     let (tls, host_header) = (tls?, host_header?);
-    Some(urls.into_iter().map(|url| url.upstream(&tls, host_header.clone())).collect())
+    Some(urls.into_iter().map(|url| http_upstream(url, &tls, host_header.clone())).collect())
 }
 
 fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<String>> {
-    let example = "\"origin.example.com\"";
-    let host_header = v.parsed(&at.key("host_header"), &r.host_header, example, |text| {
-        match split_host_port(text) {
-            // A validated host and port are header-safe ASCII.
-            Ok(_) => Ok(text.to_owned()),
-            Err(e) => wrong(
-                format!("{text:?} is not a host[:port]: {e}"),
-                "write a host with an optional port, e.g. host_header = \"files.example.com\"",
-            ),
-        }
-    });
-    host_header.opt()
+    let host_port = |text: &str| match split_host_port(text) {
+        // A validated host and port are header-safe ASCII.
+        Ok(_) => Ok(text.to_owned()),
+        Err(e) => wrong(
+            format!("{text:?} is not a host[:port]: {e}"),
+            "write a host with an optional port, e.g. host_header = \"files.example.com\"",
+        ),
+    };
+    read! { v, at, r; host_header: parsed("\"origin.example.com\"", host_port).opt(); }
+    host_header
 }
 
 fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
     let r = v.table(at, raw, "[upstreams.NAME.health_check] with path = \"/healthz\"")?;
-    let path = v.parsed(&at.key("path"), &r.path, "\"/healthz\"", |path| {
+    let request_path = |path: &str| {
         if path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
             return Ok(path.to_owned());
         }
         let fix = "write a path starting with '/', e.g. path = \"/healthz\"";
         wrong(format!("{path:?} is not a request path"), fix)
-    });
-    let path = path.or("/".to_owned());
-    let range = Duration::from_millis(10)..=Duration::from_secs(3600);
-    let interval = v.duration(&at.key("interval"), &r.interval, range.clone());
-    let interval = interval.or(Duration::from_secs(5));
-    let timeout = v.duration(&at.key("timeout"), &r.timeout, range).or(Duration::from_secs(2));
+    };
+    let range = Duration::from_millis(10)..=secs(3600);
+    read! { v, at, r;
+        path: parsed("\"/healthz\"", request_path).or("/".to_owned());
+        interval: duration(range.clone()).or(secs(5));
+        timeout: duration(range).or(secs(2));
+    }
     complete! { HealthCheck { path, interval, timeout } }
 }
 
@@ -338,7 +324,7 @@ fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https_host: Option<&Hos
         refuse!(v, at, r: ca_file, insecure_skip_verify, sni; "applies to https:// urls only", fix);
         return Some(Tls::default());
     }
-    let ca_file = v.parsed(&at.key("ca_file"), &r.ca_file, "\"/etc/rangeway/ca.pem\"", |file| {
+    let ca_bundle = |file: &str| {
         // CA bundles are a few hundred KiB; the cap only stops a mistyped path to a huge file
         // from being read whole.
         let problem = match read_small_file(file, 16 << 20) {
@@ -349,24 +335,23 @@ fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https_host: Option<&Hos
             Ok(_) => return Ok(PathBuf::from(file)),
         };
         wrong(problem, "point ca_file at a readable PEM file of CA certificates")
-    });
-    let insecure_skip_verify = v.boolean(&at.key("insecure_skip_verify"), &r.insecure_skip_verify);
-    let sni =
-        v.parsed(&at.key("sni"), &r.sni, "\"origin.example.com\"", |text| {
-            match Host::parse(text) {
-                Ok(Host::Name(name)) => Ok(name),
-                Ok(_) => wrong(
-                    format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
-                    "use a DNS name, or remove sni to send none",
-                ),
-                Err(e) => wrong(
-                    format!("{text:?} is not a DNS name: {e}"),
-                    "write a DNS name, e.g. sni = \"origin.example.com\"",
-                ),
-            }
-        });
-    let (ca_file, insecure_skip_verify, sni) =
-        (ca_file.opt(), insecure_skip_verify.or(false), sni.opt());
+    };
+    let dns_name = |text: &str| match Host::parse(text) {
+        Ok(Host::Name(name)) => Ok(name),
+        Ok(_) => wrong(
+            format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
+            "use a DNS name, or remove sni to send none",
+        ),
+        Err(e) => wrong(
+            format!("{text:?} is not a DNS name: {e}"),
+            "write a DNS name, e.g. sni = \"origin.example.com\"",
+        ),
+    };
+    read! { v, at, r;
+        ca_file: parsed("\"/etc/rangeway/ca.pem\"", ca_bundle).opt();
+        insecure_skip_verify: boolean().or(false);
+        sni: parsed("\"origin.example.com\"", dns_name).opt();
+    }
     complete! { Tls { ca_file, insecure_skip_verify, sni } }
 }
 
@@ -399,31 +384,17 @@ fn s3_upstream(
         );
     }
     let styles = [("path", Addressing::Path), ("virtual-host", Addressing::VirtualHost)];
-    let addressing = v.choice(&key("addressing"), &r.addressing, "\"path\"", &styles, |other| {
-        (
-            format!("{other:?} is not an addressing style"),
-            "use \"path\" (https://endpoint/bucket/key) or \"virtual-host\" (https://bucket.endpoint/key)".to_owned(),
-        )
-    });
-    let addressing = addressing.or(Addressing::Path);
+    let fix = "use \"path\" (https://endpoint/bucket/key) or \"virtual-host\" \
+               (https://bucket.endpoint/key)";
+    let what = "an addressing style";
+    read! { v, at, r; addressing: choice("\"path\"", &styles, what, fix).or(Addressing::Path); }
     let virtual_host = addressing == Some(Addressing::VirtualHost);
-    let bucket = v.parsed(&key("bucket"), &r.bucket, "\"releases\"", |b| bucket(b, virtual_host));
-    let region = v.parsed(&key("region"), &r.region, "\"us-east-1\"", |region| {
-        if !region.is_empty()
-            && region.len() <= 64
-            && region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
-            return Ok(region.to_owned());
-        }
-        wrong(
-            format!("{region:?} is not a region name"),
-            "write the region the bucket is in, e.g. region = \"eu-west-1\" (most S3-compatible \
-             stores accept \"us-east-1\")",
-        )
-    });
-    let region = region.or("us-east-1".to_owned());
-    let key_prefix = v.parsed(&key("key_prefix"), &r.key_prefix, "\"builds/2026\"", key_prefix);
-    let key_prefix = key_prefix.or(Vec::new());
+    let bucket = |name: &str| names::bucket(name, virtual_host);
+    read! { v, at, r; bucket: parsed("\"releases\"", bucket).ok(); }
+    read! { v, at, r;
+        region: parsed("\"us-east-1\"", names::region).or("us-east-1".to_owned());
+        key_prefix: parsed("\"builds/2026\"", names::key_prefix).or(Vec::new());
+    }
     let credentials = match v.boolean(&key("anonymous"), &r.anonymous).or(false) {
         Some(true) => {
             let fix = "remove it, or anonymous = true to sign requests with it";
@@ -450,52 +421,8 @@ fn s3_upstream(
             "use addressing = \"path\", or the endpoint's DNS name",
         );
     }
-    let (endpoint, bucket) = (Some(endpoint), bucket.ok());
+    let endpoint = Some(endpoint);
     complete! { S3Upstream { endpoint, bucket, region, addressing, key_prefix, credentials } }
-}
-
-/// A bucket's name, by S3's naming rules; `_` and capitals too for path-style addressing, as older
-/// buckets and S3-compatible stores allow them.
-fn bucket(bucket: &str, virtual_host: bool) -> Result<String, Problem> {
-    let dns_safe = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-';
-    let path_safe = |b: u8| dns_safe(b) || b.is_ascii_uppercase() || b == b'_';
-    let edge_ok = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
-    if (3..=63).contains(&bucket.len())
-        && bucket.bytes().all(|b| if virtual_host { dns_safe(b) } else { path_safe(b) })
-        && edge_ok(bucket.as_bytes().first())
-        && edge_ok(bucket.as_bytes().last())
-        && !bucket.contains("..")
-    {
-        return Ok(bucket.to_owned());
-    }
-    let rule = if virtual_host {
-        "3 to 63 lower-case letters, digits, '.' and '-', beginning and ending with a letter or \
-         digit (it becomes part of a host name)"
-    } else {
-        "3 to 63 letters, digits, '.', '-' and '_', beginning and ending with a letter or digit"
-    };
-    wrong(
-        format!("{bucket:?} is not a valid bucket name"),
-        format!("write the bucket's name: {rule}"),
-    )
-}
-
-/// A folder of the bucket: segments without `.`/`..`, empty parts or control characters, so that
-/// no key can be written above it.
-fn key_prefix(prefix: &str) -> Result<Vec<String>, Problem> {
-    let segments: Vec<String> =
-        prefix.split('/').filter(|s| !s.is_empty()).map(str::to_owned).collect();
-    let problem = if prefix.trim_matches('/').contains("//") {
-        "has an empty segment (//)"
-    } else if segments.iter().any(|s| s == "." || s == "..") {
-        "has a '.' or '..' segment"
-    } else if prefix.chars().any(|c| c.is_control() || c == '\\') {
-        "has a control character or a backslash"
-    } else {
-        return Ok(segments);
-    };
-    let fix = "write the folder's key prefix as plain segments, e.g. key_prefix = \"builds/2026\"";
-    wrong(problem, fix)
 }
 
 /// Credentials, by the first source configured: `access_key_env`/`secret_key_env`, then
@@ -523,13 +450,14 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
             }
             let profile = v.string(&key("profile"), &r.profile, "\"default\"").opt()?;
             let Some(file) = &r.credentials_file else {
-                let credentials = secret::standard_credentials(v, profile);
-                return v.check(at, credentials);
+                let env = |name: &str| v.env.get(name)?.to_str().map(str::to_owned);
+                return v.check(at, credentials::standard_credentials(env, profile));
             };
             let example = "\"/etc/rangeway/aws-credentials\"";
             let profile = profile.as_deref().unwrap_or("default");
-            let read =
-                |file: &str| secret::read_credentials_file(std::path::Path::new(file), profile);
+            let read = |file: &str| {
+                credentials::read_credentials_file(std::path::Path::new(file), profile)
+            };
             return v.parsed(&key("credentials_file"), file, example, read).ok();
         }
     };
@@ -570,101 +498,17 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
     })
 }
 
-pub(super) struct HttpUrl {
-    pub(super) tls: bool,
-    pub(super) host: Host,
-    pub(super) port: u16,
-    /// `host[:port]` as written (host lower-cased, IPv6 in brackets), the default Host header.
-    pub(super) authority: String,
-    pub(super) base_path: String,
-}
-
-impl HttpUrl {
-    /// The upstream this url names, with the TLS keys that apply to it when it is https.
-    fn upstream(self, tls: &Tls, host_header: Option<String>) -> HttpUpstream {
-        let name = self.host.is_name().then(|| self.host.bare());
-        HttpUpstream {
-            tls: self.tls,
-            sni: tls.sni.clone().or(name).filter(|_| self.tls),
-            ca_file: tls.ca_file.clone().filter(|_| self.tls),
-            insecure_skip_verify: tls.insecure_skip_verify && self.tls,
-            host: self.host.bare(),
-            port: self.port,
-            base_path: self.base_path,
-            host_header: host_header.unwrap_or(self.authority),
-        }
+/// The upstream `url` names, with the TLS keys that apply to it when it is https.
+fn http_upstream(url: HttpUrl, tls: &Tls, host_header: Option<String>) -> HttpUpstream {
+    let name = url.host.is_name().then(|| url.host.bare());
+    HttpUpstream {
+        tls: url.tls,
+        sni: tls.sni.clone().or(name).filter(|_| url.tls),
+        ca_file: tls.ca_file.clone().filter(|_| url.tls),
+        insecure_skip_verify: tls.insecure_skip_verify && url.tls,
+        host: url.host.bare(),
+        port: url.port,
+        base_path: url.base_path,
+        host_header: host_header.unwrap_or(url.authority),
     }
-}
-
-/// Parses `http(s)://host[:port][/base]`. Credentials, query and fragment are refused: the first
-/// would be sent nowhere (and logged), the others cannot be prefixed to request paths.
-///
-/// The url is not repeated in messages, as it might carry credentials.
-pub(super) fn parse_http_url(text: &str) -> Result<HttpUrl, Problem> {
-    let text = text.trim();
-    let example = format!("write it as http(s)://HOST[:PORT][/BASE], e.g. {URL_EXAMPLE}");
-    let Some((scheme, rest)) = text.split_once("://") else {
-        let host = text.split(['/', ':']).next().unwrap_or("");
-        return match !text.contains('@') && Host::parse(host).is_ok() {
-            true => {
-                wrong("is not a URL (no scheme://)", format!("add the scheme: \"http://{text}\""))
-            }
-            false => wrong("is not a URL (no scheme://)", example),
-        };
-    };
-    let tls = match scheme.to_ascii_lowercase().as_str() {
-        "http" => false,
-        "https" => true,
-        s if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) => {
-            return wrong(
-                format!("the scheme {s}:// is not supported"),
-                "use http:// or https://; for a local folder use dir = \"...\" instead of url",
-            );
-        }
-        _ => return wrong("the scheme is not supported", example),
-    };
-    let (rest, fragment) = rest.split_at(rest.find('#').unwrap_or(rest.len()));
-    let (rest, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
-    let (authority, base) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    if !fragment.is_empty() {
-        return wrong("has a #fragment, which is never sent to a server", "remove it");
-    } else if !query.is_empty() {
-        return wrong(
-            "has a ?query, which cannot be combined with request paths",
-            "remove it; for credentials or signing use the upstream's own settings",
-        );
-    } else if authority.contains('@') {
-        return wrong(
-            "holds credentials (user:password@)",
-            "remove them from the url; credentials in urls end up in logs",
-        );
-    }
-    let (host, port) = split_host_port(authority).or_else(|e| wrong(e, example.clone()))?;
-    let authority = port.map_or_else(|| host.to_string(), |port| format!("{host}:{port}"));
-    let base_path = check_base_path(base).or_else(|e| wrong(e, example))?;
-    let port = port.unwrap_or(if tls { 443 } else { 80 });
-    Ok(HttpUrl { tls, port, host, authority, base_path })
-}
-
-/// The url's path, used as a prefix of every upstream request path. It must be in normal form, or
-/// the proxy's path normalisation could be undone by it: no `.`/`..` or empty segments, only valid
-/// percent-escapes, no characters that need escaping.
-fn check_base_path(base: &str) -> Result<String, String> {
-    let trimmed = base.trim_end_matches('/');
-    let segment = trimmed.split('/').skip(1).find(|s| matches!(*s, "" | "." | ".."));
-    let bytes = trimmed.as_bytes();
-    let escape =
-        |i: usize| bytes.get(i + 1..i + 3).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
-    let byte = bytes.iter().enumerate().find(|&(i, &b)| {
-        !(b.is_ascii_alphanumeric() || b"/-._~!$&'()*+,;=:@%".contains(&b))
-            || (b == b'%' && !escape(i))
-    });
-    let problem = match (segment, byte) {
-        (Some(""), _) => "the path has an empty segment (//)",
-        (Some(_), _) => "the path has a '.' or '..' segment",
-        (None, Some((_, b'%'))) => "the path has a '%' that is not followed by two hex digits",
-        (None, Some(_)) => "the path has a character that must be percent-encoded",
-        (None, None) => return Ok(trimmed.to_owned()),
-    };
-    Err(problem.to_owned())
 }

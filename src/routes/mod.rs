@@ -10,8 +10,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use rangeway_middleware::chain::Chain;
 
-use crate::config::{S3ClientKeys, UpstreamResume};
+use crate::config::UpstreamResume;
 use crate::request_path::NormalizedPath;
+use crate::s3::credentials::S3ClientKeys;
 use upstream::Upstream;
 
 /// One `[[routes]]` entry, resolved against its upstream.

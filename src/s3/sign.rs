@@ -17,7 +17,7 @@ use aws_smithy_runtime_api::client::identity::Identity;
 use http::header::{self, HeaderName};
 use pingora_http::RequestHeader;
 
-use crate::config::S3Credentials;
+use crate::s3::credentials::S3Credentials;
 
 /// Client `x-amz-*` request fields passed on to S3 (and signed): the ones that ask for something
 /// of a read, not the ones that authenticate the client's own request.

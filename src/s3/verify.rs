@@ -23,7 +23,7 @@ use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use http::HeaderMap;
 
-use crate::config::S3ClientKeys;
+use crate::s3::credentials::S3ClientKeys;
 
 /// How far a client's clock may be from rangeway's, as S3 allows.
 const MAX_SKEW: Duration = Duration::from_secs(15 * 60);

@@ -62,7 +62,8 @@ use super::model::{
 };
 use super::share::ClientGroup;
 use super::{DownloadHold, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth, unix_now};
-use crate::config::{DownloadLimits, RedisTarget, RedisUrl};
+use crate::config::{DownloadLimits, RedisTarget};
+use crate::values::redis_url::RedisUrl;
 
 const SESSION_SCRIPT: &str =
     concat!(include_str!("redis/common.lua"), include_str!("redis/session.lua"));

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-/// Why a size or duration was rejected, split like a [`ConfigError`](super::ConfigError) so that a
-/// caller knowing the key's path can report it in the same shape.
+/// Why a size or duration was rejected, split like a [`ConfigError`](crate::config::ConfigError)
+/// so that a caller knowing the key's path can report it in the same shape.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{problem} — {fix}")]
 #[non_exhaustive]
@@ -16,7 +16,7 @@ pub struct UnitError {
 }
 
 impl UnitError {
-    pub(super) fn new(problem: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn new(problem: impl Into<String>, fix: impl Into<String>) -> Self {
         Self { problem: problem.into(), fix: fix.into() }
     }
 }
@@ -103,7 +103,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
 }
 
 /// `d` as a bound is written in messages: `"0s"`, `"1ms"`, `"5m"`, `"24h"`, `"30d"`.
-pub(super) fn written(d: Duration) -> String {
+pub(crate) fn written(d: Duration) -> String {
     let (ms, s) = (d.as_millis(), d.as_secs());
     match s {
         _ if ms % 1000 != 0 => format!("{ms}ms"),
@@ -115,11 +115,104 @@ pub(super) fn written(d: Duration) -> String {
 }
 
 /// The error for a number written without a unit; also used for TOML integers in duration fields.
-pub(super) fn bare_number(number: &str) -> UnitError {
+pub(crate) fn bare_number(number: &str) -> UnitError {
     UnitError::new(
         format!("{number} is a bare number, without a unit"),
         format!(
             "write \"{number}s\" (or another unit: \"{number}ms\", \"{number}m\", \"{number}h\")"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        let good: &[(&str, u64)] = &[
+            ("0", 0),
+            ("1048576", 1_048_576),
+            ("64KiB", 65_536),
+            ("64kib", 65_536),
+            ("1 MiB", 1_048_576),
+            ("1MB", 1_000_000),
+            ("1mb", 1_000_000),
+            ("512k", 524_288),
+            ("512K", 524_288),
+            ("2m", 2_097_152),
+            ("1g", 1 << 30),
+            ("1GiB", 1 << 30),
+            ("1GB", 1_000_000_000),
+            ("1TiB", 1 << 40),
+            ("3TB", 3_000_000_000_000),
+            ("100B", 100),
+            ("  7 kB  ", 7_000),
+            ("16777215TiB", 16_777_215 << 40),
+            ("18446744073709551615", u64::MAX),
+        ];
+        for &(text, want) in good {
+            assert_eq!(parse_size(text), Ok(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn bad_sizes() {
+        let bad: &[(&str, &str)] = &[
+            ("", "empty"),
+            ("   ", "empty"),
+            ("MiB", "does not start with a number"),
+            ("-1", "does not start with a number"),
+            ("1.5MiB", "not a whole number"),
+            ("1 parsec", "unknown size unit \"parsec\""),
+            ("1 KiBB", "unknown size unit"),
+            ("1 Ki B", "unknown size unit"),
+            ("16777216TiB1", "unknown size unit"),
+            ("16777216TiB", "does not fit in 64 bits"),
+            ("18446744073709551616", "does not fit in 64 bits"),
+            ("99999999999999999999999999999", "does not fit in 64 bits"),
+        ];
+        for &(text, want) in bad {
+            let err = parse_size(text).expect_err(text);
+            assert!(err.problem.contains(want), "{text:?}: {err}");
+            assert!(!err.fix.is_empty());
+        }
+    }
+
+    #[test]
+    fn durations() {
+        let good: &[(&str, Duration)] = &[
+            ("30s", Duration::from_secs(30)),
+            ("500ms", Duration::from_millis(500)),
+            ("24h", Duration::from_secs(86_400)),
+            ("1h30m", Duration::from_secs(5_400)),
+            ("1h 30m", Duration::from_secs(5_400)),
+            ("0s", Duration::ZERO),
+            (" 2min ", Duration::from_secs(120)),
+            ("1d", Duration::from_secs(86_400)),
+        ];
+        for &(text, want) in good {
+            assert_eq!(parse_duration(text), Ok(want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn bad_durations() {
+        let bad: &[(&str, &str, &str)] = &[
+            ("30", "bare number", "write \"30s\""),
+            ("0", "bare number", "write \"0s\""),
+            ("", "empty", "\"30s\""),
+            ("30 parsecs", "not a duration", "\"1h30m\""),
+            ("-1s", "not a duration", "\"30s\""),
+            ("s", "not a duration", "\"30s\""),
+            ("99999999999999999999999h", "not a duration", "\"30s\""),
+        ];
+        for &(text, problem, fix) in bad {
+            let err = parse_duration(text).expect_err(text);
+            assert!(err.problem.contains(problem), "{text:?}: {err}");
+            assert!(err.fix.contains(fix), "{text:?}: {err}");
+        }
+    }
 }

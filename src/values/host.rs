@@ -1,11 +1,12 @@
-//! Host names and IP literals as they appear in URLs, `host_header`, `sni` and route `host`.
+//! Host names and IP literals as they appear in URLs, `host_header`, `sni` and route `host`:
+//! shared by the config's upstream and route checks and the Redis URL.
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// A validated host: a DNS name (lower case) or an IP literal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Host {
+pub enum Host {
     Name(String),
     V4(Ipv4Addr),
     V6(Ipv6Addr),
@@ -17,7 +18,7 @@ impl Host {
     /// Names may contain `_`, which DNS proper forbids but container and service-discovery names
     /// (`minio_1`) use, and which resolvers accept. The error never repeats the text: it is
     /// sometimes cut out of a URL that holds a password.
-    pub(super) fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, String> {
         if let Some(inner) = text.strip_prefix('[') {
             let inner = inner.strip_suffix(']').ok_or("an IPv6 host has an unclosed '['")?;
             let not_v6 = "the host in brackets is not an IPv6 address";
@@ -58,12 +59,12 @@ impl Host {
         Err(problem.to_owned())
     }
 
-    pub(super) fn is_name(&self) -> bool {
+    pub fn is_name(&self) -> bool {
         matches!(self, Self::Name(_))
     }
 
     /// The host without brackets, as a resolver or socket address wants it.
-    pub(super) fn bare(&self) -> String {
+    pub fn bare(&self) -> String {
         match self {
             Self::Name(name) => name.clone(),
             Self::V4(ip) => ip.to_string(),
@@ -84,7 +85,7 @@ impl fmt::Display for Host {
 
 /// Splits `host[:port]` (host possibly a bracketed IPv6 literal). The port is `None` when absent;
 /// a present port must be 1..=65535.
-pub(super) fn split_host_port(authority: &str) -> Result<(Host, Option<u16>), String> {
+pub fn split_host_port(authority: &str) -> Result<(Host, Option<u16>), String> {
     let (host, port) = match authority.find(']').filter(|_| authority.starts_with('[')) {
         Some(end) => match authority.split_at(end + 1) {
             (host, "") => (host, None),
@@ -115,4 +116,61 @@ pub(super) fn split_host_port(authority: &str) -> Result<(Host, Option<u16>), St
         },
     };
     Ok((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    #[test]
+    fn hosts() {
+        assert_eq!(Host::parse("Example.COM"), Ok(Host::Name("example.com".into())));
+        assert_eq!(Host::parse("minio_1"), Ok(Host::Name("minio_1".into())));
+        assert_eq!(Host::parse("10.0.0.1"), Ok(Host::V4(Ipv4Addr::new(10, 0, 0, 1))));
+        assert_eq!(Host::parse("[::1]"), Ok(Host::V6(Ipv6Addr::LOCALHOST)));
+        assert_eq!(Host::parse("[::1]").map(|h| h.to_string()), Ok("[::1]".into()));
+        assert_eq!(Host::parse("[::1]").map(|h| h.bare()), Ok("::1".into()));
+        for bad in [
+            "",
+            "10.0.0.256",
+            "a..b",
+            ".a",
+            "a.",
+            "-a",
+            "a-",
+            "a b",
+            "a/b",
+            "::1",
+            "[::1",
+            "[x]",
+            "é.com",
+        ] {
+            assert!(Host::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(Host::parse(&"a".repeat(64)).is_err());
+        assert!(Host::parse(&["a"; 128].join(".")).is_err());
+    }
+
+    #[test]
+    fn host_ports() {
+        assert_eq!(split_host_port("h:9000"), Ok((Host::Name("h".into()), Some(9000))));
+        assert_eq!(split_host_port("h"), Ok((Host::Name("h".into()), None)));
+        assert_eq!(split_host_port("[::1]:443"), Ok((Host::V6(Ipv6Addr::LOCALHOST), Some(443))));
+        assert_eq!(split_host_port("[::1]"), Ok((Host::V6(Ipv6Addr::LOCALHOST), None)));
+        for (bad, want) in [
+            ("h:", "empty"),
+            ("h:x", "not a number"),
+            ("h:0", "port 0"),
+            ("h:65536", "port 65536 is out of range"),
+            ("h:99999999999999999999", "out of range"),
+            ("[::1]x", "unexpected text"),
+            ("[::1", "unclosed"),
+            (":80", "host is empty"),
+        ] {
+            let err = split_host_port(bad).expect_err(bad);
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+    }
 }
