@@ -166,6 +166,7 @@ impl Proxy {
         let span = request_span(ctx.trace.as_ref());
         async {
             let route = ctx
+                .identity
                 .route
                 .clone()
                 .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;

@@ -4,7 +4,7 @@
 //! its header, and its body to read (source_body.rs).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::header;
 use pingora_error::{Error, ErrorType, Result};
@@ -23,6 +23,22 @@ use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
 use crate::config::UpstreamResume;
 use crate::routes::Route;
 use crate::routes::origin_client::Exchange;
+
+/// source's record of the upstream, for the steps after it and for `record`.
+#[derive(Debug, Default)]
+pub(super) struct UpstreamRecord {
+    /// Which replica of the route's upstream the request went to.
+    pub(super) replica: usize,
+    /// Replicas the request could not be sent to (see `Upstream::retry_elsewhere`).
+    pub(super) connect_tries: usize,
+    /// When the upstream was first asked (before connecting), and how long its answer's header
+    /// took from then: the access line's `upstream_ms`.
+    pub(super) asked: Option<Instant>,
+    pub(super) header_took: Option<Duration>,
+    pub(super) status: Option<u16>,
+    /// What the slice cache did for the request, on a route that uses it.
+    pub(super) cache: Option<Outcome>,
+}
 
 /// The source's answer, before it is shaped into the client's.
 pub(super) struct Sourced {
@@ -60,24 +76,26 @@ impl Proxy {
         watch: &ClientWatch,
     ) -> Result<Sourced> {
         let policy = route.upstream_resume;
-        ctx.replica = route.upstream.choose();
+        ctx.upstream.replica = route.upstream.choose();
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());
         origin_request::complete(&mut request, route, ctx, client_side(session))?;
         // Not signed here: an S3 request is signed once, last, where it is sent (its
         // `traceparent` set first when it is traced), by `OriginClient::send`.
         let request = RequestHeader::from(request);
-        let asks_again =
-            policy.is_some() || route.upstream.replica_count() > 1 || ctx.part_gap.is_some();
+        let asks_again = policy.is_some()
+            || route.upstream.replica_count() > 1
+            || ctx.identity.part_gap.is_some();
         let base = asks_again.then(|| request.clone());
-        ctx.upstream_asked = Some(Instant::now());
+        ctx.upstream.asked = Some(Instant::now());
         // The kernel ways and the cache's answer are boxed futures: carried inline, their state
         // would be in every response's future, which pingora boxes and moves, also where a small
         // answer needs none of it; see docs/benchmarks.md, "Boxed futures".
         let cached = match (&self.cache, route.cache) {
             (Some(cache), Some(use_of)) => {
                 let asked = (&request, client_authorized(session, route));
-                let answer = cache.answer(route, use_of, asked, &self.origin_client, ctx.replica);
+                let answer =
+                    cache.answer(route, use_of, asked, &self.origin_client, ctx.upstream.replica);
                 Some(watch.unless_gone(session, Box::pin(answer)).await?)
             }
             (None, Some(_)) => Some(CacheAnswer::Bypass(Bypass::Off)),
@@ -85,12 +103,12 @@ impl Proxy {
         };
         let (response, body) = match cached {
             Some(CacheAnswer::Served { header, body, outcome }) => {
-                ctx.cache = Some(outcome);
+                ctx.upstream.cache = Some(outcome);
                 (*header, body.map(UpstreamBody::Cache))
             }
             bypassed => {
                 if let Some(CacheAnswer::Bypass(why)) = bypassed {
-                    ctx.cache = Some(Outcome::Bypass(why));
+                    ctx.upstream.cache = Some(Outcome::Bypass(why));
                 }
                 let first = self.first_exchange(route, ctx, request, base.as_ref());
                 let exchange = watch.unless_gone(session, first).await??;
@@ -107,7 +125,7 @@ impl Proxy {
         Ok(Sourced { response, body, stream, continuable, base, policy })
     }
 
-    /// Sends the request (`request`, made for `ctx.replica`) and reads the answer's header. When
+    /// Sends the request (`request`, made for `ctx.upstream.replica`) and reads the answer's header. When
     /// the replica cannot be reached, the others are tried (`Upstream::retry_elsewhere`), with
     /// `base` and their Host (given when there are others).
     async fn first_exchange(
@@ -120,15 +138,17 @@ impl Proxy {
         let upstream = &route.upstream;
         // Its span and `traceparent` when traced (in the request's span, the relay's), then
         // signed.
-        let mut sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
+        let mut sent =
+            self.origin_client.send(upstream, ctx.upstream.replica, request, "first").await;
         while let (Err(_), Some(base)) = (&sent, base) {
-            if !upstream.retry_elsewhere(ctx.replica, &mut ctx.connect_tries) {
+            if !upstream.retry_elsewhere(ctx.upstream.replica, &mut ctx.upstream.connect_tries) {
                 break;
             }
-            ctx.replica = upstream.choose();
+            ctx.upstream.replica = upstream.choose();
             let mut request = base.clone();
-            request.insert_header(header::HOST, upstream.host_header(ctx.replica).clone())?;
-            sent = self.origin_client.send(upstream, ctx.replica, request, "first").await;
+            request
+                .insert_header(header::HOST, upstream.host_header(ctx.upstream.replica).clone())?;
+            sent = self.origin_client.send(upstream, ctx.upstream.replica, request, "first").await;
         }
         sent
     }
