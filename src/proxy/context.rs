@@ -93,7 +93,8 @@ impl LostSession {
     }
 }
 
-/// What the request knows of its download: who it is, what the store said, what was delivered.
+/// What the request knows of its download: who it is and what the store said (identify), what
+/// the response delivers (shape).
 #[derive(Debug)]
 pub(super) struct DownloadCtx {
     pub(super) id: String,
@@ -103,8 +104,6 @@ pub(super) struct DownloadCtx {
     /// For a bare resume, the one version it may be answered with (see
     /// `DownloadSession::resumable`); its strong ETag goes upstream as `If-Match`.
     pub(super) resume_version: Option<ObjectVersion>,
-    /// The upstream's answer is not the version the resume may have: it is refused (412).
-    pub(super) changed: bool,
     /// What this response delivers.
     pub(super) delivering: Option<Delivering>,
     /// The origin's version behind it (the same on a route that does not transform).

@@ -182,14 +182,15 @@ struct Found {
 }
 
 impl Proxy {
-    /// Identifies the request and plans its answer in `ctx`, or answers it (`None`): what the
-    /// source is asked, and the download's session and resume decision.
+    /// Identifies the request and plans its answer in `ctx.identity` — what the source is asked,
+    /// and the download's session and resume decision — and hands it to its route; or answers it
+    /// (`None`).
     pub(super) async fn identify(
         &self,
         session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         admitted: Admitted,
-    ) -> Result<Option<()>> {
+    ) -> Result<Option<Arc<Route>>> {
         let Admitted { route, path, lapsed, link } = admitted;
         let req = session.req_header();
         let Some(target) = upstream_target(req, &route, &path, link.as_ref()) else {
@@ -237,7 +238,7 @@ impl Proxy {
         if let Some(lapse) = lapsed {
             self.metrics.resumed_past_expiry(&route.name, lapse.name());
         }
-        Ok(Some(()))
+        Ok(Some(route))
     }
 
     /// The download the request belongs to, and the one store round trip before the response:
@@ -345,7 +346,6 @@ impl Proxy {
                 object,
                 session: stored,
                 resume_version,
-                changed: false,
                 delivering: None,
                 origin_version: None,
             });

@@ -229,7 +229,6 @@ mod tests {
             object: "/|/a.bin".to_owned(),
             session: None,
             resume_version: Some(version),
-            changed: false,
             delivering: None,
             origin_version: None,
         });

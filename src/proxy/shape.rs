@@ -94,41 +94,33 @@ impl Shaped {
 }
 
 impl Proxy {
-    /// Whether the source's answer is of the one version a bare resume may be answered with: if
-    /// not, the resume is refused in [`Self::shape`]. A 5xx takes its replica out for a while.
-    pub(super) fn check_resume_version(&self, response: &ResponseHeader, ctx: &mut RequestCtx) {
-        if response.status.is_server_error()
-            && let Some(route) = ctx.identity.route.as_ref()
-        {
-            route.upstream.failed(ctx.upstream.replica);
-        }
+    /// The download whose bare resume the source's answer may not follow, to be refused: the
+    /// answer is not of the one version the resume may be answered with.
+    fn changed_resume(&self, response: &ResponseHeader, ctx: &mut RequestCtx) -> Option<String> {
         if ctx.identity.transforms() {
-            // The version a resume may have is the transformed representation's ETag: checked in `shape`.
-            return;
+            // The version a resume may have is the transformed representation's ETag: checked in
+            // `transformed_response`.
+            return None;
         }
-        let Some(download) = ctx.identity.download.as_mut() else {
-            return;
-        };
-        let Some(resume_version) = download.resume_version.take() else {
-            return;
-        };
+        let download = ctx.identity.download.as_mut()?;
+        let resume_version = download.resume_version.take()?;
         let status = response.status.as_u16();
         let answered = object_version(status, &response.headers, &validators(&response.headers));
         let changed = status == 412
             || (matches!(status, 200 | 206)
                 && !answered.is_some_and(|v| v.same_as(&resume_version)));
         if !changed {
-            return;
+            return None;
         }
         // The object is not the one version the client may hold: no answer with bytes of another
         // is safe. A range of it would be spliced by every client; so would the whole object
         // (wget -c skips a 200's first bytes up to its file length and appends the rest). The
         // resume is refused: curl -C - leaves its file as it is, wget and aria2c stop with an
         // error.
-        download.changed = true;
         let route = ctx.identity.route.as_ref().map_or("-", |r| r.name.as_str());
         self.metrics.resume_refused(route);
         info!(route, download = %download.id, "the object changed since this download began: refusing the resume");
+        Some(download.id.clone())
     }
 
     /// The client's answer from the source's: refused (the object changed, the session may be
@@ -141,18 +133,15 @@ impl Proxy {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Box<CacheBody>>> {
+        if let Some(id) = self.changed_resume(response, ctx) {
+            refuse_changed(response, ctx, &id)?;
+            return Ok(None);
+        }
         let status = response.status.as_u16();
-        ctx.upstream.status = Some(status);
-        ctx.upstream.header_took = ctx.upstream.asked.map(|t| t.elapsed());
         let answer_validators = validators(&response.headers);
         let version = object_version(status, &response.headers, &answer_validators);
         let origin_digest =
             if status == 200 { OriginDigestCheck::for_response(&response.headers) } else { None };
-        if let Some(id) = ctx.identity.download.as_ref().filter(|d| d.changed).map(|d| d.id.clone())
-        {
-            refuse_changed(response, ctx, &id)?;
-            return Ok(None);
-        }
         if let Some(lost) = ctx.identity.lost_session
             && lost.refuse
             && matches!(status, 200 | 206)

@@ -163,7 +163,6 @@ impl Proxy {
             && let Some(resume_version) = download.resume_version.take()
             && !delivered.is_some_and(|delivered| delivered.same_as(&resume_version))
         {
-            download.changed = true;
             self.metrics.resume_refused(&route.name);
             let id = download.id.clone();
             // The representation's ETag, as on its answers: the origin's is not its to show (on

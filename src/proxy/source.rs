@@ -36,8 +36,17 @@ pub(super) struct UpstreamRecord {
     pub(super) asked: Option<Instant>,
     pub(super) header_took: Option<Duration>,
     pub(super) status: Option<u16>,
-    /// What the slice cache did for the request, on a route that uses it.
+    /// What the slice cache did for the request, on a route that uses it (a `Hit` too when
+    /// shape finds the transformed representation kept whole).
     pub(super) cache: Option<Outcome>,
+}
+
+impl UpstreamRecord {
+    /// The source answered with `status`: its header is in.
+    fn answered(&mut self, status: u16) {
+        self.status = Some(status);
+        self.header_took = self.asked.map(|asked| asked.elapsed());
+    }
 }
 
 /// The source's answer, before it is shaped into the client's.
@@ -120,6 +129,11 @@ impl Proxy {
                 (response, Some(UpstreamBody::Origin { exchange, source: BodySource::Unread }))
             }
         };
+        if response.status.is_server_error() {
+            // A replica answering 5xx is as good as down: passed over for a while.
+            route.upstream.failed(ctx.upstream.replica);
+        }
+        ctx.upstream.answered(response.status.as_u16());
         let stream = upstream_stream(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         Ok(Sourced { response, body, stream, continuable, base, policy })
