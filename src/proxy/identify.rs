@@ -356,8 +356,8 @@ impl Proxy {
             .or(refused_lapse.map(Refusal::Lapsed))
     }
 
-    /// The download's place under its route's concurrent-download limits, held in `ctx` to the
-    /// response's end; the limit it would break when there is none.
+    /// The download's place under its route's concurrent-download limits, held in `ctx.identity` to
+    /// the response's end; the limit it would break when there is none.
     async fn hold_place(
         &self,
         req: &RequestHeader,

@@ -38,8 +38,8 @@ pub(super) fn complete(
     ctx: &RequestCtx,
     client: ClientSide<'_>,
 ) -> Result<()> {
-    request.uri = ctx
-        .identity
+    let identity = &ctx.identity;
+    request.uri = identity
         .upstream_target
         .parse::<http::Uri>()
         .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
@@ -51,8 +51,8 @@ pub(super) fn complete(
     };
     headers.insert(header::HOST, route.upstream.host_header(ctx.upstream.replica).clone());
     headers.remove(header::RANGE);
-    let transforms = ctx.identity.transforms();
-    if ctx.identity.chain().is_some() {
+    let transforms = identity.transforms();
+    if identity.chain().is_some() {
         // The stages work on the object's own bytes, not on an encoding of them.
         headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     }
@@ -63,13 +63,12 @@ pub(super) fn complete(
             headers.remove(name);
         }
     }
-    if let Some(spec) = &ctx.identity.sent_range {
+    if let Some(spec) = &identity.sent_range {
         headers.insert(header::RANGE, value(format!("bytes={spec}"), "Range")?);
-        if let Some(planned_for) = &ctx.identity.planned_for {
+        if let Some(planned_for) = &identity.planned_for {
             // Planned for this version: another one must come whole, to be planned again.
             headers.insert(header::IF_RANGE, value(planned_for.as_str(), "If-Range")?);
-        } else if let Some(etag) = ctx
-            .identity
+        } else if let Some(etag) = identity
             .download
             .as_ref()
             .and_then(|d| d.resume_version.as_ref())
@@ -89,7 +88,7 @@ pub(super) fn complete(
     // client is in that list already), else the client.
     let forwarded_by =
         ctx.client.and_then(|client| client.forwarded_by).map(super::context::ip_text);
-    if let Some(ip) = forwarded_by.as_ref().or(ctx.identity.client_ip.as_ref()) {
+    if let Some(ip) = forwarded_by.as_ref().or(identity.client_ip.as_ref()) {
         let forwarded = match headers.get(&X_FORWARDED_FOR) {
             // An earlier proxy's list, kept as its bytes.
             Some(earlier) => {

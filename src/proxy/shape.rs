@@ -43,7 +43,9 @@ pub(super) struct Shaped {
     pub(super) origin_digest: Option<OriginDigestCheck>,
     /// Keeps the whole slices of the representation the stages make, for the next request.
     pub(super) output_writer: Option<OutputWriter>,
-    /// The stretches of a multipart answer still to fetch after the upstream's first answer.
+    /// The stretches of a multipart answer still to fetch after the upstream's first answer,
+    /// which deliver takes. Kept here rather than handed to deliver through `Proxy::answer`, whose
+    /// future would carry them to every response.
     pub(super) rest_parts: Vec<ByteRange>,
     /// This response's progress, shown by the admin API while it is in flight.
     pub(super) live: Option<LiveGuard>,

@@ -75,8 +75,8 @@ impl Sourced {
 }
 
 impl Proxy {
-    /// Asks the source what the plan in `ctx` says: the slice cache on a route that uses one,
-    /// else the origin. Every wait on either ends when the client goes (`watch`).
+    /// Asks the source what the plan in `ctx.identity` says: the slice cache on a route that uses
+    /// one, else the origin. Every wait on either ends when the client goes (`watch`).
     pub(super) async fn source(
         &self,
         session: &mut impl ClientSession,
@@ -139,9 +139,9 @@ impl Proxy {
         Ok(Sourced { response, body, stream, continuable, base, policy })
     }
 
-    /// Sends the request (`request`, made for `ctx.upstream.replica`) and reads the answer's header. When
-    /// the replica cannot be reached, the others are tried (`Upstream::retry_elsewhere`), with
-    /// `base` and their Host (given when there are others).
+    /// Sends the request (`request`, made for `ctx.upstream.replica`) and reads the answer's
+    /// header. When the replica cannot be reached, the others are tried
+    /// (`Upstream::retry_elsewhere`), with `base` and their Host (given when there are others).
     async fn first_exchange(
         &self,
         route: &Route,

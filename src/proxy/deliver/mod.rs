@@ -62,7 +62,7 @@ struct Held {
 }
 
 impl Proxy {
-    /// Writes the client's answer, shaped in `ctx`, with the source's body.
+    /// Writes the client's answer, shaped in `ctx.answer`, with the source's body.
     pub(super) async fn deliver(
         &self,
         session: &mut impl ClientSession,

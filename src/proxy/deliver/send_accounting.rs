@@ -12,9 +12,9 @@ use super::super::client_session::ClientSession;
 use super::super::context::RequestCtx;
 
 impl Proxy {
-    /// Ends a response whose body went past the session's writer (`ctx.delivery.spliced` bytes of it,
-    /// then `outcome`). The writer is told of those bytes, as writes its connection swallows: it
-    /// then counts them, frames the response as complete and keeps the connection, as for any
+    /// Ends a response whose body went past the session's writer (`ctx.delivery.spliced` bytes of
+    /// it, then `outcome`). The writer is told of those bytes, as writes its connection swallows:
+    /// it then counts them, frames the response as complete and keeps the connection, as for any
     /// other response.
     pub(super) async fn account_sent_aside(
         &self,
