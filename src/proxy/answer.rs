@@ -81,7 +81,7 @@ pub(super) fn answer_without_body(
         // PreconditionFailed; the callers pass no other shape.
         _ => empty_answer(response, StatusCode::PRECONDITION_FAILED)?,
     }
-    ctx.body = BodyPlan::Discard;
+    ctx.answer.body = BodyPlan::Discard;
     Ok(())
 }
 
@@ -97,7 +97,7 @@ pub(super) fn refuse_changed(
         "the object changed since this download began; download it again from the start",
     )?;
     response.insert_header(DOWNLOAD_ID, id)?;
-    ctx.body = BodyPlan::Discard;
+    ctx.answer.body = BodyPlan::Discard;
     Ok(())
 }
 
@@ -109,11 +109,11 @@ pub(super) fn refuse_lost_session(
 ) -> Result<()> {
     empty_answer(response, StatusCode::PRECONDITION_FAILED)?;
     response.insert_header("x-rangeway-error", LOST_SESSION)?;
-    if let Some(download) = &ctx.download {
+    if let Some(download) = &ctx.identity.download {
         response.insert_header(DOWNLOAD_ID, download.id.as_str())?;
     }
     ctx.refusal = Some("the store may have lost this download's session");
-    ctx.body = BodyPlan::Discard;
+    ctx.answer.body = BodyPlan::Discard;
     Ok(())
 }
 
@@ -271,7 +271,7 @@ impl Proxy {
         match respond(session, status_code, message, &[]).await {
             Ok(()) => (status, true),
             Err(write_error) => {
-                info!(route = ctx.route_name(), error = %write_error, "could not send the error answer");
+                info!(route = ctx.identity.route_name(), error = %write_error, "could not send the error answer");
                 session.close_after_response();
                 (status, false)
             }
@@ -286,7 +286,7 @@ impl Proxy {
         ctx: &RequestCtx,
         limit: Limit,
     ) -> Result<bool> {
-        self.metrics.download_limited(ctx.route_name(), limit.name());
+        self.metrics.download_limited(ctx.identity.route_name(), limit.name());
         let message = match limit {
             Limit::PerClient(most) => format!(
                 "rangeway: your address has {most} downloads under way here, the most it may; \
@@ -337,7 +337,7 @@ impl Proxy {
     /// `answered`: see `LostSession`.
     pub(super) fn unvouched(&self, ctx: &RequestCtx, route: &str, answered: Unvouched) {
         self.metrics.resume_unvouched(route, answered);
-        let download = ctx.download.as_ref().map_or("-", |d| d.id.as_str());
+        let download = ctx.identity.download.as_ref().map_or("-", |d| d.id.as_str());
         info!(
             route,
             download,
@@ -355,11 +355,11 @@ impl Proxy {
         ctx: &mut RequestCtx,
         download: &DownloadId,
     ) -> Result<()> {
-        let route = ctx.route_name().to_owned();
+        let route = ctx.identity.route_name().to_owned();
         self.metrics.resume_refused(&route);
         info!(route, download = %download.id, "several versions of the object were sent under this download id: refusing the resume");
         ctx.refusal = Some("the client may hold any of several versions");
-        ctx.download = None;
+        ctx.identity.download = None;
         let message = if download.derived {
             "rangeway: this resume is refused: more than one version of the object was sent \
              under this download's id, which every client at your address with the same \

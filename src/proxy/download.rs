@@ -41,7 +41,7 @@ pub struct DownloadId {
 /// client's id, and a client cannot name one: `auto-` ids are rangeway's own, and one a client
 /// sends — its own echoed back, or anyone's — is replaced by the id derived for the request.
 ///
-/// `client` is the client's IP address as text (see `RequestCtx::client_ip`).
+/// `client` is the client's IP address as text (see `Identified::client_ip`).
 pub fn download_id(
     req: &RequestHeader,
     client: Option<&str>,

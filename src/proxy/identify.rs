@@ -10,6 +10,9 @@ use std::time::{Duration, SystemTime};
 use http::{Method, StatusCode, header};
 use pingora_error::Result;
 use pingora_http::RequestHeader;
+use rangeway_middleware::ByteRange;
+use rangeway_middleware::chain::Chain;
+use rangeway_middleware::rfc9110::RangeSpec;
 use tracing::Instrument as _;
 
 use super::admit::Admitted;
@@ -26,7 +29,134 @@ use crate::range::{ClientRange, IfRangeDate};
 use crate::representation::{StoredFacts, version_key};
 use crate::request_path::NormalizedPath;
 use crate::routes::Route;
-use crate::state::{Holding, Lookup, Resumable, StoreError};
+use crate::state::{
+    Delivery, Ending, Holding, Lookup, ObjectVersion, Resumable, StoreError, unix_now,
+};
+use crate::telemetry::metrics::ActiveDownload;
+
+/// identify's output, the request as rangeway will answer it: its route, what the client asked,
+/// what the source is asked for, and the download it belongs to.
+#[derive(Debug)]
+pub(super) struct Identified {
+    /// Set as the request is identified: from then on it is its route's (see
+    /// `Delivered::transport_taken`).
+    pub(super) route: Option<Arc<Route>>,
+    pub(super) upstream_target: String,
+    /// The client's IP address as text, formatted once: the derived download id, the
+    /// download's record and `X-Forwarded-For` all write it.
+    pub(super) client_ip: Option<String>,
+    pub(super) client_range: ClientRange,
+    /// The Range the source is asked for.
+    pub(super) sent_range: Option<RangeSpec>,
+    /// The object's path on the upstream, as the stages are told it.
+    pub(super) object_path: String,
+    pub(super) download: Option<DownloadCtx>,
+    /// On a route with middleware: what the store knows of the object and its stages.
+    pub(super) known: Option<StoredFacts>,
+    /// A bare resume whose session the store may have lost.
+    pub(super) lost_session: Option<LostSession>,
+    /// How the client's If-Range, when it is a date, goes upstream.
+    pub(super) if_range_date: IfRangeDate,
+    /// The ranges of a multipart answer are fetched apart, in stretches this far apart at least.
+    pub(super) part_gap: Option<u64>,
+    /// On a route that transforms: the origin's strong ETag the planned range was made for, sent
+    /// upstream as If-Range so that a changed object comes whole.
+    pub(super) planned_for: Option<String>,
+    /// The route serves its output as a content coding this client does not accept: the body is
+    /// passed through untouched, as on a route without middleware.
+    pub(super) coding_declined: bool,
+    /// The download's place under its route's concurrent-download limits, held to the end.
+    pub(super) under_way: Option<super::under_way::Place>,
+    pub(super) _active: Option<ActiveDownload>,
+}
+
+impl Default for Identified {
+    fn default() -> Self {
+        Self {
+            route: None,
+            upstream_target: String::new(),
+            client_ip: None,
+            client_range: ClientRange::Absent,
+            sent_range: None,
+            object_path: String::new(),
+            download: None,
+            known: None,
+            lost_session: None,
+            if_range_date: IfRangeDate::NotADate,
+            part_gap: None,
+            planned_for: None,
+            coding_declined: false,
+            under_way: None,
+            _active: None,
+        }
+    }
+}
+
+impl Identified {
+    pub(super) fn route_name(&self) -> &str {
+        self.route.as_ref().map_or("-", |r| r.name.as_str())
+    }
+
+    /// The route's middleware as this request runs it: none on a passthrough route, or when the
+    /// client declined the route's content coding.
+    pub(super) fn chain(&self) -> Option<&Chain> {
+        self.route
+            .as_ref()
+            .map(|route| &route.chain)
+            .filter(|chain| !chain.stages().is_empty() && !self.coding_declined)
+    }
+
+    /// Whether the route's middleware changes the bytes for this request.
+    pub(super) fn transforms(&self) -> bool {
+        self.chain().is_some_and(|chain| !chain.is_observing_only())
+    }
+
+    /// What this response delivered to its download, once `sent` body bytes went out (none is
+    /// an empty range), `finished` when the response ended without an error.
+    pub(super) fn delivery(&self, sent: u64, finished: bool) -> Option<Delivery> {
+        let download = self.download.as_ref()?;
+        let delivering = download.delivering.as_ref()?;
+        let (range, ending) = delivering.ended(sent, finished)?;
+        let origin_version = download.origin_version.as_ref().unwrap_or(&delivering.version);
+        let versions = (delivering.version.clone(), origin_version.clone());
+        let client = self.client_ip.clone().unwrap_or_default();
+        self.delivered(versions, client, range, ending, sent)
+    }
+
+    /// As [`Self::delivery`], for the record made after the response: the versions and the
+    /// client's address are moved out, not copied (the download is not delivering any more).
+    pub(super) fn take_delivery(&mut self, sent: u64, finished: bool) -> Option<Delivery> {
+        let download = self.download.as_mut()?;
+        let (range, ending) = download.delivering.as_ref()?.ended(sent, finished)?;
+        let version = download.delivering.take()?.version;
+        let origin_version = download.origin_version.take().unwrap_or_else(|| version.clone());
+        let client = self.client_ip.take().unwrap_or_default();
+        self.delivered((version, origin_version), client, range, ending, sent)
+    }
+
+    fn delivered(
+        &self,
+        (version, origin_version): (ObjectVersion, ObjectVersion),
+        client: String,
+        range: ByteRange,
+        ending: Ending,
+        sent: u64,
+    ) -> Option<Delivery> {
+        let download = self.download.as_ref()?;
+        Some(Delivery {
+            id: download.id.clone(),
+            object: download.object.clone(),
+            route: self.route_name().to_owned(),
+            client,
+            version,
+            origin_version,
+            range,
+            ending,
+            bytes: sent,
+            now: unix_now(),
+        })
+    }
+}
 
 /// Why an identified request is refused before its source is asked.
 enum Refusal {
@@ -52,14 +182,15 @@ struct Found {
 }
 
 impl Proxy {
-    /// Identifies the request and plans its answer in `ctx`, or answers it (`None`): what the
-    /// source is asked, and the download's session and resume decision.
+    /// Identifies the request and plans its answer in `ctx.identity` — what the source is asked,
+    /// and the download's session and resume decision — and hands it to its route; or answers it
+    /// (`None`).
     pub(super) async fn identify(
         &self,
         session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         admitted: Admitted,
-    ) -> Result<Option<()>> {
+    ) -> Result<Option<Arc<Route>>> {
         let Admitted { route, path, lapsed, link } = admitted;
         let req = session.req_header();
         let Some(target) = upstream_target(req, &route, &path, link.as_ref()) else {
@@ -67,17 +198,18 @@ impl Proxy {
             respond(session, StatusCode::NOT_FOUND, "no object at this path\n", &[]).await?;
             return Ok(None);
         };
-        ctx.client_range = ClientRange::from_request(&req.method, &req.headers, &self.range_limits);
-        ctx.sent_range = ctx.client_range.upstream_spec();
-        ctx.upstream_target = target;
-        ctx.client_ip = ctx.client.map(|client| ip_text(client.ip));
-        ctx._active = Some(self.metrics.active_download());
-        ctx.route = Some(Arc::clone(&route));
-        ctx.coding_declined = route
+        ctx.identity.client_range =
+            ClientRange::from_request(&req.method, &req.headers, &self.range_limits);
+        ctx.identity.sent_range = ctx.identity.client_range.upstream_spec();
+        ctx.identity.upstream_target = target;
+        ctx.identity.client_ip = ctx.client.map(|client| ip_text(client.ip));
+        ctx.identity._active = Some(self.metrics.active_download());
+        ctx.identity.route = Some(Arc::clone(&route));
+        ctx.identity.coding_declined = route
             .chain
             .content_coding()
             .is_some_and(|coding| !negotiation::accepts_coding(&req.headers, coding));
-        let has_chain = !route.chain.stages().is_empty() && !ctx.coding_declined;
+        let has_chain = !route.chain.stages().is_empty() && !ctx.identity.coding_declined;
         let refusal = if req.method == Method::GET || (has_chain && req.method == Method::HEAD) {
             let found = self.look_up(req, ctx, &route, &path, link.as_ref(), has_chain).await;
             self.plan(req, ctx, &route, &path, found, lapsed).await
@@ -90,13 +222,13 @@ impl Proxy {
                 return Ok(None);
             }
             Some(Refusal::Limited(limit)) => {
-                ctx.download = None;
+                ctx.identity.download = None;
                 ctx.refusal = Some("too many downloads under way");
                 self.refuse_limited(session, ctx, limit).await?;
                 return Ok(None);
             }
             Some(Refusal::Lapsed(lapse)) => {
-                ctx.download = None;
+                ctx.identity.download = None;
                 ctx.refusal = Some("it expired, and this continues no download begun before");
                 self.refuse_lapsed(session, &route.name, lapse).await?;
                 return Ok(None);
@@ -106,7 +238,7 @@ impl Proxy {
         if let Some(lapse) = lapsed {
             self.metrics.resumed_past_expiry(&route.name, lapse.name());
         }
-        Ok(Some(()))
+        Ok(Some(route))
     }
 
     /// The download the request belongs to, and the one store round trip before the response:
@@ -127,9 +259,9 @@ impl Proxy {
         // A link made for one download names it: the grace of its expiry is that download's.
         let download = match link.and_then(|l| l.terms.id.clone()) {
             Some(bound) => DownloadId { id: bound, derived: false },
-            None => download_id(req, ctx.client_ip.as_deref(), &object, &self.id_key),
+            None => download_id(req, ctx.identity.client_ip.as_deref(), &object, &self.id_key),
         };
-        let ranged = matches!(ctx.client_range, ClientRange::Bytes(_));
+        let ranged = matches!(ctx.identity.client_range, ClientRange::Bytes(_));
         let bare_resume = ranged
             && !req.headers.contains_key(header::IF_RANGE)
             && !req.headers.contains_key(header::IF_MATCH);
@@ -159,7 +291,7 @@ impl Proxy {
         // A bare resume past byte 0 with no session behind it continues whatever the client
         // began: safe to serve only while the store cannot have lost that session.
         let unvouched = bare_resume
-            && continues_past_start(&ctx.client_range)
+            && continues_past_start(&ctx.identity.client_range)
             && match &lookup {
                 Some(Ok(found)) => found.session_may_be_lost,
                 Some(Err(_)) | None => true,
@@ -172,19 +304,19 @@ impl Proxy {
         let limited = self.hold_place(req, ctx, route, &download, &object).await;
         // Only what began before the expiry may go on: see `grace`.
         let refused_lapse = lapsed.filter(|lapse| {
-            !grace::continues_download(stored.as_ref(), lapse.expires(), &ctx.client_range)
+            !grace::continues_download(stored.as_ref(), lapse.expires(), &ctx.identity.client_range)
         });
-        if ranged && !ctx.transforms() {
+        if ranged && !ctx.identity.transforms() {
             // Decided here, by the store's record of the object: see `IfRangeDate`.
             let known = record.as_ref().map(|r| download::validators_of(&r.current));
-            ctx.if_range_date =
+            ctx.identity.if_range_date =
                 IfRangeDate::decide(&req.headers, known.as_ref(), SystemTime::now());
-            if ctx.if_range_date == IfRangeDate::AskWhole {
-                ctx.sent_range = None;
+            if ctx.identity.if_range_date == IfRangeDate::AskWhole {
+                ctx.identity.sent_range = None;
             }
         }
         // Which version a bare resume may be answered with, by what its client may hold.
-        let resumable = match (&ctx.client_range, &stored) {
+        let resumable = match (&ctx.identity.client_range, &stored) {
             (ClientRange::Bytes(set), Some(stored)) if bare_resume => {
                 stored.resumable(holding(req, set))
             }
@@ -195,26 +327,25 @@ impl Proxy {
             Resumable::Only(version) => (Some(version.clone()), None),
             Resumable::Neither => (None, Some(download.clone())),
         };
-        if ranged && !ctx.transforms() {
+        if ranged && !ctx.identity.transforms() {
             plan_parts(ctx, record.as_ref().map(|r| &r.current), &req.headers);
         }
         if has_chain {
             let current = record.map(|r| r.current);
             let known = StoredFacts::of(current.as_ref().and_then(version_key), facts);
-            ctx.object_path = path.to_string();
+            ctx.identity.object_path = path.to_string();
             plan_upstream(ctx, route, current.as_ref(), &known, &req.headers);
-            ctx.known = Some(known);
+            ctx.identity.known = Some(known);
         }
         if unvouched {
             self.unvouched_plan(req, ctx);
         }
         if req.method == Method::GET {
-            ctx.download = Some(DownloadCtx {
+            ctx.identity.download = Some(DownloadCtx {
                 id: download.id,
                 object,
                 session: stored,
                 resume_version,
-                changed: false,
                 delivering: None,
                 origin_version: None,
             });
@@ -225,8 +356,8 @@ impl Proxy {
             .or(refused_lapse.map(Refusal::Lapsed))
     }
 
-    /// The download's place under its route's concurrent-download limits, held in `ctx` to the
-    /// response's end; the limit it would break when there is none.
+    /// The download's place under its route's concurrent-download limits, held in `ctx.identity` to
+    /// the response's end; the limit it would break when there is none.
     async fn hold_place(
         &self,
         req: &RequestHeader,
@@ -242,7 +373,7 @@ impl Proxy {
         let held = format!("{}|{object}", download.id);
         match self.under_way.admit(&route.name, limits, client, &held).await {
             Ok(place) => {
-                ctx.under_way = Some(place);
+                ctx.identity.under_way = Some(place);
                 None
             }
             Err(limit) => Some(limit),
@@ -253,16 +384,16 @@ impl Proxy {
     /// predates every session the store could have lost; any other client is asked the whole,
     /// to be answered whole unless the range may be cut from it.
     fn unvouched_plan(&self, req: &RequestHeader, ctx: &mut RequestCtx) {
-        let ClientRange::Bytes(set) = &ctx.client_range else { return };
+        let ClientRange::Bytes(set) = &ctx.identity.client_range else { return };
         let ttl = Duration::from_secs(self.store.losses().ttl_secs());
         let since = SystemTime::now().checked_sub(ttl).unwrap_or(SystemTime::UNIX_EPOCH);
         let refuse = matches!(holding(req, set), Holding::Prefix(_));
         if !refuse {
-            ctx.sent_range = None;
-            ctx.planned_for = None;
-            ctx.part_gap = None;
+            ctx.identity.sent_range = None;
+            ctx.identity.planned_for = None;
+            ctx.identity.part_gap = None;
         }
-        ctx.lost_session = Some(LostSession { since, refuse });
+        ctx.identity.lost_session = Some(LostSession { since, refuse });
     }
 }
 

@@ -160,18 +160,11 @@ impl Proxy {
             ctx.trace = traces.start(&session.req_header().headers).map(RequestTrace::new);
         }
         let Some(admitted) = self.admit(session, ctx).await? else { return Ok(()) };
-        if self.identify(session, ctx, admitted).await?.is_none() {
-            return Ok(());
-        }
+        let Some(route) = self.identify(session, ctx, admitted).await? else { return Ok(()) };
         let span = request_span(ctx.trace.as_ref());
-        async {
-            let route = ctx
-                .route
-                .clone()
-                .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
+        async move {
             let watch = ClientWatch::of(session);
             let mut sourced = self.source(session, ctx, &route, &watch).await?;
-            self.check_resume_version(&sourced.response, ctx);
             if let Some(kept) = self.shape(session, &mut sourced.response, ctx).await? {
                 sourced.answer_with_kept(kept);
             }

@@ -38,7 +38,8 @@ pub(super) fn complete(
     ctx: &RequestCtx,
     client: ClientSide<'_>,
 ) -> Result<()> {
-    request.uri = ctx
+    let identity = &ctx.identity;
+    request.uri = identity
         .upstream_target
         .parse::<http::Uri>()
         .map_err(|e| Error::because(ErrorType::InternalError, "upstream path", e))?;
@@ -48,10 +49,10 @@ pub(super) fn complete(
         Some(host) => Some(host.clone()),
         None => client.authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
     };
-    headers.insert(header::HOST, route.upstream.host_header(ctx.replica).clone());
+    headers.insert(header::HOST, route.upstream.host_header(ctx.upstream.replica).clone());
     headers.remove(header::RANGE);
-    let transforms = ctx.transforms();
-    if ctx.chain().is_some() {
+    let transforms = identity.transforms();
+    if identity.chain().is_some() {
         // The stages work on the object's own bytes, not on an encoding of them.
         headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     }
@@ -62,12 +63,12 @@ pub(super) fn complete(
             headers.remove(name);
         }
     }
-    if let Some(spec) = &ctx.sent_range {
+    if let Some(spec) = &identity.sent_range {
         headers.insert(header::RANGE, value(format!("bytes={spec}"), "Range")?);
-        if let Some(planned_for) = &ctx.planned_for {
+        if let Some(planned_for) = &identity.planned_for {
             // Planned for this version: another one must come whole, to be planned again.
             headers.insert(header::IF_RANGE, value(planned_for.as_str(), "If-Range")?);
-        } else if let Some(etag) = ctx
+        } else if let Some(etag) = identity
             .download
             .as_ref()
             .and_then(|d| d.resume_version.as_ref())
@@ -87,7 +88,7 @@ pub(super) fn complete(
     // client is in that list already), else the client.
     let forwarded_by =
         ctx.client.and_then(|client| client.forwarded_by).map(super::context::ip_text);
-    if let Some(ip) = forwarded_by.as_ref().or(ctx.client_ip.as_ref()) {
+    if let Some(ip) = forwarded_by.as_ref().or(identity.client_ip.as_ref()) {
         let forwarded = match headers.get(&X_FORWARDED_FOR) {
             // An earlier proxy's list, kept as its bytes.
             Some(earlier) => {
@@ -134,6 +135,7 @@ mod tests {
 
     use super::*;
     use crate::proxy::context::DownloadCtx;
+    use crate::proxy::identify::Identified;
     use crate::routes::upstream::{Timeouts, Upstream};
     use crate::state::ObjectVersion;
 
@@ -159,12 +161,13 @@ mod tests {
     }
 
     fn ctx(route: &Arc<Route>) -> RequestCtx {
-        RequestCtx {
+        let identity = Identified {
             route: Some(Arc::clone(route)),
             upstream_target: "/objects/a.bin?v=2".to_owned(),
             client_ip: Some("192.0.2.7".to_owned()),
-            ..RequestCtx::default()
-        }
+            ..Identified::default()
+        };
+        RequestCtx { identity, ..RequestCtx::default() }
     }
 
     #[test]
@@ -212,7 +215,7 @@ mod tests {
     fn a_resume_asks_its_range_of_its_one_version() {
         let route = route();
         let mut ctx = ctx(&route);
-        ctx.sent_range = Some(RangeSpec::From { first: 1000 });
+        ctx.identity.sent_range = Some(RangeSpec::From { first: 1000 });
         let version = ObjectVersion {
             etag: Some("\"v7\"".to_owned()),
             strong: true,
@@ -220,12 +223,11 @@ mod tests {
             last_modified: None,
             content_type: None,
         };
-        ctx.download = Some(DownloadCtx {
+        ctx.identity.download = Some(DownloadCtx {
             id: "job".to_owned(),
             object: "/|/a.bin".to_owned(),
             session: None,
             resume_version: Some(version),
-            changed: false,
             delivering: None,
             origin_version: None,
         });

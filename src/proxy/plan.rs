@@ -32,9 +32,9 @@ pub(super) fn plan_upstream(
 ) {
     let observing = route.chain.is_observing_only();
     if !observing {
-        ctx.sent_range = None;
+        ctx.identity.sent_range = None;
     }
-    let ClientRange::Bytes(set) = &ctx.client_range else { return };
+    let ClientRange::Bytes(set) = &ctx.identity.client_range else { return };
     if observing {
         if let [spec] = set.specs() {
             let size = current.map(|v| v.size);
@@ -47,7 +47,7 @@ pub(super) fn plan_upstream(
                 }
                 RangeSpec::Suffix { .. } => *spec,
             };
-            ctx.sent_range = Some(widened);
+            ctx.identity.sent_range = Some(widened);
         }
         return;
     }
@@ -57,7 +57,7 @@ pub(super) fn plan_upstream(
     }
     let object = StageObject {
         route: &route.name,
-        path: &ctx.object_path,
+        path: &ctx.identity.object_path,
         strong_etag: current.etag.as_deref(),
         len: current.size,
     };
@@ -71,8 +71,8 @@ pub(super) fn plan_upstream(
     let Some(covering) = covering else { return };
     let Ok(plan) = route.chain.plan(covering, &object, &learned) else { return };
     if let Some(last) = plan.origin().last() {
-        ctx.sent_range = Some(RangeSpec::Closed { first: plan.origin().start(), last });
-        ctx.planned_for = current.etag.clone();
+        ctx.identity.sent_range = Some(RangeSpec::Closed { first: plan.origin().start(), last });
+        ctx.identity.planned_for = current.etag.clone();
     }
 }
 
@@ -84,7 +84,7 @@ pub(super) fn plan_parts(
     current: Option<&ObjectVersion>,
     request: &http::HeaderMap,
 ) {
-    let ClientRange::Bytes(set) = &ctx.client_range else { return };
+    let ClientRange::Bytes(set) = &ctx.identity.client_range else { return };
     let fetches = current.map(|version| set.fetches(version.size, PART_GAP));
     let apart = match &fetches {
         Some(fetches) => fetches.len() > 1,
@@ -97,13 +97,13 @@ pub(super) fn plan_parts(
     let first = fetches.and_then(|fetches| fetches.first().copied());
     match (first.zip(first.and_then(|f| f.last())), pinned) {
         (Some((first, last)), Some(etag)) if !request.contains_key(header::IF_RANGE) => {
-            ctx.sent_range = Some(RangeSpec::Closed { first: first.start(), last });
-            ctx.planned_for = Some(etag);
-            ctx.part_gap = Some(PART_GAP);
+            ctx.identity.sent_range = Some(RangeSpec::Closed { first: first.start(), last });
+            ctx.identity.planned_for = Some(etag);
+            ctx.identity.part_gap = Some(PART_GAP);
         }
         _ => {
-            ctx.client_range = ClientRange::Ignored(IgnoreReason::Sparse);
-            ctx.sent_range = None;
+            ctx.identity.client_range = ClientRange::Ignored(IgnoreReason::Sparse);
+            ctx.identity.sent_range = None;
         }
     }
 }

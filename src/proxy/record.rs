@@ -38,14 +38,18 @@ impl Proxy {
         // What reached the client's connection, not what the body filter handed on.
         let sent = session.body_bytes_sent();
         let mut completed = None;
-        let delivery = if sent > 0 { ctx.take_delivery(sent, e.is_none()) } else { None };
+        let delivery = if sent > 0 { ctx.identity.take_delivery(sent, e.is_none()) } else { None };
         if let Some(delivery) = delivery {
             // A store outage is reported by the store's health, once; the response is done.
             let complete = |s: &DownloadSession| {
                 s.of_version(&delivery.version).is_some_and(|sent| sent.is_complete())
             };
-            let was_complete =
-                ctx.download.as_ref().and_then(|d| d.session.as_ref()).is_some_and(complete);
+            let was_complete = ctx
+                .identity
+                .download
+                .as_ref()
+                .and_then(|d| d.session.as_ref())
+                .is_some_and(complete);
             // Completed by pieces: one response of the whole version showed the stages all of it.
             let span = store_span(ctx.trace.as_ref(), StoreCall::Record);
             if let Ok(session) = self.store.record(&delivery).instrument(span).await
@@ -57,25 +61,30 @@ impl Proxy {
             }
         }
         // Recorded: the admin API shows the store's record of the response from now on.
-        ctx.live = None;
-        if let (Some(pass), Some(route), Some(download)) = (&ctx.pass, &ctx.route, &ctx.download) {
+        ctx.answer.live = None;
+        if let (Some(pass), Some(route), Some(download)) =
+            (&ctx.answer.pass, &ctx.identity.route, &ctx.identity.download)
+        {
             // A store outage is reported by the store's health; what was learned is learned again.
             let _ = pass.record(self.store.as_ref(), &route.stage_keys, &download.object).await;
-            if let Some(key) = ctx.forget_stage.and_then(|index| route.stage_keys.get(index)) {
+            if let Some(key) =
+                ctx.delivery.forget_stage.and_then(|index| route.stage_keys.get(index))
+            {
                 let _ = self.store.forget(&download.object, key).await;
             }
         }
         // A download just completed on a route whose stages only observe: if its pieces left a
         // digest unfinished, finish it from the origin (see completion.rs).
-        if let (Some(version), Some(route), Some(download)) = (completed, &ctx.route, &ctx.download)
-            && ctx.chain().is_some_and(Chain::is_observing_only)
+        if let (Some(version), Some(route), Some(download)) =
+            (completed, &ctx.identity.route, &ctx.identity.download)
+            && ctx.identity.chain().is_some_and(Chain::is_observing_only)
             && route.chain.stages().iter().any(|stage| stage.whole_digests() > 0)
         {
             let unfinished = Unfinished {
                 route: Arc::clone(route),
                 object: download.object.clone(),
-                path: ctx.object_path.clone(),
-                target: ctx.upstream_target.clone(),
+                path: ctx.identity.object_path.clone(),
+                target: ctx.identity.upstream_target.clone(),
                 version,
             };
             // Its requests to the origin are this response's: in its trace.
@@ -92,14 +101,14 @@ impl Proxy {
     fn log_access(&self, session: &impl ClientSession, e: Option<&Error>, ctx: &RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let sent = session.body_bytes_sent();
-        let route = ctx.route_name();
+        let route = ctx.identity.route_name();
         let elapsed = ctx.started.elapsed();
-        let transport = ctx.transport_taken().name();
-        let cache = ctx.cache.map(Outcome::name);
+        let transport = ctx.delivery.transport_taken(ctx.identity.route.is_some()).name();
+        let cache = ctx.upstream.cache.map(Outcome::name);
         self.count(ctx, (status, sent, elapsed), transport, cache);
         let req = session.req_header();
         let asked = req.headers.get(header::RANGE).and_then(|v| v.to_str().ok()).unwrap_or("-");
-        let upstream_ms = ctx.upstream_header.map(|d| d.as_secs_f64() * 1000.0);
+        let upstream_ms = ctx.upstream.header_took.map(|d| d.as_secs_f64() * 1000.0);
         // Formatted only when the line is written (tracing evaluates fields of enabled events).
         let logged_client = LoggedClient::of(ctx.client, session.peer());
         let client = logged_client.as_ref().map(tracing::field::display);
@@ -115,11 +124,11 @@ impl Proxy {
             span.record("url.path", tracing::field::display(path));
             span.record("network.protocol.version", tracing::field::debug(session.version()));
             span.record("rangeway.route", route);
-            if let Some(download) = &ctx.download {
+            if let Some(download) = &ctx.identity.download {
                 span.record("rangeway.download_id", download.id.as_str());
             }
             span.record("rangeway.range_asked", asked);
-            span.record("rangeway.range_served", &*ctx.served_range);
+            span.record("rangeway.range_served", &*ctx.answer.served_range);
             span.record("rangeway.transport", transport);
             span.record("rangeway.cache", cache);
             span.record("http.response.status_code", traces::int(status));
@@ -136,14 +145,14 @@ impl Proxy {
             None => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %path, version, status,
-                range_asked = asked, range_served = %ctx.served_range, bytes = sent,
-                upstream_status = ctx.upstream_status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
+                range_asked = asked, range_served = %ctx.answer.served_range, bytes = sent,
+                upstream_status = ctx.upstream.status, upstream_ms, total_ms = elapsed.as_secs_f64() * 1000.0,
                 transport, cache, client, forwarded_by, refused = ctx.refusal, trace_id,
             ),
             Some(e) if is_client_abort(e) => info!(
                 target: "rangeway::access",
                 route, method = %req.method, path = %path, version, status,
-                range_asked = asked, range_served = %ctx.served_range, bytes = sent,
+                range_asked = asked, range_served = %ctx.answer.served_range, bytes = sent,
                 total_ms = elapsed.as_secs_f64() * 1000.0, transport, cache, client, forwarded_by, trace_id,
                 "client went away before the end of the response"
             ),
@@ -154,8 +163,8 @@ impl Proxy {
                 warn!(
                     target: "rangeway::access",
                     route, method = %req.method, path = %path, version, status,
-                    range_asked = asked, range_served = %ctx.served_range, bytes = sent,
-                    upstream_status = ctx.upstream_status, total_ms = elapsed.as_secs_f64() * 1000.0,
+                    range_asked = asked, range_served = %ctx.answer.served_range, bytes = sent,
+                    upstream_status = ctx.upstream.status, total_ms = elapsed.as_secs_f64() * 1000.0,
                     transport, cache, client, forwarded_by, trace_id, error = %e,
                 )
             }
@@ -171,15 +180,15 @@ impl Proxy {
         transport: &'static str,
         cache: Option<&'static str>,
     ) {
-        let route = ctx.route_name();
+        let route = ctx.identity.route_name();
         self.metrics.request(route, status, sent, elapsed, transport);
-        if ctx.spliced > 0 && ctx.transport == Some(Transport::Splice) {
-            self.metrics.spliced(route, ctx.spliced);
+        if ctx.delivery.spliced > 0 && ctx.delivery.transport == Some(Transport::Splice) {
+            self.metrics.spliced(route, ctx.delivery.spliced);
         }
         if let Some(outcome) = cache {
             self.metrics.cache_request(route, outcome);
         }
-        if let Some(pacer) = &ctx.pacer {
+        if let Some(pacer) = &ctx.delivery.pacer {
             self.metrics.shaped(route, pacer.shaped, pacer.waited);
         }
     }

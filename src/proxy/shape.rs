@@ -1,13 +1,14 @@
 //! The shape step of the pipeline: the client's answer (status, header fields, the plan for its
 //! body) made from the source's answer, by RFC 9110 and the download's resume decision.
 
+use std::borrow::Cow;
 use std::time::SystemTime;
 
 use http::{Method, StatusCode, header};
-use pingora_error::Result;
+use pingora_error::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
-use rangeway_middleware::Window;
 use rangeway_middleware::rfc9110::{Validators, content_range};
+use rangeway_middleware::{ByteRange, Window};
 use tracing::Instrument as _;
 use tracing::info;
 
@@ -24,47 +25,104 @@ use super::s3;
 use super::shaping::{remove_whole_object_checksums, upstream_stream};
 use super::source_body::Continuable;
 use super::traced::request_span;
-use crate::cache::CacheBody;
+use crate::cache::{CacheBody, OutputWriter};
 use crate::range::{Asked, IfRangeDate, Shape, shape_response, validators};
+use crate::representation::ChainPass;
 use crate::state::ObjectVersion;
+use crate::telemetry::live::LiveGuard;
 use crate::telemetry::metrics::Unvouched;
 
+/// shape's output: the plan for the client's body and what goes with it through deliver.
+#[derive(Debug)]
+pub(super) struct Shaped {
+    pub(super) body: BodyPlan,
+    /// What was served, for the access log: a Content-Range, "multipart", or "-".
+    pub(super) served_range: Cow<'static, str>,
+    /// The route's middleware running over the upstream body.
+    pub(super) pass: Option<ChainPass>,
+    pub(super) origin_digest: Option<OriginDigestCheck>,
+    /// Keeps the whole slices of the representation the stages make, for the next request.
+    pub(super) output_writer: Option<OutputWriter>,
+    /// The stretches of a multipart answer still to fetch after the upstream's first answer,
+    /// which deliver takes. Kept here rather than handed to deliver through `Proxy::answer`, whose
+    /// future would carry them to every response.
+    pub(super) rest_parts: Vec<ByteRange>,
+    /// This response's progress, shown by the admin API while it is in flight.
+    pub(super) live: Option<LiveGuard>,
+}
+
+impl Default for Shaped {
+    fn default() -> Self {
+        Self {
+            body: BodyPlan::Forward,
+            served_range: Cow::Borrowed("-"),
+            pass: None,
+            origin_digest: None,
+            output_writer: None,
+            rest_parts: Vec::new(),
+            live: None,
+        }
+    }
+}
+
+impl Shaped {
+    /// Whether the answer's body goes to the client exactly as it comes: no stage, no digest
+    /// check, no cut, no stretches to join (see `BodyWay::choose`).
+    pub(super) fn passes_body_untouched(&self) -> bool {
+        self.pass.is_none()
+            && self.origin_digest.is_none()
+            && matches!(self.body, BodyPlan::Forward)
+            && self.rest_parts.is_empty()
+    }
+
+    /// The bytes a multipart answer is made of, when the response is one.
+    pub(super) fn multipart_span(&self) -> Option<ByteRange> {
+        match &self.body {
+            BodyPlan::Multipart(multipart) => Some(multipart.span()),
+            _ => None,
+        }
+    }
+
+    /// The next body chunk is byte `to` of the object: a stretch of a multipart answer fetched
+    /// after a gap (see `plan_parts`).
+    pub(super) fn skip_to(&mut self, to: u64) -> Result<()> {
+        match &mut self.body {
+            BodyPlan::Multipart(multipart) => multipart
+                .skip_to(to)
+                .map_err(|e| Error::because(ErrorType::InternalError, "multipart body", e)),
+            _ => Err(Error::explain(ErrorType::InternalError, "a gap in a body not multipart")),
+        }
+    }
+}
+
 impl Proxy {
-    /// Whether the source's answer is of the one version a bare resume may be answered with: if
-    /// not, the resume is refused in [`Self::shape`]. A 5xx takes its replica out for a while.
-    pub(super) fn check_resume_version(&self, response: &ResponseHeader, ctx: &mut RequestCtx) {
-        if response.status.is_server_error()
-            && let Some(route) = ctx.route.as_ref()
-        {
-            route.upstream.failed(ctx.replica);
+    /// The download whose bare resume the source's answer may not follow, to be refused: the
+    /// answer is not of the one version the resume may be answered with.
+    fn changed_resume(&self, response: &ResponseHeader, ctx: &mut RequestCtx) -> Option<String> {
+        if ctx.identity.transforms() {
+            // The version a resume may have is the transformed representation's ETag: checked in
+            // `transformed_response`.
+            return None;
         }
-        if ctx.transforms() {
-            // The version a resume may have is the transformed representation's ETag: checked in `shape`.
-            return;
-        }
-        let Some(download) = ctx.download.as_mut() else {
-            return;
-        };
-        let Some(resume_version) = download.resume_version.take() else {
-            return;
-        };
+        let download = ctx.identity.download.as_mut()?;
+        let resume_version = download.resume_version.take()?;
         let status = response.status.as_u16();
         let answered = object_version(status, &response.headers, &validators(&response.headers));
         let changed = status == 412
             || (matches!(status, 200 | 206)
                 && !answered.is_some_and(|v| v.same_as(&resume_version)));
         if !changed {
-            return;
+            return None;
         }
         // The object is not the one version the client may hold: no answer with bytes of another
         // is safe. A range of it would be spliced by every client; so would the whole object
         // (wget -c skips a 200's first bytes up to its file length and appends the rest). The
         // resume is refused: curl -C - leaves its file as it is, wget and aria2c stop with an
         // error.
-        download.changed = true;
-        let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
+        let route = ctx.identity.route.as_ref().map_or("-", |r| r.name.as_str());
         self.metrics.resume_refused(route);
         info!(route, download = %download.id, "the object changed since this download began: refusing the resume");
+        Some(download.id.clone())
     }
 
     /// The client's answer from the source's: refused (the object changed, the session may be
@@ -77,23 +135,21 @@ impl Proxy {
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Box<CacheBody>>> {
+        if let Some(id) = self.changed_resume(response, ctx) {
+            refuse_changed(response, ctx, &id)?;
+            return Ok(None);
+        }
         let status = response.status.as_u16();
-        ctx.upstream_status = Some(status);
-        ctx.upstream_header = ctx.upstream_asked.map(|t| t.elapsed());
         let answer_validators = validators(&response.headers);
         let version = object_version(status, &response.headers, &answer_validators);
         let origin_digest =
             if status == 200 { OriginDigestCheck::for_response(&response.headers) } else { None };
-        if let Some(id) = ctx.download.as_ref().filter(|d| d.changed).map(|d| d.id.clone()) {
-            refuse_changed(response, ctx, &id)?;
-            return Ok(None);
-        }
-        if let Some(lost) = ctx.lost_session
+        if let Some(lost) = ctx.identity.lost_session
             && lost.refuse
             && matches!(status, 200 | 206)
             && !lost.predated_by(&answer_validators)
         {
-            let route = ctx.route_name().to_owned();
+            let route = ctx.identity.route_name().to_owned();
             self.unvouched(ctx, &route, Unvouched::Refused);
             refuse_lost_session(response, ctx)?;
             return Ok(None);
@@ -101,14 +157,14 @@ impl Proxy {
         if self.shape_unusual(session, response, ctx, status).await? {
             return Ok(None);
         }
-        if ctx.route.as_ref().is_some_and(|route| route.chain.content_coding().is_some()) {
+        if ctx.identity.route.as_ref().is_some_and(|route| route.chain.content_coding().is_some()) {
             // The answer depends on Accept-Encoding, coded or not.
             response.append_header(header::VARY, "Accept-Encoding")?;
         }
-        if let Some(route) = ctx.route.clone().filter(|_| ctx.transforms()) {
+        if let Some(route) = ctx.identity.route.clone().filter(|_| ctx.identity.transforms()) {
             let result = self.transformed_response(session, response, ctx, &route, version);
-            if result.is_ok() && !matches!(ctx.body, BodyPlan::Discard) {
-                ctx.origin_digest = origin_digest;
+            if result.is_ok() && !matches!(ctx.answer.body, BodyPlan::Discard) {
+                ctx.answer.origin_digest = origin_digest;
             }
             self.go_live(session, ctx);
             return result;
@@ -127,22 +183,22 @@ impl Proxy {
         status: u16,
     ) -> Result<bool> {
         // An Arc, not a copy of the name: the ctx is borrowed mutably below.
-        let route_arc = ctx.route.clone();
+        let route_arc = ctx.identity.route.clone();
         if route_arc.as_ref().is_some_and(|r| r.upstream.is_s3())
             && let Some(client_status) = crate::s3::error::client_status(status)
         {
             forwarded(response)?;
-            ctx.served_range = format!("S3 error {status}").into();
+            ctx.answer.served_range = format!("S3 error {status}").into();
             let xml = crate::s3::error::speaks_s3(&session.req_header().headers);
             let error = s3::ErrorBody::start(response, client_status, xml)?;
-            ctx.body = BodyPlan::S3Error(Box::new(error));
+            ctx.answer.body = BodyPlan::S3Error(Box::new(error));
             if session.req_header().method == Method::HEAD {
                 response.remove_header(&header::TRANSFER_ENCODING);
             }
             return Ok(true);
         }
         if status == 416
-            && !ctx.transforms()
+            && !ctx.identity.transforms()
             && !response.headers.contains_key(header::CONTENT_RANGE)
         {
             // An origin that refuses a range without saying the length (S3 does): the client
@@ -150,10 +206,11 @@ impl Proxy {
             // Boxed: inline, this rare exchange's state would make every call's future (which
             // async_trait boxes, per response) kilobytes larger, all of it copied.
             if let Some(route) = route_arc.as_ref()
-                && let Ok(Some(complete_len)) =
-                    Box::pin(self.origin_client.length(&route.upstream, &ctx.upstream_target))
-                        .instrument(request_span(ctx.trace.as_ref()))
-                        .await
+                && let Ok(Some(complete_len)) = Box::pin(
+                    self.origin_client.length(&route.upstream, &ctx.identity.upstream_target),
+                )
+                .instrument(request_span(ctx.trace.as_ref()))
+                .await
             {
                 forwarded(response)?;
                 answer_without_body(response, ctx, &Shape::Unsatisfiable { complete_len })?;
@@ -175,20 +232,21 @@ impl Proxy {
         origin_digest: Option<OriginDigestCheck>,
     ) -> Result<()> {
         let status = response.status.as_u16();
-        let route_arc = ctx.route.clone();
+        let route_arc = ctx.identity.route.clone();
         // The upstream body's place in the object, for stages that observe it (read before the
         // answer is shaped, which may change its Content-Length and Content-Range).
-        let upstream_stream = ctx.chain().and_then(|_| upstream_stream(status, &response.headers));
+        let upstream_stream =
+            ctx.identity.chain().and_then(|_| upstream_stream(status, &response.headers));
         forwarded(response)?;
         let req = session.req_header();
         let asked = Asked {
             method: &req.method,
             headers: &req.headers,
-            range: &ctx.client_range,
-            sent: ctx.sent_range.as_ref(),
-            if_range_date_sent: ctx.if_range_date == IfRangeDate::Forward,
-            part_gap: ctx.part_gap,
-            lost_sessions_since: ctx.lost_session.filter(|l| !l.refuse).map(|l| l.since),
+            range: &ctx.identity.client_range,
+            sent: ctx.identity.sent_range.as_ref(),
+            if_range_date_sent: ctx.identity.if_range_date == IfRangeDate::Forward,
+            part_gap: ctx.identity.part_gap,
+            lost_sessions_since: ctx.identity.lost_session.filter(|l| !l.refuse).map(|l| l.since),
         };
         let shape =
             shape_response(&asked, status, &response.headers, answer_validators, SystemTime::now());
@@ -199,20 +257,20 @@ impl Proxy {
             remove_whole_object_checksums(response);
         }
         // The stages see a body whole from where it starts: not one fetched in stretches.
-        if let Some(route) = route_arc.as_ref().filter(|_| ctx.chain().is_some())
+        if let Some(route) = route_arc.as_ref().filter(|_| ctx.identity.chain().is_some())
             && matches!(response.status.as_u16(), 200 | 206)
-            && ctx.rest_parts.is_empty()
+            && ctx.answer.rest_parts.is_empty()
         {
             self.observe(session, response, ctx, route, version.as_ref(), upstream_stream)?;
         }
-        let parts = ctx.multipart_span();
-        if let Some(download) = ctx.download.as_mut() {
+        let parts = ctx.answer.multipart_span();
+        if let Some(download) = ctx.identity.download.as_mut() {
             download.note_response(response, version, parts)?;
         }
         // A whole upstream body whose bytes reach the client (whole or cut) is checked against
         // the origin's own digest when it gave one.
-        if !matches!(ctx.body, BodyPlan::Discard) {
-            ctx.origin_digest = origin_digest;
+        if !matches!(ctx.answer.body, BodyPlan::Discard) {
+            ctx.answer.origin_digest = origin_digest;
         }
         self.go_live(session, ctx);
         Ok(())
@@ -227,15 +285,15 @@ impl Proxy {
         shape: Shape,
     ) -> Result<()> {
         let status = response.status.as_u16();
-        let route_arc = ctx.route.clone();
+        let route_arc = ctx.identity.route.clone();
         let route = route_arc.as_ref().map_or("-", |r| r.name.as_str());
         match shape {
             Shape::Forward => {
-                if status == 200 && ctx.lost_session.is_some() {
+                if status == 200 && ctx.identity.lost_session.is_some() {
                     self.unvouched(ctx, route, Unvouched::Whole);
                 }
                 if let Some(range) = response.headers.get(header::CONTENT_RANGE) {
-                    ctx.served_range = range.to_str().unwrap_or("?").to_owned().into();
+                    ctx.answer.served_range = range.to_str().unwrap_or("?").to_owned().into();
                 }
                 if matches!(status, 200 | 206)
                     && response.headers.contains_key(header::CONTENT_LENGTH)
@@ -250,8 +308,8 @@ impl Proxy {
                 }
                 let value = content_range(range, complete_len);
                 set_partial(response, range.len(), &value)?;
-                ctx.served_range = value.into();
-                ctx.body = BodyPlan::Window(Window::new(stream_start, range));
+                ctx.answer.served_range = value.into();
+                ctx.answer.body = BodyPlan::Window(Window::new(stream_start, range));
             }
             Shape::Multiple { ranges, complete_len, stream_start, rest } => {
                 if !rest.is_empty() && Continuable::etag(&response.headers).is_none() {
@@ -261,7 +319,7 @@ impl Proxy {
                     self.refuse(response, ctx, route, reason)?;
                 } else {
                     self.multipart(response, ctx, &ranges, complete_len, stream_start)?;
-                    ctx.rest_parts = rest;
+                    ctx.answer.rest_parts = rest;
                 }
             }
             Shape::BadGateway(reason) => self.refuse(response, ctx, route, reason)?,

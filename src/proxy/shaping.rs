@@ -53,8 +53,8 @@ impl Proxy {
         upstream_stream: Option<ByteRange>,
     ) -> Result<()> {
         let Some(version) = version else { return Ok(()) };
-        let known = ctx.known.take().unwrap_or_default().for_version(version_key(version));
-        let path = ctx.object_path.clone();
+        let known = ctx.identity.known.take().unwrap_or_default().for_version(version_key(version));
+        let path = ctx.identity.object_path.clone();
         let object = StageObject {
             route: &route.name,
             path: &path,
@@ -72,7 +72,7 @@ impl Proxy {
         let (Some(stream), true) = (upstream_stream, req.method == Method::GET) else {
             return Ok(());
         };
-        if matches!(ctx.body, BodyPlan::Discard) {
+        if matches!(ctx.answer.body, BodyPlan::Discard) {
             return Ok(());
         }
         // Every chunk passes the stages as it is (they only look), before it is cut for the
@@ -80,7 +80,7 @@ impl Proxy {
         let plan = route.chain.plan(stream, &object, &known.learned()).map_err(|e| {
             Error::because(ErrorType::InternalError, "planning the route's middleware", e)
         })?;
-        ctx.pass =
+        ctx.answer.pass =
             Some(ChainPass::start(&route.chain, &plan, &object, known, stream.start()).map_err(
                 |e| Error::because(ErrorType::InternalError, "starting the route's middleware", e),
             )?);
@@ -137,13 +137,13 @@ impl Proxy {
         for (name, value) in digest_headers(&route.chain, &made.known, &made.lens, want) {
             response.insert_header(name, value)?;
         }
-        let parts = ctx.multipart_span();
-        if let Some(download) = ctx.download.as_mut() {
+        let parts = ctx.answer.multipart_span();
+        if let Some(download) = ctx.identity.download.as_mut() {
             download.note_response(response, delivered, parts)?;
             download.origin_version = Some(made.version.clone());
         }
-        if req.method != Method::GET || matches!(ctx.body, BodyPlan::Discard) {
-            ctx.body = BodyPlan::Discard;
+        if req.method != Method::GET || matches!(ctx.answer.body, BodyPlan::Discard) {
+            ctx.answer.body = BodyPlan::Discard;
             return Ok(None);
         }
         self.start_representation(response, ctx, route, made, output)
@@ -159,11 +159,10 @@ impl Proxy {
         made: &Representation,
         delivered: Option<&ObjectVersion>,
     ) -> Result<bool> {
-        if let Some(download) = ctx.download.as_mut()
+        if let Some(download) = ctx.identity.download.as_mut()
             && let Some(resume_version) = download.resume_version.take()
             && !delivered.is_some_and(|delivered| delivered.same_as(&resume_version))
         {
-            download.changed = true;
             self.metrics.resume_refused(&route.name);
             let id = download.id.clone();
             // The representation's ETag, as on its answers: the origin's is not its to show (on
@@ -190,7 +189,9 @@ impl Proxy {
     ) -> Result<ControlFlow<(), Option<ByteRange>>> {
         let output = match shape {
             Shape::Forward => {
-                if ctx.lost_session.is_some() && matches!(ctx.client_range, ClientRange::Bytes(_)) {
+                if ctx.identity.lost_session.is_some()
+                    && matches!(ctx.identity.client_range, ClientRange::Bytes(_))
+                {
                     self.unvouched(ctx, &route.name, Unvouched::Whole);
                 }
                 response.set_status(StatusCode::OK)?;
@@ -206,7 +207,7 @@ impl Proxy {
             Shape::Single { range, complete_len, .. } => {
                 let value = content_range(range, complete_len);
                 set_partial(response, range.len(), &value)?;
-                ctx.served_range = value.into();
+                ctx.answer.served_range = value.into();
                 Some(range)
             }
             Shape::Multiple { ranges, complete_len, .. } => {
@@ -266,11 +267,11 @@ impl Proxy {
         if let Some(hit) = self.cached_representation(ctx, route, etag.as_deref(), output_len) {
             match hit.cached_output(plan.output(), &route.name) {
                 Some(output) => {
-                    ctx.cache = Some(Outcome::Hit);
+                    ctx.upstream.cache = Some(Outcome::Hit);
                     response.insert_header("x-rangeway-cache", Outcome::Hit.name())?;
                     return Ok(Some(output));
                 }
-                None => ctx.output_writer = Some(hit.writer(plan.output().start())),
+                None => ctx.answer.output_writer = Some(hit.writer(plan.output().start())),
             }
         }
         // The stages make this answer: whatever the cache did for the origin's bytes, the
@@ -278,7 +279,7 @@ impl Proxy {
         response.remove_header("x-rangeway-cache");
         let pass = ChainPass::start(&route.chain, &plan, &object, known, stream.start())
             .map_err(|e| Error::because(ErrorType::InternalError, "starting the middleware", e))?;
-        ctx.pass = Some(pass);
+        ctx.answer.pass = Some(pass);
         Ok(None)
     }
 
@@ -293,11 +294,13 @@ impl Proxy {
         len: Option<u64>,
     ) -> Option<CachedRepresentation> {
         let (cache, etag, len) = (self.cache.as_ref()?, etag?, len?);
-        let kept = matches!(ctx.cache, Some(outcome) if !matches!(outcome, Outcome::Bypass(_)));
+        let kept =
+            matches!(ctx.upstream.cache, Some(outcome) if !matches!(outcome, Outcome::Bypass(_)));
         if !kept || route.cache.is_none() || route.chain.is_observing_only() {
             return None;
         }
-        let made_by = (route.upstream.name(), ctx.upstream_target.as_str(), route.chain.identity());
+        let made_by =
+            (route.upstream.name(), ctx.identity.upstream_target.as_str(), route.chain.identity());
         let version = cache.representation(made_by, etag, len, &http::HeaderMap::new());
         Some(CachedRepresentation { cache: Arc::clone(cache), version })
     }
@@ -306,19 +309,21 @@ impl Proxy {
     /// On HTTP/1 the live view holds a duplicate of the client's socket, so that it counts what
     /// the client took, not what was written ahead of it (see `admin::live::LiveResponse`).
     pub(super) fn go_live(&self, session: &impl ClientSession, ctx: &mut RequestCtx) {
-        if matches!(ctx.body, BodyPlan::Discard) {
+        if matches!(ctx.answer.body, BodyPlan::Discard) {
             return;
         }
-        let promised = ctx.download.as_ref().and_then(|d| d.delivering.as_ref());
+        let promised = ctx.identity.download.as_ref().and_then(|d| d.delivering.as_ref());
         if promised.is_none_or(|delivering| delivering.range.len() < LIVE_FROM) {
             return;
         }
         // What the response will record at its end, before any byte went out; the parts of a
         // multipart answer are not shown as they go.
-        if let Some(delivery) = ctx.delivery(0, false).filter(|d| d.ending != Ending::Parts) {
+        if let Some(delivery) =
+            ctx.identity.delivery(0, false).filter(|d| d.ending != Ending::Parts)
+        {
             let client =
                 session.connection_fd().and_then(|fd| super::splice::duplicate_fd(fd).ok());
-            ctx.live = Some(self.live.register(delivery, client));
+            ctx.answer.live = Some(self.live.register(delivery, client));
         }
     }
 
@@ -336,7 +341,7 @@ impl Proxy {
         empty_answer(response, StatusCode::BAD_GATEWAY)?;
         response.insert_header("x-rangeway-error", reason)?;
         ctx.refusal = Some(reason);
-        ctx.body = BodyPlan::Discard;
+        ctx.answer.body = BodyPlan::Discard;
         Ok(())
     }
 
@@ -362,8 +367,8 @@ impl Proxy {
         response.insert_header(header::CONTENT_TYPE, plan.content_type_header())?;
         response.insert_header(header::CONTENT_LENGTH, plan.total_len())?;
         response.insert_header(header::ACCEPT_RANGES, ACCEPT_BYTES)?;
-        ctx.served_range = format!("multipart ({} ranges)", ranges.len()).into();
-        ctx.body = BodyPlan::Multipart(Box::new(multipart));
+        ctx.answer.served_range = format!("multipart ({} ranges)", ranges.len()).into();
+        ctx.answer.body = BodyPlan::Multipart(Box::new(multipart));
         Ok(())
     }
 }
@@ -406,8 +411,9 @@ struct Representation {
 impl Representation {
     /// The representation of `version` the route's chain makes, with what the store knows.
     fn of(ctx: &mut RequestCtx, route: &Route, version: ObjectVersion, stream: ByteRange) -> Self {
-        let known = ctx.known.take().unwrap_or_default().for_version(version_key(&version));
-        let path = ctx.object_path.clone();
+        let known =
+            ctx.identity.known.take().unwrap_or_default().for_version(version_key(&version));
+        let path = ctx.identity.object_path.clone();
         let learned = known.learned();
         let lens = route.chain.lengths(&stage_object(&route.name, &path, &version), &learned);
         let output_len = lens.last().copied().flatten();
@@ -465,7 +471,7 @@ fn representation_shape(
     // instead, which costs what the client takes (see `plan_parts`).
     let together =
         |set: &RangeSet| made.output_len.is_some_and(|len| set.fetches(len, PART_GAP).len() <= 1);
-    let client_range = match &ctx.client_range {
+    let client_range = match &ctx.identity.client_range {
         ClientRange::Bytes(set) if rangeable && !together(set) => {
             ClientRange::Ignored(IgnoreReason::Sparse)
         }
@@ -479,7 +485,7 @@ fn representation_shape(
         sent: None,
         if_range_date_sent: false,
         part_gap: None,
-        lost_sessions_since: ctx.lost_session.filter(|l| !l.refuse).map(|l| l.since),
+        lost_sessions_since: ctx.identity.lost_session.filter(|l| !l.refuse).map(|l| l.since),
     };
     shape_response(&asked, 200, &own, &validators(&own), SystemTime::now())
 }

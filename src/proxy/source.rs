@@ -4,7 +4,7 @@
 //! its header, and its body to read (source_body.rs).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::header;
 use pingora_error::{Error, ErrorType, Result};
@@ -22,6 +22,31 @@ use super::source_body::{BodySource, Continuable, UpstreamBody};
 use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
 use crate::config::UpstreamResume;
 use crate::routes::Route;
+
+/// source's record of the upstream, for the steps after it and for `record`.
+#[derive(Debug, Default)]
+pub(super) struct UpstreamRecord {
+    /// Which replica of the route's upstream the request went to.
+    pub(super) replica: usize,
+    /// Replicas the request could not be sent to (see `Upstream::retry_elsewhere`).
+    pub(super) connect_tries: usize,
+    /// When the upstream was first asked (before connecting), and how long its answer's header
+    /// took from then: the access line's `upstream_ms`.
+    pub(super) asked: Option<Instant>,
+    pub(super) header_took: Option<Duration>,
+    pub(super) status: Option<u16>,
+    /// What the slice cache did for the request, on a route that uses it (a `Hit` too when
+    /// shape finds the transformed representation kept whole).
+    pub(super) cache: Option<Outcome>,
+}
+
+impl UpstreamRecord {
+    /// The source answered with `status`: its header is in.
+    fn answered(&mut self, status: u16) {
+        self.status = Some(status);
+        self.header_took = self.asked.map(|asked| asked.elapsed());
+    }
+}
 
 /// The source's answer, before it is shaped into the client's.
 pub(super) struct Sourced {
@@ -49,8 +74,8 @@ impl Sourced {
 }
 
 impl Proxy {
-    /// Asks the source what the plan in `ctx` says: the slice cache on a route that uses one,
-    /// else the origin. Every wait on either ends when the client goes (`watch`).
+    /// Asks the source what the plan in `ctx.identity` says: the slice cache on a route that uses
+    /// one, else the origin. Every wait on either ends when the client goes (`watch`).
     pub(super) async fn source(
         &self,
         session: &mut impl ClientSession,
@@ -59,24 +84,26 @@ impl Proxy {
         watch: &ClientWatch,
     ) -> Result<Sourced> {
         let policy = route.upstream_resume;
-        ctx.replica = route.upstream.choose();
+        ctx.upstream.replica = route.upstream.choose();
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());
         origin_request::complete(&mut request, route, ctx, client_side(session))?;
         // Not signed here: an S3 request is signed once, last, where it is sent (its
         // `traceparent` set first when it is traced), by `OriginClient::send`.
         let request = RequestHeader::from(request);
-        let asks_again =
-            policy.is_some() || route.upstream.replica_count() > 1 || ctx.part_gap.is_some();
+        let asks_again = policy.is_some()
+            || route.upstream.replica_count() > 1
+            || ctx.identity.part_gap.is_some();
         let base = asks_again.then(|| request.clone());
-        ctx.upstream_asked = Some(Instant::now());
+        ctx.upstream.asked = Some(Instant::now());
         // The kernel ways and the cache's answer are boxed futures: carried inline, their state
         // would be in every response's future, which pingora boxes and moves, also where a small
         // answer needs none of it; see docs/benchmarks.md, "Boxed futures".
         let cached = match (&self.cache, route.cache) {
             (Some(cache), Some(use_of)) => {
                 let asked = (&request, client_authorized(session, route));
-                let answer = cache.answer(route, use_of, asked, &self.origin_client, ctx.replica);
+                let answer =
+                    cache.answer(route, use_of, asked, &self.origin_client, ctx.upstream.replica);
                 Some(watch.unless_gone(session, Box::pin(answer)).await?)
             }
             (None, Some(_)) => Some(CacheAnswer::Bypass(Bypass::Off)),
@@ -84,17 +111,17 @@ impl Proxy {
         };
         let (response, body) = match cached {
             Some(CacheAnswer::Served { header, body, outcome }) => {
-                ctx.cache = Some(outcome);
+                ctx.upstream.cache = Some(outcome);
                 (*header, body.map(UpstreamBody::Cache))
             }
             bypassed => {
                 if let Some(CacheAnswer::Bypass(why)) = bypassed {
-                    ctx.cache = Some(Outcome::Bypass(why));
+                    ctx.upstream.cache = Some(Outcome::Bypass(why));
                 }
                 // Its span and `traceparent` when traced (in the request's span), then signed.
                 let first = self.origin_client.send_failing_over(
                     &route.upstream,
-                    (&mut ctx.replica, &mut ctx.connect_tries),
+                    (&mut ctx.upstream.replica, &mut ctx.upstream.connect_tries),
                     request,
                     base.as_ref(),
                 );
@@ -107,6 +134,11 @@ impl Proxy {
                 (response, Some(UpstreamBody::Origin { exchange, source: BodySource::Unread }))
             }
         };
+        if response.status.is_server_error() {
+            // A replica answering 5xx is as good as down: passed over for a while.
+            route.upstream.failed(ctx.upstream.replica);
+        }
+        ctx.upstream.answered(response.status.as_u16());
         let stream = upstream_stream(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         Ok(Sourced { response, body, stream, continuable, base, policy })

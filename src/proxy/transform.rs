@@ -64,13 +64,13 @@ impl Proxy {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        if let (Some(check), Some(chunk)) = (ctx.origin_digest.as_mut(), body.as_ref())
+        if let (Some(check), Some(chunk)) = (ctx.answer.origin_digest.as_mut(), body.as_ref())
             && check.check(chunk).is_err()
         {
             // The bytes are not the ones the origin vouched for: the last of them are withheld,
             // so the client sees a cut download to resume, never a complete wrong one.
             *body = None;
-            let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
+            let route = ctx.identity.route.as_ref().map_or("-", |r| r.name.as_str());
             self.metrics.origin_digest_mismatch(route);
             return Err(Error::explain(
                 ErrorType::Custom(ORIGIN_DIGEST_MISMATCH),
@@ -78,22 +78,22 @@ impl Proxy {
             )
             .into_up());
         }
-        if let Some(pass) = ctx.pass.as_mut() {
+        if let Some(pass) = ctx.answer.pass.as_mut() {
             *body = self.run_stages(pass, body.take(), end_of_stream, ctx.trace.as_mut()).map_err(
                 |(error, forget)| {
-                    ctx.forget_stage = forget.or(ctx.forget_stage);
-                    let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
+                    ctx.delivery.forget_stage = forget.or(ctx.delivery.forget_stage);
+                    let route = ctx.identity.route.as_ref().map_or("-", |r| r.name.as_str());
                     self.metrics.middleware_error(route);
                     warn!(route, %error, "the route's middleware failed; cutting the response");
                     Error::because(ErrorType::InternalError, "middleware", error)
                 },
             )?;
         }
-        if let (Some(writer), Some(output)) = (ctx.output_writer.as_mut(), body.as_ref()) {
+        if let (Some(writer), Some(output)) = (ctx.answer.output_writer.as_mut(), body.as_ref()) {
             writer.push(output);
         }
         cut_for_client(body, end_of_stream, ctx);
-        if let (Some(live), Some(chunk)) = (&ctx.live, body.as_ref()) {
+        if let (Some(live), Some(chunk)) = (&ctx.answer.live, body.as_ref()) {
             live.sent(chunk.len());
         }
         Ok(())
@@ -103,7 +103,7 @@ impl Proxy {
 /// The stages' output cut as the client's answer is planned: a window of it, multipart parts,
 /// nothing, or an S3 error document.
 fn cut_for_client(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut RequestCtx) {
-    match &mut ctx.body {
+    match &mut ctx.answer.body {
         BodyPlan::Forward => {}
         BodyPlan::Window(window) => *body = body.take().and_then(|chunk| window.cut(chunk)),
         BodyPlan::Multipart(multipart) => {
@@ -116,11 +116,11 @@ fn cut_for_client(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Reque
                 error.push(&chunk);
             }
             if end_of_stream {
-                let route = ctx.route.as_ref().map_or("-", |r| r.name.as_str());
-                let upstream = ctx.route.as_ref().map_or("-", |r| r.upstream.name());
+                let route = ctx.identity.route.as_ref().map_or("-", |r| r.name.as_str());
+                let upstream = ctx.identity.route.as_ref().map_or("-", |r| r.upstream.name());
                 let (text, code) = error.finish(route, upstream);
                 if let Some(code) = code {
-                    ctx.served_range = format!("S3 {code}").into();
+                    ctx.answer.served_range = format!("S3 {code}").into();
                 }
                 *body = Some(text);
             }

@@ -48,7 +48,7 @@ impl Proxy {
     ) -> Result<()> {
         session.write_header_now(Box::new(response)).await?;
         let write = self.client_limits.write_timeout;
-        let live = ctx.live.as_ref();
+        let live = ctx.answer.live.as_ref();
         let mut sent = 0u64;
         let outcome = async {
             while let Some(segment) =
@@ -73,7 +73,7 @@ impl Proxy {
             Ok::<(), Box<Error>>(())
         }
         .await;
-        ctx.spliced = sent;
+        ctx.delivery.spliced = sent;
         let outcome = outcome.and_then(|()| {
             if sent == len {
                 Ok(())
@@ -104,8 +104,8 @@ impl Proxy {
         // Where the body of the exchange being spliced began, in `sent`: for its span.
         let mut attempt_from = 0;
         // A shaped body is spliced in paced steps: the kernel still moves every byte.
-        let mut pacer = ctx.pacer.take();
-        let live = ctx.live.as_ref();
+        let mut pacer = ctx.delivery.pacer.take();
+        let live = ctx.answer.live.as_ref();
         let outcome = loop {
             let result = splice_exchange(
                 &mut exchange,
@@ -140,8 +140,8 @@ impl Proxy {
                 }
             }
         };
-        ctx.pacer = pacer;
-        ctx.spliced = sent;
+        ctx.delivery.pacer = pacer;
+        ctx.delivery.spliced = sent;
         outcome
     }
 }

@@ -23,8 +23,34 @@ use super::context::RequestCtx;
 use super::pace::Pacer;
 use super::source::Sourced;
 use super::source_body::{BodyReader, Piece, Pump, READ_BYTES, UpstreamBody};
-use super::transport::BodyWay;
+use super::transport::{BodyWay, Transport};
 use crate::routes::Route;
+
+/// deliver's record of how the body went, for `record`.
+#[derive(Debug, Default)]
+pub(super) struct Delivered {
+    /// On a route with a rate limit: how its body is paced.
+    pub(super) pacer: Option<Pacer>,
+    /// Body bytes that went to the client by splice(2) (pingora's writer is told of them after).
+    pub(super) spliced: u64,
+    /// The way the body went, once the deliver step chose it (see transport.rs).
+    pub(super) transport: Option<Transport>,
+    /// A stage whose stored index proved wrong, to be forgotten after the response.
+    pub(super) forget_stage: Option<usize>,
+}
+
+impl Delivered {
+    /// The way the answer took, for its access line and metrics: its body's, once chosen; before
+    /// that, `Relay` for a request handed to its route (`routed`, as it is identified: a refusal
+    /// of its download, an error of its source), `Pingora` for one answered before.
+    pub(super) fn transport_taken(&self, routed: bool) -> Transport {
+        match (self.transport, routed) {
+            (Some(way), _) => way,
+            (None, true) => Transport::Relay,
+            (None, false) => Transport::Pingora,
+        }
+    }
+}
 
 /// The first bytes of a body the transform step has passed, held until the header goes out.
 struct Held {
@@ -36,7 +62,7 @@ struct Held {
 }
 
 impl Proxy {
-    /// Writes the client's answer, shaped in `ctx`, with the source's body.
+    /// Writes the client's answer, shaped in `ctx.answer`, with the source's body.
     pub(super) async fn deliver(
         &self,
         session: &mut impl ClientSession,
@@ -47,23 +73,23 @@ impl Proxy {
     ) -> Result<()> {
         let Sourced { mut response, body, stream, continuable, base, policy } = sourced;
         let authorized = super::source::client_authorized(session, route);
-        let parts = std::mem::take(&mut ctx.rest_parts).into();
+        let parts = std::mem::take(&mut ctx.answer.rest_parts).into();
         let mut pump = Pump::new(
             self,
             route,
             (stream, continuable, base, policy),
             parts,
-            ctx.replica,
+            ctx.upstream.replica,
             authorized,
         );
         let head_only = session.req_header().method == Method::HEAD;
         self.pace(ctx, route, &mut response, head_only);
-        if let Some(pacer) = &ctx.pacer {
+        if let Some(pacer) = &ctx.delivery.pacer {
             pump.read_max = pacer.step().min(READ_BYTES);
         }
-        let (untouched, paced) = (ctx.passes_body_untouched(), ctx.pacer.is_some());
+        let (untouched, paced) = (ctx.answer.passes_body_untouched(), ctx.delivery.pacer.is_some());
         let way = BodyWay::choose(session, untouched, paced, body.as_ref(), &response);
-        ctx.transport = Some(way.transport());
+        ctx.delivery.transport = Some(way.transport());
         session.bound_unsent(way.by_kernel());
         match (way, body) {
             (
@@ -113,7 +139,7 @@ impl Proxy {
         if let Some(name) = origin_header {
             response.remove_header(name);
         }
-        ctx.pacer = route.rate_limit.as_ref().filter(|_| !head_only).and_then(|limit| {
+        ctx.delivery.pacer = route.rate_limit.as_ref().filter(|_| !head_only).and_then(|limit| {
             let client = ctx.client.map(|client| client.ip);
             Pacer::new(limit, origin_rate, self.rates.of(&route.name, client, limit))
         });
@@ -161,7 +187,7 @@ impl Proxy {
             let piece = watch.unless_gone(session, reader.next()).await?;
             match piece {
                 Piece::Chunk(chunk) => self.forward(session, ctx, Some(chunk), false).await?,
-                Piece::Skip(to) => ctx.skip_to(to)?,
+                Piece::Skip(to) => ctx.answer.skip_to(to)?,
                 Piece::End => return self.forward(session, ctx, None, true).await,
                 Piece::Broken(e) => return Err(e),
             }
@@ -248,7 +274,7 @@ async fn write_out(
     body: Option<Bytes>,
     end: bool,
 ) -> Result<()> {
-    if ctx.pacer.is_none()
+    if ctx.delivery.pacer.is_none()
         && let Some(trace) = ctx.trace.as_mut()
     {
         let (began, len) = (Instant::now(), body.as_ref().map_or(0, Bytes::len));
@@ -256,7 +282,7 @@ async fn write_out(
         trace.client_wrote(len, began.elapsed());
         return written;
     }
-    let Some(pacer) = ctx.pacer.as_mut() else {
+    let Some(pacer) = ctx.delivery.pacer.as_mut() else {
         return session.write_body(body, end).await;
     };
     let Some(mut body) = body else {

@@ -12,9 +12,9 @@ use super::super::client_session::ClientSession;
 use super::super::context::RequestCtx;
 
 impl Proxy {
-    /// Ends a response whose body went past the session's writer (`ctx.spliced` bytes of it,
-    /// then `outcome`). The writer is told of those bytes, as writes its connection swallows: it
-    /// then counts them, frames the response as complete and keeps the connection, as for any
+    /// Ends a response whose body went past the session's writer (`ctx.delivery.spliced` bytes of
+    /// it, then `outcome`). The writer is told of those bytes, as writes its connection swallows:
+    /// it then counts them, frames the response as complete and keeps the connection, as for any
     /// other response.
     pub(super) async fn account_sent_aside(
         &self,
@@ -22,13 +22,13 @@ impl Proxy {
         ctx: &mut RequestCtx,
         outcome: Result<()>,
     ) -> Result<()> {
-        if !session.note_sent_aside(ctx.spliced) {
+        if !session.note_sent_aside(ctx.delivery.spliced) {
             return Err(Error::explain(
                 ErrorType::InternalError,
                 "a spliced response was not accounted",
             ));
         }
-        let mut left = ctx.spliced;
+        let mut left = ctx.delivery.spliced;
         while left > 0 {
             let n = left.min(SENT_ASIDE.len() as u64) as usize;
             session.write_body(Some(Bytes::from_static(&SENT_ASIDE[..n])), false).await?;
