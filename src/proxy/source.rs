@@ -62,6 +62,9 @@ pub(super) struct Sourced {
     pub(super) base: Option<RequestHeader>,
     /// How a broken body is continued; `None` on routes that do not continue bodies.
     pub(super) policy: Option<UpstreamResume>,
+    /// The client's own `Authorization` goes upstream with the request (see
+    /// [`client_authorized`]): with its continuations and stretches too.
+    pub(super) authorized: bool,
 }
 
 impl Sourced {
@@ -84,6 +87,7 @@ impl Proxy {
         watch: &ClientWatch,
     ) -> Result<Sourced> {
         let policy = route.upstream_resume;
+        let authorized = client_authorized(session, route);
         ctx.upstream.replica = route.upstream.choose();
         // The relay speaks HTTP/1.1 to origins, whatever its client speaks.
         let mut request = end_to_end(session.req_header());
@@ -101,7 +105,7 @@ impl Proxy {
         // answer needs none of it; see docs/benchmarks.md, "Boxed futures".
         let cached = match (&self.cache, route.cache) {
             (Some(cache), Some(use_of)) => {
-                let asked = (&request, client_authorized(session, route));
+                let asked = (&request, authorized);
                 let answer =
                     cache.answer(route, use_of, asked, &self.origin_client, ctx.upstream.replica);
                 Some(watch.unless_gone(session, Box::pin(answer)).await?)
@@ -141,12 +145,12 @@ impl Proxy {
         ctx.upstream.answered(response.status.as_u16());
         let stream = upstream_stream(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
-        Ok(Sourced { response, body, stream, continuable, base, policy })
+        Ok(Sourced { response, body, stream, continuable, base, policy, authorized })
     }
 }
 
 /// Whether the client's own `Authorization` goes upstream with its request: not to an S3
 /// upstream, where rangeway signs with its own keys.
-pub(super) fn client_authorized(session: &impl ClientSession, route: &Route) -> bool {
+fn client_authorized(session: &impl ClientSession, route: &Route) -> bool {
     session.req_header().headers.contains_key(header::AUTHORIZATION) && !route.upstream.is_s3()
 }

@@ -417,9 +417,7 @@ impl OriginClient {
 
 /// An HTTP/1 exchange's session, set to keep its connection only if the origin's answer allows,
 /// and its peer: what returning the connection to the pool needs.
-fn reusable(
-    exchange: Exchange,
-) -> Option<(pingora_core::protocols::http::v1::client::HttpSession, Box<HttpPeer>)> {
+fn reusable(exchange: Exchange) -> Option<(Http1Session, Box<HttpPeer>)> {
     let Exchange { session: HttpSession::H1(mut session), peer, .. } = exchange else {
         return None;
     };

@@ -71,8 +71,7 @@ impl Proxy {
         sourced: Sourced,
         watch: &ClientWatch,
     ) -> Result<()> {
-        let Sourced { mut response, body, stream, continuable, base, policy } = sourced;
-        let authorized = super::source::client_authorized(session, route);
+        let Sourced { mut response, body, stream, continuable, base, policy, authorized } = sourced;
         let parts = std::mem::take(&mut ctx.answer.rest_parts).into();
         let mut pump = Pump::new(
             self,
