@@ -1,13 +1,11 @@
-//! Which download a request belongs to, and which object version an upstream answer is.
+//! Which download a request belongs to: its id, and what its client holds of a version.
 
 use http::{HeaderMap, header};
 use pingora_http::RequestHeader;
-use rangeway_middleware::rfc9110::{
-    ContentRange, EntityTag, RangeSet, RangeSpec, Validators, parse_content_range,
-};
+use rangeway_middleware::rfc9110::{EntityTag, RangeSet, RangeSpec, Validators};
 
 use crate::fingerprint::FingerprintKey;
-use crate::range::{ClientRange, content_length};
+use crate::range::ClientRange;
 use crate::request_path::NormalizedPath;
 use crate::state::{Holding, ObjectVersion};
 
@@ -144,44 +142,9 @@ pub fn validators_of(version: &ObjectVersion) -> Validators {
     }
 }
 
-/// The object version an upstream 200 or 206 describes: its validators and complete length.
-/// `validators` are the answer's, from [`validators`].
-pub fn object_version(
-    status: u16,
-    headers: &HeaderMap,
-    validators: &Validators,
-) -> Option<ObjectVersion> {
-    let size = match status {
-        200 => content_length(headers)?,
-        206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
-            ContentRange::Satisfied { complete_len: Some(len), .. } => len,
-            _ => return None,
-        },
-        _ => return None,
-    };
-    let Validators { etag, last_modified } = validators;
-    Some(ObjectVersion {
-        strong: etag.as_ref().is_some_and(EntityTag::is_strong),
-        // The field's own text is the tag's (it parsed whole): not formatted again.
-        etag: etag.as_ref().map(|tag| match headers.get(header::ETAG).map(|v| v.to_str()) {
-            Some(Ok(text)) => text.trim_matches([' ', '\t']).to_owned(),
-            _ => tag.to_string(),
-        }),
-        size,
-        last_modified: last_modified
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_secs()),
-        content_type: headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::range::validators;
 
     fn request(target: &str, headers: &[(&'static str, &str)]) -> RequestHeader {
         let mut req = RequestHeader::build("GET", target.as_bytes(), None).unwrap();
@@ -290,19 +253,5 @@ mod tests {
         assert_eq!(without_download_id("a=1&download_id=x&b=2"), "a=1&b=2");
         assert_eq!(without_download_id("download_id=x"), "");
         assert_eq!(without_download_id("download_idx=1&c"), "download_idx=1&c");
-    }
-
-    #[test]
-    fn versions_from_200_and_206() {
-        let mut headers = HeaderMap::new();
-        headers.insert(header::CONTENT_LENGTH, "100".parse().unwrap());
-        headers.insert(header::ETAG, "\"v1\"".parse().unwrap());
-        let v = object_version(200, &headers, &validators(&headers)).unwrap();
-        assert_eq!((v.size, v.etag.as_deref(), v.strong), (100, Some("\"v1\""), true));
-        headers.insert(header::CONTENT_RANGE, "bytes 0-9/5000".parse().unwrap());
-        headers.insert(header::ETAG, "W/\"v1\"".parse().unwrap());
-        let v = object_version(206, &headers, &validators(&headers)).unwrap();
-        assert_eq!((v.size, v.strong), (5000, false));
-        assert!(object_version(304, &headers, &validators(&headers)).is_none());
     }
 }

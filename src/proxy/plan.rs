@@ -2,21 +2,14 @@
 //! a route's stages need, and ranges far apart fetched in stretches.
 
 use http::header;
-use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::ObjectVersion as StageObject;
 use rangeway_middleware::rfc9110::{IgnoreReason, RangeSpec, Resolution};
 
 use super::context::RequestCtx;
-use crate::range::ClientRange;
+use crate::range::{ClientRange, PART_GAP, covering};
 use crate::representation::StoredFacts;
 use crate::routes::Route;
 use crate::state::ObjectVersion;
-
-/// Ranges less than this apart are read through as one; farther apart, each stretch is fetched
-/// on its own, so that what a multipart answer costs the origin stays within the bytes asked for
-/// and a gap per stretch (a client asking for the first and the last byte of a large object
-/// pulled all of it). About what a request of its own costs on a fast link.
-pub(super) const PART_GAP: u64 = 64 << 10;
 
 /// On a route with middleware, what to ask the upstream for. A route whose stages only observe
 /// asks for the client's range, started earlier when that lets a hash go on from a stored state
@@ -106,10 +99,4 @@ pub(super) fn plan_parts(
             ctx.identity.sent_range = None;
         }
     }
-}
-
-/// The one range from the first of `ranges` (sorted, as resolved) to the end of the last: what a
-/// chain produces once for a multipart answer.
-pub(super) fn covering(ranges: &[ByteRange]) -> Option<ByteRange> {
-    ByteRange::new(ranges.first()?.start(), ranges.last()?.end())
 }

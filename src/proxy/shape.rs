@@ -18,15 +18,15 @@ use super::answer::{
 };
 use super::client_session::ClientSession;
 use super::context::{BodyPlan, RequestCtx};
-use super::download::object_version;
 use super::hop_by_hop::forwarded;
 use super::origin_digest::OriginDigestCheck;
 use super::s3;
-use super::shaping::{remove_whole_object_checksums, upstream_stream};
-use super::source_body::Continuable;
+use super::shaping::remove_whole_object_checksums;
 use super::traced::request_span;
 use crate::cache::{CacheBody, OutputWriter};
-use crate::range::{Asked, IfRangeDate, Shape, shape_response, validators};
+use crate::range::{
+    Asked, IfRangeDate, Shape, body_range, object_version, shape_response, strong_etag, validators,
+};
 use crate::representation::ChainPass;
 use crate::state::ObjectVersion;
 use crate::telemetry::live::LiveGuard;
@@ -236,7 +236,7 @@ impl Proxy {
         // The upstream body's place in the object, for stages that observe it (read before the
         // answer is shaped, which may change its Content-Length and Content-Range).
         let upstream_stream =
-            ctx.identity.chain().and_then(|_| upstream_stream(status, &response.headers));
+            ctx.identity.chain().and_then(|_| body_range(status, &response.headers));
         forwarded(response)?;
         let req = session.req_header();
         let asked = Asked {
@@ -312,7 +312,7 @@ impl Proxy {
                 ctx.answer.body = BodyPlan::Window(Window::new(stream_start, range));
             }
             Shape::Multiple { ranges, complete_len, stream_start, rest } => {
-                if !rest.is_empty() && Continuable::etag(&response.headers).is_none() {
+                if !rest.is_empty() && strong_etag(&response.headers).is_none() {
                     // The stretches after the first are pinned to its version by its ETag.
                     let reason = "the upstream's answer has no strong ETag to fetch the other \
                                   ranges of the same version with";

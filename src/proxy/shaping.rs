@@ -5,7 +5,6 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Method, StatusCode, header};
 use pingora_error::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -13,8 +12,7 @@ use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::{Chain, Learned, ObjectVersion as StageObject};
 use rangeway_middleware::checksum::want_repr_digest_sha256;
 use rangeway_middleware::rfc9110::{
-    ContentRange, IgnoreReason, MultipartBody, MultipartPlan, RangeSet, content_range,
-    parse_content_range,
+    IgnoreReason, MultipartBody, MultipartPlan, RangeSet, content_range,
 };
 use tracing::warn;
 
@@ -23,10 +21,11 @@ use super::answer::{ACCEPT_BYTES, answer_without_body, empty_answer, refuse_chan
 use super::client_session::ClientSession;
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
-use super::plan::{PART_GAP, covering};
 use crate::cache::{CacheBody, Outcome, OutputWriter, SliceCache, Version};
 use crate::fingerprint::fingerprint;
-use crate::range::{Asked, ClientRange, Shape, shape_response, validators};
+use crate::range::{
+    Asked, ClientRange, PART_GAP, Shape, body_range, covering, shape_response, validators,
+};
 use crate::representation::{
     ChainPass, ORIGIN_DIGEST_HEADERS, StoredFacts, digest_headers, representation_etag, version_key,
 };
@@ -109,7 +108,7 @@ impl Proxy {
             response.remove_header(&header::CONTENT_RANGE);
             return Ok(None);
         }
-        let stream = upstream_stream(status, &response.headers);
+        let stream = body_range(status, &response.headers);
         let (Some(version), Some(stream)) = (version, stream) else {
             let reason =
                 "the upstream did not say the object's length, which the route's middleware needs";
@@ -537,19 +536,6 @@ pub(super) fn content_disposition(path: &str, chain: &Chain) -> Option<String> {
     (extended && plain).then(|| format!("attachment; filename=\"{name}\""))
 }
 
-/// Two pieces of output as one.
-pub(super) fn join(first: Option<Bytes>, second: Option<Bytes>) -> Option<Bytes> {
-    match (first, second) {
-        (Some(first), Some(second)) => {
-            let mut joined = BytesMut::with_capacity(first.len() + second.len());
-            joined.extend_from_slice(&first);
-            joined.extend_from_slice(&second);
-            Some(joined.freeze())
-        }
-        (first, second) => first.or(second),
-    }
-}
-
 /// A multipart boundary that depends only on what is sent, so a repeated request gets the same
 /// bytes; 64 bits of SHA-256 make a collision with content as unlikely as a random one.
 pub(super) fn boundary(ranges: &[ByteRange], complete_len: u64) -> String {
@@ -571,28 +557,4 @@ pub(super) fn remove_whole_object_checksums(response: &mut ResponseHeader) {
     for name in names {
         response.remove_header(&name);
     }
-}
-
-/// Which bytes of the object an upstream 200 or 206 body holds, when it says.
-pub(super) fn upstream_stream(status: u16, headers: &http::HeaderMap) -> Option<ByteRange> {
-    match status {
-        200 => crate::range::content_length(headers).map(ByteRange::whole),
-        206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
-            ContentRange::Satisfied { range, .. } => Some(range),
-            ContentRange::Unsatisfied { .. } => None,
-        },
-        _ => None,
-    }
-}
-
-/// Runs `work` where it may block for milliseconds without stalling the other connections of
-/// this thread: `block_in_place` hands the thread's other tasks to another worker first. Only a
-/// multi-threaded runtime (pingora's default) allows it; elsewhere the work runs in place.
-pub(super) fn off_the_event_loop<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
-    let multi_thread = || {
-        tokio::runtime::Handle::try_current().is_ok_and(|handle| {
-            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-        })
-    };
-    if blocks && multi_thread() { tokio::task::block_in_place(work) } else { work() }
 }

@@ -17,10 +17,10 @@ use super::client_session::ClientWatch;
 use super::context::RequestCtx;
 use super::hop_by_hop::{answer_to_forward, end_to_end};
 use super::origin_request::{self, client_side};
-use super::shaping::upstream_stream;
-use super::source_body::{BodySource, Continuable, UpstreamBody};
+use super::source_body::{BodySource, UpstreamBody};
 use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
 use crate::config::UpstreamResume;
+use crate::range::{Continuable, body_range};
 use crate::routes::Route;
 
 /// source's record of the upstream, for the steps after it and for `record`.
@@ -143,7 +143,7 @@ impl Proxy {
             route.upstream.failed(ctx.upstream.replica);
         }
         ctx.upstream.answered(response.status.as_u16());
-        let stream = upstream_stream(response.status.as_u16(), &response.headers);
+        let stream = body_range(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         Ok(Sourced { response, body, stream, continuable, base, policy, authorized })
     }

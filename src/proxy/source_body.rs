@@ -8,51 +8,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_error::{Error, ErrorType, OrErr, Result};
 use pingora_http::RequestHeader;
 use rangeway_middleware::ByteRange;
-use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 use tracing::{info, warn};
 
 use super::Proxy;
 use super::splice::RawSocket;
 use crate::cache::{CacheAnswer, CacheBody, SliceCache};
 use crate::config::{RouteCache, UpstreamResume};
-use crate::range::content_length;
+use crate::range::{Continuable, content_length};
 use crate::routes::Route;
 use crate::routes::origin_client::{Exchange, OriginClient, Pinned, Tries, pinned_range};
 use crate::telemetry::metrics::Metrics;
-
-/// What a broken body can be continued with: the stream's end and the version it is of.
-pub(super) struct Continuable {
-    /// One past the last byte of the object the upstream body runs to.
-    end: u64,
-    complete_len: u64,
-    etag: String,
-}
-
-impl Continuable {
-    /// For an answer whose body is `stream` of the object: `None` without a strong ETag, which
-    /// alone can show that a continuation is of the same version.
-    pub(super) fn of(stream: ByteRange, headers: &http::HeaderMap) -> Option<Self> {
-        let etag = Self::etag(headers)?;
-        let complete_len = match headers
-            .get(header::CONTENT_RANGE)
-            .and_then(|v| parse_content_range(v.as_bytes()))
-        {
-            Some(ContentRange::Satisfied { complete_len: Some(len), .. }) => len,
-            _ => stream.end(),
-        };
-        Some(Self { end: stream.end(), complete_len, etag: etag.to_owned() })
-    }
-
-    /// The answer's strong ETag, which alone can show that another answer is of the same version.
-    pub(super) fn etag(headers: &http::HeaderMap) -> Option<&str> {
-        headers.get(header::ETAG).and_then(|v| v.to_str().ok()).filter(|etag| etag.starts_with('"'))
-    }
-}
 
 /// What the relay's reader ([`BodyReader`]) reads next.
 pub(super) enum Piece {

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use pingora_error::{Error, ErrorType, Result};
 use rangeway_middleware::chain::{ChainError, StageError};
 use tracing::warn;
@@ -13,7 +13,6 @@ use tracing::warn;
 use super::Proxy;
 use super::context::{BodyPlan, RequestCtx};
 use super::origin_digest::ORIGIN_DIGEST_MISMATCH;
-use super::shaping::{join, off_the_event_loop};
 use super::traced::RequestTrace;
 use crate::representation::ChainPass;
 
@@ -126,4 +125,29 @@ fn cut_for_client(body: &mut Option<Bytes>, end_of_stream: bool, ctx: &mut Reque
             }
         }
     }
+}
+
+/// Two pieces of output as one.
+fn join(first: Option<Bytes>, second: Option<Bytes>) -> Option<Bytes> {
+    match (first, second) {
+        (Some(first), Some(second)) => {
+            let mut joined = BytesMut::with_capacity(first.len() + second.len());
+            joined.extend_from_slice(&first);
+            joined.extend_from_slice(&second);
+            Some(joined.freeze())
+        }
+        (first, second) => first.or(second),
+    }
+}
+
+/// Runs `work` where it may block for milliseconds without stalling the other connections of
+/// this thread: `block_in_place` hands the thread's other tasks to another worker first. Only a
+/// multi-threaded runtime (pingora's default) allows it; elsewhere the work runs in place.
+fn off_the_event_loop<T>(blocks: bool, work: impl FnOnce() -> T) -> T {
+    let multi_thread = || {
+        tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        })
+    };
+    if blocks && multi_thread() { tokio::task::block_in_place(work) } else { work() }
 }

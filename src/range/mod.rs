@@ -9,6 +9,7 @@
 
 use std::time::SystemTime;
 
+use crate::state::ObjectVersion;
 use http::{HeaderMap, Method, header};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{
@@ -287,6 +288,94 @@ fn held(range: &ByteRange, available: ByteRange, rest: &[ByteRange]) -> bool {
     let from_rest: u64 =
         rest.iter().filter_map(|fetch| fetch.intersect(range)).map(|r| r.len()).sum();
     from_body + from_rest == range.len()
+}
+
+/// What a broken body can be continued with: the stream's end and the version it is of.
+pub struct Continuable {
+    /// One past the last byte of the object the upstream body runs to.
+    pub end: u64,
+    pub complete_len: u64,
+    pub etag: String,
+}
+
+impl Continuable {
+    /// For an answer whose body is `stream` of the object: `None` without a strong ETag, which
+    /// alone can show that a continuation is of the same version.
+    pub fn of(stream: ByteRange, headers: &HeaderMap) -> Option<Self> {
+        let etag = strong_etag(headers)?;
+        let complete_len = match headers
+            .get(header::CONTENT_RANGE)
+            .and_then(|v| parse_content_range(v.as_bytes()))
+        {
+            Some(ContentRange::Satisfied { complete_len: Some(len), .. }) => len,
+            _ => stream.end(),
+        };
+        Some(Self { end: stream.end(), complete_len, etag: etag.to_owned() })
+    }
+}
+
+/// The answer's strong ETag, quotes included: which alone shows that two answers are of one
+/// version (RFC 9110 §8.8.1).
+pub fn strong_etag(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::ETAG).and_then(|v| v.to_str().ok()).filter(|etag| etag.starts_with('"'))
+}
+
+/// Which bytes of the object a 200 or 206 body holds, when its header says.
+pub fn body_range(status: u16, headers: &HeaderMap) -> Option<ByteRange> {
+    match status {
+        200 => content_length(headers).map(ByteRange::whole),
+        206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
+            ContentRange::Satisfied { range, .. } => Some(range),
+            ContentRange::Unsatisfied { .. } => None,
+        },
+        _ => None,
+    }
+}
+
+/// Ranges less than this apart are read through as one; farther apart, each stretch is fetched
+/// on its own, so that what a multipart answer costs the origin stays within the bytes asked for
+/// and a gap per stretch (a client asking for the first and the last byte of a large object
+/// pulled all of it). About what a request of its own costs on a fast link.
+pub const PART_GAP: u64 = 64 << 10;
+
+/// The one range from the first of `ranges` (sorted, as resolved) to the end of the last: what a
+/// chain produces once for a multipart answer.
+pub fn covering(ranges: &[ByteRange]) -> Option<ByteRange> {
+    ByteRange::new(ranges.first()?.start(), ranges.last()?.end())
+}
+
+/// The object version an upstream 200 or 206 describes: its validators and complete length.
+/// `validators` are the answer's, from [`validators`].
+pub fn object_version(
+    status: u16,
+    headers: &HeaderMap,
+    validators: &Validators,
+) -> Option<ObjectVersion> {
+    let size = match status {
+        200 => content_length(headers)?,
+        206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
+            ContentRange::Satisfied { complete_len: Some(len), .. } => len,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let Validators { etag, last_modified } = validators;
+    Some(ObjectVersion {
+        strong: etag.as_ref().is_some_and(EntityTag::is_strong),
+        // The field's own text is the tag's (it parsed whole): not formatted again.
+        etag: etag.as_ref().map(|tag| match headers.get(header::ETAG).map(|v| v.to_str()) {
+            Some(Ok(text)) => text.trim_matches([' ', '\t']).to_owned(),
+            _ => tag.to_string(),
+        }),
+        size,
+        last_modified: last_modified
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs()),
+        content_type: headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    })
 }
 
 /// The length of a body framed by `Content-Length` (not chunked).

@@ -217,3 +217,17 @@ fn a_resume_whose_session_may_be_lost_is_cut_only_from_an_older_version() {
     assert_eq!(whole(Some("Mon, 01 Jan 2024 00:00:00 GMT")), Shape::Forward);
     assert_eq!(whole(None), Shape::Forward);
 }
+
+#[test]
+fn versions_from_200_and_206() {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::CONTENT_LENGTH, "100".parse().unwrap());
+    headers.insert(header::ETAG, "\"v1\"".parse().unwrap());
+    let v = object_version(200, &headers, &validators(&headers)).unwrap();
+    assert_eq!((v.size, v.etag.as_deref(), v.strong), (100, Some("\"v1\""), true));
+    headers.insert(header::CONTENT_RANGE, "bytes 0-9/5000".parse().unwrap());
+    headers.insert(header::ETAG, "W/\"v1\"".parse().unwrap());
+    let v = object_version(206, &headers, &validators(&headers)).unwrap();
+    assert_eq!((v.size, v.strong), (5000, false));
+    assert!(object_version(304, &headers, &validators(&headers)).is_none());
+}
