@@ -630,6 +630,41 @@ fn a_clients_host_never_changes_what_others_are_served() {
     assert_eq!(start.body, &clean.body[..64]);
 }
 
+/// What the origin's `Connection` names concerns its connection alone (RFC 9110 §7.6.1): it
+/// reaches no client, relayed or from the cache, missed or hit, whole or in a range.
+#[test]
+fn fields_the_origins_connection_names_never_reach_a_client() {
+    let origin = Origin::start();
+    let object = test_bytes(MIB + 17, 93);
+    let fields = [
+        ("Cache-Control", "max-age=600"),
+        ("Connection", "X-Hop, Keep-Alive"),
+        ("X-Hop", "for the proxy's connection only"),
+        ("X-Kept", "end to end"),
+    ];
+    origin.put_with_headers("/c.bin", object.clone(), &fields);
+    let cache = TempDir::new("cache-connection-dir");
+    let body = config(&origin.base_url(), cache.path(), "64MiB");
+    let body = format!(
+        "{body}\n[[routes]]\npath_prefix = \"/relayed/\"\nupstream = \"origin\"\n\
+         strip_prefix = true\ncache = false\n"
+    );
+    let proxy = Proxy::start(&body);
+    for (path, cache) in
+        [("/c.bin", Some("miss")), ("/c.bin", Some("hit")), ("/relayed/c.bin", None)]
+    {
+        let whole = get(&proxy.url(path), &[]);
+        assert_eq!(whole.header("x-rangeway-cache"), cache, "{path}");
+        assert!(whole.body == object, "{path}: the object's bytes");
+        let part = range(&proxy.url(path), "bytes=1000-1999");
+        assert_eq!(part.body, &object[1000..2000], "{path}");
+        for answer in [&whole, &part] {
+            assert_eq!(answer.header("x-hop"), None, "{path}: a field Connection named");
+            assert_eq!(answer.header("x-kept"), Some("end to end"), "{path}");
+        }
+    }
+}
+
 /// Decrypts with http_ece (an RFC 8188 implementation nobody here wrote), given the raw key.
 fn http_ece_decrypt(ciphertext: &[u8], key: &[u8; 16]) -> Vec<u8> {
     let key_hex: String = key.iter().map(|b| format!("{b:02x}")).collect();

@@ -38,8 +38,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use pingora_http::{RequestHeader, ResponseHeader};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{
-    Precondition, RangeLimits, RangeRequest, Resolution, Validators, evaluate_preconditions,
-    if_range_holds, parse_range_header,
+    HOP_BY_HOP, Precondition, RangeLimits, RangeRequest, Resolution, Validators,
+    connection_options, evaluate_preconditions, if_range_holds, parse_range_header,
 };
 use rangeway_middleware::rfc9111::{self, Freshness};
 use serde::{Deserialize, Serialize};
@@ -366,7 +366,7 @@ impl SliceCache {
         };
         let range = match header.status.as_u16() {
             200 => ByteRange::whole(version.len),
-            206 => header_range(&header).unwrap_or(NOTHING),
+            206 => crate::range::body_range(206, &header.headers).unwrap_or(NOTHING),
             _ => NOTHING,
         };
         let outcome = if revalidated { Outcome::Revalidated } else { Outcome::Hit };
@@ -702,12 +702,7 @@ impl Inner {
             && rfc9111::storable(&Method::GET, &asked, answer.status, &answer.headers).is_ok()
             && !answer.headers.contains_key(header::SET_COOKIE)
             && !answer.headers.contains_key(header::VARY);
-        let etag = answer
-            .headers
-            .get(header::ETAG)
-            .and_then(|v| v.to_str().ok())
-            .filter(|etag| etag.starts_with('"'))
-            .map(str::to_owned);
+        let etag = crate::range::strong_etag(&answer.headers).map(str::to_owned);
         let len = crate::range::content_length(&answer.headers);
         let (true, Some(etag), Some(len)) = (cacheable, etag, len) else {
             self.store.remove_object(object);
@@ -848,39 +843,24 @@ fn origin_request(
     Some(base)
 }
 
-/// The range a 206 header states.
-fn header_range(response: &ResponseHeader) -> Option<ByteRange> {
-    use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
-    match parse_content_range(response.headers.get(header::CONTENT_RANGE)?.as_bytes())? {
-        ContentRange::Satisfied { range, .. } => Some(range),
-        ContentRange::Unsatisfied { .. } => None,
-    }
-}
-
-/// The fields of an origin's answer the cache keeps: its end-to-end ones, without those that
+/// The fields of an origin's answer the cache keeps: its end-to-end ones — not those of its
+/// connection, the fields its `Connection` names included (RFC 9110 §7.6.1) — without those that
 /// describe one message (length, range, framing) or that the cache recomputes (`Age`).
 fn stored_fields(headers: &HeaderMap) -> HeaderMap {
-    let mut kept = HeaderMap::new();
-    for (name, value) in headers {
-        let dropped = [
-            header::CONTENT_LENGTH,
-            header::CONTENT_RANGE,
-            header::TRANSFER_ENCODING,
-            header::CONNECTION,
-            header::AGE,
-            header::SET_COOKIE,
-            header::TRAILER,
-            header::UPGRADE,
-            header::PROXY_AUTHENTICATE,
-            header::VIA,
-        ]
-        .contains(name)
-            || name.as_str() == "keep-alive";
-        if !dropped {
-            kept.append(name.clone(), value.clone());
-        }
-    }
-    kept
+    const OF_ONE_MESSAGE: [HeaderName; 7] = [
+        header::CONTENT_LENGTH,
+        header::CONTENT_RANGE,
+        header::TRANSFER_ENCODING,
+        header::AGE,
+        header::SET_COOKIE,
+        header::PROXY_AUTHENTICATE,
+        header::VIA,
+    ];
+    let named: Vec<HeaderName> = connection_options(headers).collect();
+    let kept = headers.iter().filter(|(name, _)| {
+        !HOP_BY_HOP.contains(name) && !named.contains(name) && !OF_ONE_MESSAGE.contains(name)
+    });
+    kept.map(|(name, value)| (name.clone(), value.clone())).collect()
 }
 
 fn millis(time: SystemTime) -> u64 {

@@ -4,21 +4,10 @@
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 use pingora_error::Result;
 use pingora_http::{RequestHeader, ResponseHeader};
+use rangeway_middleware::rfc9110::{HOP_BY_HOP, connection_options};
 
 /// Written in `Via` on both sides (RFC 9110 §7.6.3).
 pub(super) const VIA: &str = "1.1 rangeway";
-
-/// Response fields that describe one connection, not the message (RFC 9110 §7.6.1).
-/// Names, not strings: a map finds a `HeaderName` without parsing it again (every response and
-/// relayed request looks for all of them).
-pub(super) static HOP_BY_HOP: [HeaderName; 6] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-];
 
 /// Hop-by-hop in a request rangeway sends itself, besides [`HOP_BY_HOP`].
 pub(super) static REQUEST_HOP_BY_HOP: [HeaderName; 3] = [
@@ -51,14 +40,24 @@ pub(super) fn answer_to_forward(origin: &ResponseHeader) -> ResponseHeader {
     ResponseHeader::from(parts)
 }
 
-/// An upstream answer as it leaves this hop: its connection's fields dropped, `Via` added.
+/// An upstream answer as it leaves this hop: its connection's fields — the hop-by-hop ones and
+/// those its `Connection` names — dropped, `Via` added.
 pub(super) fn forwarded(response: &mut ResponseHeader) -> Result<()> {
-    // One pass over the few fields an answer has finds those to remove: removing by each name
+    // One pass over the few fields an answer has finds those to remove ([`HOP_BY_HOP`], whose
+    // first is `Connection`): removing by each name
     // would hash and probe the map, and pingora's map of their case, twelve times a response.
     let mut present = [false; HOP_BY_HOP.len()];
     for name in response.headers.keys() {
         if let Some(index) = HOP_BY_HOP.iter().position(|hop| hop == name) {
             present[index] = true;
+        }
+    }
+    // What the origin's `Connection` names is of its connection too (RFC 9110 §7.6.1): read
+    // before `Connection` goes. Rare, so only then collected.
+    if present[0] {
+        let named: Vec<HeaderName> = connection_options(&response.headers).collect();
+        for name in named {
+            response.remove_header(&name);
         }
     }
     for (name, present) in HOP_BY_HOP.iter().zip(present) {
@@ -81,12 +80,7 @@ pub(super) fn forwarded(response: &mut ResponseHeader) -> Result<()> {
 /// Built rather than cloned and stripped: a clone carries pingora's map of the client's header
 /// case, and removing the hop-by-hop names one by one probes the map nine times.
 pub(super) fn end_to_end(client: &RequestHeader) -> http::request::Parts {
-    let nominated: Vec<HeaderName> = client
-        .headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim_ascii()).ok())
+    let nominated: Vec<HeaderName> = connection_options(&client.headers)
         .filter(|name| {
             !matches!(
                 name.as_str(),
@@ -131,6 +125,25 @@ mod tests {
         assert_eq!(cookies, ["a=1", "b=2"]);
         assert!(!answer.has_case());
         assert!(answer.headers.capacity() >= origin.headers.len() + ADDED_TO_ANSWERS);
+    }
+
+    #[test]
+    fn a_forwarded_answer_loses_the_fields_its_connection_names() {
+        let mut answer = ResponseHeader::build(200, None).unwrap();
+        for (name, value) in [
+            ("Connection", "X-Foo, keep-alive"),
+            ("Connection", "x-bar"),
+            ("X-Foo", "1"),
+            ("X-Bar", "2"),
+            ("Keep-Alive", "timeout=5"),
+            ("X-Kept", "3"),
+        ] {
+            answer.append_header(name, value).unwrap();
+        }
+        forwarded(&mut answer).unwrap();
+        let mut left: Vec<&str> = answer.headers.keys().map(|name| name.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["via", "x-kept"]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The parts of RFC 9110 (HTTP Semantics) rangeway implements itself: `Range` (§14.1–14.2),
-//! `Content-Range` (§14.4), `multipart/byteranges` (§14.6), entity tags (§8.8.3) and conditional
-//! requests (§13).
+//! `Content-Range` (§14.4), `multipart/byteranges` (§14.6), entity tags (§8.8.3), conditional
+//! requests (§13) and connection options (§7.6.1).
 //!
 //! Everything here is a pure function of header bytes, lengths and validators: no panic, no
 //! overflow and no unbounded work for any input (the parsers are fuzzed, see `fuzz/`).
@@ -38,6 +38,7 @@
 //! malformed values included, serves the whole representation. See [`if_range_holds`].
 
 mod conditional;
+mod connection;
 mod content_range;
 mod etag;
 mod multipart;
@@ -45,6 +46,7 @@ mod range;
 mod syntax;
 
 pub use conditional::{Precondition, Validators, evaluate_preconditions, if_range_holds};
+pub use connection::{HOP_BY_HOP, connection_options};
 pub use content_range::{
     ContentRange, content_range, parse_content_range, unsatisfied_content_range,
 };
