@@ -17,6 +17,8 @@
 #   CACHE_TESTS_HOME  where the suite is installed, outside the repository (default
 #                     ${XDG_CACHE_HOME:-~/.cache}/rangeway/http-cache-tests-VERSION)
 #   CACHE_TESTS_ID    run only this test, printing what it sent and got
+#   PASSED            also write there the ids of the required tests passed, one per line
+#                     (scripts/cache-tests/summary.mjs --passed; tests/cache_suite.rs reads it)
 # Relative paths are taken from the repository's root.
 #
 # Beside the results, named as RESULTS without .json: .origin-requests.json, what the origin
@@ -174,3 +176,7 @@ run_in_background "${runner[@]}" --origin-requests "$work/origin-requests.json" 
 mv "$work/origin-requests.json" "$results_stem.origin-requests.json"
 mv "$work/results.json" "$results"
 echo "cache-tests: results in $results" >&2
+if [[ -n ${PASSED:-} ]]; then
+    node scripts/cache-tests/summary.mjs "$package_dir" --passed "$results" >"$PASSED"
+    echo "cache-tests: $(wc -l <"$PASSED") required tests passed, listed in $PASSED" >&2
+fi

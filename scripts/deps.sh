@@ -5,7 +5,8 @@
 #                             toolchain, pkg-config, CA certificates
 #   scripts/deps.sh --test    and testing it (scripts/test): the real servers and clients the
 #                             integration tests drive (nginx, redis-server, curl, wget, aria2c,
-#                             openssl, gzip, python3, chromium and a font for it to draw with,
+#                             openssl, gzip, python3, node and npm (the HTTP WG cache
+#                             suite), chromium and a font for it to draw with,
 #                             haproxy to check deploy/balancer and run in front of rangeway,
 #                             h2load for many HTTP/2
 #                             streams on one connection), the
@@ -79,6 +80,9 @@ if [[ $testing == true ]]; then
     need openssl openssl
     need gzip gzip
     need python3 python3
+    # tests/cache_suite.rs runs the HTTP WG cache suite (npm http-cache-tests) and its origin.
+    need nodejs node
+    need npm npm
     need chromium chromium
     # tests/deploy.rs checks deploy/balancer/haproxy.cfg with haproxy itself; tests/behind_balancer.rs
     # runs it in front of rangeway, sending the PROXY protocol.
