@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::check::{Ctx, complete, read, wrong};
+use super::check::{Ctx, Problem, complete, read, wrong};
 use super::raw::{Raw, RawCache, RawRouteCache};
 use super::source::Path;
 
@@ -13,7 +13,7 @@ const BYTES_PER_ENTRY: u64 = 64 << 10;
 /// Room for a few objects; past 2³² a number is a mistake.
 const ENTRIES: std::ops::RangeInclusive<u64> = 64..=1 << 32;
 
-/// `[cache]`; docs/configuration.md describes each key.
+/// `[cache]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CacheConfig {
@@ -45,28 +45,13 @@ pub enum Revalidate {
     EachDownload,
 }
 
-pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Option<CacheConfig>> {
-    let Some(raw) = raw else { return Some(None) };
-    let at = Path::default().key("cache");
-    let r = v.table(&at, raw, "[cache] with dir = \"/var/cache/rangeway\"")?;
+pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawCache>) -> Option<CacheConfig> {
+    let r = v.table(at, raw, "[cache] with dir = \"/var/cache/rangeway\"")?;
     let fix = "add dir = \"/var/cache/rangeway\" (a folder rangeway may write), or remove [cache]";
-    let dir = v.required(&at.key("dir"), r.dir.as_ref(), fix).and_then(|value| {
-        let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
-        let dir = v.parsed(&at.key("dir"), value, "\"/var/cache/rangeway\"", |dir| {
-            match std::fs::metadata(dir) {
-                _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
-                Ok(meta) if !meta.is_dir() => {
-                    wrong(format!("{dir:?} exists but is not a directory"), fix)
-                }
-                // One that cannot be written turns the cache off at start, not the server.
-                _ => Ok(PathBuf::from(dir)),
-            }
-        });
-        dir.ok()
-    });
     // At least a few slices, at most 1 PiB. Smaller slices cost a file and an origin request each
     // for little; larger ones make a cold small range fetch more than it needs.
     read! { v, at, r;
+        dir: parsed("\"/var/cache/rangeway\"", folder).need(v, &at.key("dir"), fix);
         max_size: size(16 << 20..=1 << 50, "\"10GiB\"").or(10 << 30);
         slice_size: size(1 << 20..=8 << 20, "\"4MiB\"").or(4 << 20);
         max_entries: integer(ENTRIES, "100000").opt();
@@ -81,7 +66,18 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawCache>>) -> Option<Opti
             "make max_size at least four times slice_size",
         );
     }
-    Some(Some(CacheConfig { dir, max_size, max_entries, slice_size }))
+    Some(CacheConfig { dir, max_size, max_entries, slice_size })
+}
+
+/// A folder, or a path where one can be created: one that cannot be written turns the cache off
+/// at start, not the server.
+fn folder(dir: &str) -> Result<PathBuf, Problem> {
+    let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
+    match std::fs::metadata(dir) {
+        _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
+        Ok(meta) if !meta.is_dir() => wrong(format!("{dir:?} exists but is not a directory"), fix),
+        _ => Ok(PathBuf::from(dir)),
+    }
 }
 
 /// A route's `cache` table.

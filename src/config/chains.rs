@@ -87,13 +87,11 @@ fn option_path(stage: &Path, key: &str) -> Path {
 }
 
 fn option_value(value: &Value) -> Option<OptionValue> {
-    let int = |n: Option<i64>| OptionValue::Int(n.unwrap_or(i64::MAX));
     Some(match &value.kind {
         ValueKind::Boolean(b) => OptionValue::Bool(*b),
-        ValueKind::I64(i) => OptionValue::Int(*i),
-        ValueKind::U64(u) => int(i64::try_from(*u).ok()),
-        ValueKind::I128(i) => int(i64::try_from(*i).ok()),
-        ValueKind::U128(u) => int(i64::try_from(*u).ok()),
+        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::I128(_) | ValueKind::U128(_) => {
+            OptionValue::Int(value.clone().into_int().unwrap_or(i64::MAX))
+        }
         ValueKind::Float(f) => OptionValue::Float(*f),
         ValueKind::String(s) => OptionValue::Str(s.clone()),
         ValueKind::Array(items) => {

@@ -59,7 +59,6 @@ pub(super) struct Ctx<'a> {
     origins: &'a Origins<'a>,
     /// The middleware kinds there are, and what each accepts.
     pub(super) stages: &'a StageRegistry,
-    pub(super) known_kinds: Vec<&'a str>,
     /// How the file is named in the origins of middleware options.
     file: &'a str,
 }
@@ -92,6 +91,14 @@ impl<T> Got<T> {
         }
     }
 
+    /// The value; "is missing" reported at `at`, with `fix`, when it was not written.
+    pub(super) fn need(self, v: &mut Ctx<'_>, at: &Path, fix: impl Into<String>) -> Option<T> {
+        match self {
+            Self::Absent => v.fail(at, "is missing", fix),
+            got => got.ok(),
+        }
+    }
+
     /// A further check of a good value, which reports its problem and returns `None`.
     pub(super) fn then<U>(self, f: impl FnOnce(T) -> Option<U>) -> Got<U> {
         match self {
@@ -109,8 +116,7 @@ impl<'a> Ctx<'a> {
         stages: &'a StageRegistry,
         file: &'a str,
     ) -> Self {
-        let known_kinds = stages.kinds().collect();
-        Self { errors: Vec::new(), env, origins, stages, known_kinds, file }
+        Self { errors: Vec::new(), env, origins, stages, file }
     }
 
     /// Records a problem with the value at `at`: naming the variable that set it, since that is
@@ -167,16 +173,6 @@ impl<'a> Ctx<'a> {
         with_origin(self.scalar(at, value).into_owned(), origin.as_deref().unwrap_or(self.file))
     }
 
-    /// The value of a key that must be there, or "is missing" reported with `fix`.
-    pub(super) fn required<'r, T>(
-        &mut self,
-        at: &Path,
-        value: Option<&'r T>,
-        fix: impl Into<String>,
-    ) -> Option<&'r T> {
-        value.or_else(|| self.fail(at, "is missing", fix))
-    }
-
     /// What `raw` read, or "expected `what`" reported with `fix`. The keys it does not know are
     /// reported, with the nearest known one when one is close.
     pub(super) fn shaped<'r, T: Keys>(
@@ -218,15 +214,15 @@ impl<'a> Ctx<'a> {
         self.bad(at, problem, format!("write {} = {example}", at.last_key()))
     }
 
-    /// What `check` makes of the table (or value) at `at` when it is written; `Some(None)` when
-    /// it is not.
+    /// What `check` makes of the table (or value) at `at`, when it is written.
     pub(super) fn nested<R, T>(
         &mut self,
         at: &Path,
         raw: &Option<R>,
         check: impl FnOnce(&mut Self, &Path, &R) -> Option<T>,
-    ) -> Option<Option<T>> {
-        checked(raw.as_ref(), |raw| check(self, at, raw))
+    ) -> Got<T> {
+        let Some(raw) = raw else { return Got::Absent };
+        check(self, at, raw).map_or(Got::Bad, Got::Good)
     }
 
     /// A key that is `true` (`T`'s defaults), `false` (off) or a table for `table` to check; `on`
@@ -321,12 +317,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// A share from 0 to 1 (`0.01`; an integer 0 or 1 too).
-    pub(super) fn ratio<'v>(
-        &mut self,
-        at: &Path,
-        value: impl Into<Field<'v>>,
-        example: &str,
-    ) -> Got<f64> {
+    pub(super) fn ratio<'v>(&mut self, at: &Path, value: impl Into<Field<'v>>) -> Got<f64> {
         let Some(value) = value.into() else { return Got::Absent };
         let number = match &value.kind {
             ValueKind::Float(number) => *number,
@@ -334,12 +325,12 @@ impl<'a> Ctx<'a> {
             ValueKind::String(text) if self.set_by_env(at) => {
                 text.trim().parse().unwrap_or(f64::NAN)
             }
-            _ => return self.wrong_type(at, value, "a number from 0 to 1", example),
+            _ => return self.wrong_type(at, value, "a number from 0 to 1", "0.01"),
         };
         if (0.0..=1.0).contains(&number) {
             return Got::Good(number);
         }
-        let fix = format!("write {} = {example} (1 %), from 0 (none) to 1 (all)", at.last_key());
+        let fix = format!("write {} = 0.01 (1 %), from 0 (none) to 1 (all)", at.last_key());
         self.bad(at, "is not a share from 0 to 1", fix)
     }
 
@@ -464,9 +455,9 @@ pub(super) fn checked<X, T>(
 }
 
 /// `all` and `item`, while every item so far was good.
-pub(super) fn push<T>(all: Option<Vec<T>>, item: Option<T>) -> Option<Vec<T>> {
+pub(super) fn push<T, C: Extend<T>>(all: Option<C>, item: Option<T>) -> Option<C> {
     let (mut all, item) = (all?, item?);
-    all.push(item);
+    all.extend([item]);
     Some(all)
 }
 
@@ -497,6 +488,18 @@ fn with_origin(value: Value, origin: &str) -> Value {
         kind => kind,
     };
     Value::new(Some(&origin.to_owned()), kind)
+}
+
+/// `fix`, after the one of `known` nearest `name` when that is close enough to be a typo.
+pub(super) fn did_you_mean<'c>(
+    name: &str,
+    known: impl IntoIterator<Item = &'c str>,
+    fix: String,
+) -> String {
+    match suggest(name, known) {
+        Some(near) => format!("did you mean \"{near}\"? Otherwise {fix}"),
+        None => fix,
+    }
 }
 
 /// The candidate closest to `word` by edit distance, if close enough to be a plausible typo.

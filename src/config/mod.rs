@@ -37,7 +37,7 @@ pub use upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
 };
 
-use check::{Ctx, Problem, complete, wrong};
+use check::{Ctx, Problem, complete, read, wrong};
 use rangeway_middleware::chain::{Chain, StageRegistry};
 use raw::{Raw, RawConfig};
 use source::{Env, Path as KeyPath};
@@ -118,13 +118,16 @@ impl Config {
     }
 
     fn check(v: &mut Ctx<'_>, raw: &Raw<RawConfig>) -> Option<Self> {
-        let r = v.table(&KeyPath::default(), raw, "[server]")?;
-        let server = server::check(v, &r.server);
-        let state = state::check(v, &r.state);
-        let cache = cache::check(v, r.cache.as_ref());
-        let tls = tls::check(v, r.tls.as_ref(), server.as_ref());
-        let traces = traces::check(v, r.traces.as_ref());
-        let log = traces::check_log(v, &r.log);
+        let at = KeyPath::default();
+        let r = v.table(&at, raw, "[server]")?;
+        let server = server::check(v, &at.key("server"), &r.server);
+        let state = state::check(v, &at.key("state"), &r.state);
+        read! { v, at, r;
+            cache: nested(cache::check).opt();
+            tls: nested(|v, at, raw| tls::check(v, at, raw, server.as_ref())).opt();
+            traces: nested(traces::check).opt();
+        }
+        let log = traces::check_log(v, &at.key("log"), &r.log);
         let (upstreams, declared) = upstream::check_all(v, r.upstreams.as_ref());
         let folders = upstreams.iter().flatten();
         let folders = folders.filter(|(_, u)| matches!(u.kind, UpstreamKind::Dir { .. }));

@@ -1,6 +1,7 @@
 //! `[[routes]]`: what each serves from which upstream, and the tables of a route: its
 //! middleware, `upstream_resume`, `cache`, `signed_links`, `download_limits` and `rate_limit`.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use http::HeaderName;
 
 use super::cache::{self, RouteCache};
 use super::chains::{self, MiddlewareSpec};
-use super::check::{Ctx, DAY, MS, Problem, complete, push, read, secs, suggest, wrong};
+use super::check::{Ctx, DAY, MS, Problem, complete, did_you_mean, push, read, secs, wrong};
 use super::raw::{
     Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
 };
@@ -22,7 +23,7 @@ const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstr
 /// The slowest rate worth shaping to, and the fastest worth naming (bytes per second).
 const RATES: std::ops::RangeInclusive<u64> = 1024..=(1 << 40);
 
-/// One `[[routes]]`; docs/configuration.md describes each key and its default.
+/// One `[[routes]]`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RouteConfig {
@@ -46,14 +47,13 @@ pub struct RouteConfig {
     pub rate_limit: Option<RateLimit>,
 }
 
-/// How rangeway continues a response whose origin connection fails mid-body: it asks for the
-/// rest (`Range: bytes=N-`, `If-Match` on the strong ETag) and goes on sending.
+/// How rangeway continues a response whose origin connection fails mid-body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UpstreamResume {
     pub attempts: u32,
     pub deadline: Duration,
-    /// The wait before the first continuation, doubled for each next one.
+    /// Doubled for each next continuation.
     pub backoff: Duration,
 }
 
@@ -76,8 +76,7 @@ pub struct SignedLinks {
     pub grace: Duration,
 }
 
-/// Concurrent-download limits of a route, `None` for none; past one a new download is answered
-/// 429 before the origin is asked.
+/// Concurrent-download limits of a route, `None` for none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DownloadLimits {
@@ -86,17 +85,15 @@ pub struct DownloadLimits {
     pub count: Count,
 }
 
-/// What a download limit counts: a download once, however many ranged requests fetch its pieces
-/// at the same time (`aria2c -x16`), or every request.
+/// What a download limit counts: a download once, however many ranged requests fetch it, or
+/// every request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Count {
     Download,
     Request,
 }
 
-/// A route's bandwidth limits, in bytes per second: per response (`rate`, after its first
-/// `after` bytes), per client address, per route; `origin_header` names a response field by
-/// which the origin may lower one response's rate, as nginx's `X-Accel-Limit-Rate`.
+/// A route's bandwidth limits, in bytes per second.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RateLimit {
@@ -135,62 +132,37 @@ pub(super) fn check_all(
         let problem = "is empty, so every request would be answered 404";
         return v.fail(&at, problem, format!("add {ROUTE_EXAMPLE}"));
     }
-    let mut routes = Some(Vec::with_capacity(items.len()));
-    // (host, prefix without its trailing '/') -> index of the first route that claimed it.
-    let mut claimed: BTreeMap<(Option<String>, String), usize> = BTreeMap::new();
+    let (mut routes, mut claimed) = (Some(Vec::with_capacity(items.len())), BTreeMap::new());
     for (index, raw) in items.iter().enumerate() {
-        let at = at.index(index);
-        let (claim, mut route) = check_one(v, &at, raw, around);
-        if let Some((host, prefix)) = claim {
-            let key = (host, prefix.trim_end_matches('/').to_owned());
-            if let Some(&first) = claimed.get(&key) {
-                let host = key.0.map_or("any host".to_owned(), |h| format!("host {h}"));
-                route = v.fail(
-                    &at.key("path_prefix"),
-                    format!(
-                        "{prefix:?} on {host} overlaps routes[{first}] (prefixes that differ only by a \
-                         trailing '/' match the same requests)"
-                    ),
-                    "remove one of the two routes, or give them different prefixes or hosts",
-                );
-            } else {
-                claimed.insert(key, index);
-            }
-        }
-        routes = push(routes, route);
+        routes = push(routes, check_one(v, &at.index(index), raw, around, &mut claimed));
     }
     routes
 }
 
-/// A route, and the requests it matches as soon as its host and prefix are valid, so that
-/// overlaps are found even while its other keys are wrong.
+/// The route first to match a host (`None`: any) and a prefix without its trailing '/'.
+type Claimed = BTreeMap<(Option<String>, String), Path>;
+
 fn check_one(
     v: &mut Ctx<'_>,
     at: &Path,
     raw: &Raw<RawRoute>,
     around: &RouteContext<'_>,
-) -> (Option<(Option<String>, String)>, Option<RouteConfig>) {
-    let Some(r) = v.table(at, raw, ROUTE_EXAMPLE) else { return (None, None) };
+    claimed: &mut Claimed,
+) -> Option<RouteConfig> {
+    let r = v.table(at, raw, ROUTE_EXAMPLE)?;
     let (key, declared) = (|key: &str| at.key(key), around.declared);
-    let fix = "add path_prefix = \"/files/\"";
-    let path_prefix = v.required(&key("path_prefix"), r.path_prefix.as_ref(), fix);
-    let path_prefix = path_prefix.and_then(|prefix| {
-        v.parsed(&key("path_prefix"), prefix, "\"/files/\"", check_path_prefix).ok()
-    });
-    read! { v, at, r; host: parsed("\"dl.example.com\"", route_host).opt(); }
-    let upstream = match &r.upstream {
-        Some(value) => {
-            v.parsed(&key("upstream"), value, "\"origin\"", |name| upstream(name, declared)).ok()
-        }
-        None => {
-            let fix = match declared.and_then(|d| Some((d.iter().next()?, d))) {
-                Some((name, all)) => format!("add upstream = \"{name}\" (defined: {})", list(all)),
-                None => "define an upstream in [upstreams.NAME] and name it here".to_owned(),
-            };
-            v.fail(&key("upstream"), "is missing", fix)
-        }
+    let no_upstream = match declared.and_then(|d| Some((d.iter().next()?, d))) {
+        Some((name, all)) => format!("add upstream = \"{name}\" (defined: {})", list(all)),
+        None => "define an upstream in [upstreams.NAME] and name it here".to_owned(),
     };
-    read! { v, at, r; strip_prefix: boolean().or(false); }
+    let named = |name: &str| upstream(name, declared);
+    read! { v, at, r;
+        path_prefix: parsed("\"/files/\"", check_path_prefix)
+            .need(v, &key("path_prefix"), "add path_prefix = \"/files/\"");
+        host: parsed("\"dl.example.com\"", route_host).opt();
+        upstream: parsed("\"origin\"", named).need(v, &key("upstream"), no_upstream);
+        strip_prefix: boolean().or(false);
+    }
     let middleware = middleware(v, at, r.middleware.as_ref());
     let example = "\"/etc/rangeway/s3-clients\"";
     read! { v, at, r; s3_client_keys_file: parsed(example, S3ClientKeys::read_file).opt(); }
@@ -211,9 +183,9 @@ fn check_one(
     read! { v, at, r;
         upstream_resume: switch(true, example, resume);
         s3_response_overrides: boolean().or(false);
-        signed_links: nested(signed_links);
-        download_limits: nested(download_limits);
-        rate_limit: nested(rate_limit);
+        signed_links: nested(signed_links).opt();
+        download_limits: nested(download_limits).opt();
+        rate_limit: nested(rate_limit).opt();
     }
     let cache = match (&r.cache, around.cache) {
         (Some(_), false) => v.fail(
@@ -229,15 +201,41 @@ fn check_one(
             v.switch(&key("cache"), value, around.cache && !folder, example, cache::route)
         }
     };
-    let claim = host.clone().zip(path_prefix.clone());
-    let s3_client_keys = s3_client_keys_file;
-    let route = (|| {
-        complete! { RouteConfig {
-            host, path_prefix, upstream, strip_prefix, middleware, s3_client_keys, s3_presigned_grace,
-            upstream_resume, s3_response_overrides, cache, signed_links, download_limits, rate_limit,
-        } }
-    })();
-    (claim, route)
+    // Claimed even while the route's other keys are wrong, so that overlaps are found anyway.
+    if let Some((host, prefix)) = host.clone().zip(path_prefix.as_ref()) {
+        claim(v, at, claimed, host, prefix)?;
+    }
+    complete! { RouteConfig {
+        host, path_prefix, upstream, strip_prefix, middleware, s3_presigned_grace, upstream_resume,
+        s3_client_keys: s3_client_keys_file, s3_response_overrides, cache, signed_links,
+        download_limits, rate_limit,
+    } }
+}
+
+/// The requests of `host` and `prefix`, for the route at `at` unless a route before it has them.
+fn claim(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    claimed: &mut Claimed,
+    host: Option<String>,
+    prefix: &str,
+) -> Option<()> {
+    let first = match claimed.entry((host.clone(), prefix.trim_end_matches('/').to_owned())) {
+        Entry::Occupied(first) => first.get().clone(),
+        Entry::Vacant(entry) => {
+            entry.insert(at.clone());
+            return Some(());
+        }
+    };
+    let host = host.map_or("any host".to_owned(), |h| format!("host {h}"));
+    v.fail(
+        &at.key("path_prefix"),
+        format!(
+            "{prefix:?} on {host} overlaps {first} (prefixes that differ only by a trailing '/' \
+             match the same requests)"
+        ),
+        "remove one of the two routes, or give them different prefixes or hosts",
+    )
 }
 
 /// A route's `host`: a name or an address, matched without the port.
@@ -289,17 +287,13 @@ fn upstream(name: &str, declared: Option<&BTreeSet<String>>) -> Result<String, P
         format!("define [upstreams.{name}] with url = \"http://...\" or dir = \"...\"")
     } else {
         let define = format!("define [upstreams.{name}], or use one of: {}", list(declared));
-        match suggest(name, declared.iter().map(String::as_str)) {
-            Some(near) => format!("did you mean \"{near}\"? Otherwise {define}"),
-            None => define,
-        }
+        did_you_mean(name, declared.iter().map(String::as_str), define)
     };
     wrong(format!("no upstream named {name:?}"), fix)
 }
 
 fn resume(v: &mut Ctx<'_>, at: &Path, r: &RawResume) -> Option<UpstreamResume> {
     let d = UpstreamResume::default();
-    // The backoff doubles for each next continuation, up to its bound.
     read! { v, at, r;
         attempts: integer(1..=100, "5").or(d.attempts);
         deadline: duration(MS..=secs(3600)).or(d.deadline);
@@ -319,36 +313,28 @@ fn middleware(
     let at = &route.key("middleware");
     let fix = "write middleware = [] for none, or one [[routes.middleware]] table per stage";
     let items = v.shaped(at, raw, "an array of tables", fix)?;
-    let known = v.known_kinds.clone();
+    let stages = v.stages;
+    let known: Vec<&str> = stages.kinds().collect();
+    let kind = |kind: &str| {
+        if known.contains(&kind) {
+            return Ok(kind.to_owned());
+        }
+        let fix = did_you_mean(kind, known.iter().copied(), kind_fix(&known, "use"));
+        wrong(format!("unknown middleware kind {kind:?}"), fix)
+    };
     let mut specs = Some(Vec::with_capacity(items.len()));
     for (index, raw) in items.iter().enumerate() {
         let at = at.index(index);
-        let Some(entry) = v.table(&at, raw, "[[routes.middleware]] with kind = \"checksum\"")
-        else {
-            specs = None;
-            continue;
-        };
-        // Everything but `kind` is the stage's to parse; there are no unknown keys here.
-        let options = entry.iter().filter(|(key, _)| *key != "kind");
-        let options = options.map(|(key, value)| (key.clone(), v.option(&at.key(key), value)));
-        let options = options.collect();
-        let kind = v.required(&at.key("kind"), entry.get("kind"), kind_fix(&known, "set kind to"));
-        let kind = kind.and_then(|kind| {
-            v.parsed(&at.key("kind"), kind, "\"checksum\"", |kind| {
-                if known.contains(&kind) {
-                    return Ok(kind.to_owned());
-                }
-                let fix = match suggest(kind, known.iter().copied()) {
-                    Some(near) => {
-                        format!("did you mean \"{near}\"? {}", kind_fix(&known, "Otherwise use"))
-                    }
-                    None => kind_fix(&known, "use"),
-                };
-                wrong(format!("unknown middleware kind {kind:?}"), fix)
-            })
-            .ok()
+        let entry = v.table(&at, raw, "[[routes.middleware]] with kind = \"checksum\"");
+        let spec = entry.and_then(|entry| {
+            // Everything but `kind` is the stage's to parse; there are no unknown keys here.
+            let options = entry.iter().filter(|(key, _)| *key != "kind");
+            let options = options.map(|(key, value)| (key.clone(), v.option(&at.key(key), value)));
+            let options = options.collect();
+            let kind = v.parsed(&at.key("kind"), entry.get("kind"), "\"checksum\"", kind);
+            let kind = kind.need(v, &at.key("kind"), kind_fix(&known, "set kind to"))?;
+            Some(MiddlewareSpec { kind, options, path: at.to_string() })
         });
-        let spec = kind.map(|kind| MiddlewareSpec { kind, options, path: at.to_string() });
         specs = push(specs, spec);
     }
     if let Some(specs) = &specs {
@@ -374,11 +360,11 @@ fn signed_links(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawSignedLinks>) -> Option
     let example = "\"/etc/rangeway/link-keys\"";
     let r = v.table(at, raw, &format!("[routes.signed_links] with keys_file = {example}"))?;
     let fix = format!("add keys_file = {example} (lines of `KEY_ID SECRET`)");
-    let keys = v.required(&at.key("keys_file"), r.keys_file.as_ref(), fix);
-    let keys = keys
-        .and_then(|file| v.parsed(&at.key("keys_file"), file, example, LinkKeys::read_file).ok());
-    read! { v, at, r; grace: duration(Duration::ZERO..=secs(30 * DAY)).or(secs(DAY)); }
-    complete! { SignedLinks { keys, grace } }
+    read! { v, at, r;
+        keys_file: parsed(example, LinkKeys::read_file).need(v, &at.key("keys_file"), fix);
+        grace: duration(Duration::ZERO..=secs(30 * DAY)).or(secs(DAY));
+    }
+    complete! { SignedLinks { keys: keys_file, grace } }
 }
 
 fn download_limits(
@@ -420,11 +406,8 @@ fn rate_limit(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawRateLimit>) -> Option<Rat
         origin_header: parsed("\"X-Accel-Limit-Rate\"", header).opt();
     }
     let limit = complete! { RateLimit { rate, after, per_client, per_route, origin_header } }?;
-    if limit.rate.is_none()
-        && limit.per_client.is_none()
-        && limit.per_route.is_none()
-        && limit.origin_header.is_none()
-    {
+    let rates = [limit.rate, limit.per_client, limit.per_route];
+    if rates.iter().all(Option::is_none) && limit.origin_header.is_none() {
         return v.fail(
             at,
             "sets no rate",

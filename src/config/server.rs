@@ -26,7 +26,7 @@ const DESCRIPTORS_PER_CONNECTION: u64 = 4;
 /// The default when the descriptor limit is unlimited or unknown, and the most that may be set.
 const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
-/// `[server]`; docs/configuration.md describes each key and its default.
+/// `[server]`.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ServerConfig {
@@ -45,8 +45,7 @@ pub struct ServerConfig {
     pub admin_hosts: Vec<String>,
 }
 
-/// Bounds on what one client connection may cost, whatever it does: the `client_*` and
-/// `max_*` keys of `[server]`.
+/// Bounds on what one client connection may cost, whatever it does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClientLimits {
@@ -92,9 +91,8 @@ pub(super) fn default_max_connections(descriptors: Option<u64>) -> usize {
     })
 }
 
-pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfig> {
-    let at = Path::default().key("server");
-    let r = v.table(&at, raw, "[server] with listen = \"127.0.0.1:8080\"")?;
+pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<ServerConfig> {
+    let r = v.table(at, raw, "[server] with listen = \"127.0.0.1:8080\"")?;
     let localhost = |port| SocketAddr::from(([127, 0, 0, 1], port));
     read! { v, at, r;
         listen: socket_addr("127.0.0.1:8080").or(localhost(8080));
@@ -120,7 +118,7 @@ pub(super) fn check(v: &mut Ctx<'_>, raw: &Raw<RawServer>) -> Option<ServerConfi
         grace_period: duration(Duration::ZERO..=secs(3600)).or(secs(30));
         max_ranges: integer(1..=1000, "16").or(16);
     }
-    let client_limits = client_limits(v, &at, r);
+    let client_limits = client_limits(v, at, r);
     read! { v, at, r;
         upgrade_socket: parsed(socket.0, upgrade_socket).or(socket.1);
         proxy_protocol: boolean().or(false);

@@ -71,7 +71,8 @@ impl fmt::Display for Path {
     }
 }
 
-fn bare(key: &str) -> bool {
+/// A bare TOML key, as upstream names are too.
+pub(super) fn bare(key: &str) -> bool {
     !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 

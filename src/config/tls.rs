@@ -73,21 +73,20 @@ impl TlsConfig {
 /// `[tls]`; its listeners must not be `server`'s (when `[server]` could be read).
 pub(super) fn check(
     v: &mut Ctx<'_>,
-    raw: Option<&Raw<RawTls>>,
+    at: &Path,
+    raw: &Raw<RawTls>,
     server: Option<&ServerConfig>,
-) -> Option<Option<TlsConfig>> {
-    let Some(raw) = raw else { return Some(None) };
-    let at = Path::default().key("tls");
-    let r = v.table(&at, raw, "[tls] with listen = \"0.0.0.0:443\" and a [[tls.certificates]]")?;
-    let listen = v.required(&at.key("listen"), r.listen.as_ref(), "add listen = \"0.0.0.0:443\"");
-    let listen = listen.and_then(|value| check_listen(v, &at.key("listen"), value, server));
-    read! { v, at, r; h2: boolean().or(true); }
-    let fix = format!("add {CERTIFICATE_EXAMPLE}");
-    let certificates = v.required(&at.key("certificates"), r.certificates.as_ref(), fix);
-    let certificates =
-        certificates.and_then(|raw| check_certificates(v, &at.key("certificates"), raw));
+) -> Option<TlsConfig> {
+    let r = v.table(at, raw, "[tls] with listen = \"0.0.0.0:443\" and a [[tls.certificates]]")?;
+    let no_certificate = format!("add {CERTIFICATE_EXAMPLE}");
+    read! { v, at, r;
+        listen: nested(|v, at, value| check_listen(v, at, value, server))
+            .need(v, &at.key("listen"), "add listen = \"0.0.0.0:443\"");
+        h2: boolean().or(true);
+        certificates: nested(check_certificates).need(v, &at.key("certificates"), no_certificate);
+    }
     let (certificates, default) = certificates.unzip();
-    Some(complete! { TlsConfig { listen, h2, certificates, default } })
+    complete! { TlsConfig { listen, h2, certificates, default } }
 }
 
 /// One address, or a list of them.
@@ -164,21 +163,16 @@ fn certificate(
     raw: &Raw<RawCertificate>,
 ) -> Option<(TlsCertificate, bool)> {
     let r = v.table(at, raw, CERTIFICATE_EXAMPLE)?;
-    let mut file = |key: &str, value: &Option<Value>, extension: &str, required: bool| {
-        let example = format!("\"/etc/rangeway/example.{extension}\"");
-        match v.string(&at.key(key), value, &example) {
-            Got::Absent if required => {
-                v.fail(&at.key(key), "is missing", format!("add {key} = {example}"))
-            }
-            got => got.opt().map(|file| file.map(PathBuf::from)),
-        }
-    };
-    let cert = file("cert_file", &r.cert_file, "pem", true);
-    let key = file("key_file", &r.key_file, "key", true);
-    let ocsp = file("ocsp_file", &r.ocsp_file, "ocsp", false);
-    let is_default = v.boolean(&at.key("default"), &r.default).or(false);
-    let (cert, key, ocsp, is_default) = (cert.flatten()?, key.flatten()?, ocsp?, is_default?);
-    let files = CertificateFiles { cert, key, ocsp };
+    let (cert, key) = ("\"/etc/rangeway/example.pem\"", "\"/etc/rangeway/example.key\"");
+    read! { v, at, r;
+        cert_file: string(cert).need(v, &at.key("cert_file"), format!("add cert_file = {cert}"));
+        key_file: string(key).need(v, &at.key("key_file"), format!("add key_file = {key}"));
+        ocsp_file: string("\"/etc/rangeway/example.ocsp\"").opt();
+        default: boolean().or(false);
+    }
+    let ocsp = ocsp_file?.map(PathBuf::from);
+    let files = CertificateFiles { cert: cert_file?.into(), key: key_file?.into(), ocsp };
+    let is_default = default?;
     match crate::tls::load(&files) {
         Ok(LoadedCertificate { names, not_after, .. }) => {
             Some((TlsCertificate { files, names, not_after }, is_default))

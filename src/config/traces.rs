@@ -2,13 +2,15 @@
 
 use std::collections::BTreeMap;
 
-use super::check::{Ctx, complete, read, wrong};
+use ::config::Value;
+
+use super::check::{Ctx, complete, push, read, wrong};
 use super::raw::{Raw, RawLog, RawTraces};
 use super::source::Path;
 
 const ENDPOINT_EXAMPLE: &str = "\"http://127.0.0.1:4318/v1/traces\"";
 
-/// `[traces]`; docs/configuration.md describes each key.
+/// `[traces]`.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TracesConfig {
@@ -36,40 +38,41 @@ pub enum LogFormat {
     Json,
 }
 
-pub(super) fn check(v: &mut Ctx<'_>, raw: Option<&Raw<RawTraces>>) -> Option<Option<TracesConfig>> {
-    let Some(raw) = raw else { return Some(None) };
-    let at = Path::default().key("traces");
-    let r = v.table(&at, raw, &format!("[traces] with endpoint = {ENDPOINT_EXAMPLE}"))?;
+pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawTraces>) -> Option<TracesConfig> {
+    let r = v.table(at, raw, &format!("[traces] with endpoint = {ENDPOINT_EXAMPLE}"))?;
     let fix = format!(
         "add endpoint = {ENDPOINT_EXAMPLE} (the collector's OTLP/HTTP URL), or remove [traces]"
     );
-    let endpoint = v.required(&at.key("endpoint"), r.endpoint.as_ref(), fix).and_then(|value| {
-        let endpoint = v.parsed(&at.key("endpoint"), value, ENDPOINT_EXAMPLE, |url| {
-            let fix = format!("give the collector's OTLP/HTTP URL, e.g. {ENDPOINT_EXAMPLE}");
-            endpoint_problem(url).map_or_else(|| Ok(url.to_owned()), |problem| wrong(problem, fix))
-        });
-        endpoint.ok()
-    });
+    let collector = |url: &str| {
+        let fix = format!("give the collector's OTLP/HTTP URL, e.g. {ENDPOINT_EXAMPLE}");
+        endpoint_problem(url).map_or_else(|| Ok(url.to_owned()), |problem| wrong(problem, fix))
+    };
     let service = |name: &str| match name.trim() {
         "" => wrong("is empty", "name the service, e.g. \"rangeway\""),
         _ => Ok(name.to_owned()),
     };
     read! { v, at, r;
-        sampling: ratio("0.01").or(1.0);
+        endpoint: parsed(ENDPOINT_EXAMPLE, collector).need(v, &at.key("endpoint"), fix);
+        sampling: ratio().or(1.0);
         service_name: parsed("\"rangeway\"", service).or("rangeway".to_owned());
+        resource: nested(resource).or(BTreeMap::new());
     }
-    let resource = r.resource.as_ref().map_or(Some(BTreeMap::new()), |raw| {
-        let at = at.key("resource");
-        let fix = "write resource = { \"deployment.environment\" = \"production\" }";
-        let entries = v.shaped(&at, raw, "a table of strings", fix)?;
-        let attributes: Vec<_> = (entries.iter())
-            .map(|(key, value)| {
-                Some((key.clone(), v.string(&at.key(key), value, "\"production\"").ok()?))
-            })
-            .collect();
-        attributes.into_iter().collect()
-    });
-    Some(complete! { TracesConfig { endpoint, sampling, service_name, resource } })
+    complete! { TracesConfig { endpoint, sampling, service_name, resource } }
+}
+
+/// More resource attributes, each a string.
+fn resource(
+    v: &mut Ctx<'_>,
+    at: &Path,
+    raw: &Raw<BTreeMap<String, Value>>,
+) -> Option<BTreeMap<String, String>> {
+    let fix = "write resource = { \"deployment.environment\" = \"production\" }";
+    let mut attributes = Some(BTreeMap::new());
+    for (key, value) in v.shaped(at, raw, "a table of strings", fix)? {
+        let value = v.string(&at.key(key), value, "\"production\"").ok();
+        attributes = push(attributes, value.map(|value| (key.clone(), value)));
+    }
+    attributes
 }
 
 /// What is wrong with `url` as a collector's address. Never repeats the URL; one with credentials
@@ -87,9 +90,8 @@ fn endpoint_problem(url: &str) -> Option<&'static str> {
     }
 }
 
-pub(super) fn check_log(v: &mut Ctx<'_>, raw: &Raw<RawLog>) -> Option<LogConfig> {
-    let at = Path::default().key("log");
-    let r = v.table(&at, raw, "[log] with format = \"json\"")?;
+pub(super) fn check_log(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawLog>) -> Option<LogConfig> {
+    let r = v.table(at, raw, "[log] with format = \"json\"")?;
     let formats = [("text", LogFormat::Text), ("json", LogFormat::Json)];
     let (what, fix) =
         ("a log format", "use \"text\" (key=value lines) or \"json\" (one object per line)");

@@ -1,5 +1,4 @@
-//! `[upstreams.NAME]`: HTTP(S) origins, their replicas, local folders, and S3-compatible stores
-//! whose requests rangeway signs itself (AWS Signature V4).
+//! `[upstreams.NAME]`: HTTP(S) origins, their replicas, local folders and S3-compatible stores.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -7,10 +6,10 @@ use std::time::Duration;
 
 use ::config::Value;
 
-use super::check::{Ctx, DAY, Got, MS, Problem, checked, complete, read, secs, wrong};
+use super::check::{Ctx, DAY, Got, MS, Problem, checked, complete, push, read, secs, wrong};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
 use super::secret::{self, SecretKey};
-use super::source::Path;
+use super::source::{Path, bare};
 use crate::s3::credentials::{self, S3Credentials};
 use crate::s3::names;
 use crate::values::host::{Host, split_host_port};
@@ -28,8 +27,8 @@ macro_rules! refuse {
     };
 }
 
-/// One `[upstreams.NAME]`; docs/configuration.md describes each key and its default. The
-/// timeouts apply to `dir` upstreams too, whose origin service is reached over a local socket.
+/// One `[upstreams.NAME]`. The timeouts apply to `dir` upstreams too, whose origin service is
+/// reached over a local socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UpstreamConfig {
@@ -43,8 +42,7 @@ pub struct UpstreamConfig {
     pub health_check: Option<HealthCheck>,
 }
 
-/// A `GET` of `path` every `interval`: a replica that does not answer 2xx within `timeout` gets no
-/// requests until it does again.
+/// A `GET` of `path` every `interval`, answered 2xx within `timeout` by a replica that is up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HealthCheck {
@@ -53,9 +51,8 @@ pub struct HealthCheck {
     pub timeout: Duration,
 }
 
-/// An origin over HTTP(S) (`url`), a local folder (`dir`), an S3-compatible store whose requests
-/// rangeway signs (`url` with `bucket`), or replicas of one origin (`urls`): requests go round
-/// the healthy ones, and a body one of them breaks off may be continued from another.
+/// An origin over HTTP(S) (`url`), a local folder (`dir`), an S3-compatible store (`url` with
+/// `bucket`), or replicas of one origin (`urls`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum UpstreamKind {
@@ -85,8 +82,7 @@ pub struct HttpUpstream {
     pub host_header: String,
 }
 
-/// An S3-compatible origin: its endpoint (without a path), the folder of the bucket the routes
-/// serve (segments; none for the whole bucket), and no credentials for `anonymous = true`.
+/// An S3-compatible origin, whose requests rangeway signs (AWS Signature V4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct S3Upstream {
@@ -94,12 +90,13 @@ pub struct S3Upstream {
     pub bucket: String,
     pub region: String,
     pub addressing: Addressing,
+    /// The folder of the bucket the routes serve, as segments; none for the whole bucket.
     pub key_prefix: Vec<String>,
+    /// `None` for `anonymous = true`.
     pub credentials: Option<S3Credentials>,
 }
 
-/// Where the bucket goes: `https://endpoint/bucket/key`, what S3-compatible stores expect, or
-/// `https://bucket.endpoint/key`, AWS's own default.
+/// Where the bucket goes: `https://endpoint/bucket/key` or `https://bucket.endpoint/key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Addressing {
     Path,
@@ -121,9 +118,7 @@ pub(super) fn check_all(
     let mut lowercase_names: BTreeMap<String, &str> = BTreeMap::new();
     for (name, raw) in entries {
         let at = at.key(name);
-        let name_ok = if name.is_empty()
-            || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
+        let name_ok = if !bare(name) {
             v.fail(
                 &at,
                 format!("{name:?} is not a valid upstream name"),
@@ -140,12 +135,8 @@ pub(super) fn check_all(
         } else {
             Some(())
         };
-        let upstream = check_one(v, &at, name, raw);
-        if let (Some(all), Some(()), Some(upstream)) = (&mut upstreams, name_ok, upstream) {
-            all.insert(name.clone(), upstream);
-        } else {
-            upstreams = None;
-        }
+        let upstream = name_ok.and(check_one(v, &at, name, raw));
+        upstreams = push(upstreams, upstream.map(|upstream| (name.clone(), upstream)));
     }
     (upstreams, Some(entries.keys().cloned().collect()))
 }
@@ -171,7 +162,7 @@ fn check_one(
             session_token_env, credentials_file, profile, anonymous;
             "applies to S3 upstreams only", fix);
     }
-    read! { v, at, r; health_check: nested(health_check); }
+    read! { v, at, r; health_check: nested(health_check).opt(); }
     let kind = kind(v, at, r);
     let (kind, health_check) = (kind?, health_check?);
     if let (UpstreamKind::Dir { .. }, Some(_)) = (&kind, &health_check) {
@@ -187,80 +178,51 @@ fn check_one(
     } }
 }
 
-/// What the upstream is: its `urls`, its `url` (with `bucket`, an S3 store) or its `dir`.
+/// What the upstream is: its `urls` (replicas of one origin), its `url` (with `bucket`, an S3
+/// store) or its `dir`. A `url` is read as a list of one.
 fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
     let (key, s3) = (|key: &str| at.key(key), r.bucket.is_some());
-    match (&r.urls, &r.url, &r.dir) {
-        (Some(urls), None, None) => replicas(v, at, r, urls).map(UpstreamKind::Replicas),
-        (Some(_), _, _) => v.fail(
-            &key("urls"),
-            "urls cannot be combined with url or dir",
-            "keep urls (every replica) and remove url",
-        ),
-        (None, Some(url), None) => {
-            let url = v.parsed(&key("url"), url, URL_EXAMPLE, HttpUrl::parse);
-            // Until the url is good, its scheme is unknown, and so whether the TLS keys apply.
-            let tls = match &url {
-                Got::Good(url) => tls_keys(v, at, r, url.tls.then_some(&url.host)),
-                _ => Some(Tls::default()),
-            };
-            let endpoint = url.ok().zip(tls).map(|(url, tls)| http_upstream(url, &tls, None));
+    let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
+    let urls = match (&r.urls, &r.url, &r.dir) {
+        (Some(urls), None, None) => {
             if s3 {
-                return s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3);
+                let fix = "use url = the S3 endpoint";
+                v.report(&key("urls"), "an S3 upstream has one endpoint", fix);
             }
-            let (endpoint, host_header) = (endpoint, host_header(v, at, r));
-            let (mut http, host_header) = (endpoint?, host_header?);
-            http.host_header = host_header.unwrap_or(http.host_header);
-            Some(UpstreamKind::Http(http))
+            v.strings(&key("urls"), urls, "a url string", example, HttpUrl::parse)
         }
-        (None, None, Some(_)) if s3 => v.fail(
-            at,
-            "has bucket but dir instead of url",
-            "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
-        ),
-        (None, None, Some(dir)) => {
-            let fix = "remove it: a dir upstream reads local files";
-            refuse!(v, at, r: ca_file, insecure_skip_verify, sni, host_header;
-                "applies to url upstreams only, not to dir", fix);
-            let path = v.parsed(&key("dir"), dir, "\"./data\"", check_dir).ok();
-            path.map(|path| UpstreamKind::Dir { path })
+        (None, Some(url), None) => {
+            v.parsed(&key("url"), url, URL_EXAMPLE, HttpUrl::parse).then(|url| Some(vec![url]))
         }
-        (None, Some(_), Some(_)) => v.fail(
-            at,
-            "has both url and dir",
-            "keep one: url for an HTTP(S) origin, dir for a local folder",
-        ),
-        (None, None, None) => v.fail(
+        (None, None, Some(dir)) => return dir_kind(v, at, r, dir),
+        (Some(_), _, _) => {
+            let fix = "keep urls (every replica) and remove url";
+            return v.fail(&key("urls"), "urls cannot be combined with url or dir", fix);
+        }
+        (None, Some(_), Some(_)) => {
+            let fix = "keep one: url for an HTTP(S) origin, dir for a local folder";
+            return v.fail(at, "has both url and dir", fix);
+        }
+        (None, None, None) => return v.fail(
             at,
             "has neither url nor dir",
             format!(
                 "add url = {URL_EXAMPLE} for an HTTP(S) origin, or dir = \"./data\" for a local folder"
             ),
         ),
-    }
-}
-
-/// `urls = [...]`: replicas of one origin. Their paths must agree (a route's paths are written
-/// under it), the TLS keys apply to the https ones, and `host_header` to all.
-fn replicas(
-    v: &mut Ctx<'_>,
-    at: &Path,
-    r: &RawUpstream,
-    urls: &Value,
-) -> Option<Vec<HttpUpstream>> {
-    let key = |key: &str| at.key(key);
-    if r.bucket.is_some() {
-        v.report(&key("urls"), "an S3 upstream has one endpoint", "use url = the S3 endpoint");
-    }
-    let example = "[\"http://10.0.0.1:9000\", \"http://10.0.0.2:9000\"]";
-    let parsed = v.strings(&key("urls"), urls, "a url string", example, HttpUrl::parse);
+    };
     // Until the urls are good, which are https is unknown, and so whether the TLS keys apply:
     // they are checked once the urls are fixed.
-    let tls = match &parsed {
-        Got::Good(urls) => tls_keys(v, at, r, urls.iter().find(|u| u.tls).map(|u| &u.host)),
+    let tls = match &urls {
+        Got::Good(urls) => tls_keys(v, at, r, urls.iter().any(|url| url.tls)),
         _ => Some(Tls::default()),
     };
-    let (host_header, urls) = (host_header(v, at, r), parsed.or(Vec::new())?);
+    if s3 && r.urls.is_none() {
+        let url = urls.ok().and_then(|mut urls| urls.pop());
+        let endpoint = url.zip(tls).map(|(url, tls)| http_upstream(url, &tls, None));
+        return s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3);
+    }
+    let (host_header, mut urls) = (host_header(v, at, r), urls.or(Vec::new())?);
     if urls.is_empty() {
         let fix = format!("write urls = {example}");
         return v.fail(&key("urls"), "expected a non-empty list of urls", fix);
@@ -273,7 +235,27 @@ fn replicas(
         );
     }
     let (tls, host_header) = (tls?, host_header?);
-    Some(urls.into_iter().map(|url| http_upstream(url, &tls, host_header.clone())).collect())
+    let http = |url| http_upstream(url, &tls, host_header.clone());
+    match r.urls {
+        Some(_) => Some(UpstreamKind::Replicas(urls.into_iter().map(http).collect())),
+        None => urls.pop().map(http).map(UpstreamKind::Http),
+    }
+}
+
+/// A `dir` upstream, unless it has `bucket`.
+fn dir_kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, dir: &Value) -> Option<UpstreamKind> {
+    if r.bucket.is_some() {
+        return v.fail(
+            at,
+            "has bucket but dir instead of url",
+            "an S3 upstream needs url = the S3 endpoint; remove bucket to serve a local folder",
+        );
+    }
+    let fix = "remove it: a dir upstream reads local files";
+    refuse!(v, at, r: ca_file, insecure_skip_verify, sni, host_header;
+        "applies to url upstreams only, not to dir", fix);
+    let path = v.parsed(&at.key("dir"), dir, "\"./data\"", check_dir).ok();
+    path.map(|path| UpstreamKind::Dir { path })
 }
 
 fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<String>> {
@@ -316,10 +298,9 @@ struct Tls {
     sni: Option<String>,
 }
 
-/// The TLS keys of an upstream whose (first) https url has `host`; with no https url at all,
-/// each key present is a mistake.
-fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https_host: Option<&Host>) -> Option<Tls> {
-    if https_host.is_none() {
+/// The TLS keys of an upstream; without an https url, each key present is a mistake.
+fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https: bool) -> Option<Tls> {
+    if !https {
         let fix = "remove it, or use an https:// url";
         refuse!(v, at, r: ca_file, insecure_skip_verify, sni; "applies to https:// urls only", fix);
         return Some(Tls::default());
