@@ -26,7 +26,8 @@
 #
 # The suite is installed from the npm registry when missing. Its own origin server is the
 # upstream, and rangeway sits in front of it with a generated config: the route "/" to that
-# origin, the memory store, and with CACHE=on a [cache] in a temporary folder. Every process
+# origin, letting the methods the suite sends through, the memory store, and with CACHE=on a
+# [cache] in a temporary folder. Every process
 # started here is stopped on exit, failure included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -136,6 +137,8 @@ url = "http://127.0.0.1:$origin_port"
 [[routes]]
 path_prefix = "/"
 upstream = "suite"
+# The methods the suite sends: its set-up PUT, and its invalidation tests' unsafe requests.
+methods = ["POST", "PUT", "DELETE", "M-SEARCH"]
 EOF
 if [[ $cache_mode == on ]]; then
     cat >>"$config" <<EOF

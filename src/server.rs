@@ -483,6 +483,7 @@ fn build_routes(
         built.signed_links = route.signed_links.clone();
         built.download_limits = route.download_limits;
         built.rate_limit = route.rate_limit.clone();
+        built.methods = route.methods.clone();
         if built.cache.is_some() {
             metrics.cache_route(&built.name);
         }

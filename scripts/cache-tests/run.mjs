@@ -1,10 +1,6 @@
 // Runs the HTTP WG cache test suite (npm `http-cache-tests`) against a proxy, as the suite's own
-// cli.mjs does — the same tests, surrogate-control included, the same runner — with one change:
-// each test's set-up request (`PUT /config/UUID`, the test's script for the origin) goes straight
-// to the origin. rangeway answers every method but GET and HEAD with 405 (issue 44 lifts that),
-// and a refused set-up would turn every test into a set-up failure, measuring nothing of the
-// cache. Every request a test is about, and the read of the origin's state after it, go through
-// the proxy.
+// cli.mjs does — the same tests, surrogate-control included, the same runner, every request
+// through the proxy (each test's set-up `PUT /config/UUID` too, which the route lets through).
 //
 // Each request has a connection of its own, as with the Node versions the suite's published
 // results were made with (Node 19 made keep-alive the default). On a kept-alive connection, a
@@ -48,12 +44,8 @@ const proxyBase = proxyUrl.replace(/\/+$/, '')
 const originBase = originUrl.replace(/\/+$/, '')
 const connectionPerRequest = new Agent({ keepAlive: false })
 
-function fetchSetUpAtOrigin (url, init) {
-  const request = { ...init, agent: connectionPerRequest }
-  if (request.method === 'PUT' && url.startsWith(`${proxyBase}/config/`)) {
-    return fetch(originBase + url.slice(proxyBase.length), request)
-  }
-  return fetch(url, request)
+function fetchOnItsOwnConnection (url, init) {
+  return fetch(url, { ...init, agent: connectionPerRequest })
 }
 
 // The request fields that tell a cache's own requests apart: conditions, ranges, credentials.
@@ -87,7 +79,7 @@ if (options.id) {
   testsToRun = [{ ...suite, tests: [test] }]
 }
 
-await runTests(testsToRun, fetchSetUpAtOrigin, false, proxyBase)
+await runTests(testsToRun, fetchOnItsOwnConnection, false, proxyBase)
 const results = getResults()
 if (options.id) {
   const verdict = display.determineTestResult(tests, options.id, results, false)

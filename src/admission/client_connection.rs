@@ -189,9 +189,13 @@ impl ClientConnection {
         }
     }
 
-    /// A write: whatever was read, the request has been taken and its answer is going out. (On
-    /// HTTP/2 there is no header to time, ever.)
-    fn answering(&mut self) {
+    /// A write of `bytes`: whatever was read, the request has been taken and its answer is going
+    /// out — unless they are an interim answer (`100 Continue`), after which the request's body
+    /// comes, not the next header. (On HTTP/2 there is no header to time, ever.)
+    fn answering(&mut self, bytes: &[u8]) {
+        if self.phase == Phase::Request && is_interim(bytes) {
+            return;
+        }
         if self.phase != Phase::Frames {
             self.phase = Phase::Response;
         }
@@ -252,7 +256,7 @@ impl AsyncWrite for ClientConnection {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.answering();
+        this.answering(buf);
         this.writes.poll_write(&mut this.inner, cx, buf)
     }
 
@@ -272,7 +276,7 @@ impl AsyncWrite for ClientConnection {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.answering();
+        this.answering(bufs.first().map_or(&[], |buf| &buf[..]));
         this.writes.poll_write_vectored(&mut this.inner, cx, bufs)
     }
 
@@ -340,6 +344,12 @@ impl Peek for ClientConnection {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         self.inner.try_peek(buf).await
     }
+}
+
+/// Whether `bytes`, the first written for a request, begin an interim answer's status line
+/// (`HTTP/1.1 1xx`): pingora writes a header in one piece.
+fn is_interim(bytes: &[u8]) -> bool {
+    bytes.strip_prefix(b"HTTP/1.").and_then(|rest| rest.get(2)) == Some(&b'1')
 }
 
 #[cfg(test)]
@@ -424,5 +434,23 @@ mod tests {
                 assert_eq!(watched.started.is_none(), ends);
             }
         }
+    }
+
+    /// A `100 Continue` is not the answer: the body read after it is not timed as a header, and
+    /// the final answer's write ends the request as any does.
+    #[tokio::test]
+    async fn a_body_after_100_continue_is_not_taken_for_a_header() {
+        let (ours, _peer) = tokio::net::UnixStream::pair().unwrap();
+        let inner: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
+        let mut watched =
+            ClientConnection::new(inner, &test_limits(), None, &Arc::new(Metrics::new()));
+        watched.saw(b"POST / HTTP/1.1\r\nContent-Length: 9\r\nExpect: 100-continue\r\n\r\n");
+        assert_eq!(watched.phase, Phase::Request);
+        watched.answering(b"HTTP/1.1 100 Continue\r\n\r\n");
+        watched.saw(b"the body");
+        assert!(watched.phase == Phase::Request && watched.started.is_none(), "not timed");
+        watched.answering(b"HTTP/1.1 200 OK\r\n");
+        assert_eq!(watched.phase, Phase::Response);
+        assert!(!is_interim(b"100 bytes of a body"));
     }
 }

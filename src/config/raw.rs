@@ -77,7 +77,8 @@ tables! {
     RawServer { listen, admin_listen, admin_token_env, threads, grace_period, max_ranges,
         client_header_timeout, client_write_timeout, max_connections_per_client, max_header_bytes,
         max_header_fields, client_keepalive_timeout, max_connections, client_notsent_lowat,
-        upgrade_socket, proxy_protocol, trusted_proxies, admin_hosts }
+        upgrade_socket, proxy_protocol, trusted_proxies, admin_hosts, client_body_timeout,
+        max_request_body }
     RawState { backend, redis_url, ttl, key_prefix, id_key_env, id_key_file, max_memory,
         client_share, snapshot_file }
     RawCache { dir, max_size, slice_size, max_entries }
@@ -91,7 +92,7 @@ tables! {
         idle_timeout; health_check: Option<Raw<RawHealthCheck>> }
     RawHealthCheck { path, interval, timeout }
     RawRoute { path_prefix, host, upstream, strip_prefix, s3_client_keys_file, s3_presigned_grace,
-        upstream_resume, s3_response_overrides, cache;
+        upstream_resume, s3_response_overrides, cache, methods;
         middleware: Option<Tables<BTreeMap<String, Value>>>,
         signed_links: Option<Raw<RawSignedLinks>>, download_limits: Option<Raw<RawDownloadLimits>>,
         rate_limit: Option<Raw<RawRateLimit>> }

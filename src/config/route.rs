@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ::config::Value;
-use http::HeaderName;
+use http::{HeaderName, Method};
 
 use super::cache::{self, RouteCache};
 use super::chains::{self, MiddlewareSpec};
@@ -45,6 +45,9 @@ pub struct RouteConfig {
     pub signed_links: Option<SignedLinks>,
     pub download_limits: Option<DownloadLimits>,
     pub rate_limit: Option<RateLimit>,
+    /// The methods the route answers: GET and HEAD always, first, then those `methods` adds, which
+    /// are passed through to the upstream.
+    pub methods: Vec<Method>,
 }
 
 /// How rangeway continues a response whose origin connection fails mid-body.
@@ -186,7 +189,9 @@ fn check_one(
         signed_links: nested(signed_links).opt();
         download_limits: nested(download_limits).opt();
         rate_limit: nested(rate_limit).opt();
+        methods: strings("a string", "[\"POST\", \"PUT\"]", method).or(Vec::new());
     }
+    let methods = methods.map(with_get_and_head);
     let cache = match (&r.cache, around.cache) {
         (Some(_), false) => v.fail(
             &key("cache"),
@@ -208,7 +213,7 @@ fn check_one(
     complete! { RouteConfig {
         host, path_prefix, upstream, strip_prefix, middleware, s3_presigned_grace, upstream_resume,
         s3_client_keys: s3_client_keys_file, s3_response_overrides, cache, signed_links,
-        download_limits, rate_limit,
+        download_limits, rate_limit, methods,
     } }
 }
 
@@ -251,6 +256,45 @@ fn route_host(text: &str) -> Result<String, Problem> {
             "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
         ),
     }
+}
+
+/// A method a route's `methods` adds: a token as clients send it (methods are case-sensitive,
+/// RFC 9110 §9.1), never CONNECT (rangeway does not tunnel) nor TRACE (it would reflect a
+/// request, its credentials included, to whoever can send one: cross-site tracing).
+fn method(text: &str) -> Result<Method, Problem> {
+    let upper = text.to_ascii_uppercase();
+    let refused = match upper.as_str() {
+        "CONNECT" => Some("rangeway does not tunnel connections"),
+        "TRACE" => {
+            Some("it would reflect a request, its credentials included, to whoever sends one")
+        }
+        _ => None,
+    };
+    if let Some(why) = refused {
+        return wrong(format!("{upper} is never passed through: {why}"), "remove it");
+    }
+    let Ok(method) = Method::from_bytes(text.as_bytes()) else {
+        let fix = "write a method as clients send it, e.g. \"POST\" (a token: letters, digits and \
+                   !#$%&'*+-.^_`|~)";
+        return wrong(format!("{text:?} is not a method"), fix);
+    };
+    let standard = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"];
+    if text != upper && standard.contains(&upper.as_str()) {
+        let problem = format!("{text:?} is not {upper}: methods are case-sensitive");
+        return wrong(problem, format!("write \"{upper}\""));
+    }
+    Ok(method)
+}
+
+/// GET and HEAD, which every route answers, then `added` without them or repeats.
+fn with_get_and_head(added: Vec<Method>) -> Vec<Method> {
+    let mut methods = vec![Method::GET, Method::HEAD];
+    for method in added {
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    methods
 }
 
 fn list(names: &BTreeSet<String>) -> String {

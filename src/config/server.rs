@@ -23,6 +23,10 @@ const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
 const RESERVED_DESCRIPTORS: u64 = 256;
 /// What one client connection may hold: its socket, an origin connection, a splice's pipe (two).
 const DESCRIPTORS_PER_CONNECTION: u64 = 4;
+/// `max_request_body` when it is not set: larger than the bodies of forms and APIs and than the
+/// parts of an S3 multipart upload as SDKs cut them (8 to 64 MiB), while one request still cannot
+/// tie an origin connection up for an unbounded upload; a route for larger uploads raises it.
+const DEFAULT_MAX_REQUEST_BODY: u64 = 64 << 20;
 /// The default when the descriptor limit is unlimited or unknown, and the most that may be set.
 const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
@@ -59,6 +63,10 @@ pub struct ClientLimits {
     pub notsent_lowat: u32,
     pub keepalive_timeout: Duration,
     pub max_connections: usize,
+    /// The most a request body passed through to an origin may hold (`max_request_body`).
+    pub max_request_body: u64,
+    /// How long a request body may stall between two reads (`client_body_timeout`).
+    pub body_timeout: Duration,
 }
 
 impl Default for ClientLimits {
@@ -72,6 +80,8 @@ impl Default for ClientLimits {
             notsent_lowat: DEFAULT_NOTSENT_LOWAT,
             keepalive_timeout: secs(60),
             max_connections: default_max_connections(descriptor_limit()),
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            body_timeout: secs(60),
         }
     }
 }
@@ -192,6 +202,7 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
     // the send buffer's anyway.
     read! { v, at, r;
         client_header_timeout: duration(timeouts.clone()).or(d.header_timeout);
+        client_body_timeout: duration(timeouts.clone()).or(d.body_timeout);
         client_write_timeout: duration(timeouts.clone()).or(d.write_timeout);
         client_keepalive_timeout: duration(timeouts).or(d.keepalive_timeout);
         max_connections_per_client: integer(0..=1_000_000, "1024").or(d.max_connections_per_client);
@@ -199,6 +210,7 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
         max_header_fields: integer(1..=256, "100").or(d.max_header_fields);
         max_connections: integer(1..=MAX_CONNECTIONS_LIMIT, "10000").then(|max| fits(v, at, max));
         client_notsent_lowat: size(0..=1 << 30, "\"128KiB\"").then(|size| lowat(v, at, size));
+        max_request_body: size(0..=1 << 50, "\"64MiB\"").or(d.max_request_body);
     }
     complete! { ClientLimits {
         header_timeout: client_header_timeout,
@@ -209,6 +221,8 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
         max_header_fields,
         notsent_lowat: client_notsent_lowat.or(d.notsent_lowat),
         max_connections: max_connections.or(d.max_connections),
+        max_request_body,
+        body_timeout: client_body_timeout,
     } }
 }
 

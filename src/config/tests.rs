@@ -2373,3 +2373,53 @@ mod suggestions {
         assert_eq!(kind_fix(&["gzip", "checksum", "gzip"], "use"), "use one of: checksum, gzip");
     }
 }
+
+#[test]
+fn methods_of_a_route() {
+    use http::Method;
+    let route = |methods: &str| format!("{UPSTREAMS}{ROUTE}methods = {methods}\n");
+    // GET and HEAD always, first; what the key adds after them, once each.
+    assert_eq!(
+        load_ok(&format!("{UPSTREAMS}{ROUTE}")).routes[0].methods,
+        [Method::GET, Method::HEAD]
+    );
+    let config = load_ok(&route("[\"POST\", \"PUT\", \"GET\", \"M-SEARCH\", \"POST\"]"));
+    let search = Method::from_bytes(b"M-SEARCH").expect("a method");
+    assert_eq!(
+        config.routes[0].methods,
+        [Method::GET, Method::HEAD, Method::POST, Method::PUT, search]
+    );
+    let at = |index: usize| format!("routes[0].methods[{index}]");
+    let cases: Vec<(String, Vec<(String, &str)>)> = vec![
+        (route("[\"CONNECT\"]"), vec![(at(0), "does not tunnel")]),
+        (route("[\"POST\", \"trace\"]"), vec![(at(1), "TRACE is never passed through")]),
+        (route("[\"post\"]"), vec![(at(0), "methods are case-sensitive")]),
+        (route("[\"PO ST\", \"\"]"), vec![(at(0), "is not a method"), (at(1), "is not a method")]),
+        (route("[1]"), vec![(at(0), "expected a string")]),
+        (route("\"POST\""), vec![("routes[0].methods".to_owned(), "expected an array")]),
+    ];
+    for (text, expected) in cases {
+        let expected: Vec<(&str, &str)> = expected.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+        expect_errors(&text, &expected);
+    }
+}
+
+#[test]
+fn request_body_limits() {
+    let limits = load_ok(&format!("{UPSTREAMS}{ROUTE}")).server.client_limits;
+    assert_eq!((limits.max_request_body, limits.body_timeout), (64 << 20, Duration::from_secs(60)));
+    let text = format!(
+        "[server]\nmax_request_body = \"1GiB\"\nclient_body_timeout = \"5s\"\n{UPSTREAMS}{ROUTE}"
+    );
+    let limits = load_ok(&text).server.client_limits;
+    assert_eq!((limits.max_request_body, limits.body_timeout), (1 << 30, Duration::from_secs(5)));
+    expect_errors(
+        &format!(
+            "[server]\nmax_request_body = \"lots\"\nclient_body_timeout = \"0s\"\n{UPSTREAMS}{ROUTE}"
+        ),
+        &[
+            ("server.max_request_body", "does not start with a number"),
+            ("server.client_body_timeout", "out of range"),
+        ],
+    );
+}

@@ -83,24 +83,6 @@ impl Proxy {
             respond(session, StatusCode::BAD_REQUEST, problem, &[]).await?;
             return Ok(None);
         }
-        if req.method != Method::GET && req.method != Method::HEAD {
-            respond(
-                session,
-                StatusCode::METHOD_NOT_ALLOWED,
-                "rangeway serves GET and HEAD only\n",
-                &[(header::ALLOW, "GET, HEAD")],
-            )
-            .await?;
-            return Ok(None);
-        }
-        if declares_body(&req.headers) {
-            // What follows the header on the connection may be read as anything: it ends here.
-            session.close_after_response();
-            let problem = "a GET or HEAD request has no body: send it without one\n";
-            let close = [(header::CONNECTION, "close")];
-            respond(session, StatusCode::BAD_REQUEST, problem, &close).await?;
-            return Ok(None);
-        }
         let path = match NormalizedPath::parse(req.uri.path()) {
             Ok(path) => path,
             Err(e) => {
@@ -113,7 +95,21 @@ impl Proxy {
             respond(session, StatusCode::NOT_FOUND, "no route for this path\n", &[]).await?;
             return Ok(None);
         };
-        Ok(Some((Arc::clone(route), path)))
+        let route = Arc::clone(route);
+        if !route.methods.contains(&req.method) {
+            refuse_method(session, &route.methods).await?;
+            return Ok(None);
+        }
+        let passes_through = !matches!(req.method, Method::GET | Method::HEAD);
+        if !passes_through && declares_body(&req.headers) {
+            // What follows the header on the connection may be read as anything: it ends here.
+            session.close_after_response();
+            let problem = "a GET or HEAD request has no body: send it without one\n";
+            let close = [(header::CONNECTION, "close")];
+            respond(session, StatusCode::BAD_REQUEST, problem, &close).await?;
+            return Ok(None);
+        }
+        Ok(Some((route, path)))
     }
 
     /// Whether the route's S3 client keys and signed links let the request through, and with
@@ -191,4 +187,19 @@ impl Proxy {
         }
         Ok(Some(Authorized { lapsed, link }))
     }
+}
+
+/// Answers a method the route does not take: 405, with the methods it does take (RFC 9110
+/// §15.5.6). A body the request declares is not read: the connection ends with the answer, as
+/// what follows the header could be read as anything (RFC 9110 §10.1.1: a server that answers
+/// before the body either reads it or closes). No `100 Continue` went out for it.
+async fn refuse_method(session: &mut impl ClientSession, methods: &[Method]) -> Result<()> {
+    let allow = methods.iter().map(Method::as_str).collect::<Vec<_>>().join(", ");
+    let message = format!("this route serves {allow} only\n");
+    let mut extra = vec![(header::ALLOW, allow.as_str())];
+    if declares_body(&session.req_header().headers) {
+        session.close_after_response();
+        extra.push((header::CONNECTION, "close"));
+    }
+    respond(session, StatusCode::METHOD_NOT_ALLOWED, &message, &extra).await
 }

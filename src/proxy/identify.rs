@@ -399,7 +399,7 @@ impl Proxy {
 
 /// What the route's upstream is asked for (path and query), or `None` for a path that names no
 /// object there.
-fn upstream_target(
+pub(super) fn upstream_target(
     req: &RequestHeader,
     route: &Route,
     path: &NormalizedPath,

@@ -10,8 +10,10 @@
 //! representation the cache keeps becomes the source's body) → deliver (deliver/: the body's way
 //! chosen once, transport.rs; each chunk through the stages and cut, transform.rs; the body
 //! written, spliced or sent from the cache's files) → record (record.rs, from pingora's
-//! `logging`: the store, the metrics, the trace, the access line). pingora's own proxying never
-//! runs. Each way an answer can take is followed step by step in `LIFECYCLE.md` beside this file;
+//! `logging`: the store, the metrics, the trace, the access line). A method other than GET and
+//! HEAD that its route lets through takes the pass-through way after admit (pass_through.rs:
+//! its body streamed to the origin, the answer delivered). pingora's own proxying never runs.
+//! Each way an answer can take is followed step by step in `LIFECYCLE.md` beside this file;
 //! `docs/architecture.md` has the whole.
 
 mod admit;
@@ -28,6 +30,7 @@ mod negotiation;
 mod origin_digest;
 mod origin_request;
 mod pace;
+mod pass_through;
 #[cfg(test)]
 mod pipeline_tests;
 mod plan;
@@ -47,6 +50,7 @@ mod unless;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use http::Method;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType, Result};
@@ -160,6 +164,11 @@ impl Proxy {
             ctx.trace = traces.start(&session.req_header().headers).map(RequestTrace::new);
         }
         let Some(admitted) = self.admit(session, ctx).await? else { return Ok(()) };
+        if !matches!(session.req_header().method, Method::GET | Method::HEAD) {
+            // A method its route lets through: the steps below answer GET and HEAD only.
+            let span = request_span(ctx.trace.as_ref());
+            return Box::pin(self.pass_through(session, ctx, admitted)).instrument(span).await;
+        }
         let Some(route) = self.identify(session, ctx, admitted).await? else { return Ok(()) };
         let span = request_span(ctx.trace.as_ref());
         async move {

@@ -50,7 +50,8 @@ use http::Response;
 /// Larger than a slice of the cache and than what the relay holds before its header goes out.
 const LEN: usize = (1 << 20) + 300_000;
 
-/// The proxy of a config with three routes to one folder, a slice cache and the embedded store.
+/// The proxy of a config with three routes to one folder (the cached one lets POST through), a
+/// slice cache and the embedded store.
 struct Pipeline {
     proxy: Proxy,
     origin: Arc<MemoryOrigins>,
@@ -80,6 +81,7 @@ impl Pipeline {
             upstream = "files"
             strip_prefix = true
             cache = true
+            methods = ["POST"]
 
             [[routes]]
             path_prefix = "/gz/"
@@ -297,4 +299,40 @@ async fn a_client_gone_before_the_answer_gets_none() {
     assert!(session.response_written().is_none(), "no answer to a client gone");
     assert!(session.body().is_empty());
     drop(gone);
+}
+
+/// A POST, its body read from the session chunk by chunk and streamed to the origin; the origin's
+/// answer relayed — a `dir` origin takes GET and HEAD only — and, being a 4xx, nothing the cache
+/// holds invalidated.
+#[tokio::test]
+async fn a_post_goes_through_to_the_origin_and_its_answer_comes_back() {
+    let pipeline = Pipeline::new();
+    let file = sample_bytes(LEN);
+    pipeline.put("posted.bin", &file);
+    assert_eq!(
+        pipeline.get("/cached/posted.bin", &[]).await.header("x-rangeway-cache"),
+        Some("miss")
+    );
+    let asked = pipeline.origin.requests();
+
+    let mut post = RequestHeader::build("POST", b"/cached/posted.bin", None).expect("a request");
+    for (name, value) in
+        [("host", "dl.example"), ("content-length", "6"), ("expect", "100-continue")]
+    {
+        post.insert_header(name, value).expect("a field");
+    }
+    let body = [bytes::Bytes::from_static(b"abc"), bytes::Bytes::from_static(b"def")];
+    let session = MemorySession::new(post, client()).with_body(body);
+    let (mut session, failed) = pipeline.send(session).await;
+    assert!(failed.is_none(), "{failed:?}");
+    assert_eq!(session.response_written().map(|r| r.status.as_u16()), Some(405));
+    assert!(session.continued(), "the client was told to send its body");
+    assert!(session.request_body_done(), "the body was read whole");
+    assert!(session.keepalive() && session.ended());
+    assert_eq!(pipeline.origin.requests(), asked + 1, "sent once");
+
+    let again = pipeline.get("/cached/posted.bin", &[]).await;
+    assert_eq!(again.header("x-rangeway-cache"), Some("hit"));
+    assert!(again.body == file);
+    assert_eq!(pipeline.origin.requests(), asked + 1, "a refused POST invalidates nothing");
 }

@@ -42,7 +42,7 @@ pub(super) struct UpstreamRecord {
 
 impl UpstreamRecord {
     /// The source answered with `status`: its header is in.
-    fn answered(&mut self, status: u16) {
+    pub(super) fn answered(&mut self, status: u16) {
         self.status = Some(status);
         self.header_took = self.asked.map(|asked| asked.elapsed());
     }

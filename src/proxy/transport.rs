@@ -20,7 +20,7 @@ pub(super) enum Transport {
     /// None: rangeway answered the request itself before it was handed to its route (a refusal,
     /// a 404).
     /// Named `pingora` in logs and metrics, as when requests with a body were pingora's to
-    /// proxy; they are refused now.
+    /// proxy; they take `PassThrough` now.
     Pingora,
     /// rangeway's relay: its own upstream client, the body read in chunks — from the origin's
     /// socket straight into the chunks the stages take, where pingora would copy each — through
@@ -35,6 +35,9 @@ pub(super) enum Transport {
     /// untouched from the cache's files to the client's socket with sendfile(2)
     /// ([`BodyWay::Sendfile`]).
     Sendfile,
+    /// A method other than GET and HEAD that its route lets through (pass_through.rs): its body
+    /// streamed to the origin, the origin's answer copied back as the relay copies.
+    PassThrough,
 }
 
 /// How an answer's body goes to its client, with what that way needs: the one value the deliver
@@ -139,6 +142,7 @@ impl Transport {
             Self::Relay => "relay",
             Self::Splice => "splice",
             Self::Sendfile => "sendfile",
+            Self::PassThrough => "pass_through",
         }
     }
 }

@@ -45,6 +45,8 @@ pub struct Route {
     pub download_limits: Option<crate::config::DownloadLimits>,
     /// When set, how fast responses go out.
     pub rate_limit: Option<crate::config::RateLimit>,
+    /// The methods it answers: GET and HEAD, then those passed through to its upstream.
+    pub methods: Vec<http::Method>,
 }
 
 impl Route {
@@ -77,6 +79,7 @@ impl Route {
             signed_links: None,
             download_limits: None,
             rate_limit: None,
+            methods: vec![http::Method::GET, http::Method::HEAD],
         })
     }
 

@@ -1,7 +1,7 @@
 //! Requests rangeway makes to an origin itself: relayed answers (`proxy::relay`), the rest of a
 //! version — a broken body's continuation, a stretch of ranges far apart, what a completion pass
-//! reads ([`OriginClient::fetch_range`]) — and the length of an object whose origin would not
-//! say it.
+//! reads ([`OriginClient::fetch_range`]) — the length of an object whose origin would not say
+//! it, and the requests passed through with a body streamed from the client ([`Sending`]).
 
 use std::time::{Duration, Instant};
 
@@ -24,8 +24,8 @@ use crate::traces;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Reads the answer's header. Interim answers (100, 102, 103 Early Hints) come before the final
-/// one: they are not the answer (RFC 9110 §15.2), and rangeway, which sent no Expect and answers
-/// with the final response only, drops them.
+/// one: they are not the answer (RFC 9110 §15.2), and rangeway, which sends no Expect (it answers
+/// a client's itself) and answers with the final response only, drops them.
 async fn read_final_header(session: &mut HttpSession) -> Result<()> {
     loop {
         session.read_response_header().await?;
@@ -183,6 +183,104 @@ impl Exchange {
     }
 }
 
+/// A request started ([`OriginClient::start_failing_over`]): its header written, its body
+/// being written by the caller, its answer not read yet.
+pub(crate) struct Sending {
+    session: HttpSession,
+    peer: Box<HttpPeer>,
+    attempt: tracing::Span,
+    asked: Instant,
+    replica: usize,
+}
+
+impl Sending {
+    /// Writes `chunk` of the request's body.
+    pub(crate) async fn write_body(&mut self, chunk: bytes::Bytes) -> Result<()> {
+        // Written chunked, an empty chunk would be the body's end (a client's reader hands some).
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        self.session.write_request_body(chunk, false).await.map_err(|e| e.into_up())
+    }
+
+    /// Ends the request's body and reads the answer's header, interim answers passed over: the
+    /// whole header within the upstream's `read_timeout`, not each read, so that an origin that
+    /// answers a byte at a time does not hold the client longer than one that does not answer.
+    pub(crate) async fn answer(self, upstream: &Upstream) -> Result<Exchange> {
+        let Self { mut session, peer, attempt, asked, replica } = self;
+        let answered = async {
+            session.finish_request_body().await?;
+            let header = read_final_header(&mut session);
+            match peer.options.read_timeout {
+                Some(limit) => tokio::time::timeout(limit, header).await.unwrap_or_else(|_| {
+                    Error::e_explain(
+                        ErrorType::ReadTimedout,
+                        format!("the response header took longer than read_timeout ({limit:?})"),
+                    )
+                }),
+                None => header.await,
+            }
+        };
+        if let Err(error) = answered.await {
+            return Err(AttemptFailed::failed(upstream, replica, &attempt, error, true).error);
+        }
+        if let Some(answer) = session.response_header() {
+            attempt.record("http.response.status_code", traces::int(answer.status.as_u16()));
+        }
+        attempt.record("rangeway.first_byte_ms", asked.elapsed().as_secs_f64() * 1000.0);
+        Ok(Exchange { session, peer, attempt })
+    }
+}
+
+/// Why a request could not be started or answered, and whether any of it was written.
+struct AttemptFailed {
+    error: Box<Error>,
+    wrote: bool,
+}
+
+impl AttemptFailed {
+    /// `replica` failed with `error`: passed over for a while, the attempt's span told, the
+    /// error the upstream's — as pingora marks those of its own proxying, it is answered and
+    /// counted as one (502/504, `rangeway_upstream_errors_total`).
+    fn failed(
+        upstream: &Upstream,
+        replica: usize,
+        attempt: &tracing::Span,
+        error: Box<Error>,
+        wrote: bool,
+    ) -> Self {
+        upstream.failed(replica);
+        attempt.record("rangeway.ended", "failed");
+        attempt.record("otel.status_code", "ERROR");
+        Self { error: error.into_up(), wrote }
+    }
+}
+
+/// Sends `request` with `send` to `*replica`; while it fails where `send` says another replica
+/// may be asked instead, asks the others as [`Upstream::retry_elsewhere`] allows (`tried`
+/// counts them), each with `base` and its Host; `*replica` ends as the one asked last.
+async fn failing_over<T, F>(
+    upstream: &Upstream,
+    (replica, tried): (&mut usize, &mut usize),
+    (request, base): (RequestHeader, Option<&RequestHeader>),
+    send: impl Fn(usize, RequestHeader) -> F,
+) -> Result<T>
+where
+    F: std::future::Future<Output = std::result::Result<T, (Box<Error>, bool)>>,
+{
+    let mut sent = send(*replica, request).await;
+    while let (Err((_, true)), Some(base)) = (&sent, base) {
+        if !upstream.retry_elsewhere(*replica, tried) {
+            break;
+        }
+        *replica = upstream.choose();
+        let mut request = base.clone();
+        request.insert_header(header::HOST, upstream.host_header(*replica).clone())?;
+        sent = send(*replica, request).await;
+    }
+    sent.map_err(|(error, _)| error)
+}
+
 impl OriginClient {
     pub(crate) fn new() -> Self {
         Self { dialer: Dialer::Network(TransportConnector::new(None)) }
@@ -217,26 +315,40 @@ impl OriginClient {
     pub(crate) async fn send_failing_over(
         &self,
         upstream: &Upstream,
-        (replica, tried): (&mut usize, &mut usize),
+        replicas: (&mut usize, &mut usize),
         request: RequestHeader,
         base: Option<&RequestHeader>,
     ) -> Result<Exchange> {
-        let mut sent = self.send(upstream, *replica, request, "first").await;
-        while let (Err(_), Some(base)) = (&sent, base) {
-            if !upstream.retry_elsewhere(*replica, tried) {
-                break;
-            }
-            *replica = upstream.choose();
-            let mut request = base.clone();
-            request.insert_header(header::HOST, upstream.host_header(*replica).clone())?;
-            sent = self.send(upstream, *replica, request, "first").await;
-        }
-        sent
+        let send = move |replica, request| async move {
+            self.send(upstream, replica, request, "first").await.map_err(|e| (e, true))
+        };
+        failing_over(upstream, replicas, (request, base), send).await
+    }
+
+    /// Starts `request` — a request whose body the caller streams ([`Sending`]) — on `*replica`,
+    /// signed and traced as [`Self::send`] does, and fails over to the other replicas as
+    /// [`Self::send_failing_over`] does while nothing of it can have reached one: the connection
+    /// failed. An `idempotent` request (RFC 9110 §9.2.2) also fails over when its header could
+    /// not be written whole, as none of its body went yet.
+    pub(crate) async fn start_failing_over(
+        &self,
+        upstream: &Upstream,
+        replicas: (&mut usize, &mut usize),
+        (request, base): (RequestHeader, Option<&RequestHeader>),
+        idempotent: bool,
+    ) -> Result<Sending> {
+        let start = move |replica, mut request: RequestHeader| async move {
+            let attempt = traces::origin_attempt(&tracing::Span::current(), &mut request, "first");
+            upstream.authorize(&mut request).map_err(|e| (e, false))?;
+            self.start(upstream, replica, request, attempt)
+                .await
+                .map_err(|AttemptFailed { error, wrote }| (error, idempotent || !wrote))
+        };
+        failing_over(upstream, replicas, (request, base), start).await
     }
 
     /// Sends `request` as it is (already authorized, its `traceparent` set for `attempt`, its
-    /// span) and reads the answer's header. A replica that cannot be reached is passed over for
-    /// a while (one that answers 5xx is, by whoever reads the answer).
+    /// span) and reads the answer's header.
     async fn exchange(
         &self,
         upstream: &Upstream,
@@ -244,50 +356,45 @@ impl OriginClient {
         request: RequestHeader,
         attempt: tracing::Span,
     ) -> Result<Exchange> {
-        let asked = std::time::Instant::now();
-        let exchanged = async {
-            let peer = upstream.peer(replica).await?;
-            let (stream, reused) = self.dialer.connect(peer.as_ref()).await?;
-            attempt.record("rangeway.connection_reused", reused);
-            attempt.record("rangeway.connect_ms", asked.elapsed().as_secs_f64() * 1000.0);
-            let mut h1 = Http1Session::new_with_options(stream, peer.as_ref());
-            // pingora's session does not take the peer's read timeout (its own proxying sets
-            // it): without it, a body pingora reads waits on a silent origin forever.
-            h1.read_timeout = peer.options.read_timeout;
-            let mut session = HttpSession::H1(h1);
-            session.write_request_header(Box::new(request)).await?;
-            session.finish_request_body().await?;
-            // The whole header within read_timeout, not each read: an origin that answers a
-            // byte at a time must not hold the client longer than one that does not answer.
-            let header = read_final_header(&mut session);
-            match peer.options.read_timeout {
-                Some(limit) => tokio::time::timeout(limit, header).await.unwrap_or_else(|_| {
-                    Error::e_explain(
-                        ErrorType::ReadTimedout,
-                        format!("the response header took longer than read_timeout ({limit:?})"),
-                    )
-                })?,
-                None => header.await?,
+        let sending = self.start(upstream, replica, request, attempt).await.map_err(|n| n.error)?;
+        sending.answer(upstream).await
+    }
+
+    /// Connects to `replica` and writes `request`'s header (already authorized, its
+    /// `traceparent` set for `attempt`, its span): the request whose body follows. A replica
+    /// that cannot be reached is passed over for a while (one that answers 5xx is, by whoever
+    /// reads the answer).
+    async fn start(
+        &self,
+        upstream: &Upstream,
+        replica: usize,
+        request: RequestHeader,
+        attempt: tracing::Span,
+    ) -> std::result::Result<Sending, AttemptFailed> {
+        let asked = Instant::now();
+        let peer = match upstream.peer(replica).await {
+            Ok(peer) => peer,
+            Err(error) => {
+                return Err(AttemptFailed::failed(upstream, replica, &attempt, error, false));
             }
-            Ok(Exchange { session, peer, attempt: tracing::Span::none() })
         };
-        let exchanged: Result<Exchange> = exchanged.await;
-        if exchanged.is_err() {
-            upstream.failed(replica);
-            attempt.record("rangeway.ended", "failed");
-            attempt.record("otel.status_code", "ERROR");
-        }
-        let exchanged = exchanged.map(|mut exchange| {
-            if let Some(answer) = exchange.session.response_header() {
-                attempt.record("http.response.status_code", traces::int(answer.status.as_u16()));
+        let (stream, reused) = match self.dialer.connect(peer.as_ref()).await {
+            Ok(connected) => connected,
+            Err(error) => {
+                return Err(AttemptFailed::failed(upstream, replica, &attempt, error, false));
             }
-            attempt.record("rangeway.first_byte_ms", asked.elapsed().as_secs_f64() * 1000.0);
-            exchange.attempt = attempt;
-            exchange
-        });
-        // The upstream's failure, as pingora marks those of its own proxying: it is answered and
-        // counted as one (502/504, `rangeway_upstream_errors_total`).
-        exchanged.map_err(|e| e.into_up())
+        };
+        attempt.record("rangeway.connection_reused", reused);
+        attempt.record("rangeway.connect_ms", asked.elapsed().as_secs_f64() * 1000.0);
+        let mut h1 = Http1Session::new_with_options(stream, peer.as_ref());
+        // pingora's session does not take the peer's read timeout (its own proxying sets it):
+        // without it, a body pingora reads waits on a silent origin forever.
+        h1.read_timeout = peer.options.read_timeout;
+        let mut session = HttpSession::H1(h1);
+        if let Err(error) = session.write_request_header(Box::new(request)).await {
+            return Err(AttemptFailed::failed(upstream, replica, &attempt, error, true));
+        }
+        Ok(Sending { session, peer, attempt, asked, replica })
     }
 
     /// Asks `upstream` for `range` of the version `pinned`, within `policy`'s attempts and

@@ -133,7 +133,7 @@ impl Metrics {
         let transports = IntCounterVec::new(
             Opts::new(
                 "rangeway_transport_total",
-                "Requests answered, by route and the way their answer took: pingora (rangeway's own answer, before a way was chosen), relay (rangeway's upstream client, the body in chunks), splice (the relay, the body spliced socket to socket).",
+                "Requests answered, by route and the way their answer took: pingora (rangeway's own answer, before a way was chosen), relay (rangeway's upstream client, the body in chunks), splice (the relay, the body spliced socket to socket), sendfile (the slice cache's files sent to the socket), pass_through (a method other than GET and HEAD, its body streamed to the origin).",
             ),
             &["route", "transport"],
         )

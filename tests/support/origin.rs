@@ -59,6 +59,11 @@ pub(crate) enum Behaviour {
     /// builds its links: `http://HOST/` (the request's `X-Forwarded-Host`, else its `Host`) over
     /// the start of the body and in `Content-Location`, the ETag and length the object's.
     ReflectHost,
+    /// Takes a request of another method than GET and HEAD: 200, its body `LEN SHA256-HEX` of
+    /// the request body it read, with these fields (a `Location`, say). GET and HEAD as `Normal`.
+    TakesBodies(Vec<(String, String)>),
+    /// Reads the request, its body too, and closes the connection without an answer.
+    HangUp,
     /// The correct answer, or by the roll of a seeded die per response: a 503 (only to ranged
     /// requests: continuations), a body cut at a random byte, or a body that stalls at a random
     /// byte and is then cut.
@@ -89,6 +94,10 @@ pub(crate) struct RecordedRequest {
     pub(crate) target: String,
     /// In the order received; names lowercased.
     pub(crate) headers: Vec<(String, String)>,
+    /// The body's length, as read (framed by Content-Length or chunked).
+    pub(crate) body_len: u64,
+    /// The body's SHA-256 in hex (that of no bytes when there was none).
+    pub(crate) body_sha256: String,
 }
 
 impl RecordedRequest {
@@ -360,6 +369,8 @@ fn read_request(reader: &mut impl BufRead, connection: u64) -> io::Result<Option
         method: method.to_owned(),
         target: target.to_owned(),
         headers: Vec::new(),
+        body_len: 0,
+        body_sha256: String::new(),
     };
     loop {
         let line = read_line(reader)?.ok_or(io::ErrorKind::UnexpectedEof)?;
@@ -371,14 +382,67 @@ fn read_request(reader: &mut impl BufRead, connection: u64) -> io::Result<Option
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, line.clone()))?;
         request.headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
     }
-    // GET and HEAD carry no body in practice; skip one if sent, to stay in step with the stream.
-    if let Some(length) = request.header("content-length") {
+    let mut body = BodyDigest::default();
+    if request.header("transfer-encoding").is_some_and(|te| te.eq_ignore_ascii_case("chunked")) {
+        read_chunked(reader, &mut body)?;
+    } else if let Some(length) = request.header("content-length") {
         let length = length
             .parse::<u64>()
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad Content-Length"))?;
-        io::copy(&mut reader.take(length), &mut io::sink())?;
+        let copied = io::copy(&mut reader.take(length), &mut body)?;
+        if copied < length {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
     }
+    request.body_len = body.len;
+    request.body_sha256 = hex(&body.sha256.finalize());
     Ok(Some(request))
+}
+
+/// A request body's length and SHA-256, taken as it is read: a large upload is not held.
+#[derive(Default)]
+struct BodyDigest {
+    len: u64,
+    sha256: Sha256,
+}
+
+impl Write for BodyDigest {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.len += bytes.len() as u64;
+        self.sha256.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads a chunked body (RFC 9112 §7.1) into `body`, its trailer section skipped.
+fn read_chunked(reader: &mut impl BufRead, body: &mut BodyDigest) -> io::Result<()> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
+    loop {
+        let line = read_line(reader)?.ok_or(io::ErrorKind::UnexpectedEof)?;
+        let size = line.split(';').next().unwrap_or_default().trim();
+        let size = u64::from_str_radix(size, 16).map_err(|_| bad("bad chunk size"))?;
+        if size == 0 {
+            while !read_line(reader)?.ok_or(io::ErrorKind::UnexpectedEof)?.is_empty() {}
+            return Ok(());
+        }
+        if io::copy(&mut reader.take(size), body)? < size {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if !read_line(reader)?.ok_or(io::ErrorKind::UnexpectedEof)?.is_empty() {
+            return Err(bad("no CRLF after a chunk"));
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::with_capacity(2 * bytes.len()), |mut text, byte| {
+        let _ = write!(text, "{byte:02x}");
+        text
+    })
 }
 
 fn read_line(reader: &mut impl BufRead) -> io::Result<Option<String>> {
@@ -444,6 +508,19 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
         && roll % 100 < faults.error_percent
     {
         return response.send_text(out, 503, "test origin: injected 503\n", head_only);
+    }
+    if behaviour == Behaviour::HangUp {
+        let _ = out.shutdown(Shutdown::Both);
+        return Ok(false);
+    }
+    if let Behaviour::TakesBodies(fields) = &behaviour
+        && !matches!(request.method.as_str(), "GET" | "HEAD")
+    {
+        for (name, value) in fields {
+            response.header(name, value);
+        }
+        let taken = format!("{} {}", request.body_len, request.body_sha256);
+        return response.send_text(out, 200, &taken, false);
     }
     if request.method != "GET" && !head_only {
         response.header("Allow", "GET, HEAD");

@@ -1,7 +1,8 @@
-//! [`ClientSession`] in memory, for the pipeline's tests: a request given as a header, the
-//! response's header and body collected, no socket (so no kernel way), and a client that goes
-//! away when the test says.
+//! [`ClientSession`] in memory, for the pipeline's tests: a request given as a header and its
+//! body's chunks, the response's header and body collected, no socket (so no kernel way), and a
+//! client that goes away when the test says.
 
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
@@ -18,6 +19,10 @@ use crate::proxy::splice::RawSocket;
 #[derive(Debug)]
 pub(in crate::proxy) struct MemorySession {
     request: RequestHeader,
+    /// The request body's chunks not read yet.
+    request_body: VecDeque<Bytes>,
+    /// `100 Continue` was written.
+    continued: bool,
     peer: Option<SocketAddr>,
     header: Option<ResponseHeader>,
     body: Vec<u8>,
@@ -32,6 +37,8 @@ impl MemorySession {
     pub(in crate::proxy) fn new(request: RequestHeader, peer: std::net::SocketAddr) -> Self {
         Self {
             request,
+            request_body: VecDeque::new(),
+            continued: false,
             peer: Some(SocketAddr::Inet(peer)),
             header: None,
             body: Vec::new(),
@@ -45,6 +52,17 @@ impl MemorySession {
     pub(in crate::proxy) fn with_gone(mut self, gone: watch::Receiver<bool>) -> Self {
         self.gone = Some(gone);
         self
+    }
+
+    /// The session, its request's body sent in `chunks`.
+    pub(in crate::proxy) fn with_body(mut self, chunks: impl IntoIterator<Item = Bytes>) -> Self {
+        self.request_body = chunks.into_iter().collect();
+        self
+    }
+
+    /// Whether `100 Continue` was written.
+    pub(in crate::proxy) fn continued(&self) -> bool {
+        self.continued
     }
 
     /// The body written, as the client would have read it.
@@ -82,6 +100,22 @@ impl ClientSession for MemorySession {
 
     fn version(&self) -> http::Version {
         self.request.version
+    }
+
+    async fn read_body(&mut self) -> Result<Option<Bytes>> {
+        Ok(self.request_body.pop_front())
+    }
+
+    fn request_body_done(&mut self) -> bool {
+        self.request_body.is_empty()
+    }
+
+    async fn write_continue(&mut self) -> Result<()> {
+        if self.header.is_some() {
+            return Err(misuse("100 Continue after the response's header"));
+        }
+        self.continued = true;
+        Ok(())
     }
 
     /// Nothing waits on a client in memory.

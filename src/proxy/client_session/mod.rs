@@ -45,6 +45,18 @@ pub(super) trait ClientSession: Send + Sync {
     /// The protocol the request came in, as the access line and the trace name it.
     fn version(&self) -> http::Version;
 
+    /// The next chunk of the request's body as it arrives; `None` at its end (at once for a
+    /// request without one).
+    fn read_body(&mut self) -> impl Future<Output = Result<Option<Bytes>>> + Send;
+
+    /// Whether the request's body has been read to its end (or there is none): a response
+    /// written before then ends the connection, whose next bytes are the rest of it.
+    fn request_body_done(&mut self) -> bool;
+
+    /// Tells an HTTP/1.1 client that asked (`Expect: 100-continue`) to send its body: `100
+    /// Continue` (RFC 9110 §10.1.1). Nothing on a session where the client does not wait for it.
+    fn write_continue(&mut self) -> impl Future<Output = Result<()>> + Send;
+
     /// How long one write may wait on a client that takes nothing: then the response is cut.
     fn set_write_timeout(&mut self, timeout: Duration);
 

@@ -35,6 +35,23 @@ impl ClientSession for Session {
         self.as_downstream().req_header().version
     }
 
+    async fn read_body(&mut self) -> Result<Option<Bytes>> {
+        self.as_downstream_mut().read_request_body().await
+    }
+
+    fn request_body_done(&mut self) -> bool {
+        self.as_downstream_mut().is_body_done()
+    }
+
+    /// HTTP/1 only: an HTTP/2 client's body is sent under the stream's flow control, and
+    /// pingora's HTTP/2 session takes no interim answer.
+    async fn write_continue(&mut self) -> Result<()> {
+        match self.as_downstream_mut() {
+            ServerSession::H1(h1) => h1.write_continue_response().await,
+            _ => Ok(()),
+        }
+    }
+
     fn set_write_timeout(&mut self, timeout: Duration) {
         self.as_downstream_mut().set_write_timeout(Some(timeout));
     }
@@ -70,8 +87,10 @@ impl ClientSession for Session {
         self.write_response_body(body, end).await
     }
 
+    /// The final answer's: pingora keeps a `100 Continue` written before it as the header
+    /// written, which no answer would follow were it taken for one.
     fn response_written(&self) -> Option<&ResponseHeader> {
-        self.as_downstream().response_written()
+        self.as_downstream().response_written().filter(|header| !header.status.is_informational())
     }
 
     fn body_bytes_sent(&self) -> u64 {
