@@ -598,6 +598,9 @@ fn a_miss_costs_the_origin_one_request() {
     origin.put_with_headers("/no-store.bin", object.clone(), &no_store);
     origin.put_with_headers("/cookie.bin", object.clone(), &no_store);
     origin.put_with_headers("/private.bin", object.clone(), &[("Cache-Control", "private")]);
+    let varies = [("Cache-Control", "max-age=600"), ("Vary", "X-Mine")];
+    origin.put_with_headers("/varies.bin", object.clone(), &varies);
+    origin.put_with_headers("/varies-too.bin", object.clone(), &varies);
     let cache = TempDir::new("cache-one-dir");
     let proxy = Proxy::start(&config(&origin.base_url(), cache.path(), "64MiB"));
     // What reached the origin since the last look.
@@ -705,6 +708,17 @@ fn a_miss_costs_the_origin_one_request() {
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[0].header("cookie"), None, "the cache's own request");
     assert_eq!(seen[1].header("cookie"), Some("session=mine"), "the client's request");
+
+    // An answer that varies by a field: the client's when the client's request has it as the
+    // cache's has it (here, not at all); else the client's own request goes to the origin.
+    let same = range(&proxy.url("/varies.bin"), "bytes=10-19");
+    assert_eq!((same.status, &same.body[..]), (206, &object[10..20]));
+    assert_eq!(asked().len(), 1);
+    let mine = get(&proxy.url("/varies-too.bin"), &[("X-Mine", "a"), ("Range", "bytes=10-19")]);
+    assert_eq!((mine.status, &mine.body[..]), (206, &object[10..20]));
+    let seen = asked();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!((seen[0].header("x-mine"), seen[1].header("x-mine")), (None, Some("a")));
 }
 
 /// An origin that ignores Range, kept whole; one of its slices lost while rangeway was down is

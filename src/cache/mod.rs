@@ -978,15 +978,17 @@ fn partial(response: &ResponseHeader) -> Option<(ByteRange, u64)> {
 /// The origin's answer to the cache's request for `ask`'s object, as the client's answer, which
 /// the pipeline shapes for the client as any origin's (the client's range cut from it, its
 /// preconditions evaluated). Only when nothing of the client's request could have changed it:
-/// the client sent no `Cookie` (the cache's request never carries one) and the answer has no
-/// `Vary` (it depends on request fields that the cache's request may lack). And only when it
+/// the client sent no `Cookie` (the cache's request never carries one), and each field the
+/// answer's `Vary` names is the same in both requests ([`same_variant`]). And only when it
 /// holds what the client's answer needs: any status but 304, 412 and 416 (answers to conditions
 /// or a range the client did not send); on a route whose stages do not change bytes, a 200, a 206
 /// of the whole object (as the 200 it is; for a HEAD any 206, whose header is what the HEAD
 /// wants), or a 206 holding the one range asked for, without `If-Range`.
 fn handover(ask: &Ask<'_>, answer: &ResponseHeader) -> Option<ResponseHeader> {
     let request = ask.request;
-    if request.headers.contains_key(header::COOKIE) || answer.headers.contains_key(header::VARY) {
+    if request.headers.contains_key(header::COOKIE)
+        || !same_variant(&answer.headers, &ask.fetch.base.headers, &request.headers)
+    {
         return None;
     }
     match answer.status.as_u16() {
@@ -1010,6 +1012,19 @@ fn handover(ask: &Ask<'_>, answer: &ResponseHeader) -> Option<ResponseHeader> {
         _ => false,
     };
     (holds && !request.headers.contains_key(header::IF_RANGE)).then(|| answer.clone())
+}
+
+/// Whether an answer with the fields `answer` to a request with the fields `asked` is one to a
+/// request with the fields `other` too, by its `Vary` (RFC 9111 §4.1): each field it names has
+/// the same values in both (absent from both included); `*` never matches.
+fn same_variant(answer: &HeaderMap, asked: &HeaderMap, other: &HeaderMap) -> bool {
+    answer.get_all(header::VARY).iter().all(|line| {
+        line.to_str().is_ok_and(|names| {
+            names.split(',').map(str::trim).filter(|name| !name.is_empty()).all(|name| {
+                name != "*" && asked.get_all(name).iter().eq(other.get_all(name).iter())
+            })
+        })
+    })
 }
 
 /// The fields of an origin's answer the cache keeps: its end-to-end ones, without those that
@@ -1049,6 +1064,24 @@ mod tests {
 
     fn object(n: usize) -> (String, String) {
         ("up".to_owned(), format!("/o{n}"))
+    }
+
+    #[test]
+    fn an_answer_is_another_requests_when_the_fields_it_varies_by_are_the_same() {
+        let fields = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(*name, HeaderValue::from_static(value));
+            }
+            map
+        };
+        let (cache, client) = (fields(&[("host", "o")]), fields(&[("host", "o"), ("foo", "1")]));
+        assert!(same_variant(&fields(&[]), &cache, &client));
+        assert!(same_variant(&fields(&[("vary", "Host, Bar")]), &cache, &client));
+        assert!(!same_variant(&fields(&[("vary", "Bar, Foo")]), &cache, &client));
+        assert!(!same_variant(&fields(&[("vary", "Host"), ("vary", "foo")]), &cache, &client));
+        assert!(!same_variant(&fields(&[("vary", "*")]), &cache, &cache));
+        assert!(same_variant(&fields(&[("vary", "Foo")]), &client, &client));
     }
 
     #[test]
