@@ -590,7 +590,7 @@ fn response_overrides_reach_s3_only_where_the_route_allows_them() {
     assert_eq!(served.header("content-disposition"), Some("inline"));
 }
 
-/// An S3 route through the slice cache: the HEAD that learns an object and the ranged fetches
+/// An S3 route through the slice cache: the GET that learns an object and the ranged fetches
 /// of its slices are signed like any request, and a second download asks S3 nothing more.
 #[test]
 fn an_s3_route_through_the_slice_cache() {
@@ -619,8 +619,13 @@ fn an_s3_route_through_the_slice_cache() {
     assert_eq!(proxy.metric("rangeway_cache_fill_failures_total", ""), 0);
     let served = proxy.metric("rangeway_cache_served_bytes_total", "");
     let fetched = proxy.metric("rangeway_cache_origin_bytes_total", "");
-    assert_eq!(fetched, object.len() as u64, "each byte from S3 once");
-    assert!(served >= fetched + 100, "{served} served, {fetched} fetched");
+    // The cold tail asked for a slice more than it wanted, less a byte (where its slice begins
+    // was not known yet): the bytes before that slice were read and passed over.
+    const SLICE: u64 = 1024 * 1024;
+    let asked_from = object.len() as u64 - (100 + SLICE - 1);
+    let passed = asked_from.div_ceil(SLICE) * SLICE - asked_from;
+    assert_eq!(fetched, object.len() as u64 + passed, "each byte from S3 once");
+    assert!(served >= fetched - passed + 100, "{served} served, {fetched} fetched");
 }
 
 #[test]

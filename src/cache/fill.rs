@@ -1,7 +1,7 @@
 //! Fetching missing slices, once for every request that needs them, and reading an answer's
 //! bytes from the slices as they are complete or as they grow.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use bytes::Bytes;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_http::RequestHeader;
 use rangeway_middleware::ByteRange;
+use rangeway_middleware::rfc9110::{RangeRequest, RangeSpec};
 use tokio::sync::watch;
 use tracing::Instrument as _;
 use tracing::{info, warn};
@@ -118,10 +119,12 @@ enum Source {
         file: Arc<File>,
         progress: watch::Receiver<Progress>,
     },
-    /// The rest of a slice the cache could not write, from the origin.
+    /// The rest of a slice the cache could not write, from the origin: `left` bytes, after
+    /// `passing` bytes before them (the whole object is asked of an origin that ignores ranges).
     Origin {
         exchange: Box<Exchange>,
         left: u64,
+        passing: u64,
     },
 }
 
@@ -353,16 +356,12 @@ impl CacheBody {
                             let range = ByteRange::new(self.at, slice.end().min(self.end))
                                 .unwrap_or(super::NOTHING);
                             // Boxed: rare and large, as `open` above.
-                            let exchange = Box::pin(self.origin_range(range)).await?;
-                            self.current = Some(Source::Origin {
-                                exchange,
-                                left: slice.end().min(self.end) - self.at,
-                            });
+                            self.current = Some(Box::pin(self.origin_range(range)).await?);
                         }
                         Progress::Failed(failure) => return Err(fill_failed(failure)),
                     }
                 }
-                Source::Origin { mut exchange, left } => {
+                Source::Origin { mut exchange, left, passing } => {
                     if left == 0 {
                         if let Some(fetch) = &self.fetch {
                             // Boxed, as `open` above: once a slice.
@@ -379,11 +378,15 @@ impl CacheBody {
                         )
                         .into_up());
                     };
-                    let len = (chunk.len() as u64).min(left);
-                    let chunk = chunk.slice(..len as usize);
+                    let passed = (chunk.len() as u64).min(passing);
+                    let len = (chunk.len() as u64 - passed).min(left);
+                    let chunk = chunk.slice(passed as usize..(passed + len) as usize);
                     self.advance(len);
-                    self.current = Some(Source::Origin { exchange, left: left - len });
-                    return Ok(Some(Segment::Bytes(chunk)));
+                    let (left, passing) = (left - len, passing - passed);
+                    self.current = Some(Source::Origin { exchange, left, passing });
+                    if !chunk.is_empty() {
+                        return Ok(Some(Segment::Bytes(chunk)));
+                    }
                 }
             }
         }
@@ -437,8 +440,7 @@ impl CacheBody {
                     let slice = self.version.slice_range(index);
                     let range = ByteRange::new(self.at, slice.end().min(self.end))
                         .unwrap_or(super::NOTHING);
-                    let exchange = self.origin_range(range).await?;
-                    return Ok(Source::Origin { exchange, left: range.len() });
+                    return self.origin_range(range).await;
                 }
             }
         }
@@ -468,16 +470,15 @@ impl CacheBody {
     }
 
     /// `range` of the version, from the origin, past the cache.
-    async fn origin_range(&self, range: ByteRange) -> Result<Box<Exchange>> {
+    async fn origin_range(&self, range: ByteRange) -> Result<Source> {
         let Some(fetch) = &self.fetch else { return Err(fill_failed(FillFailure::Disk)) };
-        let pinned = Pinned { etag: &self.version.etag, len: self.version.len };
-        let (upstream, once) = (&fetch.route.upstream, &UpstreamResume::ONCE);
-        match fetch
-            .origin
-            .fetch(upstream, &fetch.base, range, pinned, once, &mut Tries::new())
-            .await
-        {
-            Ok((exchange, _)) => Ok(Box::new(exchange)),
+        let once = &UpstreamResume::ONCE;
+        match fetch_version(fetch, &self.version, range, once, &mut Tries::new()).await {
+            Ok((exchange, from)) => Ok(Source::Origin {
+                exchange: Box::new(exchange),
+                left: range.len(),
+                passing: range.start() - from,
+            }),
             Err(FetchError::Changed) => {
                 self.inner.changed(&self.version);
                 Err(fill_failed(FillFailure::Changed))
@@ -541,15 +542,87 @@ fn start_run(
     if run.is_empty() {
         return false;
     }
-    let task = RunFill {
-        inner: Arc::clone(inner),
-        version: Arc::clone(version),
-        fetch: fetch.clone(),
-        run: run.into(),
-    };
+    let from = version.slice_range(first).start();
+    let task = RunFill::new(inner, version, fetch, run.into(), from);
     // Its origin requests are in the trace of the request that started it, when it has one.
-    tokio::spawn(task.run().in_current_span());
+    tokio::spawn(task.run(None).in_current_span());
     true
+}
+
+/// Fills what it can of `version` from `exchange`, the answer to the request that learned it,
+/// whose body is `got` of the object: the slices that lie whole in it, from the first that begins
+/// in it, at most a run — claimed before this returns, so that the requests that waited for the
+/// object find them being filled — written by a task of their own, as [`start_run`]'s. What the
+/// body holds before that slice is passed over, what it holds after the run is left unread.
+pub(super) fn fill_from(
+    inner: &Arc<Inner>,
+    version: &Arc<Version>,
+    exchange: Exchange,
+    got: ByteRange,
+    fetch: &Fetch,
+) {
+    let first = got.start().div_ceil(version.slice_size);
+    let mut run = VecDeque::new();
+    {
+        let mut fills = inner.fills.map.lock().unwrap_or_else(|p| p.into_inner());
+        for index in (first..first.saturating_add(RUN_SLICES)).take_while(|index| {
+            *index < version.slices() && version.slice_range(*index).end() <= got.end()
+        }) {
+            match claim(inner, &mut fills, version, index) {
+                Some(claimed) => run.push_back(claimed),
+                None => break,
+            }
+        }
+    }
+    let task = RunFill::new(inner, version, fetch, run, got.start());
+    tokio::spawn(task.run(Some(exchange)).in_current_span());
+}
+
+/// The `Range` the request that learns an object asks with, for a request that asks `range`
+/// (`head`: a HEAD, which needs no bytes): the run of slices from the one holding the first byte
+/// asked — at most [`RUN_SLICES`], none past the one holding the last byte asked; one slice for a
+/// HEAD. A suffix's first byte is not known before the length is: it asks for a slice more than
+/// the suffix (less one byte), which holds the slice its first byte is in, at most a run.
+pub(super) fn first_run(range: Option<&RangeRequest>, head: bool, slice_size: u64) -> RangeSpec {
+    let run = if head { 1 } else { RUN_SLICES };
+    let spec = match range {
+        Some(RangeRequest::Bytes(set)) if !head => set.specs().first().copied(),
+        _ => None,
+    };
+    let (first, last) = match spec {
+        Some(RangeSpec::Suffix { len }) => {
+            let len = len.saturating_add(slice_size - 1).min(run * slice_size);
+            return RangeSpec::Suffix { len };
+        }
+        Some(RangeSpec::Closed { first, last }) => (first, last),
+        Some(RangeSpec::From { first }) => (first, u64::MAX),
+        None => (0, u64::MAX),
+    };
+    let start = first / slice_size * slice_size;
+    let run_end = start.saturating_add(run * slice_size);
+    let last_slice_end = (last / slice_size).saturating_add(1).saturating_mul(slice_size);
+    RangeSpec::Closed { first: start, last: run_end.min(last_slice_end) - 1 }
+}
+
+/// `range` of `version` from its origin, within `policy` and the `tries` made before: the
+/// exchange, and the byte of the object its body begins at — `range`'s first, or 0 for a version
+/// whose origin ignores ranges, which is asked for whole (and read from the start).
+async fn fetch_version(
+    fetch: &Fetch,
+    version: &Version,
+    range: ByteRange,
+    policy: &UpstreamResume,
+    tries: &mut Tries,
+) -> std::result::Result<(Exchange, u64), FetchError> {
+    let pinned = Pinned { etag: &version.etag, len: version.len };
+    let (asked, from) = if version.ignores_ranges {
+        (ByteRange::whole(version.len), 0)
+    } else {
+        (range, range.start())
+    };
+    let (upstream, base) = (&fetch.route.upstream, &fetch.base);
+    let (exchange, _) = fetch.origin.fetch(upstream, base, asked, pinned, policy, tries).await?;
+    Ok((exchange, from))
 }
 
 /// A slice being written: what it is, its readers' view of it, its `.part` file.
@@ -677,36 +750,64 @@ impl Drop for OutputWriter {
     }
 }
 
-/// A run of claimed slices, fetched with one origin request (continued where it breaks).
+/// A run of claimed slices, fetched with one origin request (continued where it breaks). The
+/// exchange's body may begin before the run (passed over: a suffix learned before its slice was
+/// known, the whole object from an origin that ignores ranges) and go on past it (left unread,
+/// its connection closed).
 struct RunFill {
     inner: Arc<Inner>,
     version: Arc<Version>,
     fetch: Fetch,
-    run: std::collections::VecDeque<Claimed>,
+    run: VecDeque<Claimed>,
+    /// The byte of the object the exchange's body brings next.
+    stream_at: u64,
+    /// The front slice's bytes so far, and their CRC.
+    written: u64,
+    crc: crc32fast::Hasher,
 }
 
 impl RunFill {
-    async fn run(mut self) {
+    fn new(
+        inner: &Arc<Inner>,
+        version: &Arc<Version>,
+        fetch: &Fetch,
+        run: VecDeque<Claimed>,
+        stream_at: u64,
+    ) -> Self {
+        Self {
+            inner: Arc::clone(inner),
+            version: Arc::clone(version),
+            fetch: fetch.clone(),
+            run,
+            stream_at,
+            written: 0,
+            crc: crc32fast::Hasher::new(),
+        }
+    }
+
+    /// The next byte of the object the run needs; `None` once it is written.
+    fn at(&self) -> Option<u64> {
+        let (front, ..) = self.run.front()?;
+        Some(self.version.slice_range(front.index).start() + self.written)
+    }
+
+    /// Fills the run from `first` (the exchange that learned the version), or from the origin.
+    async fn run(mut self, first: Option<Exchange>) {
         let mut tries = Tries::new();
-        let Some(first) = self.run.front().map(|(id, ..)| id.index) else { return };
-        let last = self.run.back().map_or(first, |(id, ..)| id.index);
-        let mut at = self.version.slice_range(first).start();
-        let end = self.version.slice_range(last).end();
-        // The slice being written: its bytes so far, and their CRC.
-        let mut written = 0u64;
-        let mut crc = crc32fast::Hasher::new();
-        let mut exchange: Option<Exchange> = None;
-        while at < end {
+        let mut exchange = first;
+        while let Some(at) = self.at() {
             let current = match exchange.as_mut() {
                 Some(current) => current,
                 None => {
-                    let rest = ByteRange::new(at, end).unwrap_or(super::NOTHING);
                     let fetched = tokio::select! {
-                        fetched = self.fetch_rest(rest, &mut tries) => fetched,
+                        fetched = self.fetch_rest(at, &mut tries) => fetched,
                         () = unwanted(&self.run) => return self.give_up(),
                     };
                     match fetched {
-                        Ok(fetched) => exchange.insert(fetched),
+                        Ok((fetched, from)) => {
+                            self.stream_at = from;
+                            exchange.insert(fetched)
+                        }
                         Err(failure) => return self.fail(failure),
                     }
                 }
@@ -731,27 +832,8 @@ impl RunFill {
                 }
             };
             self.inner.metrics.cache_origin_bytes(&self.fetch.route.name, chunk.len() as u64);
-            let mut chunk = &chunk[..];
-            // A chunk may end one slice and begin the next.
-            while !chunk.is_empty() {
-                let Some((id, fill, _)) = self.run.front().cloned() else { break };
-                let slice_len = self.version.slice_range(id.index).len();
-                let take =
-                    usize::try_from(slice_len - written).unwrap_or(usize::MAX).min(chunk.len());
-                if let Err(e) = fill.file.write_all_at(&chunk[..take], HEADER_LEN + written) {
-                    self.inner.write_failed(&e);
-                    return self.fail(FillFailure::Disk);
-                }
-                crc.update(&chunk[..take]);
-                written += take as u64;
-                at += take as u64;
-                chunk = &chunk[take..];
-                if written == slice_len {
-                    self.complete_front(written, std::mem::take(&mut crc).finalize());
-                    written = 0;
-                } else {
-                    fill.progress.send_replace(Progress::Writing(written));
-                }
+            if let Err(failure) = self.take(&chunk) {
+                return self.fail(failure);
             }
         }
         if let Some(done) = exchange {
@@ -759,28 +841,73 @@ impl RunFill {
         }
     }
 
+    /// Writes `chunk`, the next bytes of the exchange's body, into the run's slices: what comes
+    /// before the byte the run needs next is passed over, and a chunk may end one slice and begin
+    /// the next.
+    fn take(&mut self, mut chunk: &[u8]) -> std::result::Result<(), FillFailure> {
+        while let (Some(at), false) = (self.at(), chunk.is_empty()) {
+            let Some((id, fill, _)) = self.run.front().cloned() else { break };
+            let passed = usize::try_from(at.saturating_sub(self.stream_at)).unwrap_or(usize::MAX);
+            let passed = passed.min(chunk.len());
+            let slice_len = self.version.slice_range(id.index).len();
+            let take = usize::try_from(slice_len - self.written)
+                .unwrap_or(usize::MAX)
+                .min(chunk.len() - passed);
+            let bytes = &chunk[passed..passed + take];
+            if let Err(e) = fill.file.write_all_at(bytes, HEADER_LEN + self.written) {
+                self.inner.write_failed(&e);
+                return Err(FillFailure::Disk);
+            }
+            self.crc.update(bytes);
+            self.written += take as u64;
+            self.stream_at += (passed + take) as u64;
+            chunk = &chunk[passed + take..];
+            if self.written == slice_len {
+                self.claim_ahead();
+                self.complete_front();
+            } else if take > 0 {
+                fill.progress.send_replace(Progress::Writing(self.written));
+            }
+        }
+        Ok(())
+    }
+
     /// The first slice of the run is written whole: into the store, and its readers told.
-    fn complete_front(&mut self, len: u64, crc: u32) {
+    fn complete_front(&mut self) {
+        let crc = std::mem::take(&mut self.crc).finalize();
         if let Some(claimed) = self.run.pop_front() {
-            complete(&self.inner, claimed, len, crc);
+            complete(&self.inner, claimed, self.written, crc);
+        }
+        self.written = 0;
+    }
+
+    /// Of a version whose origin ignores ranges, the exchange brings the rest of the object: the
+    /// slice after the run is claimed before its front one is complete, so that a reader that
+    /// goes on from there finds it being filled rather than asks for the whole object again. A
+    /// slice that cannot be claimed (complete, being fetched, no room) ends the run there.
+    fn claim_ahead(&mut self) {
+        if !self.version.ignores_ranges {
+            return;
+        }
+        let next = self.run.back().map(|(id, ..)| id.index + 1);
+        let Some(next) = next.filter(|next| *next < self.version.slices()) else { return };
+        let mut fills = self.inner.fills.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(claimed) = claim(&self.inner, &mut fills, &self.version, next) {
+            self.run.push_back(claimed);
         }
     }
 
-    /// `range` of the version from the origin, within the route's attempts and deadline.
+    /// The rest of the run from byte `at`, from the origin, within the route's attempts and
+    /// deadline: the exchange, and the byte its body begins at.
     async fn fetch_rest(
         &self,
-        range: ByteRange,
+        at: u64,
         tries: &mut Tries,
-    ) -> std::result::Result<Exchange, FillFailure> {
-        let pinned = Pinned { etag: &self.version.etag, len: self.version.len };
-        let (upstream, base) = (&self.fetch.route.upstream, &self.fetch.base);
-        match self
-            .fetch
-            .origin
-            .fetch(upstream, base, range, pinned, &self.fetch.policy, tries)
-            .await
-        {
-            Ok((exchange, _)) => Ok(exchange),
+    ) -> std::result::Result<(Exchange, u64), FillFailure> {
+        let end = self.run.back().map_or(at, |(id, ..)| self.version.slice_range(id.index).end());
+        let range = ByteRange::new(at, end).unwrap_or(super::NOTHING);
+        match fetch_version(&self.fetch, &self.version, range, &self.fetch.policy, tries).await {
+            Ok(fetched) => Ok(fetched),
             Err(FetchError::Changed) => Err(FillFailure::Changed),
             Err(FetchError::Failed) => Err(FillFailure::Origin),
         }
@@ -814,7 +941,7 @@ impl RunFill {
 }
 
 /// Resolves once no reader has waited on any slice of `run` for [`UNWANTED_AFTER`].
-async fn unwanted(run: &std::collections::VecDeque<Claimed>) {
+async fn unwanted(run: &VecDeque<Claimed>) {
     let mut alone_since = None;
     loop {
         tokio::time::sleep(UNWANTED_POLL).await;
@@ -823,5 +950,53 @@ async fn unwanted(run: &std::collections::VecDeque<Claimed>) {
         } else if alone_since.get_or_insert_with(Instant::now).elapsed() >= UNWANTED_AFTER {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rangeway_middleware::rfc9110::RangeSet;
+
+    use super::*;
+
+    const S: u64 = 1 << 20;
+
+    fn asked(spec: RangeSpec) -> Option<RangeRequest> {
+        RangeSet::new(vec![spec]).map(RangeRequest::Bytes)
+    }
+
+    fn run_for(spec: RangeSpec) -> RangeSpec {
+        first_run(asked(spec).as_ref(), false, S)
+    }
+
+    #[test]
+    fn the_first_run_holds_the_slice_of_the_first_byte_asked() {
+        use RangeSpec::{Closed, From, Suffix};
+        // The whole object: the first run; a HEAD: the first slice.
+        assert_eq!(first_run(None, false, S), Closed { first: 0, last: 16 * S - 1 });
+        assert_eq!(first_run(None, true, S), Closed { first: 0, last: S - 1 });
+        let head = first_run(asked(From { first: 5 * S }).as_ref(), true, S);
+        assert_eq!(head, Closed { first: 0, last: S - 1 });
+        // Within one slice: that slice; across some: those; further: a run.
+        assert_eq!(
+            run_for(Closed { first: 2 * S + 5, last: 2 * S + 9 }),
+            Closed { first: 2 * S, last: 3 * S - 1 }
+        );
+        assert_eq!(
+            run_for(Closed { first: S - 1, last: 3 * S }),
+            Closed { first: 0, last: 4 * S - 1 }
+        );
+        assert_eq!(
+            run_for(Closed { first: S, last: 40 * S }),
+            Closed { first: S, last: 17 * S - 1 }
+        );
+        assert_eq!(run_for(From { first: 3 * S + 1 }), Closed { first: 3 * S, last: 19 * S - 1 });
+        // A suffix: a slice more, less a byte, so that its first byte's slice is whole in it; at
+        // most a run.
+        assert_eq!(run_for(Suffix { len: 1000 }), Suffix { len: 1000 + S - 1 });
+        assert_eq!(run_for(Suffix { len: 100 * S }), Suffix { len: 16 * S });
+        // Positions no object reaches do not overflow.
+        let far = run_for(From { first: u64::MAX - 1 });
+        assert_eq!(far, Closed { first: (u64::MAX - 1) / S * S, last: u64::MAX - 1 });
     }
 }

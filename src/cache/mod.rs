@@ -8,10 +8,12 @@
 //! answer as on the origin's, so the cache changes where bytes come from and nothing else.
 //!
 //! - **What is known of an object** ([`Version`]): its strong ETag, length and the header fields
-//!   of the origin's answer, learned with a `HEAD` (validated with `If-None-Match` once stale, or
+//!   of the origin's answer, learned from the one request a miss makes — the GET of the first
+//!   slices it needs, whose body fills them — validated with a conditional `HEAD` once stale (or
 //!   at every new download when a route asks), kept beside its slices and in memory. Only what a
 //!   shared cache may keep is cached (RFC 9111 §3, plus a strong ETag, a length, no `Vary` and
-//!   no `Set-Cookie`); anything else goes to the origin as without a cache.
+//!   no `Set-Cookie`); anything else goes to the origin as without a cache — the answer to that
+//!   first GET handed to the client as the origin's when it is the client's too.
 //! - **Slices** ([`store`]): slice `k` of a version holds its bytes `k·S ..`; a version's slices
 //!   are keyed by its ETag, so slices of two versions never meet in one answer.
 //! - **Fills** ([`fill`]): a missing slice is fetched with the run of missing slices after it
@@ -38,8 +40,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use pingora_http::{RequestHeader, ResponseHeader};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{
-    HOP_BY_HOP, Precondition, RangeLimits, RangeRequest, Resolution, Validators,
-    connection_options, evaluate_preconditions, if_range_holds, parse_range_header,
+    ContentRange, HOP_BY_HOP, Precondition, RangeLimits, RangeRequest, Resolution, Validators,
+    connection_options, evaluate_preconditions, if_range_holds, parse_content_range,
+    parse_range_header,
 };
 use rangeway_middleware::rfc9111::{self, Freshness};
 use serde::{Deserialize, Serialize};
@@ -48,7 +51,7 @@ use tracing::{info, warn};
 
 use crate::config::{CacheConfig, Revalidate, RouteCache};
 use crate::routes::Route;
-use crate::routes::origin_client::OriginClient;
+use crate::routes::origin_client::{Exchange, OriginClient};
 use crate::telemetry::metrics::Metrics;
 use fill::Fills;
 pub(crate) use fill::{CacheBody, OutputWriter, Segment};
@@ -57,7 +60,8 @@ pub(crate) use store::tests::Folder;
 use store::{SliceId, SliceStore, VersionKey};
 
 /// How long an object whose answers may not be cached is sent straight to its origin before
-/// it is asked again: a `HEAD` per request would cost what the cache saves.
+/// it is asked again: asking with the cache's own request each time would cost the object's
+/// clients what the cache saves.
 const UNCACHEABLE_FOR: Duration = Duration::from_secs(60);
 
 /// No bytes.
@@ -90,7 +94,8 @@ pub(crate) enum Bypass {
     /// The origin's answers may not be cached (status, `no-store`, `private`, no strong ETag or
     /// length, `Vary`, `Set-Cookie`).
     Uncacheable,
-    /// The origin could not be asked what the object is.
+    /// The origin could not be asked what the object is, or failed (5xx), or answered the cache's
+    /// request with what does not answer the client's (416).
     Origin,
     /// The cache is off: its folder cannot be written.
     Off,
@@ -116,6 +121,10 @@ pub(crate) enum CacheAnswer {
     /// The answer the origin would give: its header, and its body (none for a HEAD, a 304, a
     /// 412 or a 416).
     Served { header: Box<ResponseHeader>, body: Option<Box<CacheBody>>, outcome: Outcome },
+    /// The origin's own answer to the cache's request, which the cache does not keep: the
+    /// client's answer, as if the client's request had gone to the origin (see
+    /// `handover`). `why`: for the access line.
+    Origin { header: Box<ResponseHeader>, exchange: Box<Exchange>, why: Bypass },
     /// Ask the origin, as without a cache.
     Bypass(Bypass),
 }
@@ -136,6 +145,9 @@ pub(crate) struct Version {
     headers: HeaderMap,
     freshness: Freshness,
     validators: Validators,
+    /// Its origin answered a ranged request with the whole object: its fills ask for the whole
+    /// object and pass over what comes before their slices.
+    ignores_ranges: bool,
 }
 
 impl Version {
@@ -168,6 +180,7 @@ impl Version {
                 .collect(),
             request_time: millis(self.freshness.request_time),
             response_time: millis(self.freshness.response_time),
+            ignores_ranges: self.ignores_ranges,
         }
     }
 
@@ -194,6 +207,7 @@ impl Version {
             slice_size,
             headers,
             freshness,
+            ignores_ranges: meta.ignores_ranges,
         })
     }
 }
@@ -211,6 +225,27 @@ struct Meta {
     /// Milliseconds since the Unix epoch.
     request_time: u64,
     response_time: u64,
+    /// Absent from what was written before origins that ignore ranges were kept: `false`.
+    #[serde(default)]
+    ignores_ranges: bool,
+}
+
+/// What the cache has for a request: a version to answer from, and how it was had; or the
+/// origin's answer to the request that would have learned one.
+enum Found {
+    Version(Arc<Version>, Had),
+    Answer { header: Box<ResponseHeader>, exchange: Box<Exchange>, why: Bypass },
+}
+
+/// How a request had the version it is answered from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Had {
+    /// Known and usable as it was, or learned a moment ago by another request.
+    Known,
+    /// Validated with the origin for this request.
+    Validated,
+    /// Learned by this request, whose answer from the origin fills the first slices.
+    Learned,
 }
 
 /// Whether a request learns an object or waits for another that does.
@@ -221,7 +256,7 @@ enum Turn {
 
 /// Objects whose answers may not be cached, each sent to its origin for [`UNCACHEABLE_FOR`]
 /// from when that was learned: at most `max` of them, the oldest forgotten first when there are
-/// more (which costs that object a `HEAD` again).
+/// more (which costs that object's next client the cache's own request again).
 #[derive(Debug)]
 struct Uncacheable {
     since: HashMap<(String, String), Instant>,
@@ -271,7 +306,8 @@ struct Inner {
     store: SliceStore,
     slice_size: u64,
     uncacheable: Mutex<Uncacheable>,
-    /// Objects being learned (a HEAD in flight): others wait for it rather than ask too.
+    /// Objects being learned or validated (a request to the origin in flight): others wait for
+    /// it rather than ask too.
     learning: Mutex<HashMap<(String, String), watch::Receiver<bool>>>,
     fills: Fills,
     metrics: Arc<Metrics>,
@@ -354,9 +390,18 @@ impl SliceCache {
         let Some(base) = origin_request(route, request, replica, authorized) else {
             return CacheAnswer::Bypass(Bypass::Request);
         };
-        let ask = Ask { route, request, base: &base, origin, replica, object };
-        let (version, revalidated) = match inner.version(&ask, &asked).await {
-            Ok(found) => found,
+        let fetch = fill::Fetch {
+            origin: Arc::clone(origin),
+            route: Arc::clone(route),
+            base: Arc::new(base),
+            policy: route.upstream_resume.unwrap_or_default(),
+        };
+        let ask = Ask { route, request, fetch: &fetch, replica, object };
+        let (version, had) = match inner.version(&ask, &asked).await {
+            Ok(Found::Version(version, had)) => (version, had),
+            Ok(Found::Answer { header, exchange, why }) => {
+                return CacheAnswer::Origin { header, exchange, why };
+            }
             Err(bypass) => return CacheAnswer::Bypass(bypass),
         };
         let now = SystemTime::now();
@@ -366,21 +411,21 @@ impl SliceCache {
         };
         let range = match header.status.as_u16() {
             200 => ByteRange::whole(version.len),
-            206 => crate::range::body_range(206, &header.headers).unwrap_or(NOTHING),
+            206 => partial(&header).map_or(NOTHING, |(range, _)| range),
             _ => NOTHING,
         };
-        let outcome = if revalidated { Outcome::Revalidated } else { Outcome::Hit };
+        let outcome = match had {
+            Had::Known => Outcome::Hit,
+            Had::Validated => Outcome::Revalidated,
+            Had::Learned => Outcome::Miss,
+        };
         if request.method == Method::HEAD || range.is_empty() {
             return CacheAnswer::Served { header: Box::new(header), body: None, outcome };
         }
-        let fetch = fill::Fetch {
-            origin: Arc::clone(origin),
-            route: Arc::clone(route),
-            base: Arc::new(base),
-            policy: route.upstream_resume.unwrap_or_default(),
-        };
         let (body, started) = CacheBody::new(Arc::clone(inner), version, range, fetch);
         let outcome = match started {
+            // A miss, though what it waits on is filled by its own answer from the origin.
+            _ if had == Had::Learned => outcome,
             fill::Started::Fill => Outcome::Miss,
             fill::Started::Waits => Outcome::Coalesced,
             fill::Started::Nothing => outcome,
@@ -419,6 +464,7 @@ impl SliceCache {
             freshness: Freshness::of(&headers, now, now),
             validators: crate::range::validators(&headers),
             headers,
+            ignores_ranges: false,
         });
         inner.keep(Arc::clone(&version));
         version
@@ -522,14 +568,13 @@ pub(crate) struct CachedObject {
     pub(crate) slices: Vec<u64>,
 }
 
-/// Who asks the cache, for which object: the route, the planned request, the origin client and
-/// the replica the request was made for.
+/// Who asks the cache, for which object: the route, the planned request, how the cache asks the
+/// origin and the replica the request was made for.
 struct Ask<'a> {
     route: &'a Arc<Route>,
     request: &'a RequestHeader,
-    /// What the cache asks the origin with ([`origin_request`]).
-    base: &'a RequestHeader,
-    origin: &'a Arc<OriginClient>,
+    /// The origin client and the request the cache asks it with ([`origin_request`]).
+    fetch: &'a fill::Fetch,
     replica: usize,
     /// (upstream, target).
     object: (String, String),
@@ -574,13 +619,9 @@ impl Asked {
 }
 
 impl Inner {
-    /// The version to answer with: known and usable as it is, or learned (validated) first.
-    /// `true` when it was validated with the origin for this request.
-    async fn version(
-        self: &Arc<Self>,
-        ask: &Ask<'_>,
-        asked: &Asked,
-    ) -> Result<(Arc<Version>, bool), Bypass> {
+    /// The version to answer with: known and usable as it is, or validated or learned first; or
+    /// the origin's answer to the request that would have learned it.
+    async fn version(self: &Arc<Self>, ask: &Ask<'_>, asked: &Asked) -> Result<Found, Bypass> {
         let (request, object) = (ask.request, &ask.object);
         if self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).holds(object) {
             return Err(Bypass::Uncacheable);
@@ -592,7 +633,7 @@ impl Inner {
                 let fresh = version.freshness.serves_unvalidated(&request.headers, now)
                     && !asked.each_download;
                 if pinned || fresh {
-                    return Ok((version, false));
+                    return Ok(Found::Version(version, Had::Known));
                 }
                 Some(version)
             }
@@ -612,19 +653,23 @@ impl Inner {
         };
         match turn {
             Turn::Learn(done) => {
-                let learned = self.learn(ask, stale.as_deref()).await;
+                let found = match stale {
+                    Some(stale) => {
+                        let validated = self.validate(ask, &stale).await;
+                        validated.map(|version| Found::Version(version, Had::Validated))
+                    }
+                    None => self.learn(ask, asked).await,
+                };
                 self.learning.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
                 let _ = done.send(true);
-                // Validated, when there was a version to validate; else learned for the first
-                // time, which is a miss.
-                learned.map(|version| (version, stale.is_some()))
+                found
             }
             Turn::Wait(mut receiver) => {
                 let _ = receiver.wait_for(|done| *done).await;
                 // What it learned holds for this request too, however strict the route: it
                 // was validated a moment ago.
                 if let Some(version) = self.store.current(object) {
-                    return Ok((version, false));
+                    return Ok(Found::Version(version, Had::Known));
                 }
                 let uncacheable =
                     self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).holds(object);
@@ -633,40 +678,102 @@ impl Inner {
         }
     }
 
-    /// Asks the origin what the object is, with a HEAD (conditional on `stale`'s ETag when there
-    /// is one), and records the answer.
-    async fn learn(
+    /// Learns the object with one request: the GET of the first run of slices the request needs
+    /// ([`fill::first_run`]). An answer the cache may keep becomes the version, and its body fills
+    /// those slices ([`fill::fill_from`]): a 206, its length from `Content-Range`; a 200, the
+    /// whole object from an origin that ignores ranges. Any other is not kept ([`Self::not_kept`]).
+    async fn learn(self: &Arc<Self>, ask: &Ask<'_>, asked: &Asked) -> Result<Found, Bypass> {
+        let Ask { route, request, fetch, replica, object } = ask;
+        let mut get = RequestHeader::clone(&fetch.base);
+        let head = request.method == Method::HEAD;
+        let run = fill::first_run(asked.range.as_ref(), head, self.slice_size);
+        get.insert_header(header::RANGE, run.header_value()).map_err(|_| Bypass::Request)?;
+        let asked_at = SystemTime::now();
+        let exchange = fetch
+            .origin
+            .send(&route.upstream, *replica, get, "range")
+            .await
+            .map_err(|_| Bypass::Origin)?;
+        let times = (asked_at, SystemTime::now());
+        let answer = exchange.session.response_header().cloned().ok_or(Bypass::Origin)?;
+        let got = match answer.status.as_u16() {
+            206 => partial(&answer),
+            200 => crate::range::content_length(&answer.headers)
+                .map(|len| (ByteRange::whole(len), len)),
+            _ => None,
+        };
+        let ignores_ranges = answer.status == StatusCode::OK;
+        let kept = got.and_then(|(got, len)| {
+            Some((got, self.kept_version(ask, &answer, Some(len), times, ignores_ranges)?))
+        });
+        let Some((got, version)) = kept else { return self.not_kept(ask, &answer, exchange) };
+        let version = Arc::new(version);
+        self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
+        self.keep(Arc::clone(&version));
+        fill::fill_from(self, &version, exchange, got, fetch);
+        Ok(Found::Version(version, Had::Learned))
+    }
+
+    /// The answer to the request that would have learned the object, not kept. The object is
+    /// remembered as one whose answers may not be cached (not after a 5xx, or a 416 to a range
+    /// the cache chose: asked again next time). The answer is the client's when nothing of the
+    /// client's request could have changed it ([`handover`]); else the client's own request goes
+    /// to the origin.
+    fn not_kept(
+        &self,
+        ask: &Ask<'_>,
+        answer: &ResponseHeader,
+        exchange: Exchange,
+    ) -> Result<Found, Bypass> {
+        let status = answer.status.as_u16();
+        let (failed, refused) = (status >= 500, status == 416);
+        if !failed && !refused {
+            let mut uncacheable = self.uncacheable.lock().unwrap_or_else(|p| p.into_inner());
+            uncacheable.insert(ask.object.clone());
+        }
+        let why = if failed || refused { Bypass::Origin } else { Bypass::Uncacheable };
+        if let Some(header) = handover(ask, answer) {
+            // A 5xx's replica is passed over by whoever reads the answer, as the origin's.
+            let (header, exchange) = (Box::new(header), Box::new(exchange));
+            return Ok(Found::Answer { header, exchange, why });
+        }
+        if failed {
+            ask.route.upstream.failed(ask.replica);
+        }
+        Err(why)
+    }
+
+    /// Validates `stale` with a conditional HEAD (`If-None-Match` on its ETag) and records the
+    /// answer: the same version with the fields the origin says now, another version, or an
+    /// object whose answers may not be cached.
+    async fn validate(
         self: &Arc<Self>,
         ask: &Ask<'_>,
-        stale: Option<&Version>,
+        stale: &Version,
     ) -> Result<Arc<Version>, Bypass> {
-        let Ask { route, request, base, origin, replica, object } = ask;
+        let Ask { route, fetch, replica, object, .. } = ask;
         let replica = *replica;
-        let mut head = RequestHeader::clone(base);
+        let mut head = RequestHeader::clone(&fetch.base);
         head.set_method(Method::HEAD);
-        if let Some(stale) = stale {
-            let _ = head.insert_header(header::IF_NONE_MATCH, stale.etag.as_str());
-        }
+        let _ = head.insert_header(header::IF_NONE_MATCH, stale.etag.as_str());
         let asked_at = SystemTime::now();
-        let exchange = origin
+        let exchange = fetch
+            .origin
             .send(&route.upstream, replica, head, "head")
             .await
             .map_err(|_| Bypass::Origin)?;
         let answered_at = SystemTime::now();
         let answer = exchange.session.response_header().cloned();
-        origin.release(exchange).await;
+        fetch.origin.release(exchange).await;
         let answer = answer.ok_or(Bypass::Origin)?;
         let status = answer.status.as_u16();
         if status >= 500 {
             route.upstream.failed(replica);
             return Err(Bypass::Origin);
         }
-        let same = |etag: &str| {
-            answer.headers.get(header::ETAG).is_some_and(|v| v.as_bytes() == etag.as_bytes())
-        };
-        if let Some(stale) = stale
-            && (status == 304 || (status == 200 && same(&stale.etag)))
-        {
+        let same =
+            answer.headers.get(header::ETAG).is_some_and(|v| v.as_bytes() == stale.etag.as_bytes());
+        if status == 304 || (status == 200 && same) {
             // Still the same version: its fields as the origin says them now (RFC 9111 §4.3.4).
             let mut headers = stale.headers.clone();
             rfc9111::update_stored(&mut headers, &stored_fields(&answer.headers));
@@ -680,50 +787,67 @@ impl Inner {
                 freshness: Freshness::of(&headers, asked_at, answered_at),
                 validators: crate::range::validators(&headers),
                 headers,
+                ignores_ranges: stale.ignores_ranges,
             });
             self.keep(Arc::clone(&version));
             return Ok(version);
         }
-        // Slices are fetched with ranges: an origin that does not say it serves them (RFC 9110
-        // §14.3) is not cached, rather than answered whole for every slice. S3's GetObject
-        // serves ranges whether a store says so or not.
+        // Another version, known from the HEAD alone: whether its origin serves ranges is what
+        // it says (RFC 9110 §14.3); S3's GetObject serves them whether a store says so or not.
         let ranges = route.upstream.is_s3()
             || answer.headers.get_all(header::ACCEPT_RANGES).iter().any(|value| {
                 value.to_str().is_ok_and(|units| {
                     units.split(',').any(|unit| unit.trim().eq_ignore_ascii_case("bytes"))
                 })
             });
-        // What RFC 9111 §3.5 says of answers to authorized requests was decided by `Asked::of`
-        // (the route's say, or an S3 route's signature, which is rangeway's own).
-        let mut asked = request.headers.clone();
-        asked.remove(header::AUTHORIZATION);
-        let cacheable = status == 200
-            && ranges
-            && rfc9111::storable(&Method::GET, &asked, answer.status, &answer.headers).is_ok()
-            && !answer.headers.contains_key(header::SET_COOKIE)
-            && !answer.headers.contains_key(header::VARY);
-        let etag = crate::range::strong_etag(&answer.headers).map(str::to_owned);
         let len = crate::range::content_length(&answer.headers);
-        let (true, Some(etag), Some(len)) = (cacheable, etag, len) else {
+        let times = (asked_at, answered_at);
+        let kept = (status == 200).then(|| self.kept_version(ask, &answer, len, times, !ranges));
+        let Some(version) = kept.flatten() else {
             self.store.remove_object(object);
             self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).insert(object.clone());
             return Err(if status == 200 { Bypass::Uncacheable } else { Bypass::Origin });
         };
-        let headers = stored_fields(&answer.headers);
-        let version = Arc::new(Version {
-            key: VersionKey::of(&object.0, &object.1, &etag, self.slice_size),
-            upstream: object.0.clone(),
-            target: object.1.clone(),
-            etag,
-            len,
+        let version = Arc::new(version);
+        self.keep(Arc::clone(&version));
+        Ok(version)
+    }
+
+    /// The version `answer` — the origin's to the cache's request for `ask`'s object, asked and
+    /// received at `times` — describes, `len` bytes long, when a shared cache may keep it (RFC
+    /// 9111 §3) and the slice cache can: a strong ETag and a length, no `Vary` (an answer that
+    /// depends on request fields the cache does not key by), no `Set-Cookie` (one client's).
+    fn kept_version(
+        &self,
+        ask: &Ask<'_>,
+        answer: &ResponseHeader,
+        len: Option<u64>,
+        (asked_at, answered_at): (SystemTime, SystemTime),
+        ignores_ranges: bool,
+    ) -> Option<Version> {
+        // What RFC 9111 §3.5 says of answers to authorized requests was decided by `Asked::of`
+        // (the route's say, or an S3 route's signature, which is rangeway's own).
+        let mut asked = ask.request.headers.clone();
+        asked.remove(header::AUTHORIZATION);
+        let fields = &answer.headers;
+        let storable = rfc9111::storable(&Method::GET, &asked, answer.status, fields).is_ok()
+            && !fields.contains_key(header::SET_COOKIE)
+            && !fields.contains_key(header::VARY);
+        let etag = crate::range::strong_etag(fields).filter(|_| storable)?;
+        let (upstream, target) = &ask.object;
+        let headers = stored_fields(fields);
+        Some(Version {
+            key: VersionKey::of(upstream, target, etag, self.slice_size),
+            upstream: upstream.clone(),
+            target: target.clone(),
+            etag: etag.to_owned(),
+            len: len?,
             slice_size: self.slice_size,
             freshness: Freshness::of(&headers, asked_at, answered_at),
             validators: crate::range::validators(&headers),
             headers,
-        });
-        self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
-        self.keep(Arc::clone(&version));
-        Ok(version)
+            ignores_ranges,
+        })
     }
 
     /// Records `version` as what its object is (written beside its slices); another version of
@@ -843,6 +967,66 @@ fn origin_request(
     Some(base)
 }
 
+/// The bytes a 206 carries and the object's length, as its `Content-Range` states them.
+fn partial(response: &ResponseHeader) -> Option<(ByteRange, u64)> {
+    match parse_content_range(response.headers.get(header::CONTENT_RANGE)?.as_bytes())? {
+        ContentRange::Satisfied { range, complete_len: Some(len) } => Some((range, len)),
+        ContentRange::Satisfied { .. } | ContentRange::Unsatisfied { .. } => None,
+    }
+}
+
+/// The origin's answer to the cache's request for `ask`'s object, as the client's answer, which
+/// the pipeline shapes for the client as any origin's (the client's range cut from it, its
+/// preconditions evaluated). Only when nothing of the client's request could have changed it:
+/// the client sent no `Cookie` (the cache's request never carries one), and each field the
+/// answer's `Vary` names is the same in both requests ([`same_variant`]). And only when it
+/// holds what the client's answer needs: any status but 304, 412 and 416 (answers to conditions
+/// or a range the client did not send); on a route whose stages do not change bytes, a 200, a 206
+/// of the whole object (as the 200 it is; for a HEAD any 206, whose header is what the HEAD
+/// wants), or a 206 holding the one range asked for, without `If-Range`.
+fn handover(ask: &Ask<'_>, answer: &ResponseHeader) -> Option<ResponseHeader> {
+    let request = ask.request;
+    if request.headers.contains_key(header::COOKIE)
+        || !same_variant(&answer.headers, &ask.fetch.base.headers, &request.headers)
+    {
+        return None;
+    }
+    match answer.status.as_u16() {
+        304 | 412 | 416 => return None,
+        200 | 206 if !ask.route.chain.is_observing_only() => return None,
+        206 => {}
+        _ => return Some(answer.clone()),
+    }
+    let (got, len) = partial(answer)?;
+    if got == ByteRange::whole(len) || request.method == Method::HEAD {
+        let mut whole = answer.clone();
+        whole.set_status(StatusCode::OK).ok()?;
+        whole.remove_header(&header::CONTENT_RANGE);
+        whole.insert_header(header::CONTENT_LENGTH, len).ok()?;
+        return Some(whole);
+    }
+    let holds = match parse_range_header(&request.headers, &RangeLimits::with_max_ranges(1)) {
+        Some(RangeRequest::Bytes(set)) => {
+            matches!(set.resolve(len), Resolution::Single(range) if got.contains_range(&range))
+        }
+        _ => false,
+    };
+    (holds && !request.headers.contains_key(header::IF_RANGE)).then(|| answer.clone())
+}
+
+/// Whether an answer with the fields `answer` to a request with the fields `asked` is one to a
+/// request with the fields `other` too, by its `Vary` (RFC 9111 §4.1): each field it names has
+/// the same values in both (absent from both included); `*` never matches.
+fn same_variant(answer: &HeaderMap, asked: &HeaderMap, other: &HeaderMap) -> bool {
+    answer.get_all(header::VARY).iter().all(|line| {
+        line.to_str().is_ok_and(|names| {
+            names.split(',').map(str::trim).filter(|name| !name.is_empty()).all(|name| {
+                name != "*" && asked.get_all(name).iter().eq(other.get_all(name).iter())
+            })
+        })
+    })
+}
+
 /// The fields of an origin's answer the cache keeps: its end-to-end ones — not those of its
 /// connection, the fields its `Connection` names included (RFC 9110 §7.6.1) — without those that
 /// describe one message (length, range, framing) or that the cache recomputes (`Age`).
@@ -877,13 +1061,31 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_is_another_requests_when_the_fields_it_varies_by_are_the_same() {
+        let fields = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(*name, HeaderValue::from_static(value));
+            }
+            map
+        };
+        let (cache, client) = (fields(&[("host", "o")]), fields(&[("host", "o"), ("foo", "1")]));
+        assert!(same_variant(&fields(&[]), &cache, &client));
+        assert!(same_variant(&fields(&[("vary", "Host, Bar")]), &cache, &client));
+        assert!(!same_variant(&fields(&[("vary", "Bar, Foo")]), &cache, &client));
+        assert!(!same_variant(&fields(&[("vary", "Host"), ("vary", "foo")]), &cache, &client));
+        assert!(!same_variant(&fields(&[("vary", "*")]), &cache, &cache));
+        assert!(same_variant(&fields(&[("vary", "Foo")]), &client, &client));
+    }
+
+    #[test]
     fn objects_remembered_as_uncacheable_are_bounded() {
         let mut uncacheable = Uncacheable::new(100);
         for n in 0..1000 {
             uncacheable.insert(object(n));
             assert!(uncacheable.since.len() <= 100 && uncacheable.order.len() <= 200, "at {n}");
         }
-        // The latest are held; the oldest were forgotten (they cost a HEAD again).
+        // The latest are held; the oldest were forgotten (they cost the cache's request again).
         assert!(uncacheable.holds(&object(999)) && uncacheable.holds(&object(900)));
         assert!(!uncacheable.holds(&object(0)) && !uncacheable.holds(&object(899)));
         // One object learned again and again (it turned cacheable and back) stays bounded.

@@ -877,6 +877,7 @@ pub(crate) mod tests {
             headers: HeaderMap::new(),
             freshness: Freshness::of(&HeaderMap::new(), now, now),
             validators: Default::default(),
+            ignores_ranges: false,
         }
     }
 

@@ -118,6 +118,12 @@ impl Proxy {
                 ctx.upstream.cache = Some(outcome);
                 (*header, body.map(UpstreamBody::Cache))
             }
+            // The origin's answer to the cache's own request, read as if it were to this one's.
+            Some(CacheAnswer::Origin { header, exchange, why }) => {
+                ctx.upstream.cache = Some(Outcome::Bypass(why));
+                let body = UpstreamBody::Origin { exchange, source: BodySource::Unread };
+                (answer_to_forward(&header), Some(body))
+            }
             bypassed => {
                 if let Some(CacheAnswer::Bypass(why)) = bypassed {
                     ctx.upstream.cache = Some(Outcome::Bypass(why));
