@@ -40,9 +40,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use pingora_http::{RequestHeader, ResponseHeader};
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::rfc9110::{
-    ContentRange, HOP_BY_HOP, Precondition, RangeLimits, RangeRequest, Resolution, Validators,
-    connection_options, evaluate_preconditions, if_range_holds, parse_content_range,
-    parse_range_header,
+    HOP_BY_HOP, Precondition, RangeLimits, RangeRequest, Resolution, Validators,
+    connection_options, evaluate_preconditions, if_range_holds, parse_range_header,
 };
 use rangeway_middleware::rfc9111::{self, Freshness};
 use serde::{Deserialize, Serialize};
@@ -411,7 +410,7 @@ impl SliceCache {
         };
         let range = match header.status.as_u16() {
             200 => ByteRange::whole(version.len),
-            206 => partial(&header).map_or(NOTHING, |(range, _)| range),
+            206 => crate::range::body_range(206, &header.headers).unwrap_or(NOTHING),
             _ => NOTHING,
         };
         let outcome = match had {
@@ -969,10 +968,8 @@ fn origin_request(
 
 /// The bytes a 206 carries and the object's length, as its `Content-Range` states them.
 fn partial(response: &ResponseHeader) -> Option<(ByteRange, u64)> {
-    match parse_content_range(response.headers.get(header::CONTENT_RANGE)?.as_bytes())? {
-        ContentRange::Satisfied { range, complete_len: Some(len) } => Some((range, len)),
-        ContentRange::Satisfied { .. } | ContentRange::Unsatisfied { .. } => None,
-    }
+    let (range, len) = crate::range::stated_range(&response.headers)?;
+    Some((range, len?))
 }
 
 /// The origin's answer to the cache's request for `ask`'s object, as the client's answer, which

@@ -5,12 +5,11 @@
 use std::net::IpAddr;
 use std::time::{Instant, SystemTime};
 
-use http::header;
 use pingora_error::Result;
 use pingora_http::ResponseHeader;
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::Window;
-use rangeway_middleware::rfc9110::{ContentRange, MultipartBody, Validators, parse_content_range};
+use rangeway_middleware::rfc9110::{MultipartBody, Validators};
 
 use super::deliver::Delivered;
 use super::download::{DOWNLOAD_ID, SENT_PREFIX};
@@ -18,6 +17,7 @@ use super::identify::Identified;
 use super::s3;
 use super::shape::Shaped;
 use super::source::UpstreamRecord;
+use crate::range::body_range;
 use crate::state::{DownloadSession, Ending, ObjectVersion};
 
 /// What the proxy does to the upstream body on its way to the client.
@@ -150,13 +150,7 @@ impl DownloadCtx {
         }
         let range = match (response.status.as_u16(), &version) {
             (200, Some(version)) => Some(ByteRange::whole(version.size)),
-            (206, _) => parts.or_else(|| {
-                match parse_content_range(response.headers.get(header::CONTENT_RANGE)?.as_bytes())?
-                {
-                    ContentRange::Satisfied { range, .. } => Some(range),
-                    ContentRange::Unsatisfied { .. } => None,
-                }
-            }),
+            (206, _) => parts.or_else(|| body_range(206, &response.headers)),
             _ => None,
         };
         self.delivering = version.zip(range).map(|(version, range)| Delivering {

@@ -213,9 +213,7 @@ pub fn shape_response(
         // sent a part: it did not evaluate the If-Range it was given.
         return Shape::BadGateway("the upstream answered 206 although If-Range did not match");
     }
-    let Some(ContentRange::Satisfied { range: got, complete_len }) =
-        response.get(header::CONTENT_RANGE).and_then(|v| parse_content_range(v.as_bytes()))
-    else {
+    let Some((got, complete_len)) = stated_range(response) else {
         return Shape::BadGateway("the upstream's 206 has no usable Content-Range");
     };
     if let Some(len) = content_length(response)
@@ -303,13 +301,7 @@ impl Continuable {
     /// alone can show that a continuation is of the same version.
     pub fn of(stream: ByteRange, headers: &HeaderMap) -> Option<Self> {
         let etag = strong_etag(headers)?;
-        let complete_len = match headers
-            .get(header::CONTENT_RANGE)
-            .and_then(|v| parse_content_range(v.as_bytes()))
-        {
-            Some(ContentRange::Satisfied { complete_len: Some(len), .. }) => len,
-            _ => stream.end(),
-        };
+        let complete_len = stated_range(headers).and_then(|(_, len)| len).unwrap_or(stream.end());
         Some(Self { end: stream.end(), complete_len, etag: etag.to_owned() })
     }
 }
@@ -324,11 +316,17 @@ pub fn strong_etag(headers: &HeaderMap) -> Option<&str> {
 pub fn body_range(status: u16, headers: &HeaderMap) -> Option<ByteRange> {
     match status {
         200 => content_length(headers).map(ByteRange::whole),
-        206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
-            ContentRange::Satisfied { range, .. } => Some(range),
-            ContentRange::Unsatisfied { .. } => None,
-        },
+        206 => stated_range(headers).map(|(range, _)| range),
         _ => None,
+    }
+}
+
+/// The bytes a 206's `Content-Range` says its body holds, and the object's length when it says
+/// (`bytes a-b/*` does not); `None` without a satisfied range.
+pub fn stated_range(headers: &HeaderMap) -> Option<(ByteRange, Option<u64>)> {
+    match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
+        ContentRange::Satisfied { range, complete_len } => Some((range, complete_len)),
+        ContentRange::Unsatisfied { .. } => None,
     }
 }
 
@@ -353,10 +351,7 @@ pub fn object_version(
 ) -> Option<ObjectVersion> {
     let size = match status {
         200 => content_length(headers)?,
-        206 => match parse_content_range(headers.get(header::CONTENT_RANGE)?.as_bytes())? {
-            ContentRange::Satisfied { complete_len: Some(len), .. } => len,
-            _ => return None,
-        },
+        206 => stated_range(headers)?.1?,
         _ => return None,
     };
     let Validators { etag, last_modified } = validators;

@@ -14,7 +14,6 @@ use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_error::{Error, ErrorType, Result};
 use pingora_http::RequestHeader;
 use rangeway_middleware::ByteRange;
-use rangeway_middleware::rfc9110::{ContentRange, parse_content_range};
 
 use super::upstream::Upstream;
 use crate::config::UpstreamResume;
@@ -466,11 +465,7 @@ impl OriginClient {
         let same_version =
             answer.headers.get(header::ETAG).map(|v| v.as_bytes()) == Some(etag.as_bytes());
         let holds = match status {
-            206 => matches!(
-                answer.headers.get(header::CONTENT_RANGE).and_then(|v| parse_content_range(v.as_bytes())),
-                Some(ContentRange::Satisfied { range: got, complete_len: Some(len) })
-                    if got == range && len == complete_len
-            ),
+            206 => crate::range::stated_range(&answer.headers) == Some((range, Some(complete_len))),
             200 => {
                 range == ByteRange::whole(complete_len)
                     && crate::range::content_length(&answer.headers) == Some(complete_len)
