@@ -846,7 +846,7 @@ impl RunFill {
     /// the next.
     fn take(&mut self, mut chunk: &[u8]) -> std::result::Result<(), FillFailure> {
         while let (Some(at), false) = (self.at(), chunk.is_empty()) {
-            let Some((id, fill, _)) = self.run.front().cloned() else { break };
+            let Some((id, fill, _)) = self.run.front() else { break };
             let passed = usize::try_from(at.saturating_sub(self.stream_at)).unwrap_or(usize::MAX);
             let passed = passed.min(chunk.len());
             let slice_len = self.version.slice_range(id.index).len();
