@@ -409,13 +409,17 @@ mod tests {
         assert_eq!(got, b"abc", "only what was not sent aside reaches the peer");
     }
 
+    /// A connection watched as a client's, and the other end of its socket.
+    fn watched_pair() -> (ClientConnection, tokio::net::UnixStream) {
+        let (ours, peer) = tokio::net::UnixStream::pair().unwrap();
+        let inner: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
+        (ClientConnection::new(inner, &test_limits(), None, &Arc::new(Metrics::new())), peer)
+    }
+
     /// The clock stops at the header's empty line, however its lines end, and only there.
     #[tokio::test]
     async fn a_header_ends_at_its_empty_line_with_crlf_or_bare_lf() {
-        let (ours, _peer) = tokio::net::UnixStream::pair().unwrap();
-        let inner: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
-        let mut watched =
-            ClientConnection::new(inner, &test_limits(), None, &Arc::new(Metrics::new()));
+        let (mut watched, _peer) = watched_pair();
         for (header, ends) in [
             (&b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"[..], true),
             (b"GET / HTTP/1.1\nHost: a\n\n", true),
@@ -440,10 +444,7 @@ mod tests {
     /// the final answer's write ends the request as any does.
     #[tokio::test]
     async fn a_body_after_100_continue_is_not_taken_for_a_header() {
-        let (ours, _peer) = tokio::net::UnixStream::pair().unwrap();
-        let inner: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
-        let mut watched =
-            ClientConnection::new(inner, &test_limits(), None, &Arc::new(Metrics::new()));
+        let (mut watched, _peer) = watched_pair();
         watched.saw(b"POST / HTTP/1.1\r\nContent-Length: 9\r\nExpect: 100-continue\r\n\r\n");
         assert_eq!(watched.phase, Phase::Request);
         watched.answering(b"HTTP/1.1 100 Continue\r\n\r\n");

@@ -27,6 +27,7 @@ use super::source_body::{BodySource, UpstreamBody};
 use super::transport::Transport;
 use crate::cache::Selection;
 use crate::links::Link;
+use crate::range::content_length;
 use crate::request_path::NormalizedPath;
 use crate::routes::Route;
 use crate::routes::origin_client::Sending;
@@ -44,12 +45,9 @@ enum Framing {
 
 impl Framing {
     fn of(request: &RequestHeader) -> Self {
-        let length = request
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok());
-        match length {
-            // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3), as pingora reads it.
+        // `content_length` reads none beside Transfer-Encoding, which overrides it (RFC 9112
+        // §6.3), as pingora reads it.
+        match content_length(&request.headers) {
             _ if request.headers.contains_key(header::TRANSFER_ENCODING) => Self::Chunked,
             Some(0) => Self::Empty,
             Some(len) => Self::Length(len),
@@ -77,13 +75,12 @@ impl Proxy {
         admitted: Admitted,
     ) -> Result<()> {
         let Admitted { route, path, link, .. } = admitted;
-        ctx.delivery.transport = Some(Transport::PassThrough);
         let passed = self.pass(session, ctx, &route, (&path, link.as_ref())).await;
         if !session.request_body_done() {
             // Answered before its body was read whole: the rest would be read as a request.
             session.close_after_response();
         }
-        // The deliver step named the way its copy took: this one is the pass-through's.
+        // Named after the way ended: the deliver step names the way its copy took.
         ctx.delivery.transport = Some(Transport::PassThrough);
         passed
     }
