@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Method, StatusCode, header};
-use pingora_error::{Error, ErrorType, Result};
+use pingora_error::Result;
 use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::Proxy;
@@ -19,10 +19,10 @@ use super::admit::Admitted;
 use super::answer::respond;
 use super::client_session::{ClientSession, ClientWatch};
 use super::context::{RequestCtx, ip_text};
-use super::hop_by_hop::{answer_to_forward, end_to_end, forwarded};
+use super::hop_by_hop::{end_to_end, forwarded};
 use super::identify::upstream_target;
 use super::origin_request::{self, client_side};
-use super::source::Sourced;
+use super::source::{Sourced, answer_of};
 use super::source_body::{BodySource, UpstreamBody};
 use super::transport::Transport;
 use crate::cache::Selection;
@@ -136,16 +136,9 @@ impl Proxy {
             return Ok(());
         }
         let exchange = watch.unless_gone(session, sending.answer(&route.upstream)).await??;
-        let mut response =
-            exchange.session.response_header().map(answer_to_forward).ok_or_else(|| {
-                Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
-            })?;
+        let mut response = answer_of(&exchange)?;
         forwarded(&mut response)?;
-        if response.status.is_server_error() {
-            // A replica answering 5xx is as good as down: passed over for a while.
-            route.upstream.failed(ctx.upstream.replica);
-        }
-        ctx.upstream.answered(response.status.as_u16());
+        ctx.upstream.answered(route, &response);
         self.invalidate(&method, route, ctx, &response);
         let body =
             UpstreamBody::Origin { exchange: Box::new(exchange), source: BodySource::Unread };

@@ -22,6 +22,7 @@ use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
 use crate::config::UpstreamResume;
 use crate::range::{Continuable, body_range};
 use crate::routes::Route;
+use crate::routes::origin_client::Exchange;
 
 /// source's record of the upstream, for the steps after it and for `record`.
 #[derive(Debug, Default)]
@@ -41,11 +42,24 @@ pub(super) struct UpstreamRecord {
 }
 
 impl UpstreamRecord {
-    /// The source answered with `status`: its header is in.
-    pub(super) fn answered(&mut self, status: u16) {
-        self.status = Some(status);
+    /// The source answered `response` for `route`: its header is in. A replica answering 5xx is
+    /// as good as down: passed over for a while.
+    pub(super) fn answered(&mut self, route: &Route, response: &ResponseHeader) {
+        if response.status.is_server_error() {
+            route.upstream.failed(self.replica);
+        }
+        self.status = Some(response.status.as_u16());
         self.header_took = self.asked.map(|asked| asked.elapsed());
     }
+}
+
+/// The origin's answer on `exchange`, as the client's answer starts from
+/// ([`answer_to_forward`]).
+pub(super) fn answer_of(exchange: &Exchange) -> Result<ResponseHeader> {
+    let header = exchange.session.response_header();
+    header
+        .map(answer_to_forward)
+        .ok_or_else(|| Error::explain(ErrorType::InvalidHTTPHeader, "no response header"))
 }
 
 /// The source's answer, before it is shaped into the client's.
@@ -136,19 +150,12 @@ impl Proxy {
                     base.as_ref(),
                 );
                 let exchange = watch.unless_gone(session, first).await??;
-                let response =
-                    exchange.session.response_header().map(answer_to_forward).ok_or_else(|| {
-                        Error::explain(ErrorType::InvalidHTTPHeader, "no response header")
-                    })?;
+                let response = answer_of(&exchange)?;
                 let exchange = Box::new(exchange);
                 (response, Some(UpstreamBody::Origin { exchange, source: BodySource::Unread }))
             }
         };
-        if response.status.is_server_error() {
-            // A replica answering 5xx is as good as down: passed over for a while.
-            route.upstream.failed(ctx.upstream.replica);
-        }
-        ctx.upstream.answered(response.status.as_u16());
+        ctx.upstream.answered(route, &response);
         let stream = body_range(response.status.as_u16(), &response.headers);
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         Ok(Sourced { response, body, stream, continuable, base, policy, authorized })
