@@ -16,9 +16,11 @@
 //! a shared cache may not reuse without validation; this cache does not keep response fields
 //! apart, so it treats them as their unqualified forms (not stored; always validated).
 //!
-//! **Stale is never served.** A stale response is validated before use; when validation fails,
-//! the request is answered as without a cache (§4.2.4 allows serving stale in some cases; this
-//! cache chooses not to).
+//! **Stale is served only where a directive allows it**: the request's `max-stale` (§5.2.1.2),
+//! the response's `stale-while-revalidate` and either's `stale-if-error` (RFC 5861) — and never
+//! where `must-revalidate`, `proxy-revalidate`, `s-maxage` or `no-cache` forbids it (§4.2.4).
+//! Otherwise a stale response is validated before use, and when validation fails the request is
+//! answered as without a cache.
 
 use std::time::{Duration, SystemTime};
 
@@ -32,6 +34,14 @@ const HEURISTIC_FRACTION: u32 = 10;
 /// The most heuristic freshness can give: a day, so that an object modified years ago is still
 /// validated daily.
 const HEURISTIC_CAP: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The statuses a response may be reused by heuristics with (RFC 9110 §15.1).
+const HEURISTICALLY_CACHEABLE: [u16; 12] =
+    [200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501];
+
+/// The statuses whose semantics RFC 9110 defines: what `must-understand` asks a cache to know.
+const UNDERSTOOD: [std::ops::RangeInclusive<u16>; 6] =
+    [200..=206, 300..=305, 307..=308, 400..=417, 421..=422, 500..=505];
 
 /// The directives of a `Cache-Control` field this cache acts on (§5.2).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,6 +58,16 @@ pub struct CacheControl {
     pub s_maxage: Option<u64>,
     /// `min-fresh` of a request, seconds.
     pub min_fresh: Option<u64>,
+    /// `max-stale` of a request, seconds; `Some(u64::MAX)` without a value (any staleness).
+    pub max_stale: Option<u64>,
+    /// `only-if-cached` of a request: answer from the cache or with 504.
+    pub only_if_cached: bool,
+    /// `must-understand`: stored only when the cache knows the status's semantics (§5.2.2.3).
+    pub must_understand: bool,
+    /// `stale-while-revalidate` (RFC 5861 §3), seconds.
+    pub stale_while_revalidate: Option<u64>,
+    /// `stale-if-error` (RFC 5861 §4), seconds.
+    pub stale_if_error: Option<u64>,
 }
 
 impl CacheControl {
@@ -87,6 +107,18 @@ impl CacheControl {
                     control.s_maxage = Some(merge_seconds(control.s_maxage, value));
                 } else if is("min-fresh") {
                     control.min_fresh = Some(merge_seconds(control.min_fresh, value));
+                } else if is("max-stale") {
+                    // A value that cannot be read allows no staleness rather than any.
+                    control.max_stale =
+                        Some(value.map_or(u64::MAX, |v| parse_seconds(v).unwrap_or(0)));
+                } else if is("only-if-cached") {
+                    control.only_if_cached = true;
+                } else if is("must-understand") {
+                    control.must_understand = true;
+                } else if is("stale-while-revalidate") {
+                    control.stale_while_revalidate = value.and_then(parse_seconds);
+                } else if is("stale-if-error") {
+                    control.stale_if_error = value.and_then(parse_seconds);
                 }
             }
         }
@@ -100,7 +132,9 @@ impl CacheControl {
 pub enum NotStorable {
     /// A method other than GET.
     Method,
-    /// A status other than 200 and 206: the only ones this cache keeps.
+    /// A status that is not final, a `304`, one whose semantics the cache does not know while
+    /// `must-understand` says it must, or one that is neither heuristically cacheable nor given
+    /// an explicit freshness or `public` (§3).
     Status,
     /// `no-store` in the request or the response.
     NoStore,
@@ -135,12 +169,23 @@ pub fn storable(
     if method != Method::GET {
         return Err(NotStorable::Method);
     }
-    if !matches!(status.as_u16(), 200 | 206) {
+    let control = CacheControl::of(response);
+    let code = status.as_u16();
+    let understood = UNDERSTOOD.iter().any(|known| known.contains(&code));
+    if code < 200 || code == 304 || (control.must_understand && !understood) {
         return Err(NotStorable::Status);
     }
-    let control = CacheControl::of(response);
-    if control.no_store || CacheControl::of(request).no_store {
+    // `must-understand` with a known status overrides `no-store` (§5.2.2.3).
+    let no_store = control.no_store && !control.must_understand;
+    if no_store || CacheControl::of(request).no_store {
         return Err(NotStorable::NoStore);
+    }
+    let explicit = control.public
+        || control.max_age.is_some()
+        || control.s_maxage.is_some()
+        || response.contains_key(EXPIRES);
+    if !explicit && !HEURISTICALLY_CACHEABLE.contains(&code) {
+        return Err(NotStorable::Status);
     }
     if control.private {
         return Err(NotStorable::Private);
@@ -179,7 +224,7 @@ impl Freshness {
             date: single_date(headers, &DATE).flatten(),
             expires: single_date(headers, &EXPIRES),
             last_modified: single_date(headers, &LAST_MODIFIED).flatten(),
-            age: single_line(headers, &AGE).and_then(parse_seconds),
+            age: age(headers),
             request_time,
             response_time,
         }
@@ -217,23 +262,55 @@ impl Freshness {
     /// Whether the stored response may be served at `now` without validation to a request with
     /// fields `request` (§4, §5.2.1): fresh, not `no-cache`, and within what the request allows.
     pub fn serves_unvalidated(&self, request: &HeaderMap, now: SystemTime) -> bool {
-        if self.control.no_cache {
+        if self.control.no_cache || asks_validation(request) {
             return false;
         }
         let asked = CacheControl::of(request);
-        let pragma_no_cache = !request.contains_key(CACHE_CONTROL)
-            && request
-                .get_all(PRAGMA)
-                .iter()
-                .any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache"));
-        if asked.no_cache || pragma_no_cache {
-            return false;
-        }
         let age = self.age_at(now);
         let lifetime = self.lifetime();
         let within_max_age = asked.max_age.is_none_or(|max| age <= Duration::from_secs(max));
         let min_fresh = Duration::from_secs(asked.min_fresh.unwrap_or(0));
-        within_max_age && age.saturating_add(min_fresh) < lifetime
+        let fresh = age.saturating_add(min_fresh) < lifetime;
+        // `max-stale` (§5.2.1.2), where the response lets a stale copy be served at all.
+        let stale_by = age.saturating_sub(lifetime);
+        let stale_allowed = asked
+            .max_stale
+            .is_some_and(|max| self.may_serve_stale() && stale_by <= Duration::from_secs(max));
+        within_max_age && (fresh || stale_allowed)
+    }
+
+    /// Whether the response lets a shared cache serve it stale at all (§4.2.4): not with
+    /// `must-revalidate`, `proxy-revalidate` or `s-maxage` (§5.2.2.2, §5.2.2.8, §5.2.2.10),
+    /// nor `no-cache`.
+    pub fn may_serve_stale(&self) -> bool {
+        let c = &self.control;
+        !(c.must_revalidate || c.proxy_revalidate || c.s_maxage.is_some() || c.no_cache)
+    }
+
+    /// Whether the response, stale at `now`, may be served to a request with fields `request`
+    /// while it is validated in the background: within its `stale-while-revalidate` (RFC 5861
+    /// §3), where it may be served stale at all and the request does not ask for validation.
+    pub fn serves_while_revalidating(&self, request: &HeaderMap, now: SystemTime) -> bool {
+        self.control.stale_while_revalidate.is_some_and(|window| {
+            self.may_serve_stale()
+                && !asks_validation(request)
+                && self.staleness(now) <= Duration::from_secs(window)
+        })
+    }
+
+    /// Whether the response, stale at `now`, may be served to a request with fields `request`
+    /// when its validation failed (the origin unreachable, or a 5xx): within the response's or
+    /// the request's `stale-if-error` (RFC 5861 §4), where it may be served stale at all.
+    pub fn serves_on_error(&self, request: &HeaderMap, now: SystemTime) -> bool {
+        let window = self.control.stale_if_error.max(CacheControl::of(request).stale_if_error);
+        window.is_some_and(|window| {
+            self.may_serve_stale() && self.staleness(now) <= Duration::from_secs(window)
+        })
+    }
+
+    /// How long past its freshness the response is at `now`; zero while fresh.
+    pub fn staleness(&self, now: SystemTime) -> Duration {
+        self.age_at(now).saturating_sub(self.lifetime())
     }
 
     /// The `Age` to send with the stored response at `now`, in seconds.
@@ -242,13 +319,33 @@ impl Freshness {
     }
 }
 
+/// Whether a request with fields `request` asks that what is stored be validated before use:
+/// `no-cache` (§5.2.1.4), or `Pragma: no-cache` without a `Cache-Control` (§5.4).
+fn asks_validation(request: &HeaderMap) -> bool {
+    let pragma_no_cache = !request.contains_key(CACHE_CONTROL)
+        && request.get_all(PRAGMA).iter().any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache"));
+    pragma_no_cache || CacheControl::of(request).no_cache
+}
+
 /// The stored fields `stored`, updated by the fields of a `304` (or other response that
-/// validated them) `fresh` (§3.2): each field of `fresh` replaces the stored one, except
-/// `Content-Length` and the fields of a connection (which are not stored).
+/// validated them) `fresh` (§3.2): each field of `fresh` replaces the stored one, except the
+/// fields of a connection (which are not stored) and those that describe the stored bytes
+/// themselves — their length, coding, range, digests and the `ETag` they are kept by — which a
+/// response without those bytes cannot change (§3.2 lets a cache omit what assures the
+/// integrity of what it stored).
 pub fn update_stored(stored: &mut HeaderMap, fresh: &HeaderMap) {
+    const OF_THE_BYTES: [&str; 7] = [
+        "content-length",
+        "content-encoding",
+        "content-range",
+        "content-md5",
+        "content-digest",
+        "repr-digest",
+        "etag",
+    ];
     let mut replaced = std::collections::HashSet::new();
     for (name, value) in fresh {
-        if *name == http::header::CONTENT_LENGTH || is_hop_by_hop(name) {
+        if OF_THE_BYTES.contains(&name.as_str()) || is_hop_by_hop(name) {
             continue;
         }
         if replaced.insert(name.clone()) {
@@ -288,6 +385,15 @@ fn parse_seconds(value: &[u8]) -> Option<u64> {
             .try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
             .unwrap_or(u64::MAX),
     )
+}
+
+/// `Age`, seconds: one line of digits; any other value — a list, a parameter, a sign, several
+/// lines — the largest age, so that the response is stale (the module's "doubt means stale").
+fn age(headers: &HeaderMap) -> Option<u64> {
+    if !headers.contains_key(AGE) {
+        return None;
+    }
+    Some(single_line(headers, &AGE).and_then(parse_seconds).unwrap_or(u64::MAX))
 }
 
 /// The one line of a field; `None` when absent or repeated.
@@ -418,7 +524,19 @@ mod tests {
         };
         assert_eq!(ok(&none, 200, &[]), Ok(()));
         assert_eq!(ok(&none, 206, &[("cache-control", "max-age=10")]), Ok(()));
-        assert_eq!(ok(&none, 404, &[]), Err(NotStorable::Status));
+        // Any final status a reason to reuse it: heuristically cacheable, or explicitly fresh.
+        assert_eq!(ok(&none, 404, &[]), Ok(()));
+        assert_eq!(ok(&none, 503, &[]), Err(NotStorable::Status));
+        assert_eq!(ok(&none, 503, &[("cache-control", "max-age=10")]), Ok(()));
+        assert_eq!(ok(&none, 599, &[("expires", "Thu, 01 Jan 2099 00:00:00 GMT")]), Ok(()));
+        assert_eq!(ok(&none, 599, &[("cache-control", "public")]), Ok(()));
+        assert_eq!(ok(&none, 304, &[("cache-control", "max-age=10")]), Err(NotStorable::Status));
+        assert_eq!(ok(&none, 103, &[("cache-control", "max-age=10")]), Err(NotStorable::Status));
+        // `must-understand`: a status the cache does not know is not stored; a known one is, even
+        // with `no-store` beside it (§5.2.2.3).
+        let understand = "max-age=10, must-understand, no-store";
+        assert_eq!(ok(&none, 599, &[("cache-control", understand)]), Err(NotStorable::Status));
+        assert_eq!(ok(&none, 200, &[("cache-control", understand)]), Ok(()));
         assert_eq!(ok(&none, 200, &[("cache-control", "no-store")]), Err(NotStorable::NoStore));
         assert_eq!(
             ok(&none, 200, &[("cache-control", "private=\"x\"")]),
@@ -461,9 +579,18 @@ mod tests {
         let facts = Freshness::of(&headers, at(T0), at(T0 + 2));
         assert_eq!(facts.age_at(at(T0 + 2)), Duration::from_secs(12));
         assert_eq!(facts.age_header(at(T0 + 32)), 42);
-        // A Date in the future counts nothing, a bad Age nothing.
-        let future = super::tests::headers(&[("date", &date(T0 + 500)), ("age", "x")]);
+        // A Date in the future counts nothing.
+        let future = super::tests::headers(&[("date", &date(T0 + 500))]);
         assert_eq!(Freshness::of(&future, at(T0), at(T0)).age_at(at(T0)), Duration::ZERO);
+        // An Age that is not one line of digits makes the response as old as can be: stale.
+        for bad in [&["x"][..], &["-1"], &["7200;p=1"], &["0, 0"], &["0", "0"]] {
+            let mut fields = super::tests::headers(&[("cache-control", "max-age=3600")]);
+            for line in bad {
+                fields.append(AGE, http::HeaderValue::from_static(line));
+            }
+            let facts = Freshness::of(&fields, at(T0), at(T0));
+            assert!(facts.staleness(at(T0)) > Duration::ZERO, "{bad:?}");
+        }
     }
 
     #[test]
@@ -486,16 +613,57 @@ mod tests {
     }
 
     #[test]
+    fn stale_is_served_only_where_a_directive_allows() {
+        let stored = |control: &str| {
+            let fields = headers(&[("date", &date(T0)), ("cache-control", control)]);
+            Freshness::of(&fields, at(T0), at(T0))
+        };
+        let asked = |control: &str| headers(&[("cache-control", control)]);
+        let none = HeaderMap::new();
+        // 50 s stale at T0 + 60.
+        let plain = stored("max-age=10");
+        assert!(!plain.serves_unvalidated(&none, at(T0 + 60)));
+        assert!(plain.serves_unvalidated(&asked("max-stale=50"), at(T0 + 60)));
+        assert!(!plain.serves_unvalidated(&asked("max-stale=49"), at(T0 + 60)));
+        assert!(plain.serves_unvalidated(&asked("max-stale"), at(T0 + 60)));
+        assert!(!plain.serves_unvalidated(&asked("max-stale=x"), at(T0 + 60)));
+        for forbids in
+            ["max-age=10, must-revalidate", "max-age=10, proxy-revalidate", "s-maxage=10"]
+        {
+            let strict = stored(forbids);
+            assert!(!strict.serves_unvalidated(&asked("max-stale"), at(T0 + 60)), "{forbids}");
+            let swr = stored(&format!("{forbids}, stale-while-revalidate=100"));
+            assert!(!swr.serves_while_revalidating(&none, at(T0 + 60)), "{forbids}");
+            let sie = stored(&format!("{forbids}, stale-if-error=100"));
+            assert!(!sie.serves_on_error(&none, at(T0 + 60)), "{forbids}");
+        }
+        let swr = stored("max-age=10, stale-while-revalidate=60");
+        assert!(swr.serves_while_revalidating(&none, at(T0 + 60)));
+        assert!(!swr.serves_while_revalidating(&none, at(T0 + 80)), "past its window");
+        assert!(!swr.serves_while_revalidating(&asked("no-cache"), at(T0 + 60)));
+        let sie = stored("max-age=10, stale-if-error=60");
+        assert!(sie.serves_on_error(&none, at(T0 + 60)));
+        assert!(!sie.serves_on_error(&none, at(T0 + 80)));
+        // The request's own `stale-if-error` counts too.
+        assert!(plain.serves_on_error(&asked("stale-if-error=60"), at(T0 + 60)));
+        assert!(!plain.serves_on_error(&none, at(T0 + 60)));
+        assert!(!sie.serves_while_revalidating(&none, at(T0 + 60)));
+    }
+
+    #[test]
     fn a_304_updates_the_stored_fields_but_not_their_length() {
         let mut stored = headers(&[
             ("etag", "\"v1\""),
             ("cache-control", "max-age=1"),
             ("content-length", "100"),
+            ("content-encoding", "gzip"),
             ("x-keep", "yes"),
         ]);
         let fresh = headers(&[
             ("cache-control", "max-age=600"),
             ("content-length", "0"),
+            ("content-encoding", "br"),
+            ("etag", "\"v2\""),
             ("connection", "close"),
             ("x-new", "a"),
             ("x-new", "b"),
@@ -503,6 +671,8 @@ mod tests {
         update_stored(&mut stored, &fresh);
         assert_eq!(stored.get("cache-control").unwrap(), "max-age=600");
         assert_eq!(stored.get("content-length").unwrap(), "100");
+        assert_eq!(stored.get("content-encoding").unwrap(), "gzip", "what the bytes are in");
+        assert_eq!(stored.get("etag").unwrap(), "\"v1\"", "what the bytes are kept by");
         assert_eq!(stored.get("x-keep").unwrap(), "yes");
         assert!(stored.get("connection").is_none());
         assert_eq!(stored.get_all("x-new").iter().count(), 2);

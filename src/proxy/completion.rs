@@ -22,7 +22,7 @@ use tracing::{debug, info};
 use crate::config::UpstreamResume;
 use crate::representation::{ChainPass, StoredFacts, version_key};
 use crate::routes::Route;
-use crate::routes::origin_client::{OriginClient, Pinned, Tries};
+use crate::routes::origin_client::{OriginClient, Pin, Pinned, Tries};
 use crate::state::{self, StateStore};
 
 /// What a completion pass needs to know, taken from the request that finished the download.
@@ -104,7 +104,7 @@ impl Completions {
         let stream = ByteRange::new(from, version.size).ok_or_else(|| {
             Error::explain(ErrorType::InternalError, "a completion pass past the object's end")
         })?;
-        let pinned = Pinned { etag, len: version.size };
+        let pinned = Pinned { by: Pin::ETag(etag), len: version.size };
         let (once, mut tries) = (&UpstreamResume::ONCE, Tries::new());
         let (mut exchange, _) = self
             .client

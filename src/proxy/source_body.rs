@@ -20,7 +20,7 @@ use crate::cache::{CacheAnswer, CacheBody, SliceCache};
 use crate::config::{RouteCache, UpstreamResume};
 use crate::range::{Continuable, content_length};
 use crate::routes::Route;
-use crate::routes::origin_client::{Exchange, OriginClient, Pinned, Tries, pinned_range};
+use crate::routes::origin_client::{Exchange, OriginClient, Pin, Pinned, Tries, pinned_range};
 use crate::telemetry::metrics::Metrics;
 
 /// What the relay's reader ([`BodyReader`]) reads next.
@@ -379,7 +379,7 @@ impl Pump {
         let ((cache, use_of, authorized), base, continuable) =
             (self.cache.as_ref()?, self.base.as_ref()?, self.continuable.as_ref()?);
         let mut request = base.clone();
-        pinned_range(&mut request, part, &continuable.etag)?;
+        pinned_range(&mut request, part, Pin::ETag(&continuable.etag))?;
         let asked = (&request, *authorized);
         let answer = cache.answer(&self.route, *use_of, asked, &self.client, self.replica).await;
         match answer {
@@ -401,7 +401,7 @@ impl Pump {
         let (Some(base), Some(continuable)) = (&self.base, &self.continuable) else {
             return Err("failed");
         };
-        let pinned = Pinned { etag: &continuable.etag, len: continuable.complete_len };
+        let pinned = Pinned { by: Pin::ETag(&continuable.etag), len: continuable.complete_len };
         let upstream = &self.route.upstream;
         match self.client.fetch(upstream, base, range, pinned, policy, tries).await {
             Ok((exchange, replica)) => {

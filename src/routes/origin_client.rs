@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use http::header;
+use http::{HeaderName, header};
 use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::Stream;
 use pingora_core::protocols::http::client::HttpSession;
@@ -54,12 +54,34 @@ impl FetchError {
     }
 }
 
-/// A version of an object as a request for a range of it pins it: its strong ETag (sent as
-/// `If-Match`) and its length (which the answer's `Content-Range` must name).
+/// A version of an object as a request for a range of it pins it: its validator ([`Pin`]) and
+/// its length (which the answer's `Content-Range` must name).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Pinned<'a> {
-    pub(crate) etag: &'a str,
+    pub(crate) by: Pin<'a>,
     pub(crate) len: u64,
+}
+
+/// The strong validator a version is pinned by (RFC 9110 §8.8.1): what a request for a range of
+/// it is conditioned on, and what the answer must state again, byte for byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pin<'a> {
+    /// Its strong ETag, quotes included: `If-Match`.
+    ETag(&'a str),
+    /// Its `Last-Modified`, as the origin wrote it, where no strong ETag is given and the date is
+    /// strong (a minute or more before the answer's `Date`, §8.8.2.2): `If-Unmodified-Since`.
+    LastModified(&'a str),
+}
+
+impl<'a> Pin<'a> {
+    /// The condition a request for the version carries, the field its answer must repeat, and
+    /// the value of both.
+    fn fields(self) -> (HeaderName, HeaderName, &'a str) {
+        match self {
+            Self::ETag(etag) => (header::IF_MATCH, header::ETAG, etag),
+            Self::LastModified(date) => (header::IF_UNMODIFIED_SINCE, header::LAST_MODIFIED, date),
+        }
+    }
 }
 
 /// The tries made for one piece of a body, which an [`UpstreamResume`] bounds: a body's
@@ -87,21 +109,23 @@ impl Tries {
     }
 }
 
-/// Makes `request` ask for `range` of the version whose strong ETag is `etag`, and of nothing
-/// else: `Range` and `If-Match`, no other condition. `None` for an empty range or an ETag that
-/// is no header value.
-pub(crate) fn pinned_range(
-    request: &mut RequestHeader,
-    range: ByteRange,
-    etag: &str,
-) -> Option<()> {
+/// Makes `request` ask for `range` of the version `pin` names, and of nothing else: `Range` and
+/// the pin's condition, no other. `None` for an empty range or a validator that is no header
+/// value.
+pub(crate) fn pinned_range(request: &mut RequestHeader, range: ByteRange, pin: Pin<'_>) -> Option<()> {
     let asked = format!("bytes={}-{}", range.start(), range.last()?);
     request.insert_header(header::RANGE, asked).ok()?;
-    request.insert_header(header::IF_MATCH, etag).ok()?;
-    // The version is pinned by If-Match alone.
-    for name in [header::IF_RANGE, header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+    for name in [
+        header::IF_MATCH,
+        header::IF_UNMODIFIED_SINCE,
+        header::IF_RANGE,
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+    ] {
         request.remove_header(&name);
     }
+    let (condition, _, value) = pin.fields();
+    request.insert_header(condition, value).ok()?;
     Some(())
 }
 
@@ -450,9 +474,9 @@ impl OriginClient {
         replica: usize,
         mut request: RequestHeader,
         range: ByteRange,
-        Pinned { etag, len: complete_len }: Pinned<'_>,
+        Pinned { by, len: complete_len }: Pinned<'_>,
     ) -> std::result::Result<Exchange, FetchError> {
-        pinned_range(&mut request, range, etag).ok_or(FetchError::Failed)?;
+        pinned_range(&mut request, range, by).ok_or(FetchError::Failed)?;
         let exchange =
             self.send(upstream, replica, request, "range").await.map_err(|_| FetchError::Failed)?;
         let Some(answer) = exchange.session.response_header() else {
@@ -462,8 +486,9 @@ impl OriginClient {
             upstream.failed(replica);
         }
         let status = answer.status.as_u16();
+        let (_, stated, value) = by.fields();
         let same_version =
-            answer.headers.get(header::ETAG).map(|v| v.as_bytes()) == Some(etag.as_bytes());
+            answer.headers.get(stated).map(|v| v.as_bytes()) == Some(value.as_bytes());
         let holds = match status {
             206 => crate::range::stated_range(&answer.headers) == Some((range, Some(complete_len))),
             200 => {
