@@ -45,6 +45,13 @@ pub(super) struct Fills {
     map: Mutex<HashMap<SliceId, Arc<Fill>>>,
 }
 
+impl Fills {
+    /// Whether slice `id` is being fetched.
+    pub(super) fn filling(&self, id: SliceId) -> bool {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&id)
+    }
+}
+
 /// One slice being fetched: its file, as far as it is written, and how far that is.
 pub(super) struct Fill {
     file: Arc<File>,
@@ -604,6 +611,24 @@ pub(super) fn first_run(range: Option<&RangeRequest>, head: bool, slice_size: u6
     RangeSpec::Closed { first: start, last: run_end.min(last_slice_end) - 1 }
 }
 
+/// The `Range` a validation of `stale` asks with, for a request that asks `range` (`head`: a
+/// HEAD): the run [`first_run`] would ask, from the first of its slices the cache does not hold —
+/// a 304 brings no body, but an origin that ignores the condition sends the bytes, and those
+/// the cache holds are not asked for again — or the run's last slice when it holds them all.
+pub(super) fn validation_run(
+    inner: &Inner,
+    stale: &Version,
+    range: Option<&RangeRequest>,
+    head: bool,
+) -> RangeSpec {
+    let run = first_run(range, head, stale.slice_size);
+    let Some(asked) = run.resolve(stale.len) else { return run };
+    let size = stale.slice_size;
+    let (first, last) = (asked.start() / size, (asked.end() - 1) / size);
+    let from = (first..last).find(|index| !inner.store.has(stale.slice_id(*index))).unwrap_or(last);
+    RangeSpec::Closed { first: from * size, last: stale.slice_range(last).end() - 1 }
+}
+
 /// `range` of `version` from its origin, within `policy` and the `tries` made before: the
 /// exchange, and the byte of the object its body begins at — `range`'s first, or 0 for a version
 /// whose origin ignores ranges, which is asked for whole (and read from the start).
@@ -614,7 +639,7 @@ async fn fetch_version(
     policy: &UpstreamResume,
     tries: &mut Tries,
 ) -> std::result::Result<(Exchange, u64), FetchError> {
-    let pinned = Pinned { etag: &version.etag, len: version.len };
+    let pinned = Pinned { by: version.pin().ok_or(FetchError::Changed)?, len: version.len };
     let (asked, from) = if version.ignores_ranges {
         (ByteRange::whole(version.len), 0)
     } else {

@@ -7,17 +7,25 @@
 //! Everything above (the client's ranges, `If-Range`, resume safety, the stages) works on that
 //! answer as on the origin's, so the cache changes where bytes come from and nothing else.
 //!
-//! - **What is known of an object** ([`Version`]): its strong ETag, length and the header fields
-//!   of the origin's answer, learned from the one request a miss makes — the GET of the first
-//!   slices it needs, whose body fills them — validated with a conditional `HEAD` once stale (or
-//!   at every new download when a route asks), kept beside its slices and in memory. Only what a
-//!   shared cache may keep is cached (RFC 9111 §3, plus a strong ETag, a length, no `Vary` and
-//!   no `Set-Cookie`); anything else goes to the origin as without a cache — the answer to that
-//!   first GET handed to the client as the origin's when it is the client's too.
+//! - **What is known of an object** ([`Version`]): the status, length and header fields of the
+//!   origin's answer, learned from the one request a miss makes — the GET of the first slices
+//!   it needs, with the client's end-to-end fields (not those that name a host, nor `Cookie`),
+//!   whose body fills them — validated once stale (or at every new download when a route asks)
+//!   with the same GET made conditional on the stored ETag and `Last-Modified`, kept beside its
+//!   slices and in memory. Whatever a shared cache may keep is kept (RFC 9111 §3: any validator
+//!   or none, any status with explicit freshness or a heuristically cacheable one), but answers
+//!   with `Vary` or `Set-Cookie`; anything else goes to the origin as without a cache — the
+//!   answer to that first GET handed to the client as the origin's when it is the client's too.
+//!   Stale answers are served only where `max-stale`, `stale-while-revalidate` (one validation
+//!   in the background) or `stale-if-error` allow.
 //! - **Slices** ([`store`]): slice `k` of a version holds its bytes `k·S ..`; a version's slices
-//!   are keyed by its ETag, so slices of two versions never meet in one answer.
+//!   are keyed by its id — its strong ETag, or a name the cache gives a version without one —
+//!   so slices of two versions never meet in one answer. A version's missing slices are fetched
+//!   pinned to it ([`Version::pin`]: `If-Match` on its strong ETag, else `If-Unmodified-Since`
+//!   on a strong `Last-Modified`); a version nothing pins is kept only whole from the answer
+//!   that learned it, and learned again when a slice of it is gone.
 //! - **Fills** ([`fill`]): a missing slice is fetched with the run of missing slices after it
-//!   (up to the request's end) in one ranged origin request, `If-Match` on the version. A slice
+//!   (up to the request's end) in one ranged origin request, pinned to the version. A slice
 //!   being fetched is waited on, and read as it grows, by every request that needs it; a fill
 //!   runs on its own task, so a client that goes away stops nothing others wait on. A fill that
 //!   fails leaves its slice missing (its waiters' answers are cut, never ended short); a changed
@@ -46,11 +54,11 @@ use rangeway_middleware::rfc9110::{
 use rangeway_middleware::rfc9111::{self, Freshness};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use crate::config::{CacheConfig, Revalidate, RouteCache};
 use crate::routes::Route;
-use crate::routes::origin_client::{Exchange, OriginClient};
+use crate::routes::origin_client::{Exchange, OriginClient, Pin};
 use crate::telemetry::metrics::Metrics;
 use fill::Fills;
 pub(crate) use fill::{CacheBody, OutputWriter, Segment};
@@ -80,6 +88,10 @@ pub(crate) enum Outcome {
     Coalesced,
     /// The stored version was validated with the origin first.
     Revalidated,
+    /// The stored version, stale, served as its directives allow: while it is validated in the
+    /// background (`stale-while-revalidate`), or because its validation failed
+    /// (`stale-if-error`).
+    Stale,
     /// Not for the cache (why, below): asked of the origin as without one.
     Bypass(Bypass),
 }
@@ -107,6 +119,7 @@ impl Outcome {
             Self::Miss => "miss",
             Self::Coalesced => "coalesced",
             Self::Revalidated => "revalidated",
+            Self::Stale => "stale",
             Self::Bypass(Bypass::Request) => "bypass_request",
             Self::Bypass(Bypass::Uncacheable) => "bypass_uncacheable",
             Self::Bypass(Bypass::Origin) => "bypass_origin",
@@ -136,8 +149,14 @@ pub(crate) struct Version {
     /// The upstream target (path and query) of the object; for a transformed representation of
     /// it, followed by a space and the chain's identity (a target holds no space).
     target: String,
-    /// Strong, quotes included.
-    etag: String,
+    /// Its name among the object's versions, by which its slices are kept: its strong ETag,
+    /// quotes included — what a download pinned to it names — or, without one, a name the cache
+    /// gives it (`~` and 32 hex digits), so that its slices meet no other version's whatever
+    /// else the origin says of it.
+    id: String,
+    /// The status it answers with: 200 for an object's bytes, or another kept whole (a 404, a
+    /// 301 with explicit freshness...), whose body its slices hold.
+    status: StatusCode,
     len: u64,
     slice_size: u64,
     /// The origin's answer's end-to-end fields, without its length and range.
@@ -150,6 +169,24 @@ pub(crate) struct Version {
 }
 
 impl Version {
+    /// What a fetch of a range of it is pinned by, when its slices can be fetched apart: its
+    /// strong ETag, else its `Last-Modified` when that is a strong validator (RFC 9110 §8.8.2.2:
+    /// a minute or more before its `Date`). `None` for a version nothing pins, or that is no
+    /// object's bytes (another status): all of it came with the answer that learned it, and a
+    /// slice of it missing means learning it again.
+    fn pin(&self) -> Option<Pin<'_>> {
+        if self.status != StatusCode::OK {
+            return None;
+        }
+        if self.id.starts_with('"') {
+            return Some(Pin::ETag(&self.id));
+        }
+        let (modified, date) = (self.validators.last_modified?, self.freshness.date?);
+        let strong = date.duration_since(modified).is_ok_and(|d| d >= Duration::from_secs(60));
+        let written = self.headers.get(header::LAST_MODIFIED)?.to_str().ok()?;
+        strong.then_some(Pin::LastModified(written))
+    }
+
     fn slices(&self) -> u64 {
         self.len.div_ceil(self.slice_size)
     }
@@ -169,7 +206,8 @@ impl Version {
             v: META_FORMAT,
             upstream: self.upstream.clone(),
             target: self.target.clone(),
-            etag: self.etag.clone(),
+            id: self.id.clone(),
+            status: self.status.as_u16(),
             len: self.len,
             slice_size: self.slice_size,
             headers: self
@@ -197,11 +235,12 @@ impl Version {
         let at = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
         let freshness = Freshness::of(&headers, at(meta.request_time), at(meta.response_time));
         Some(Self {
-            key: VersionKey::of(&meta.upstream, &meta.target, &meta.etag, slice_size),
+            key: VersionKey::of(&meta.upstream, &meta.target, &meta.id, slice_size),
             validators: crate::range::validators(&headers),
+            status: StatusCode::from_u16(meta.status).ok()?,
             upstream: meta.upstream,
             target: meta.target,
-            etag: meta.etag,
+            id: meta.id,
             len: meta.len,
             slice_size,
             headers,
@@ -217,7 +256,12 @@ struct Meta {
     v: u32,
     upstream: String,
     target: String,
-    etag: String,
+    /// The version's id ([`Version::id`]), under the name it had when only strong ETags were.
+    #[serde(rename = "etag")]
+    id: String,
+    /// Absent from what was written before other statuses were kept: 200.
+    #[serde(default = "ok")]
+    status: u16,
     len: u64,
     slice_size: u64,
     headers: Vec<(String, String)>,
@@ -229,11 +273,21 @@ struct Meta {
     ignores_ranges: bool,
 }
 
+const fn ok() -> u16 {
+    200
+}
+
 /// What the cache has for a request: a version to answer from, and how it was had; or the
 /// origin's answer to the request that would have learned one.
 enum Found {
     Version(Arc<Version>, Had),
-    Answer { header: Box<ResponseHeader>, exchange: Box<Exchange>, why: Bypass },
+    Answer {
+        header: Box<ResponseHeader>,
+        exchange: Box<Exchange>,
+        why: Bypass,
+    },
+    /// Nothing stored may answer a request that says `only-if-cached`.
+    NotStored,
 }
 
 /// How a request had the version it is answered from.
@@ -245,6 +299,8 @@ enum Had {
     Validated,
     /// Learned by this request, whose answer from the origin fills the first slices.
     Learned,
+    /// Known, stale, and served so (see [`Outcome::Stale`]).
+    Stale,
 }
 
 /// Whether a request learns an object or waits for another that does.
@@ -308,6 +364,9 @@ struct Inner {
     /// Objects being learned or validated (a request to the origin in flight): others wait for
     /// it rather than ask too.
     learning: Mutex<HashMap<(String, String), watch::Receiver<bool>>>,
+    /// The request fields each object's answers vary by, lower case, where its last stored
+    /// answer said `Vary`: its versions are kept apart by their values ([`variant`]).
+    varies: Mutex<HashMap<(String, String), Vec<String>>>,
     fills: Fills,
     metrics: Arc<Metrics>,
     /// A write failed: logged once.
@@ -355,12 +414,14 @@ impl SliceCache {
         );
         metrics.cache_enabled(true);
         let uncacheable = usize::try_from(config.max_entries).unwrap_or(usize::MAX);
+        let varies = Mutex::new(varies_of(&store));
         Some(Self {
             inner: Arc::new(Inner {
                 store,
                 slice_size: config.slice_size,
                 uncacheable: Mutex::new(Uncacheable::new(uncacheable)),
                 learning: Mutex::new(HashMap::new()),
+                varies,
                 fills: Fills::default(),
                 metrics: Arc::clone(metrics),
                 write_failed: AtomicBool::new(false),
@@ -384,10 +445,15 @@ impl SliceCache {
         let Some(asked) = Asked::of(request, authorized, policy) else {
             return CacheAnswer::Bypass(Bypass::Request);
         };
-        let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
-        let object = (route.upstream.name().to_owned(), target.to_owned());
         let Some(base) = origin_request(route, request, replica, authorized) else {
             return CacheAnswer::Bypass(Bypass::Request);
+        };
+        let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
+        let object = (route.upstream.name().to_owned(), target.to_owned());
+        let names = inner.varies.lock().unwrap_or_else(|p| p.into_inner()).get(&object).cloned();
+        let object = match names {
+            Some(names) => (object.0, variant(target, &names, &base.headers)),
+            None => object,
         };
         let fetch = fill::Fetch {
             origin: Arc::clone(origin),
@@ -401,6 +467,15 @@ impl SliceCache {
             Ok(Found::Answer { header, exchange, why }) => {
                 return CacheAnswer::Origin { header, exchange, why };
             }
+            Ok(Found::NotStored) => {
+                let Ok(mut header) = ResponseHeader::build(StatusCode::GATEWAY_TIMEOUT, Some(1))
+                else {
+                    return CacheAnswer::Bypass(Bypass::Request);
+                };
+                let _ = header.insert_header(header::CONTENT_LENGTH, 0);
+                let (header, outcome) = (Box::new(header), Outcome::Miss);
+                return CacheAnswer::Served { header, body: None, outcome };
+            }
             Err(bypass) => return CacheAnswer::Bypass(bypass),
         };
         let now = SystemTime::now();
@@ -409,14 +484,15 @@ impl SliceCache {
             Err(bypass) => return CacheAnswer::Bypass(bypass),
         };
         let range = match header.status.as_u16() {
-            200 => ByteRange::whole(version.len),
             206 => crate::range::body_range(206, &header.headers).unwrap_or(NOTHING),
+            _ if header.status == version.status => ByteRange::whole(version.len),
             _ => NOTHING,
         };
         let outcome = match had {
             Had::Known => Outcome::Hit,
             Had::Validated => Outcome::Revalidated,
             Had::Learned => Outcome::Miss,
+            Had::Stale => Outcome::Stale,
         };
         if request.method == Method::HEAD || range.is_empty() {
             return CacheAnswer::Served { header: Box::new(header), body: None, outcome };
@@ -446,7 +522,7 @@ impl SliceCache {
         let inner = &self.inner;
         let object = (upstream.to_owned(), format!("{target} {identity}"));
         if let Some(version) = inner.store.current(&object)
-            && version.etag == etag
+            && version.id == etag
             && version.len == len
         {
             return version;
@@ -457,7 +533,8 @@ impl SliceCache {
             key: VersionKey::of(&object.0, &object.1, etag, inner.slice_size),
             upstream: object.0.clone(),
             target: object.1.clone(),
-            etag: etag.to_owned(),
+            id: etag.to_owned(),
+            status: StatusCode::OK,
             len,
             slice_size: inner.slice_size,
             freshness: Freshness::of(&headers, now, now),
@@ -505,9 +582,9 @@ impl SliceCache {
             .filter(|v| selected.picks(&v.upstream, &v.target))
             .map(|v| CachedObject {
                 upstream: v.upstream.clone(),
-                target: v.target.split(' ').next().unwrap_or_default().to_owned(),
+                target: v.target.split([' ', '\t']).next().unwrap_or_default().to_owned(),
                 representation: v.target.split_once(' ').map(|(_, chain)| chain.to_owned()),
-                etag: v.etag.clone(),
+                etag: v.id.clone(),
                 len: v.len,
                 slice_size: v.slice_size,
                 slices: self.inner.store.slices_of(v.key),
@@ -537,7 +614,7 @@ pub(crate) enum Selection {
 
 impl Selection {
     fn picks(&self, upstream: &str, target: &str) -> bool {
-        let target = target.split(' ').next().unwrap_or_default();
+        let target = target.split([' ', '\t']).next().unwrap_or_default();
         match self {
             Self::Object { upstream: u, path } => {
                 u == upstream
@@ -588,6 +665,8 @@ struct Asked {
     pinned: Option<String>,
     /// Whether the route validates every new download.
     each_download: bool,
+    /// `only-if-cached`: answered from what is stored, or 504 (RFC 9111 §5.2.1.7).
+    only_if_cached: bool,
 }
 
 impl Asked {
@@ -600,7 +679,8 @@ impl Asked {
         if authorized && !policy.authorized {
             return None;
         }
-        if rfc9111::CacheControl::of(headers).no_store {
+        let control = rfc9111::CacheControl::of(headers);
+        if control.no_store {
             return None;
         }
         let range = match parse_range_header(headers, &RangeLimits::with_max_ranges(1)) {
@@ -613,7 +693,8 @@ impl Asked {
             .filter_map(|name| headers.get(name)?.to_str().ok())
             .find(|value| value.starts_with('"') && !value.contains(','))
             .map(str::to_owned);
-        Some(Self { range, pinned, each_download: policy.revalidate == Revalidate::EachDownload })
+        let each_download = policy.revalidate == Revalidate::EachDownload;
+        Some(Self { range, pinned, each_download, only_if_cached: control.only_if_cached })
     }
 }
 
@@ -626,48 +707,51 @@ impl Inner {
             return Err(Bypass::Uncacheable);
         }
         let now = SystemTime::now();
-        let stale = match self.store.current(object) {
+        let stale = match self.usable(object) {
             Some(version) => {
-                let pinned = asked.pinned.as_deref() == Some(version.etag.as_str());
-                let fresh = version.freshness.serves_unvalidated(&request.headers, now)
-                    && !asked.each_download;
-                if pinned || fresh {
+                let pinned = asked.pinned.as_deref() == Some(version.id.as_str());
+                let freshness = &version.freshness;
+                let fresh = freshness.serves_unvalidated(&request.headers, now);
+                if pinned || (fresh && !asked.each_download) {
                     return Ok(Found::Version(version, Had::Known));
+                }
+                if !asked.each_download
+                    && freshness.serves_while_revalidating(&request.headers, now)
+                {
+                    self.validate_behind(ask, Arc::clone(&version));
+                    return Ok(Found::Version(version, Had::Stale));
                 }
                 Some(version)
             }
             None => None,
         };
-        // One request learns an object at a time; the others wait for it.
-        let turn = {
-            let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
-            match learning.get(object) {
-                Some(receiver) => Turn::Wait(receiver.clone()),
-                None => {
-                    let (done, receiver) = watch::channel(false);
-                    learning.insert(object.clone(), receiver);
-                    Turn::Learn(done)
-                }
-            }
-        };
-        match turn {
+        if asked.only_if_cached {
+            return Ok(Found::NotStored);
+        }
+        match self.turn(object) {
             Turn::Learn(done) => {
-                let found = match stale {
-                    Some(stale) => {
-                        let validated = self.validate(ask, &stale).await;
-                        validated.map(|version| Found::Version(version, Had::Validated))
-                    }
-                    None => self.learn(ask, asked).await,
-                };
+                let found = self.learn(ask, asked, stale.as_deref()).await;
                 self.learning.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
                 let _ = done.send(true);
-                found
+                let failed = match &found {
+                    Err(why) => *why == Bypass::Origin,
+                    Ok(Found::Answer { header, .. }) => header.status.is_server_error(),
+                    Ok(Found::Version(..) | Found::NotStored) => false,
+                };
+                match stale {
+                    Some(stale)
+                        if failed && stale.freshness.serves_on_error(&request.headers, now) =>
+                    {
+                        Ok(Found::Version(stale, Had::Stale))
+                    }
+                    _ => found,
+                }
             }
             Turn::Wait(mut receiver) => {
                 let _ = receiver.wait_for(|done| *done).await;
                 // What it learned holds for this request too, however strict the route: it
                 // was validated a moment ago.
-                if let Some(version) = self.store.current(object) {
+                if let Some(version) = self.usable(object) {
                     return Ok(Found::Version(version, Had::Known));
                 }
                 let uncacheable =
@@ -677,15 +761,82 @@ impl Inner {
         }
     }
 
-    /// Learns the object with one request: the GET of the first run of slices the request needs
-    /// ([`fill::first_run`]). An answer the cache may keep becomes the version, and its body fills
-    /// those slices ([`fill::fill_from`]): a 206, its length from `Content-Range`; a 200, the
-    /// whole object from an origin that ignores ranges. Any other is not kept ([`Self::not_kept`]).
-    async fn learn(self: &Arc<Self>, ask: &Ask<'_>, asked: &Asked) -> Result<Found, Bypass> {
+    /// Whether a request learns `object` or waits for another that does: one request learns an
+    /// object at a time.
+    fn turn(&self, object: &(String, String)) -> Turn {
+        let mut learning = self.learning.lock().unwrap_or_else(|p| p.into_inner());
+        match learning.get(object) {
+            Some(receiver) => Turn::Wait(receiver.clone()),
+            None => {
+                let (done, receiver) = watch::channel(false);
+                learning.insert(object.clone(), receiver);
+                Turn::Learn(done)
+            }
+        }
+    }
+
+    /// Validates `stale` on a task of its own, which the request that served it stale does not
+    /// wait for (`stale-while-revalidate`, RFC 5861 §3) — unless a request is learning its object
+    /// already: one validation at a time.
+    fn validate_behind(self: &Arc<Self>, ask: &Ask<'_>, stale: Arc<Version>) {
+        let Turn::Learn(done) = self.turn(&ask.object) else { return };
+        let inner = Arc::clone(self);
+        let (route, request) = (Arc::clone(ask.route), ask.request.clone());
+        let (fetch, replica, object) = (ask.fetch.clone(), ask.replica, ask.object.clone());
+        let behind = async move {
+            let ask = Ask { route: &route, request: &request, fetch: &fetch, replica, object };
+            let asked =
+                Asked { range: None, pinned: None, each_download: false, only_if_cached: false };
+            // A body the answer brings fills slices on tasks of their own.
+            let _ = inner.learn(&ask, &asked, Some(&stale)).await;
+            inner.learning.lock().unwrap_or_else(|p| p.into_inner()).remove(&ask.object);
+            let _ = done.send(true);
+        };
+        tokio::spawn(behind.in_current_span());
+    }
+
+    /// The object's current version, when it can answer: one whose slices cannot be fetched
+    /// apart ([`Version::pin`]) only while each of them is kept or being filled — else it is
+    /// dropped, to be learned again.
+    fn usable(&self, object: &(String, String)) -> Option<Arc<Version>> {
+        let version = self.store.current(object)?;
+        if version.pin().is_some() {
+            return Some(version);
+        }
+        let whole = (0..version.slices()).all(|index| {
+            let id = version.slice_id(index);
+            self.fills.filling(id) || self.store.has(id)
+        });
+        if whole {
+            return Some(version);
+        }
+        self.store.remove_version(version.key);
+        None
+    }
+
+    /// Asks the origin for the object with one request, the GET of the first run of slices the
+    /// request needs ([`fill::first_run`]) — conditional on `stale`'s validators when a stored
+    /// version is validated — and records the answer. A 304 validates `stale`
+    /// ([`Self::validated`]). An answer the cache may keep becomes the version, and its body fills
+    /// those slices ([`fill::fill_from`]): a 206, its length from `Content-Range`; a 200 from an
+    /// origin that ignores ranges, or another status kept, whole. Any other is not kept
+    /// ([`Self::not_kept`]).
+    async fn learn(
+        self: &Arc<Self>,
+        ask: &Ask<'_>,
+        asked: &Asked,
+        stale: Option<&Version>,
+    ) -> Result<Found, Bypass> {
         let Ask { route, request, fetch, replica, object } = ask;
         let mut get = RequestHeader::clone(&fetch.base);
         let head = request.method == Method::HEAD;
-        let run = fill::first_run(asked.range.as_ref(), head, self.slice_size);
+        let run = match stale {
+            Some(stale) => {
+                conditional_on(&mut get, stale).ok_or(Bypass::Request)?;
+                fill::validation_run(self, stale, asked.range.as_ref(), head)
+            }
+            None => fill::first_run(asked.range.as_ref(), head, self.slice_size),
+        };
         get.insert_header(header::RANGE, run.header_value()).map_err(|_| Bypass::Request)?;
         let asked_at = SystemTime::now();
         let exchange = fetch
@@ -695,29 +846,46 @@ impl Inner {
             .map_err(|_| Bypass::Origin)?;
         let times = (asked_at, SystemTime::now());
         let answer = exchange.session.response_header().cloned().ok_or(Bypass::Origin)?;
+        if let Some(stale) = stale
+            && answer.status == StatusCode::NOT_MODIFIED
+        {
+            fetch.origin.release(exchange).await;
+            let version = self.validated(stale, &answer, times)?;
+            return Ok(Found::Version(version, Had::Validated));
+        }
         let got = match answer.status.as_u16() {
-            206 => partial(&answer),
-            200 => crate::range::content_length(&answer.headers)
-                .map(|len| (ByteRange::whole(len), len)),
-            _ => None,
+            206 => partial(&answer).map(|got| (got, StatusCode::OK, false)),
+            204 => Some(((NOTHING, 0), answer.status, true)),
+            _ => crate::range::content_length(&answer.headers)
+                .map(|len| ((ByteRange::whole(len), len), answer.status, true)),
         };
-        let ignores_ranges = answer.status == StatusCode::OK;
-        let kept = got.and_then(|(got, len)| {
-            Some((got, self.kept_version(ask, &answer, Some(len), times, ignores_ranges)?))
+        let kept = got.and_then(|((got, len), status, ignores_ranges)| {
+            let version = self.kept_version(ask, &answer, (status, len), times, ignores_ranges)?;
+            // All of a version nothing pins comes in this answer, or it is not kept.
+            (version.pin().is_some() || got == ByteRange::whole(len)).then_some((got, version))
         });
         let Some((got, version)) = kept else { return self.not_kept(ask, &answer, exchange) };
         let version = Arc::new(version);
         self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
         self.keep(Arc::clone(&version));
-        fill::fill_from(self, &version, exchange, got, fetch);
-        Ok(Found::Version(version, Had::Learned))
+        if got.is_empty() {
+            fetch.origin.release(exchange).await;
+        } else {
+            fill::fill_from(self, &version, exchange, got, fetch);
+        }
+        let had = if stale.is_some_and(|stale| stale.key == version.key) {
+            Had::Validated
+        } else {
+            Had::Learned
+        };
+        Ok(Found::Version(version, had))
     }
 
     /// The answer to the request that would have learned the object, not kept. The object is
-    /// remembered as one whose answers may not be cached (not after a 5xx, or a 416 to a range
-    /// the cache chose: asked again next time). The answer is the client's when nothing of the
-    /// client's request could have changed it ([`handover`]); else the client's own request goes
-    /// to the origin.
+    /// remembered as one whose answers may not be cached, and a version stored before is dropped
+    /// (not after a 5xx, or a 416 to a range the cache chose: asked again next time). The answer
+    /// is the client's when nothing of the client's request could have changed it
+    /// ([`handover`]); else the client's own request goes to the origin.
     fn not_kept(
         &self,
         ask: &Ask<'_>,
@@ -727,6 +895,7 @@ impl Inner {
         let status = answer.status.as_u16();
         let (failed, refused) = (status >= 500, status == 416);
         if !failed && !refused {
+            self.store.remove_object(&ask.object);
             let mut uncacheable = self.uncacheable.lock().unwrap_or_else(|p| p.into_inner());
             uncacheable.insert(ask.object.clone());
         }
@@ -742,85 +911,51 @@ impl Inner {
         Err(why)
     }
 
-    /// Validates `stale` with a conditional HEAD (`If-None-Match` on its ETag) and records the
-    /// answer: the same version with the fields the origin says now, another version, or an
-    /// object whose answers may not be cached.
-    async fn validate(
-        self: &Arc<Self>,
-        ask: &Ask<'_>,
+    /// `stale`, which a 304 (`answer`, asked and received at `times`) says is still the
+    /// origin's: the same version and slices with the fields the origin says now (RFC 9111
+    /// §4.3.4). A 304 that names another strong ETag validates nothing: the object is dropped.
+    fn validated(
+        &self,
         stale: &Version,
+        answer: &ResponseHeader,
+        (asked_at, answered_at): (SystemTime, SystemTime),
     ) -> Result<Arc<Version>, Bypass> {
-        let Ask { route, fetch, replica, object, .. } = ask;
-        let replica = *replica;
-        let mut head = RequestHeader::clone(&fetch.base);
-        head.set_method(Method::HEAD);
-        let _ = head.insert_header(header::IF_NONE_MATCH, stale.etag.as_str());
-        let asked_at = SystemTime::now();
-        let exchange = fetch
-            .origin
-            .send(&route.upstream, replica, head, "head")
-            .await
-            .map_err(|_| Bypass::Origin)?;
-        let answered_at = SystemTime::now();
-        let answer = exchange.session.response_header().cloned();
-        fetch.origin.release(exchange).await;
-        let answer = answer.ok_or(Bypass::Origin)?;
-        let status = answer.status.as_u16();
-        if status >= 500 {
-            route.upstream.failed(replica);
+        if let Some(etag) = crate::range::strong_etag(&answer.headers)
+            && stale.id.starts_with('"')
+            && etag != stale.id
+        {
+            self.store.remove_version(stale.key);
             return Err(Bypass::Origin);
         }
-        let same =
-            answer.headers.get(header::ETAG).is_some_and(|v| v.as_bytes() == stale.etag.as_bytes());
-        if status == 304 || (status == 200 && same) {
-            // Still the same version: its fields as the origin says them now (RFC 9111 §4.3.4).
-            let mut headers = stale.headers.clone();
-            rfc9111::update_stored(&mut headers, &stored_fields(&answer.headers));
-            let version = Arc::new(Version {
-                key: stale.key,
-                upstream: stale.upstream.clone(),
-                target: stale.target.clone(),
-                etag: stale.etag.clone(),
-                len: stale.len,
-                slice_size: stale.slice_size,
-                freshness: Freshness::of(&headers, asked_at, answered_at),
-                validators: crate::range::validators(&headers),
-                headers,
-                ignores_ranges: stale.ignores_ranges,
-            });
-            self.keep(Arc::clone(&version));
-            return Ok(version);
-        }
-        // Another version, known from the HEAD alone: whether its origin serves ranges is what
-        // it says (RFC 9110 §14.3); S3's GetObject serves them whether a store says so or not.
-        let ranges = route.upstream.is_s3()
-            || answer.headers.get_all(header::ACCEPT_RANGES).iter().any(|value| {
-                value.to_str().is_ok_and(|units| {
-                    units.split(',').any(|unit| unit.trim().eq_ignore_ascii_case("bytes"))
-                })
-            });
-        let len = crate::range::content_length(&answer.headers);
-        let times = (asked_at, answered_at);
-        let kept = (status == 200).then(|| self.kept_version(ask, &answer, len, times, !ranges));
-        let Some(version) = kept.flatten() else {
-            self.store.remove_object(object);
-            self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).insert(object.clone());
-            return Err(if status == 200 { Bypass::Uncacheable } else { Bypass::Origin });
-        };
-        let version = Arc::new(version);
+        let mut headers = stale.headers.clone();
+        rfc9111::update_stored(&mut headers, &stored_fields(&answer.headers));
+        let version = Arc::new(Version {
+            key: stale.key,
+            upstream: stale.upstream.clone(),
+            target: stale.target.clone(),
+            id: stale.id.clone(),
+            status: stale.status,
+            len: stale.len,
+            slice_size: stale.slice_size,
+            freshness: Freshness::of(&headers, asked_at, answered_at),
+            validators: crate::range::validators(&headers),
+            headers,
+            ignores_ranges: stale.ignores_ranges,
+        });
         self.keep(Arc::clone(&version));
         Ok(version)
     }
 
     /// The version `answer` — the origin's to the cache's request for `ask`'s object, asked and
-    /// received at `times` — describes, `len` bytes long, when a shared cache may keep it (RFC
-    /// 9111 §3) and the slice cache can: a strong ETag and a length, no `Vary` (an answer that
-    /// depends on request fields the cache does not key by), no `Set-Cookie` (one client's).
+    /// received at `times` — describes, answering with `status` and `len` bytes long, when a
+    /// shared cache may keep it (RFC 9111 §3): whatever its validators, but without `Vary` (an
+    /// answer that depends on request fields the cache does not key by) or `Set-Cookie` (one
+    /// client's).
     fn kept_version(
         &self,
         ask: &Ask<'_>,
         answer: &ResponseHeader,
-        len: Option<u64>,
+        (status, len): (StatusCode, u64),
         (asked_at, answered_at): (SystemTime, SystemTime),
         ignores_ranges: bool,
     ) -> Option<Version> {
@@ -829,18 +964,42 @@ impl Inner {
         let mut asked = ask.request.headers.clone();
         asked.remove(header::AUTHORIZATION);
         let fields = &answer.headers;
+        // Kept apart by the fields it varies by, when each reaches the origin as the client sent
+        // it (or as identity coding, which every client takes): `*`, or a `Cookie` the cache
+        // does not send, could not be told apart.
+        let varies = varies_by(fields).filter(|names| names.iter().all(|n| keyable(n)))?;
         let storable = rfc9111::storable(&Method::GET, &asked, answer.status, fields).is_ok()
-            && !fields.contains_key(header::SET_COOKIE)
-            && !fields.contains_key(header::VARY);
-        let etag = crate::range::strong_etag(fields).filter(|_| storable)?;
+            && !fields.contains_key(header::SET_COOKIE);
+        if !storable {
+            return None;
+        }
         let (upstream, target) = &ask.object;
+        let object = target.split('\t').next().unwrap_or_default();
+        let names: Vec<String> = varies.iter().map(|name| name.to_ascii_lowercase()).collect();
+        let target = if names.is_empty() {
+            object.to_owned()
+        } else {
+            variant(object, &names, &ask.fetch.base.headers)
+        };
+        let mut varying = self.varies.lock().unwrap_or_else(|p| p.into_inner());
+        let base = (upstream.clone(), object.to_owned());
+        match names.is_empty() {
+            true => varying.remove(&base),
+            false => varying.insert(base, names),
+        };
+        drop(varying);
+        let id = match crate::range::strong_etag(fields).filter(|_| status == StatusCode::OK) {
+            Some(etag) => etag.to_owned(),
+            None => unpinned_id()?,
+        };
         let headers = stored_fields(fields);
         Some(Version {
-            key: VersionKey::of(upstream, target, etag, self.slice_size),
+            key: VersionKey::of(upstream, &target, &id, self.slice_size),
             upstream: upstream.clone(),
-            target: target.clone(),
-            etag: etag.to_owned(),
-            len: len?,
+            target,
+            id,
+            status,
+            len,
             slice_size: self.slice_size,
             freshness: Freshness::of(&headers, asked_at, answered_at),
             validators: crate::range::validators(&headers),
@@ -893,6 +1052,14 @@ impl Inner {
                 .map_err(|_| Bypass::Request)?;
             Ok(response)
         };
+        if version.status != StatusCode::OK {
+            // Preconditions and ranges are of a 200's representation (RFC 9110 §13.2.1, §14.2).
+            let mut response = build(version.status)?;
+            if version.status != StatusCode::NO_CONTENT {
+                let _ = response.insert_header(header::CONTENT_LENGTH, version.len);
+            }
+            return Ok(response);
+        }
         match evaluate_preconditions(&request.method, &request.headers, &version.validators) {
             Precondition::Failed => {
                 let mut response = build(StatusCode::PRECONDITION_FAILED)?;
@@ -941,14 +1108,19 @@ impl Inner {
     }
 }
 
-/// The request the cache asks the origin with for the object `request` targets, made for
-/// `replica`: the target and the upstream's `Host` — what its answer is kept by — and nothing of
-/// the client's. An origin that answered by a client's field (`X-Forwarded-Host`, `Cookie`,
-/// `User-Agent`...) would have that client's answer stored and served to every other one. One
-/// exception: the client's `Authorization` (`authorized`) on a route that says such answers may
-/// be shared (`cache = { authorized = true }`): the origin needs it to answer at all, and the
-/// route vouches that its answer is the same for every client. An S3 upstream's signature is
-/// rangeway's own, made again for each request.
+/// The request the cache asks the origin with for the object `request` — the request the relay
+/// planned for a client — targets, made for `replica`: the client's end-to-end fields, so that
+/// the origin answers as it would have answered the client and an answer that depends on them
+/// says so (`Vary`, which the cache honours: RFC 9111 §4.1); less what the cache asks itself
+/// (the range, the conditions, one coding for every client), and less what would let one
+/// client's request choose what others are served by fields an origin reads without naming
+/// them in `Vary`: every field that names a host or a scheme (an origin that builds links from
+/// `X-Forwarded-Host`, say, would have a hostile client's stored) and `Cookie` (one user's; an
+/// answer to a request with one is never handed to another, [`handover`]). The upstream's
+/// `Host` is its own. One exception: the client's `Authorization` (`authorized`) on a route
+/// that says such answers may be shared (`cache = { authorized = true }`): the origin needs it
+/// to answer at all, and the route vouches that its answer is the same for every client. An S3
+/// upstream's signature is rangeway's own, made again for each request.
 fn origin_request(
     route: &Route,
     request: &RequestHeader,
@@ -957,6 +1129,10 @@ fn origin_request(
 ) -> Option<RequestHeader> {
     let target = request.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut base = route.upstream.request("GET", target, replica).ok()?;
+    let own = request.headers.iter().filter(|(name, _)| !not_forwarded(name.as_str()));
+    for (name, value) in own {
+        base.append_header(name.clone(), value.clone()).ok()?;
+    }
     // One representation is kept for every client: the object's own bytes, not an encoding of
     // them some client accepts (RFC 9110 §12.5.3: without the field, any coding would do).
     base.insert_header(header::ACCEPT_ENCODING, "identity").ok()?;
@@ -964,6 +1140,27 @@ fn origin_request(
         base.insert_header(header::AUTHORIZATION, credentials.clone()).ok()?;
     }
     Some(base)
+}
+
+/// Makes `request` a validation of `stale` (RFC 9111 §4.3.1): `If-None-Match` with its ETag,
+/// strong or weak, and `If-Modified-Since` with its `Last-Modified`, whichever it has.
+fn conditional_on(request: &mut RequestHeader, stale: &Version) -> Option<()> {
+    for (validator, condition) in
+        [(header::ETAG, header::IF_NONE_MATCH), (header::LAST_MODIFIED, header::IF_MODIFIED_SINCE)]
+    {
+        if let Some(value) = stale.headers.get(&validator) {
+            request.insert_header(condition, value.clone()).ok()?;
+        }
+    }
+    Some(())
+}
+
+/// A name for a version without a strong ETag ([`Version::id`]): new each time, so that the
+/// slices of one answer are never taken for another's.
+fn unpinned_id() -> Option<String> {
+    let mut random = [0u8; 16];
+    getrandom::fill(&mut random).ok()?;
+    Some(format!("~{}", crate::fingerprint::hex(&random, random.len())))
 }
 
 /// The bytes a 206 carries and the object's length, as its `Content-Range` states them.
@@ -976,16 +1173,17 @@ fn partial(response: &ResponseHeader) -> Option<(ByteRange, u64)> {
 /// the pipeline shapes for the client as any origin's (the client's range cut from it, its
 /// preconditions evaluated). Only when nothing of the client's request could have changed it:
 /// the client sent no `Cookie` (the cache's request never carries one), and each field the
-/// answer's `Vary` names is the same in both requests ([`same_variant`]). And only when it
+/// answer's `Vary` names is the same in both requests ([`same_fields`]; `Vary: *` too, the
+/// cache's request having been made for this client's). And only when it
 /// holds what the client's answer needs: any status but 304, 412 and 416 (answers to conditions
 /// or a range the client did not send); on a route whose stages do not change bytes, a 200, a 206
 /// of the whole object (as the 200 it is; for a HEAD any 206, whose header is what the HEAD
 /// wants), or a 206 holding the one range asked for, without `If-Range`.
 fn handover(ask: &Ask<'_>, answer: &ResponseHeader) -> Option<ResponseHeader> {
     let request = ask.request;
-    if request.headers.contains_key(header::COOKIE)
-        || !same_variant(&answer.headers, &ask.fetch.base.headers, &request.headers)
-    {
+    let same = varies_by(&answer.headers)
+        .is_none_or(|names| same_fields(&names, &ask.fetch.base.headers, &request.headers));
+    if request.headers.contains_key(header::COOKIE) || !same {
         return None;
     }
     match answer.status.as_u16() {
@@ -1011,28 +1209,88 @@ fn handover(ask: &Ask<'_>, answer: &ResponseHeader) -> Option<ResponseHeader> {
     (holds && !request.headers.contains_key(header::IF_RANGE)).then(|| answer.clone())
 }
 
-/// Whether an answer with the fields `answer` to a request with the fields `asked` is one to a
-/// request with the fields `other` too, by its `Vary` (RFC 9111 §4.1): each field it names has
-/// the same values in both (absent from both included); `*` never matches.
-fn same_variant(answer: &HeaderMap, asked: &HeaderMap, other: &HeaderMap) -> bool {
-    answer.get_all(header::VARY).iter().all(|line| {
-        line.to_str().is_ok_and(|names| {
-            names.split(',').map(str::trim).filter(|name| !name.is_empty()).all(|name| {
-                name != "*" && asked.get_all(name).iter().eq(other.get_all(name).iter())
-            })
-        })
-    })
+/// The request fields an answer with the fields `answer` varies by (its `Vary`, RFC 9111
+/// §4.1), as written; `None` for `*` (or a line that is no text): by more than fields say.
+fn varies_by(answer: &HeaderMap) -> Option<Vec<&str>> {
+    let mut names = Vec::new();
+    for line in answer.get_all(header::VARY) {
+        for name in line.to_str().ok()?.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "*" {
+                return None;
+            }
+            names.push(name);
+        }
+    }
+    Some(names)
+}
+
+/// Whether the request field `name` reaches the origin, in the cache's request, as the client
+/// sent it — or, for `Accept-Encoding`, as identity coding, which every client takes — so that
+/// answers varying by it can be kept apart by its value ([`origin_request`]).
+fn keyable(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name == "accept-encoding" || !not_forwarded(&name)
+}
+
+/// Whether the cache's request leaves out, or sets itself, the client's field `name` (lower
+/// case): the range and the conditions, `Cookie`, `Authorization`, and every field that names a
+/// host or a scheme ([`origin_request`]).
+fn not_forwarded(name: &str) -> bool {
+    const NOT_ASKED: [&str; 12] = [
+        "host",
+        "range",
+        "if-range",
+        "if-match",
+        "if-none-match",
+        "if-modified-since",
+        "if-unmodified-since",
+        "cookie",
+        "authorization",
+        "forwarded",
+        "accept-encoding",
+        "via",
+    ];
+    NOT_ASKED.contains(&name) || name.starts_with("x-forwarded-") || name.ends_with("-host")
+}
+
+/// The key of the variant of the object at `target` that a request with the fields `asked`
+/// selects, by the fields `names` (lower case) its answers vary by: the target, a tab (which a
+/// target never holds) and a digest of each name's values.
+fn variant(target: &str, names: &[String], asked: &HeaderMap) -> String {
+    let values = names.iter().flat_map(|name| {
+        let lines = asked.get_all(name.as_str()).iter().map(HeaderValue::as_bytes);
+        std::iter::once(name.as_bytes()).chain(lines).chain(std::iter::once(&b"\n"[..]))
+    });
+    let digest = crate::fingerprint::digest(values);
+    format!("{target}\t{}", crate::fingerprint::hex(&digest, 16))
+}
+
+/// The fields each object's stored answers vary by, from the versions a previous run left.
+fn varies_of(store: &SliceStore) -> HashMap<(String, String), Vec<String>> {
+    let varying = store.versions().into_iter().filter_map(|version| {
+        let (object, _) = version.target.split_once('\t')?;
+        let names = varies_by(&version.headers)?;
+        let names = names.iter().map(|name| name.to_ascii_lowercase()).collect();
+        Some(((version.upstream.clone(), object.to_owned()), names))
+    });
+    varying.collect()
+}
+
+/// Whether each field of `names` has the same values in the requests with fields `one` and
+/// `other` (absent from both included).
+fn same_fields(names: &[&str], one: &HeaderMap, other: &HeaderMap) -> bool {
+    names.iter().all(|name| one.get_all(*name).iter().eq(other.get_all(*name).iter()))
 }
 
 /// The fields of an origin's answer the cache keeps: its end-to-end ones — not those of its
 /// connection, the fields its `Connection` names included (RFC 9110 §7.6.1) — without those that
-/// describe one message (length, range, framing) or that the cache recomputes (`Age`).
+/// describe one message (length, range, framing). `Age` is kept, for the freshness of what is
+/// stored (RFC 9111 §4.2.3); a hit sends its own.
 fn stored_fields(headers: &HeaderMap) -> HeaderMap {
-    const OF_ONE_MESSAGE: [HeaderName; 7] = [
+    const OF_ONE_MESSAGE: [HeaderName; 6] = [
         header::CONTENT_LENGTH,
         header::CONTENT_RANGE,
         header::TRANSFER_ENCODING,
-        header::AGE,
         header::SET_COOKIE,
         header::PROXY_AUTHENTICATE,
         header::VIA,
@@ -1067,12 +1325,16 @@ mod tests {
             map
         };
         let (cache, client) = (fields(&[("host", "o")]), fields(&[("host", "o"), ("foo", "1")]));
-        assert!(same_variant(&fields(&[]), &cache, &client));
-        assert!(same_variant(&fields(&[("vary", "Host, Bar")]), &cache, &client));
-        assert!(!same_variant(&fields(&[("vary", "Bar, Foo")]), &cache, &client));
-        assert!(!same_variant(&fields(&[("vary", "Host"), ("vary", "foo")]), &cache, &client));
-        assert!(!same_variant(&fields(&[("vary", "*")]), &cache, &cache));
-        assert!(same_variant(&fields(&[("vary", "Foo")]), &client, &client));
+        let same = |answer: &[(&'static str, &'static str)], one: &HeaderMap, other: &HeaderMap| {
+            let answer = fields(answer);
+            varies_by(&answer).map(|names| same_fields(&names, one, other))
+        };
+        assert_eq!(same(&[], &cache, &client), Some(true));
+        assert_eq!(same(&[("vary", "Host, Bar")], &cache, &client), Some(true));
+        assert_eq!(same(&[("vary", "Bar, Foo")], &cache, &client), Some(false));
+        assert_eq!(same(&[("vary", "Host"), ("vary", "foo")], &cache, &client), Some(false));
+        assert_eq!(same(&[("vary", "Host"), ("vary", ", *")], &cache, &cache), None);
+        assert_eq!(same(&[("vary", "Foo")], &client, &client), Some(true));
     }
 
     #[test]

@@ -42,6 +42,11 @@ pub(crate) enum Behaviour {
     /// The correct answer without an ETag: the object has only Last-Modified as a validator, so
     /// If-Match never matches (except `*`) and If-Range works only with the date.
     NoEtag,
+    /// The correct answer with a weak ETag (`W/` before the object's), as nginx sends with gzip
+    /// on and many application servers always: If-Match and If-Range never match it.
+    WeakEtag,
+    /// The correct answer, but a HEAD's leaves Content-Length off (Node's `http` does).
+    NoLengthOnHead,
     /// The correct answer framed with `Transfer-Encoding: chunked` and no Content-Length.
     Chunked,
     /// The correct answer, after an interim response with this status (100, 102, or 103 Early
@@ -530,10 +535,23 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
         return response.send_text(out, 404, "not found\n", head_only);
     };
 
-    let etag = (behaviour != Behaviour::NoEtag).then_some(object.etag.as_str());
+    let weak = format!("W/{}", object.etag);
+    let etag = match behaviour {
+        Behaviour::NoEtag => None,
+        Behaviour::WeakEtag => Some(weak.as_str()),
+        _ => Some(object.etag.as_str()),
+    };
     let last_modified = httpdate::fmt_http_date(object.last_modified);
     if let Some(if_match) = request.header("if-match")
         && !if_match_passes(if_match, etag)
+    {
+        return response.send_text(out, 412, "", head_only);
+    }
+    // RFC 9110 section 13.1.4, at the one-second precision of the date.
+    let since =
+        request.header("if-unmodified-since").and_then(|d| httpdate::parse_http_date(d).ok());
+    if request.header("if-match").is_none()
+        && since.is_some_and(|since| httpdate::parse_http_date(&last_modified).ok() > Some(since))
     {
         return response.send_text(out, 412, "", head_only);
     }
@@ -592,7 +610,7 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
     response.header("Content-Type", "application/octet-stream");
     if behaviour == Behaviour::Chunked {
         response.header("Transfer-Encoding", "chunked");
-    } else {
+    } else if !(head_only && behaviour == Behaviour::NoLengthOnHead) {
         response.header("Content-Length", &body.len().to_string());
     }
     response.write(out, status)?;
@@ -745,7 +763,7 @@ fn if_match_passes(header: &str, etag: Option<&str>) -> bool {
 fn if_range_passes(header: &str, etag: Option<&str>, last_modified: &str) -> bool {
     let header = header.trim();
     if header.starts_with('"') || header.starts_with("W/") {
-        etag.is_some_and(|etag| header == etag)
+        etag.is_some_and(|etag| !etag.starts_with("W/") && header == etag)
     } else {
         httpdate::parse_http_date(header).ok() == httpdate::parse_http_date(last_modified).ok()
     }

@@ -321,3 +321,13 @@ pub(crate) fn usage(pid: u32) -> (u64, u64, u64) {
         + fields[12].parse::<u64>().expect("the times");
     (kib("VmRSS:"), kib("VmHWM:"), ticks)
 }
+
+/// A rangeway config with a cache of 1 MiB slices in `cache_dir`, at most `max_size`, and a
+/// route `/` to `origin`.
+pub(crate) fn cache_config(origin: &str, cache_dir: &std::path::Path, max_size: &str) -> String {
+    format!(
+        "[cache]\ndir = \"{}\"\nslice_size = \"1MiB\"\nmax_size = \"{max_size}\"\n\n\
+         [upstreams.origin]\nurl = \"{origin}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+        cache_dir.display()
+    )
+}
