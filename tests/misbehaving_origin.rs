@@ -243,8 +243,9 @@ fn bodies_are_checked_against_the_digest_their_origin_published() {
 
 /// Interim answers before the final one (RFC 9110 §15.2): 100 Continue, 102 Processing and 103
 /// Early Hints (which CDNs send) are not the answer. Each path a GET can take — spliced, read by
-/// rangeway for a route's stages, cut to a range — and pingora's own (HEAD) serves the final
-/// response.
+/// rangeway for a route's stages, cut to a range — and a HEAD serves the final response. A 103
+/// is relayed to the HTTP/1.1 client before it, its `Link` kept; 100 and 102, which answer the
+/// origin's request and not the client's, are not.
 #[test]
 fn interim_answers_before_the_final_one_are_not_the_answer() {
     for status in [100, 102, 103] {
@@ -252,6 +253,14 @@ fn interim_answers_before_the_final_one_are_not_the_answer() {
         let whole = get(&proxy, &[]);
         assert_eq!((whole.status, whole.complete), (200, true), "{status}");
         assert!(whole.body == object, "{status}: the whole body");
+        let relayed: Vec<u16> = whole.interim.iter().map(|(status, _)| *status).collect();
+        if status == 103 {
+            assert_eq!(relayed, [103], "the early hints, before the answer");
+            let link = whole.interim[0].1.iter().find(|(name, _)| name == "link");
+            assert_eq!(link.map(|(_, value)| value.as_str()), Some("</hint.css>; rel=preload"));
+        } else {
+            assert!(relayed.is_empty(), "{status} is the origin's own");
+        }
         let ranged = get(&proxy, &[("Range", "bytes=1000-2999")]);
         assert_eq!(ranged.status, 206, "{status}");
         assert_eq!(ranged.body, object[1000..3000], "{status}");

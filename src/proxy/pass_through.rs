@@ -22,7 +22,7 @@ use super::context::{RequestCtx, ip_text};
 use super::hop_by_hop::{end_to_end, forwarded};
 use super::identify::upstream_target;
 use super::origin_request::{self, client_side};
-use super::source::{Sourced, answer_of};
+use super::source::{Sourced, answer_of, relay_hints};
 use super::source_body::{BodySource, UpstreamBody};
 use super::transport::Transport;
 use crate::cache::Selection;
@@ -135,7 +135,8 @@ impl Proxy {
             }
             return Ok(());
         }
-        let exchange = watch.unless_gone(session, sending.answer(&route.upstream)).await??;
+        let mut exchange = watch.unless_gone(session, sending.answer(&route.upstream)).await??;
+        relay_hints(session, &mut exchange).await?;
         let mut response = answer_of(&exchange)?;
         forwarded(&mut response)?;
         ctx.upstream.answered(route, &response);

@@ -15,7 +15,7 @@ use super::Proxy;
 use super::client_session::ClientSession;
 use super::client_session::ClientWatch;
 use super::context::RequestCtx;
-use super::hop_by_hop::{answer_to_forward, end_to_end};
+use super::hop_by_hop::{answer_to_forward, end_to_end, forwarded};
 use super::origin_request::{self, client_side};
 use super::source_body::{BodySource, UpstreamBody};
 use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
@@ -133,8 +133,9 @@ impl Proxy {
                 (*header, body.map(UpstreamBody::Cache))
             }
             // The origin's answer to the cache's own request, read as if it were to this one's.
-            Some(CacheAnswer::Origin { header, exchange, why }) => {
+            Some(CacheAnswer::Origin { header, mut exchange, why }) => {
                 ctx.upstream.cache = Some(Outcome::Bypass(why));
+                relay_hints(session, &mut exchange).await?;
                 let body = UpstreamBody::Origin { exchange, source: BodySource::Unread };
                 (answer_to_forward(&header), Some(body))
             }
@@ -149,7 +150,8 @@ impl Proxy {
                     request,
                     base.as_ref(),
                 );
-                let exchange = watch.unless_gone(session, first).await??;
+                let mut exchange = watch.unless_gone(session, first).await??;
+                relay_hints(session, &mut exchange).await?;
                 let response = answer_of(&exchange)?;
                 let exchange = Box::new(exchange);
                 (response, Some(UpstreamBody::Origin { exchange, source: BodySource::Unread }))
@@ -160,6 +162,20 @@ impl Proxy {
         let continuable = stream.and_then(|stream| Continuable::of(stream, &response.headers));
         Ok(Sourced { response, body, stream, continuable, base, policy, authorized })
     }
+}
+
+/// Writes to the client the `103 Early Hints` the origin sent before its answer, each as it
+/// leaves this hop (its connection's fields dropped): the answer to the client's request, or
+/// to the cache's when that is the client's too. Never stored: the cache keeps final answers.
+pub(super) async fn relay_hints(
+    session: &mut impl ClientSession,
+    exchange: &mut Exchange,
+) -> Result<()> {
+    for mut hints in exchange.take_hints() {
+        forwarded(&mut hints)?;
+        session.write_interim(Box::new(hints)).await?;
+    }
+    Ok(())
 }
 
 /// Whether the client's own `Authorization` goes upstream with its request: not to an S3

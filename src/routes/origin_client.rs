@@ -12,7 +12,7 @@ use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::protocols::http::v1::client::HttpSession as Http1Session;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_error::{Error, ErrorType, Result};
-use pingora_http::RequestHeader;
+use pingora_http::{RequestHeader, ResponseHeader};
 use rangeway_middleware::ByteRange;
 
 use super::upstream::Upstream;
@@ -22,15 +22,23 @@ use crate::traces;
 /// The longest wait between two tries of a fetch.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The most `103 Early Hints` an exchange keeps for its client; an origin that sends more is
+/// not let grow the request's memory.
+const MAX_HINTS: usize = 4;
+
 /// Reads the answer's header. Interim answers (100, 102, 103 Early Hints) come before the final
-/// one: they are not the answer (RFC 9110 §15.2), and rangeway, which sends no Expect (it answers
-/// a client's itself) and answers with the final response only, drops them.
-async fn read_final_header(session: &mut HttpSession) -> Result<()> {
+/// one: they are not the answer (RFC 9110 §15.2). `103`s are kept for the client (the first
+/// [`MAX_HINTS`] of them); the others, which answer what rangeway did not ask (it sends no
+/// `Expect`: it answers a client's itself), are dropped.
+async fn read_final_header(session: &mut HttpSession) -> Result<Vec<ResponseHeader>> {
+    let mut hints = Vec::new();
     loop {
         session.read_response_header().await?;
-        let status = session.response_header().map(|r| r.status.as_u16());
-        if !matches!(status, Some(100..=199)) || status == Some(101) {
-            return Ok(());
+        let Some(header) = session.response_header() else { return Ok(hints) };
+        match header.status.as_u16() {
+            103 if hints.len() < MAX_HINTS => hints.push(header.clone()),
+            100..=199 if header.status.as_u16() != 101 => {}
+            _ => return Ok(hints),
         }
     }
 }
@@ -112,7 +120,11 @@ impl Tries {
 /// Makes `request` ask for `range` of the version `pin` names, and of nothing else: `Range` and
 /// the pin's condition, no other. `None` for an empty range or a validator that is no header
 /// value.
-pub(crate) fn pinned_range(request: &mut RequestHeader, range: ByteRange, pin: Pin<'_>) -> Option<()> {
+pub(crate) fn pinned_range(
+    request: &mut RequestHeader,
+    range: ByteRange,
+    pin: Pin<'_>,
+) -> Option<()> {
     let asked = format!("bytes={}-{}", range.start(), range.last()?);
     request.insert_header(header::RANGE, asked).ok()?;
     for name in [
@@ -186,9 +198,16 @@ pub(crate) struct Exchange {
     peer: Box<HttpPeer>,
     /// Its `origin` span, when the response it is for is traced: it ends with the exchange.
     attempt: tracing::Span,
+    /// The `103 Early Hints` that came before the answer, for a client's request to relay.
+    hints: Vec<ResponseHeader>,
 }
 
 impl Exchange {
+    /// The `103 Early Hints` that came before the answer, taken: each relayed once.
+    pub(crate) fn take_hints(&mut self) -> Vec<ResponseHeader> {
+        std::mem::take(&mut self.hints)
+    }
+
     /// Says in its span how the exchange ended — `bytes` of body read, and `how` (`complete`,
     /// `cut`, `client_gone`) — and ends the span: a continuation's begins after it.
     pub(crate) fn ended(&mut self, bytes: u64, how: &'static str) {
@@ -244,14 +263,17 @@ impl Sending {
                 None => header.await,
             }
         };
-        if let Err(error) = answered.await {
-            return Err(AttemptFailed::failed(upstream, replica, &attempt, error, true).error);
-        }
+        let hints = match answered.await {
+            Ok(hints) => hints,
+            Err(error) => {
+                return Err(AttemptFailed::failed(upstream, replica, &attempt, error, true).error);
+            }
+        };
         if let Some(answer) = session.response_header() {
             attempt.record("http.response.status_code", traces::int(answer.status.as_u16()));
         }
         attempt.record("rangeway.first_byte_ms", asked.elapsed().as_secs_f64() * 1000.0);
-        Ok(Exchange { session, peer, attempt })
+        Ok(Exchange { session, peer, attempt, hints })
     }
 }
 

@@ -62,6 +62,9 @@ pub(crate) struct Response {
     /// server closed or reset the connection early; `body` then holds what did arrive. A body
     /// delimited by the connection's close is always complete, having no length to fall short of.
     pub(crate) complete: bool,
+    /// The interim responses before it (`103 Early Hints`, `100 Continue`...): each status and
+    /// its fields, as `headers`.
+    pub(crate) interim: Vec<(u16, Vec<(String, String)>)>,
 }
 
 impl Response {
@@ -274,15 +277,24 @@ impl Connection {
 }
 
 fn read_response(reader: &mut impl BufRead, method: &str) -> io::Result<Response> {
+    let mut interim = Vec::new();
     let (status, reason, headers) = loop {
         let (status, reason, headers) = read_head(reader)?;
         // Interim responses (100 Continue, 103 Early Hints) precede the real one; 101 ends HTTP.
         if !(100..200).contains(&status) || status == 101 {
             break (status, reason, headers);
         }
+        interim.push((status, headers));
     };
-    let mut response =
-        Response { status, reason, headers, body: Vec::new(), chunked: false, complete: true };
+    let mut response = Response {
+        status,
+        reason,
+        headers,
+        body: Vec::new(),
+        chunked: false,
+        complete: true,
+        interim,
+    };
     // RFC 9112 section 6.3: these never have a body, whatever their headers say.
     if method.eq_ignore_ascii_case("HEAD") || status < 200 || status == 204 || status == 304 {
         return Ok(response);

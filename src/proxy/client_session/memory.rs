@@ -118,6 +118,11 @@ impl ClientSession for MemorySession {
         Ok(())
     }
 
+    /// Not kept: no origin served in memory sends one.
+    async fn write_interim(&mut self, _header: Box<ResponseHeader>) -> Result<()> {
+        Ok(())
+    }
+
     /// Nothing waits on a client in memory.
     fn set_write_timeout(&mut self, _timeout: Duration) {}
 

@@ -57,6 +57,14 @@ pub(super) trait ClientSession: Send + Sync {
     /// Continue` (RFC 9110 §10.1.1). Nothing on a session where the client does not wait for it.
     fn write_continue(&mut self) -> impl Future<Output = Result<()>> + Send;
 
+    /// Writes an interim response before the final one — a `103 Early Hints` an origin sent —
+    /// where the client can take it: an HTTP/1.1 client (RFC 9110 §15.2). Nothing elsewhere
+    /// (an HTTP/1.0 client; HTTP/2, whose 1xx pingora's server does not write).
+    fn write_interim(
+        &mut self,
+        header: Box<ResponseHeader>,
+    ) -> impl Future<Output = Result<()>> + Send;
+
     /// How long one write may wait on a client that takes nothing: then the response is cut.
     fn set_write_timeout(&mut self, timeout: Duration);
 

@@ -52,6 +52,14 @@ impl ClientSession for Session {
         }
     }
 
+    async fn write_interim(&mut self, header: Box<ResponseHeader>) -> Result<()> {
+        let http_11 = self.req_header().version == http::Version::HTTP_11;
+        match self.as_downstream_mut() {
+            ServerSession::H1(h1) if http_11 => h1.write_response_header(header).await,
+            _ => Ok(()),
+        }
+    }
+
     fn set_write_timeout(&mut self, timeout: Duration) {
         self.as_downstream_mut().set_write_timeout(Some(timeout));
     }
