@@ -4,12 +4,14 @@
 //! pingora builds its rustls acceptor from files and panics on a bad one; rangeway loads and
 //! checks every certificate itself — the chain parses, the key is one rustls can sign with and
 //! matches the certificate — when the config is checked, and hands pingora a resolver of its own
-//! ([`SniResolver`]) that picks among them at each handshake.
+//! ([`SniResolver`]) that picks among them at each handshake. [`TlsConfig`] is what the config
+//! says of them, and warns of certificates about to expire.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use pingora_rustls::sign::CertifiedKey;
 use pingora_rustls::{
@@ -18,6 +20,8 @@ use pingora_rustls::{
 
 /// A certificate file, a key file must not be larger than this: a wrong path, not a PEM.
 const MAX_PEM_BYTES: u64 = 1 << 20;
+/// A certificate expiring sooner than this is warned of.
+const EXPIRES_SOON: Duration = Duration::from_secs(14 * 24 * 3600);
 
 /// Where one certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +64,60 @@ pub struct LoadedCertificate {
     pub names: Vec<String>,
     /// When it stops being valid.
     pub not_after: SystemTime,
+}
+
+/// What the TLS listeners serve (`[tls]`, which `crate::config` checks and builds): listeners
+/// beside `server.listen`, and at least one certificate, each checked by [`load`]; `default` is
+/// the one for clients that name no host it serves.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TlsConfig {
+    pub listen: Vec<SocketAddr>,
+    pub h2: bool,
+    pub certificates: Vec<TlsCertificate>,
+    pub default: usize,
+}
+
+/// One certificate, as checked at load: the DNS names it serves, and its expiry.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TlsCertificate {
+    pub files: CertificateFiles,
+    pub names: Vec<String>,
+    pub not_after: SystemTime,
+}
+
+impl PartialEq for TlsConfig {
+    /// Equal when they would serve alike: the same listeners and files (a reload reads the files
+    /// again whatever this says).
+    fn eq(&self, other: &Self) -> bool {
+        (&self.listen, self.h2, self.default) == (&other.listen, other.h2, other.default)
+            && self
+                .certificates
+                .iter()
+                .map(|c| &c.files)
+                .eq(other.certificates.iter().map(|c| &c.files))
+    }
+}
+
+impl TlsConfig {
+    /// What an operator should know before it bites: certificates expired, or expiring within
+    /// two weeks of `now`.
+    pub fn warnings(&self, now: SystemTime) -> Vec<String> {
+        let certificates = self.certificates.iter().enumerate();
+        let warnings = certificates.filter_map(|(index, certificate)| {
+            let (date, cert) =
+                (httpdate::fmt_http_date(certificate.not_after), certificate.files.cert.display());
+            let path = format!("tls.certificates[{index}]");
+            if certificate.not_after <= now {
+                Some(format!("{path}: {cert} expired on {date} — renew it; clients refuse it"))
+            } else {
+                let soon = certificate.not_after <= now + EXPIRES_SOON;
+                soon.then(|| format!("{path}: {cert} expires on {date} — renew it before then"))
+            }
+        });
+        warnings.collect()
+    }
 }
 
 /// Reads and checks one certificate: its chain parses, it names hosts, the key is one rustls can

@@ -19,9 +19,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tracing::debug;
 
 use super::connections::Place;
-use super::{HEADER_TIMED_OUT, Slot};
+use super::{ClientLimits, HEADER_TIMED_OUT, Slot};
 use crate::client_writes::ClientWrites;
-use crate::config::ClientLimits;
 use crate::telemetry::metrics::Metrics;
 
 /// Where a connection is in its request/response cycle, as seen from its bytes.

@@ -29,6 +29,9 @@
 //! and pingora's stream does not do (`crate::client_writes`: bytes sent past pingora's writer,
 //! the unsent bound, HTTP/2's writes gathered); places among `max_connections` and their idle
 //! eviction are connections.rs's.
+//!
+//! [`ClientLimits`], which `[server]` sets, are the bounds of all of it and of what the proxy
+//! lets one connection cost after: its defaults follow the descriptors the process may open.
 
 mod client_connection;
 mod connections;
@@ -40,6 +43,7 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora_core::apps::ServerApp;
@@ -51,7 +55,6 @@ use pingora_core::server::ShutdownWatch;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, warn};
 
-use crate::config::ClientLimits;
 use crate::proxy_protocol::{self, Parsed, ProxyHeaderError};
 use crate::telemetry::metrics::Metrics;
 use client_connection::Phase;
@@ -72,6 +75,73 @@ connections open\n";
 /// connections: the binary's log drops pingora's line for them (they are counted, in
 /// `rangeway_client_connections_refused_total{reason="header_timeout"}`).
 pub const HEADER_TIMED_OUT: &str = "the request header took longer than client_header_timeout";
+
+/// A socket that queues no more than this unsent pushes its bytes out in the call that writes
+/// them rather than leaving it to the ACKs (docs/benchmarks.md, "The unsent bound"); eight times
+/// what Cloudflare's edge sets, so that a fast long path stays full.
+const DEFAULT_NOTSENT_LOWAT: u32 = 128 * 1024;
+/// Descriptors kept aside from the clients' share: listeners, the store, logs, cache files.
+const RESERVED_DESCRIPTORS: u64 = 256;
+/// What one client connection may hold: its socket, an origin connection, a splice's pipe (two).
+const DESCRIPTORS_PER_CONNECTION: u64 = 4;
+/// `max_request_body` when it is not set: larger than the bodies of forms and APIs and than the
+/// parts of an S3 multipart upload as SDKs cut them (8 to 64 MiB), while one request still cannot
+/// tie an origin connection up for an unbounded upload; a route for larger uploads raises it.
+const DEFAULT_MAX_REQUEST_BODY: u64 = 64 << 20;
+/// The default when the descriptor limit is unlimited or unknown, and the most that may be set.
+pub(crate) const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
+
+/// Bounds on what one client connection may cost, whatever it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientLimits {
+    pub header_timeout: Duration,
+    pub write_timeout: Duration,
+    /// 0 for no limit.
+    pub max_connections_per_client: usize,
+    pub max_header_bytes: usize,
+    pub max_header_fields: usize,
+    /// 0 leaves the system's setting.
+    pub notsent_lowat: u32,
+    pub keepalive_timeout: Duration,
+    pub max_connections: usize,
+    /// The most a request body passed through to an origin may hold (`max_request_body`).
+    pub max_request_body: u64,
+    /// How long a request body may stall between two reads (`client_body_timeout`).
+    pub body_timeout: Duration,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(60),
+            max_connections_per_client: 1024,
+            max_header_bytes: 32 * 1024,
+            max_header_fields: 100,
+            notsent_lowat: DEFAULT_NOTSENT_LOWAT,
+            keepalive_timeout: Duration::from_secs(60),
+            max_connections: default_max_connections(descriptor_limit()),
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            body_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The descriptors the process may open: the hard `RLIMIT_NOFILE`, which `serve` raises the soft
+/// one to; `None` when unlimited.
+pub(crate) fn descriptor_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum
+}
+
+/// `max_connections` when it is not set: [`DESCRIPTORS_PER_CONNECTION`] each, after
+/// [`RESERVED_DESCRIPTORS`].
+pub(crate) fn default_max_connections(descriptors: Option<u64>) -> usize {
+    descriptors.map_or(MAX_CONNECTIONS_LIMIT, |limit| {
+        let share = limit.saturating_sub(RESERVED_DESCRIPTORS) / DESCRIPTORS_PER_CONNECTION;
+        usize::try_from(share).unwrap_or(MAX_CONNECTIONS_LIMIT).clamp(1, MAX_CONNECTIONS_LIMIT)
+    })
+}
 
 /// The proxy's application behind connection admission.
 pub struct Admission<A> {

@@ -24,14 +24,15 @@ use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::Path;
 
+pub use crate::admission::ClientLimits;
 pub use crate::ip_net::IpNet;
+pub use crate::tls::{TlsCertificate, TlsConfig};
 pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::{Count, DownloadLimits, RateLimit, RouteConfig, SignedLinks, UpstreamResume};
-pub use server::{ClientLimits, ServerConfig};
+pub use server::ServerConfig;
 pub use state::{IdKeySource, RedisTarget, StateBackend, StateConfig};
-pub use tls::{TlsCertificate, TlsConfig};
 pub use traces::{LogConfig, LogFormat, TracesConfig};
 pub use upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,

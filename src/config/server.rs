@@ -9,26 +9,14 @@ use super::check::{Ctx, MS, Problem, checked, complete, read, secs, wrong};
 use super::raw::{Raw, RawServer};
 use super::secret::{self, SecretKey};
 use super::source::Path;
+use crate::admission::{ClientLimits, MAX_CONNECTIONS_LIMIT};
+pub(super) use crate::admission::{default_max_connections, descriptor_limit};
 use crate::ip_net::IpNet;
 use crate::values::host::Host;
 use crate::values::secret::AdminToken;
 
-/// A socket that queues no more than this unsent pushes its bytes out in the call that writes
-/// them rather than leaving it to the ACKs (docs/benchmarks.md, "The unsent bound"); eight times
-/// what Cloudflare's edge sets, so that a fast long path stays full.
-const DEFAULT_NOTSENT_LOWAT: u32 = 128 * 1024;
 /// Below this a socket would wake its writer for every few segments.
 const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
-/// Descriptors kept aside from the clients' share: listeners, the store, logs, cache files.
-const RESERVED_DESCRIPTORS: u64 = 256;
-/// What one client connection may hold: its socket, an origin connection, a splice's pipe (two).
-const DESCRIPTORS_PER_CONNECTION: u64 = 4;
-/// `max_request_body` when it is not set: larger than the bodies of forms and APIs and than the
-/// parts of an S3 multipart upload as SDKs cut them (8 to 64 MiB), while one request still cannot
-/// tie an origin connection up for an unbounded upload; a route for larger uploads raises it.
-const DEFAULT_MAX_REQUEST_BODY: u64 = 64 << 20;
-/// The default when the descriptor limit is unlimited or unknown, and the most that may be set.
-const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
 /// `[server]`.
 #[derive(Debug, Clone)]
@@ -47,58 +35,6 @@ pub struct ServerConfig {
     pub trusted_proxies: Vec<IpNet>,
     /// Lower case, without port.
     pub admin_hosts: Vec<String>,
-}
-
-/// Bounds on what one client connection may cost, whatever it does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ClientLimits {
-    pub header_timeout: Duration,
-    pub write_timeout: Duration,
-    /// 0 for no limit.
-    pub max_connections_per_client: usize,
-    pub max_header_bytes: usize,
-    pub max_header_fields: usize,
-    /// 0 leaves the system's setting.
-    pub notsent_lowat: u32,
-    pub keepalive_timeout: Duration,
-    pub max_connections: usize,
-    /// The most a request body passed through to an origin may hold (`max_request_body`).
-    pub max_request_body: u64,
-    /// How long a request body may stall between two reads (`client_body_timeout`).
-    pub body_timeout: Duration,
-}
-
-impl Default for ClientLimits {
-    fn default() -> Self {
-        Self {
-            header_timeout: secs(10),
-            write_timeout: secs(60),
-            max_connections_per_client: 1024,
-            max_header_bytes: 32 * 1024,
-            max_header_fields: 100,
-            notsent_lowat: DEFAULT_NOTSENT_LOWAT,
-            keepalive_timeout: secs(60),
-            max_connections: default_max_connections(descriptor_limit()),
-            max_request_body: DEFAULT_MAX_REQUEST_BODY,
-            body_timeout: secs(60),
-        }
-    }
-}
-
-/// The descriptors the process may open: the hard `RLIMIT_NOFILE`, which `serve` raises the soft
-/// one to; `None` when unlimited.
-pub(super) fn descriptor_limit() -> Option<u64> {
-    rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum
-}
-
-/// `max_connections` when it is not set: [`DESCRIPTORS_PER_CONNECTION`] each, after
-/// [`RESERVED_DESCRIPTORS`].
-pub(super) fn default_max_connections(descriptors: Option<u64>) -> usize {
-    descriptors.map_or(MAX_CONNECTIONS_LIMIT, |limit| {
-        let share = limit.saturating_sub(RESERVED_DESCRIPTORS) / DESCRIPTORS_PER_CONNECTION;
-        usize::try_from(share).unwrap_or(MAX_CONNECTIONS_LIMIT).clamp(1, MAX_CONNECTIONS_LIMIT)
-    })
 }
 
 pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<ServerConfig> {

@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
 
 use ::config::{Value, ValueKind};
 
@@ -10,65 +9,10 @@ use super::check::{Ctx, Got, complete, push, read};
 use super::raw::{Raw, RawCertificate, RawTls};
 use super::server::ServerConfig;
 use super::source::Path;
-use crate::tls::{CertificateFiles, LoadedCertificate};
+use crate::tls::{CertificateFiles, LoadedCertificate, TlsCertificate, TlsConfig};
 
 const CERTIFICATE_EXAMPLE: &str = "[[tls.certificates]] with cert_file = \
     \"/etc/rangeway/example.pem\" and key_file = \"/etc/rangeway/example.key\"";
-/// A certificate expiring sooner than this is warned of.
-const EXPIRES_SOON: Duration = Duration::from_secs(14 * 24 * 3600);
-
-/// `[tls]`: listeners beside `server.listen`, and at least one certificate, each checked at load
-/// (`crate::tls::load`); `default` is the one for clients that name no host it serves.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct TlsConfig {
-    pub listen: Vec<SocketAddr>,
-    pub h2: bool,
-    pub certificates: Vec<TlsCertificate>,
-    pub default: usize,
-}
-
-/// One certificate, as checked at load: the DNS names it serves, and its expiry.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct TlsCertificate {
-    pub files: CertificateFiles,
-    pub names: Vec<String>,
-    pub not_after: SystemTime,
-}
-
-impl PartialEq for TlsConfig {
-    /// Equal when they would serve alike: the same listeners and files (a reload reads the files
-    /// again whatever this says).
-    fn eq(&self, other: &Self) -> bool {
-        (&self.listen, self.h2, self.default) == (&other.listen, other.h2, other.default)
-            && self
-                .certificates
-                .iter()
-                .map(|c| &c.files)
-                .eq(other.certificates.iter().map(|c| &c.files))
-    }
-}
-
-impl TlsConfig {
-    /// What an operator should know before it bites: certificates expired, or expiring within
-    /// two weeks of `now`.
-    pub fn warnings(&self, now: SystemTime) -> Vec<String> {
-        let certificates = self.certificates.iter().enumerate();
-        let warnings = certificates.filter_map(|(index, certificate)| {
-            let (date, cert) =
-                (httpdate::fmt_http_date(certificate.not_after), certificate.files.cert.display());
-            let path = format!("tls.certificates[{index}]");
-            if certificate.not_after <= now {
-                Some(format!("{path}: {cert} expired on {date} — renew it; clients refuse it"))
-            } else {
-                let soon = certificate.not_after <= now + EXPIRES_SOON;
-                soon.then(|| format!("{path}: {cert} expires on {date} — renew it before then"))
-            }
-        });
-        warnings.collect()
-    }
-}
 
 /// `[tls]`; its listeners must not be `server`'s (when `[server]` could be read).
 pub(super) fn check(

@@ -16,7 +16,7 @@ use super::download::{DOWNLOAD_ID, DownloadId};
 use super::hop_by_hop::VIA;
 use super::origin_digest::ORIGIN_DIGEST_MISMATCH;
 use super::under_way::Limit;
-use crate::config::ClientLimits;
+use crate::admission::ClientLimits;
 use crate::range::Shape;
 use crate::telemetry::metrics::Unvouched;
 

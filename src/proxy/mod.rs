@@ -58,8 +58,9 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use rangeway_middleware::rfc9110::RangeLimits;
 use tracing::Instrument as _;
 
+use crate::admission::ClientLimits;
 use crate::cache::SliceCache;
-use crate::config::{ClientLimits, IpNet};
+use crate::config::IpNet;
 use crate::fingerprint::FingerprintKey;
 use crate::routes::RouteSwitch;
 use crate::routes::origin_client::OriginClient;
