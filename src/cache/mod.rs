@@ -736,6 +736,7 @@ impl Inner {
         let Some((got, version)) = kept else { return self.not_kept(ask, &answer, exchange) };
         let version = Arc::new(version);
         self.uncacheable.lock().unwrap_or_else(|p| p.into_inner()).remove(object);
+        self.note_varies(&version);
         self.keep(Arc::clone(&version));
         if got.is_empty() {
             fetch.origin.release(exchange).await;
@@ -844,19 +845,11 @@ impl Inner {
         }
         let (upstream, target) = &ask.object;
         let object = target.split('\t').next().unwrap_or_default();
-        let names: Vec<String> = varies.iter().map(|name| name.to_ascii_lowercase()).collect();
-        let target = if names.is_empty() {
+        let target = if varies.is_empty() {
             object.to_owned()
         } else {
-            variant(object, &names, &ask.fetch.base.headers)
+            variant(object, &varies, &ask.fetch.base.headers)
         };
-        let mut varying = self.varies.lock().unwrap_or_else(|p| p.into_inner());
-        let base = (upstream.clone(), object.to_owned());
-        match names.is_empty() {
-            true => varying.remove(&base),
-            false => varying.insert(base, names),
-        };
-        drop(varying);
         let id = match crate::range::strong_etag(fields).filter(|_| status == StatusCode::OK) {
             Some(etag) => etag.to_owned(),
             None => unpinned_id()?,
@@ -875,6 +868,20 @@ impl Inner {
             headers,
             ignores_ranges,
         })
+    }
+
+    /// Records which request fields the answers of `version`'s object vary by — its `Vary`, as
+    /// its object's answer says now — for the requests that look it up after ([`variant`]).
+    fn note_varies(&self, version: &Version) {
+        let object = version.target.split('\t').next().unwrap_or_default();
+        let base = (version.upstream.clone(), object.to_owned());
+        let names = varies_by(&version.headers).unwrap_or_default();
+        let mut varies = self.varies.lock().unwrap_or_else(|p| p.into_inner());
+        if names.is_empty() {
+            varies.remove(&base);
+        } else {
+            varies.insert(base, names);
+        }
     }
 
     /// Records `version` as what its object is (written beside its slices); another version of

@@ -109,26 +109,25 @@ pub(super) fn handover(ask: &Ask<'_>, answer: &ResponseHeader) -> Option<Respons
 }
 
 /// The request fields an answer with the fields `answer` varies by (its `Vary`, RFC 9111
-/// §4.1), as written; `None` for `*` (or a line that is no text): by more than fields say.
-pub(super) fn varies_by(answer: &HeaderMap) -> Option<Vec<&str>> {
+/// §4.1), in lower case; `None` for `*` (or a line that is no text): by more than fields say.
+pub(super) fn varies_by(answer: &HeaderMap) -> Option<Vec<String>> {
     let mut names = Vec::new();
     for line in answer.get_all(header::VARY) {
         for name in line.to_str().ok()?.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             if name == "*" {
                 return None;
             }
-            names.push(name);
+            names.push(name.to_ascii_lowercase());
         }
     }
     Some(names)
 }
 
-/// Whether the request field `name` reaches the origin, in the cache's request, as the client
+/// Whether the request field `name` (lower case) reaches the origin, in the cache's request, as the client
 /// sent it — or, for `Accept-Encoding`, as identity coding, which every client takes — so that
 /// answers varying by it can be kept apart by its value ([`origin_request`]).
 pub(super) fn keyable(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    name == "accept-encoding" || !not_forwarded(&name)
+    name == "accept-encoding" || !not_forwarded(name)
 }
 
 /// Whether the cache's request leaves out, or sets itself, the client's field `name` (lower
@@ -169,7 +168,6 @@ pub(super) fn varies_of(store: &SliceStore) -> HashMap<(String, String), Vec<Str
     let varying = store.versions().into_iter().filter_map(|version| {
         let (object, _) = version.target.split_once('\t')?;
         let names = varies_by(&version.headers)?;
-        let names = names.iter().map(|name| name.to_ascii_lowercase()).collect();
         Some(((version.upstream.clone(), object.to_owned()), names))
     });
     varying.collect()
@@ -177,8 +175,10 @@ pub(super) fn varies_of(store: &SliceStore) -> HashMap<(String, String), Vec<Str
 
 /// Whether each field of `names` has the same values in the requests with fields `one` and
 /// `other` (absent from both included).
-pub(super) fn same_fields(names: &[&str], one: &HeaderMap, other: &HeaderMap) -> bool {
-    names.iter().all(|name| one.get_all(*name).iter().eq(other.get_all(*name).iter()))
+pub(super) fn same_fields(names: &[String], one: &HeaderMap, other: &HeaderMap) -> bool {
+    names
+        .iter()
+        .all(|name| one.get_all(name.as_str()).iter().eq(other.get_all(name.as_str()).iter()))
 }
 
 /// The fields of an origin's answer the cache keeps: its end-to-end ones — not those of its
