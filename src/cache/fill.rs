@@ -614,7 +614,8 @@ pub(super) fn first_run(range: Option<&RangeRequest>, head: bool, slice_size: u6
 /// The `Range` a validation of `stale` asks with, for a request that asks `range` (`head`: a
 /// HEAD): the run [`first_run`] would ask, from the first of its slices the cache does not hold —
 /// a 304 brings no body, but an origin that ignores the condition sends the bytes, and those
-/// the cache holds are not asked for again — or the run's last slice when it holds them all.
+/// the cache holds are not asked for again: the missing slices from there up to the next one it
+/// holds — or the run's last slice when it holds them all.
 pub(super) fn validation_run(
     inner: &Inner,
     stale: &Version,
@@ -625,8 +626,10 @@ pub(super) fn validation_run(
     let Some(asked) = run.resolve(stale.len) else { return run };
     let size = stale.slice_size;
     let (first, last) = (asked.start() / size, (asked.end() - 1) / size);
-    let from = (first..last).find(|index| !inner.store.has(stale.slice_id(*index))).unwrap_or(last);
-    RangeSpec::Closed { first: from * size, last: stale.slice_range(last).end() - 1 }
+    let held = |index: &u64| inner.store.has(stale.slice_id(*index));
+    let from = (first..last).find(|index| !held(index)).unwrap_or(last);
+    let to = (from + 1..=last).find(held).map_or(last, |index| index - 1);
+    RangeSpec::Closed { first: from * size, last: stale.slice_range(to).end() - 1 }
 }
 
 /// `range` of `version` from its origin, within `policy` and the `tries` made before: the
