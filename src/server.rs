@@ -704,9 +704,9 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("[traces]", running.traces != new.traces),
         ("[log]", running.log != new.log),
         (
-            "tls.listen or tls.h2",
-            running.tls.as_ref().map(|t| (&t.listen, t.h2))
-                != new.tls.as_ref().map(|t| (&t.listen, t.h2)),
+            "tls.listen, tls.h2 or tls.h3",
+            running.tls.as_ref().map(|t| (&t.listen, t.h2, t.h3))
+                != new.tls.as_ref().map(|t| (&t.listen, t.h2, t.h3)),
         ),
     ]
     .into_iter()

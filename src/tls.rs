@@ -74,6 +74,8 @@ pub struct LoadedCertificate {
 pub struct TlsConfig {
     pub listen: Vec<SocketAddr>,
     pub h2: bool,
+    /// HTTP/3 on UDP beside each of `listen`, when on (`crate::h3`).
+    pub h3: Option<crate::h3::H3Config>,
     pub certificates: Vec<TlsCertificate>,
     pub default: usize,
 }
@@ -91,7 +93,8 @@ impl PartialEq for TlsConfig {
     /// Equal when they would serve alike: the same listeners and files (a reload reads the files
     /// again whatever this says).
     fn eq(&self, other: &Self) -> bool {
-        (&self.listen, self.h2, self.default) == (&other.listen, other.h2, other.default)
+        (&self.listen, self.h2, &self.h3, self.default)
+            == (&other.listen, other.h2, &other.h3, other.default)
             && self
                 .certificates
                 .iter()
