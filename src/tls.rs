@@ -4,8 +4,9 @@
 //! pingora builds its rustls acceptor from files and panics on a bad one; rangeway loads and
 //! checks every certificate itself — the chain parses, the key is one rustls can sign with and
 //! matches the certificate — when the config is checked, and hands pingora a resolver of its own
-//! ([`SniResolver`]) that picks among them at each handshake. [`TlsConfig`] is what the config
-//! says of them, and warns of certificates about to expire.
+//! ([`SniResolver`]) that picks among them at each handshake; the HTTP/3 listener's QUIC
+//! handshakes (`crate::h3`) ask the very same resolver, so one reload serves both. [`TlsConfig`]
+//! is what the config says of them, and warns of certificates about to expire.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
