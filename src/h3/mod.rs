@@ -344,6 +344,10 @@ impl Listener {
         self.requests(&mut h3, &client, &confirmed, shutdown).await;
         // Told GOAWAY, or gone: the client closes it once it has the last bytes.
         let _ = tokio::time::timeout(LINGER, connection.closed()).await;
+        let last = connection.remote_address();
+        if SocketAddr::new(last.ip().to_canonical(), last.port()) != peer {
+            self.metrics.quic_migrated();
+        }
     }
 
     /// The handshake: the connection, and whether it is confirmed (`false` while 0-RTT requests

@@ -47,6 +47,7 @@ pub struct Metrics {
 struct QuicMetrics {
     connections: IntGauge,
     handshakes: IntCounterVec,
+    migrated: IntCounter,
 }
 
 impl QuicMetrics {
@@ -64,9 +65,15 @@ impl QuicMetrics {
             &["outcome"],
         )
         .expect("valid metric");
+        let migrated = IntCounter::new(
+            "rangeway_quic_migrated_total",
+            "QUIC connections that ended on another client address or port than their handshake's (a NAT rebinding, a client that changed networks): each kept its downloads going.",
+        )
+        .expect("valid metric");
         registry.register(Box::new(connections.clone())).expect("metric names are unique");
         registry.register(Box::new(handshakes.clone())).expect("metric names are unique");
-        Self { connections, handshakes }
+        registry.register(Box::new(migrated.clone())).expect("metric names are unique");
+        Self { connections, handshakes, migrated }
     }
 }
 
@@ -540,6 +547,11 @@ impl Metrics {
     /// go out from this process's buffers (a TCP socket's kernel sends them after it ends).
     pub fn quic_open(&self) -> i64 {
         self.quic.connections.get()
+    }
+
+    /// A QUIC connection ended on another path than its handshake's.
+    pub(crate) fn quic_migrated(&self) {
+        self.quic.migrated.inc();
     }
 
     /// A QUIC connection attempt ended as `outcome` says (see `rangeway_quic_handshakes_total`).
