@@ -14,7 +14,8 @@
 #                             implementation the aes128gcm interop test runs; Playwright, which
 #                             drives chromium in tests/ui.rs; boto3 and the AWS CLI;
 #                             opentelemetry-proto, which decodes the traces rangeway exports in
-#                             tests/traces.rs), and s3s-fs,
+#                             tests/traces.rs; aioquic, the HTTP/3 client of tests/h3.rs), and
+#                             s3s-fs,
 #                             the S3-compatible server tests/s3.rs runs
 #   scripts/deps.sh --bench   and the benchmarks: wrk, valgrind
 #
@@ -147,6 +148,9 @@ python_modules() {
     # tests/traces.rs receives rangeway's OTLP export and decodes it with the OpenTelemetry
     # project's own protobuf classes (Debian packages no collector).
     py_module opentelemetry.proto.collector.trace.v1.trace_service_pb2 opentelemetry-proto
+    # tests/h3.rs downloads over HTTP/3 with aioquic (tests/h3_client.py): a QUIC and HTTP/3
+    # stack nobody here wrote.
+    py_module aioquic aioquic python3-aioquic
 }
 
 # tests/s3.rs runs a real S3-compatible server: s3s-fs (SigV4-checking, file-backed), built once

@@ -1,0 +1,431 @@
+//! HTTP/3 to clients (`[tls] h3`): downloads over QUIC through the same pipeline as over HTTP/2,
+//! driven by clients nobody here wrote — aioquic's HTTP/3 stack (`tests/h3_client.py`) and
+//! headless chromium — against rangeway on free ports, with certificates the test makes. Each
+//! answer is compared byte for byte with the object, and with the same request over HTTP/2
+//! (curl) where the two must agree. A client that moves to another port mid-download keeps its
+//! connection; a lossy, reordering UDP path between them loses no byte.
+
+mod support;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::clients::{CLIENT_TIMEOUT, ClientRun, run, sha256_file, sha256_hex};
+use support::data::test_bytes;
+use support::origin::Origin;
+use support::ports::free_port;
+use support::proxy::{Instance, ProxyProcess};
+use support::tls::TestPki;
+use support::tmp::TempDir;
+use support::wait::{WITHIN, log_until};
+
+/// `[tls]` on `port` with HTTP/3 on, presenting the `localhost` certificate; `h3` keys added.
+fn tls_section(pki: &TestPki, port: u16, h3: &str) -> String {
+    let files = pki.localhost();
+    // `h3 = true` among [tls]'s keys; a [tls.h3] table after the certificates.
+    let (on, table) = match h3 {
+        "" => ("h3 = true\n", String::new()),
+        keys => ("", format!("[tls.h3]\n{keys}\n")),
+    };
+    format!(
+        "[tls]\nlisten = \"127.0.0.1:{port}\"\n{on}[[tls.certificates]]\ncert_file = \"{}\"\n\
+         key_file = \"{}\"\n{table}\n",
+        files.cert.display(),
+        files.key.display(),
+    )
+}
+
+/// A JSON log, and one route to `upstream` (an `[upstreams.origin]` table's keys).
+fn routes(upstream: &str) -> String {
+    format!(
+        "[log]\nformat = \"json\"\n\n[upstreams.origin]\n{upstream}\n\n[[routes]]\n\
+         path_prefix = \"/\"\nupstream = \"origin\"\n"
+    )
+}
+
+/// rangeway as a process with HTTP/3 on a free port, logging JSON lines to `log`.
+fn h3_proxy(pki: &TestPki, upstream: &str, h3: &str, log: &Path) -> (ProxyProcess, u16) {
+    let port = free_port();
+    let body = format!("{}{}", tls_section(pki, port, h3), routes(upstream));
+    let process = ProxyProcess::start_logged(&body, &[], log);
+    (process, port)
+}
+
+/// One request for `tests/h3_client.py`.
+fn request(path: &str, headers: &[(&str, &str)], out: &Path) -> String {
+    let headers: serde_json::Map<String, Value> =
+        headers.iter().map(|(k, v)| ((*k).to_owned(), Value::from(*v))).collect();
+    serde_json::json!({ "path": path, "headers": headers, "out": out }).to_string()
+}
+
+/// What aioquic's client saw: an answer per request, then the connection's addresses.
+struct H3Run {
+    answers: Vec<Value>,
+    addresses: Vec<String>,
+    run: ClientRun,
+}
+
+/// Runs `tests/h3_client.py` against `connect` (rangeway, or a relay in front of it), trusting
+/// `pki`'s CA, with `requests` on one connection and `extra` arguments.
+fn aioquic(pki: &TestPki, connect: SocketAddr, requests: &[String], extra: &[&str]) -> H3Run {
+    let mut client = Command::new("python3");
+    client
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
+        .args(["--connect", &connect.to_string(), "--ca"])
+        .arg(pki.ca_cert())
+        .args(extra);
+    for request in requests {
+        client.args(["--request", request]);
+    }
+    let run = run(client, CLIENT_TIMEOUT);
+    run.assert_success();
+    let lines: Vec<Value> = run
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let (connection, answers) = lines.split_last().expect("the client's report");
+    let addresses = connection["connection"]["addresses"]
+        .as_array()
+        .expect("the connection's addresses")
+        .iter()
+        .map(|a| a.as_str().unwrap_or_default().to_owned())
+        .collect();
+    H3Run { answers: answers.to_vec(), addresses, run }
+}
+
+/// curl over HTTP/2, trusting the test CA: the answer's status and body.
+fn curl_h2(pki: &TestPki, url: &str, headers: &[(&str, &str)], out: &Path) -> String {
+    let mut curl = Command::new("curl");
+    curl.args(["-sS", "--http2", "-w", "%{http_code}", "-o"]).arg(out).arg("--cacert");
+    curl.arg(pki.ca_cert());
+    for (name, value) in headers {
+        curl.args(["-H", &format!("{name}: {value}")]);
+    }
+    curl.arg(url);
+    let run = run(curl, CLIENT_TIMEOUT);
+    run.assert_success();
+    run.stdout
+}
+
+/// The access lines of `log`, as JSON, once there are `count` of them.
+fn access_lines(log: &Path, count: usize) -> Vec<Value> {
+    let parse = |text: &str| -> Vec<Value> {
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|line| line["target"] == "rangeway::access")
+            .collect()
+    };
+    let text =
+        log_until(log, &format!("{count} access lines"), WITHIN, |text| parse(text).len() >= count);
+    parse(&text)
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// A request's name, its header fields, and the status and bytes it must get.
+type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, u64, Vec<u8>);
+
+#[test]
+fn aioquic_downloads_ranges_multipart_and_resumes_as_over_h2() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let object = test_bytes(3_000_000, 45);
+    let etag = origin.put("/obj.bin", object.clone());
+    let work = TempDir::new("h3-aioquic");
+    let log = work.join("rangeway.log");
+    let upstream = format!("url = \"{}\"", origin.base_url());
+    let (proxy, port) = h3_proxy(&pki, &upstream, "", &log);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let n = object.len();
+    let file = |name: &str| work.join(name);
+    let cases: Vec<Case<'_>> = vec![
+        ("whole", vec![], 200, object.clone()),
+        ("first", vec![("range", "bytes=0-99")], 206, object[..100].to_vec()),
+        ("tail", vec![("range", "bytes=2999000-")], 206, object[2_999_000..].to_vec()),
+        ("suffix", vec![("range", "bytes=-4096")], 206, object[n - 4096..].to_vec()),
+        (
+            "middle",
+            vec![("range", "bytes=1000000-1999999")],
+            206,
+            object[1_000_000..2_000_000].to_vec(),
+        ),
+        // If-Range: the current ETag keeps the range, another one gets the whole object.
+        (
+            "if-range",
+            vec![("range", "bytes=0-9"), ("if-range", etag.as_str())],
+            206,
+            object[..10].to_vec(),
+        ),
+        (
+            "if-range-other",
+            vec![("range", "bytes=0-9"), ("if-range", "\"another\"")],
+            200,
+            object.clone(),
+        ),
+    ];
+    let mut requests: Vec<String> =
+        cases.iter().map(|(name, headers, ..)| request("/obj.bin", headers, &file(name))).collect();
+    let multipart = [("range", "bytes=0-9,1000-1009")];
+    requests.push(request("/obj.bin", &multipart, &file("multipart")));
+    let seen = aioquic(&pki, addr, &requests, &[]);
+    assert_eq!(seen.answers.len(), cases.len() + 1, "{}", seen.run);
+    for ((name, headers, status, expected), answer) in cases.iter().zip(&seen.answers) {
+        assert_eq!(answer["status"], *status, "{name}: {answer}");
+        assert_eq!(answer["reset"], false, "{name}: {answer}");
+        assert_eq!(read(&file(name)), *expected, "{name}: the bytes");
+        // The same request over HTTP/2 gets the same answer.
+        let h2 = file(&format!("{name}-h2"));
+        let url = format!("https://localhost:{port}/obj.bin");
+        assert_eq!(curl_h2(&pki, &url, headers, &h2), status.to_string(), "{name} over h2");
+        assert_eq!(read(&h2), *expected, "{name} over h2: the bytes");
+    }
+    // Multipart: the very body HTTP/2 gets, each part the object's.
+    let answer = &seen.answers[cases.len()];
+    assert_eq!(answer["status"], 206, "{answer}");
+    let content_type = answer["headers"]["content-type"].as_str().unwrap_or_default();
+    assert!(content_type.starts_with("multipart/byteranges"), "{answer}");
+    let body = read(&file("multipart"));
+    for slice in [&object[..10], &object[1000..1010]] {
+        assert!(body.windows(10).any(|w| w == slice), "a part is missing");
+    }
+    let h2 = file("multipart-h2");
+    curl_h2(&pki, &format!("https://localhost:{port}/obj.bin"), &multipart, &h2);
+    assert_eq!(read(&h2), body, "multipart over h2 and h3");
+
+    // The access lines say HTTP/3, from the client's address.
+    let lines = access_lines(&log, cases.len() + 1);
+    let h3: Vec<&Value> = lines.iter().filter(|l| l["version"] == "HTTP/3.0").collect();
+    assert_eq!(h3.len(), cases.len() + 1, "{lines:?}");
+    assert!(h3.iter().all(|l| l["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:"))));
+    // Answers over TLS advertise HTTP/3; plain ones do not.
+    let mut headers = Command::new("curl");
+    headers.args(["-sS", "--http2", "-D", "-", "-o", "/dev/null", "--cacert"]);
+    headers.arg(pki.ca_cert()).arg(format!("https://localhost:{port}/obj.bin"));
+    let tls = run(headers, CLIENT_TIMEOUT);
+    let alt_svc = format!("alt-svc: h3=\":{port}\"; ma=86400");
+    assert!(tls.stdout.to_ascii_lowercase().contains(&alt_svc), "{tls}");
+    let plain = support::http::get(&proxy.url("/obj.bin"), &[("Range", "bytes=0-0")]);
+    assert_eq!(plain.status, 206);
+    assert_eq!(plain.header("alt-svc"), None, "plain HTTP advertises nothing");
+}
+
+#[test]
+fn a_pinned_resume_over_h3_after_the_object_changed_is_refused() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let v1 = test_bytes(2_000_000, 46);
+    let v2 = test_bytes(2_000_000, 47);
+    let old_etag = origin.put("/obj.bin", v1.clone());
+    let work = TempDir::new("h3-pinned");
+    let log = work.join("rangeway.log");
+    let upstream = format!("url = \"{}\"", origin.base_url());
+    let (_proxy, port) = h3_proxy(&pki, &upstream, "", &log);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let id = ("x-download-id", "h3-pinned");
+
+    // The first half, under the download's id.
+    let first = work.join("first");
+    let seen = aioquic(
+        &pki,
+        addr,
+        &[request("/obj.bin", &[id, ("range", "bytes=0-999999")], &first)],
+        &[],
+    );
+    assert_eq!(seen.answers[0]["status"], 206, "{}", seen.run);
+    assert_eq!(read(&first), v1[..1_000_000]);
+    access_lines(&log, 1);
+
+    // The object changes; the resume is refused, never answered from the new version.
+    origin.put("/obj.bin", v2.clone());
+    let rest = work.join("rest");
+    let resume = [id, ("range", "bytes=1000000-")];
+    let seen = aioquic(&pki, addr, &[request("/obj.bin", &resume, &rest)], &[]);
+    let answer = &seen.answers[0];
+    assert_eq!(answer["status"], 412, "{answer}");
+    assert!(answer["headers"]["x-rangeway-error"].as_str().is_some_and(|e| e.contains("changed")));
+    assert_eq!(answer["length"], 0, "{answer}");
+    // With If-Range naming the old version, the new one comes whole: never its tail.
+    let whole = work.join("whole");
+    let if_range = [("range", "bytes=1000000-"), ("if-range", old_etag.as_str())];
+    let seen = aioquic(&pki, addr, &[request("/obj.bin", &if_range, &whole)], &[]);
+    assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
+    assert_eq!(sha256_file(&whole), sha256_hex(&v2));
+}
+
+/// A folder with `object` as `big.bin`, served as the `origin` upstream.
+fn folder_with(object: &[u8], work: &TempDir) -> (PathBuf, String) {
+    let folder = work.join("files");
+    std::fs::create_dir_all(&folder).expect("make the folder");
+    std::fs::write(folder.join("big.bin"), object).expect("write the object");
+    let upstream = format!("dir = \"{}\"", folder.display());
+    (folder, upstream)
+}
+
+#[test]
+fn a_client_that_changes_port_mid_download_keeps_its_connection() {
+    const LEN: usize = 64 << 20;
+    let pki = TestPki::new();
+    let work = TempDir::new("h3-migration");
+    let object = test_bytes(LEN, 48);
+    let (_folder, upstream) = folder_with(&object, &work);
+    let log = work.join("rangeway.log");
+    let (proxy, port) = h3_proxy(&pki, &upstream, "", &log);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let out = work.join("big.bin");
+    let half = (LEN / 2).to_string();
+    // Halfway, the client moves to a new socket: a new port, and another loopback address.
+    let seen = aioquic(
+        &pki,
+        addr,
+        &[request("/big.bin", &[], &out)],
+        &["--rebind-after", &half, "--rebind-host", "127.0.0.2"],
+    );
+    let answer = &seen.answers[0];
+    assert_eq!((answer["status"].as_u64(), answer["reset"].as_bool()), (Some(200), Some(false)));
+    assert_eq!(seen.addresses.len(), 2, "the client moved: {}", seen.run);
+    assert_ne!(seen.addresses[0], seen.addresses[1]);
+    assert!(seen.addresses[1].contains("127.0.0.2"), "{:?}", seen.addresses);
+    assert_eq!(sha256_file(&out), sha256_hex(&object), "byte for byte");
+    // One request, whole, from the address of the handshake.
+    let lines = access_lines(&log, 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (lines[0]["status"].as_u64(), lines[0]["bytes"].as_u64()),
+        (Some(200), Some(LEN as u64))
+    );
+    assert!(lines[0]["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")), "{lines:?}");
+    // rangeway saw the connection end on the new path.
+    support::wait::until("the migration counted", WITHIN, || {
+        (proxy.metric("rangeway_quic_migrated_total", "") == 1).then_some(())
+    });
+}
+
+/// A UDP relay between one client and `server` that drops `loss` of the datagrams each way and
+/// holds back others to send them after the next (reordering); stopped when dropped.
+struct LossyRelay {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl LossyRelay {
+    fn start(server: SocketAddr, loss: f64, reorder: f64) -> Self {
+        let front = UdpSocket::bind("127.0.0.1:0").expect("bind the relay");
+        let back = UdpSocket::bind("127.0.0.1:0").expect("bind the relay's back");
+        back.connect(server).expect("connect the relay to the server");
+        let addr = front.local_addr().expect("the relay's address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let client = Arc::new(std::sync::Mutex::new(None::<SocketAddr>));
+        let mut threads = Vec::new();
+        for (direction, seed) in [(true, 11), (false, 12)] {
+            let (front, back) =
+                (front.try_clone().expect("clone"), back.try_clone().expect("clone"));
+            let (stop, client) = (Arc::clone(&stop), Arc::clone(&client));
+            threads.push(std::thread::spawn(move || {
+                let from = if direction { &front } else { &back };
+                from.set_read_timeout(Some(Duration::from_millis(5))).expect("a timeout");
+                let mut random = Xorshift(seed);
+                let mut held: Option<Vec<u8>> = None;
+                let mut buffer = vec![0; 65_536];
+                let send = |datagram: &[u8]| {
+                    let _ = if direction {
+                        back.send(datagram)
+                    } else {
+                        match *client.lock().expect("the client's address") {
+                            Some(to) => front.send_to(datagram, to),
+                            None => Ok(0),
+                        }
+                    };
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    let len = match from.recv_from(&mut buffer) {
+                        Ok((len, source)) => {
+                            if direction {
+                                *client.lock().expect("the client's address") = Some(source);
+                            }
+                            len
+                        }
+                        Err(_) => {
+                            // Quiet: what was held back goes now.
+                            if let Some(datagram) = held.take() {
+                                send(&datagram);
+                            }
+                            continue;
+                        }
+                    };
+                    if random.chance(loss) {
+                        continue;
+                    }
+                    if held.is_none() && random.chance(reorder) {
+                        held = Some(buffer[..len].to_vec());
+                        continue;
+                    }
+                    send(&buffer[..len]);
+                    if let Some(datagram) = held.take() {
+                        send(&datagram);
+                    }
+                }
+            }));
+        }
+        LossyRelay { addr, stop, threads }
+    }
+}
+
+impl Drop for LossyRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// xorshift64: the relay's choices, the same on every run.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn chance(&mut self, p: f64) -> bool {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+#[test]
+fn downloads_through_a_lossy_reordering_path_lose_no_byte() {
+    const LEN: usize = 6 << 20;
+    let pki = TestPki::new();
+    let work = TempDir::new("h3-lossy");
+    let object = test_bytes(LEN, 49);
+    let (_folder, upstream) = folder_with(&object, &work);
+    let log = work.join("rangeway.log");
+    let (_proxy, port) = h3_proxy(&pki, &upstream, "", &log);
+    let server = SocketAddr::from(([127, 0, 0, 1], port));
+    for (loss, reorder) in [(0.01, 0.02), (0.05, 0.05)] {
+        let relay = LossyRelay::start(server, loss, reorder);
+        let (whole, part) = (work.join("whole"), work.join("part"));
+        let authority = format!("localhost:{port}");
+        let seen = aioquic(
+            &pki,
+            relay.addr,
+            &[
+                request("/big.bin", &[], &whole),
+                request("/big.bin", &[("range", "bytes=1000000-2999999")], &part),
+            ],
+            &["--authority", &authority],
+        );
+        assert_eq!(seen.answers[0]["status"], 200, "loss {loss}: {}", seen.run);
+        assert_eq!(seen.answers[1]["status"], 206, "loss {loss}: {}", seen.run);
+        assert_eq!(sha256_file(&whole), sha256_hex(&object), "loss {loss}: the whole object");
+        assert_eq!(read(&part), object[1_000_000..3_000_000], "loss {loss}: the range");
+    }
+}
