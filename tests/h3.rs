@@ -429,3 +429,63 @@ fn downloads_through_a_lossy_reordering_path_lose_no_byte() {
         assert_eq!(read(&part), object[1_000_000..3_000_000], "loss {loss}: the range");
     }
 }
+
+/// The base64 SHA-256 of `cert`'s public key (its SubjectPublicKeyInfo), as chromium's
+/// `--ignore-certificate-errors-spki-list` takes it.
+fn spki_sha256(cert: &Path) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let mut pem = Command::new("openssl");
+    pem.args(["x509", "-pubkey", "-noout", "-in"]).arg(cert);
+    let public_key = support::clients::pipe(&mut pem, b"");
+    let mut der = Command::new("openssl");
+    der.args(["pkey", "-pubin", "-outform", "der"]);
+    let der = support::clients::pipe(&mut der, &public_key);
+    base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(der))
+}
+
+#[test]
+fn chromium_downloads_over_h3() {
+    const CHROMIUM: &str = "/usr/bin/chromium";
+    const LEN: usize = 24 << 20;
+    assert!(Path::new(CHROMIUM).exists(), "{CHROMIUM} is missing: run scripts/deps.sh --test");
+    let pki = TestPki::new();
+    let work = TempDir::new("h3-chromium");
+    let object = test_bytes(LEN, 50);
+    let (folder, upstream) = folder_with(&object, &work);
+    let page = "<!doctype html><title>download</title><p>over HTTP/3";
+    std::fs::write(folder.join("page.html"), page).expect("write the page");
+    let log = work.join("rangeway.log");
+    let (_proxy, port) = h3_proxy(&pki, &upstream, "", &log);
+    let profile = work.join("profile");
+    std::fs::create_dir_all(&profile).expect("make the profile folder");
+    let args = serde_json::json!({
+        // By address: `localhost` may resolve to ::1 first, where nothing listens, and QUIC
+        // forced on the origin has no TCP to fall back to.
+        "page": format!("https://127.0.0.1:{port}/page.html"),
+        "object": "/big.bin",
+        "quic_origin": format!("127.0.0.1:{port}"),
+        "spki": spki_sha256(&pki.localhost().cert),
+        "profile": profile,
+        "chromium": CHROMIUM,
+    });
+    let mut browser = Command::new("python3");
+    browser.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser_h3.py"));
+    browser.arg(args.to_string());
+    let browsing = run(browser, CLIENT_TIMEOUT);
+    browsing.assert_success();
+    let seen: Value = serde_json::from_str(&browsing.stdout).expect("the script's JSON");
+    // The page's network log: every request went over HTTP/3.
+    assert_eq!(seen["navigation"], "h3", "{seen}");
+    let resources = seen["resources"].as_array().expect("the resources");
+    assert!(!resources.is_empty() && resources.iter().all(|p| p == "h3"), "{seen}");
+    assert_eq!(seen["status"], 200, "{seen}");
+    assert_eq!(seen["length"], LEN, "{seen}");
+    assert_eq!(seen["sha256"], sha256_hex(&object).as_str(), "byte for byte");
+    let range: String = object[100..200].iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(seen["range_status"], 206, "{seen}");
+    assert_eq!(seen["range_hex"], range.as_str());
+    // rangeway's access lines agree: HTTP/3, all of them.
+    let lines = access_lines(&log, 3);
+    assert!(lines.iter().all(|l| l["version"] == "HTTP/3.0"), "{lines:?}");
+}
