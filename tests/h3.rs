@@ -17,9 +17,10 @@ use std::time::Duration;
 use serde_json::Value;
 use support::clients::{CLIENT_TIMEOUT, ClientRun, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
+use support::origin::Behaviour;
 use support::origin::Origin;
 use support::ports::free_port;
-use support::proxy::{Instance, ProxyProcess};
+use support::proxy::{Instance, Proxy, ProxyProcess};
 use support::tls::TestPki;
 use support::tmp::TempDir;
 use support::wait::{WITHIN, log_until};
@@ -50,9 +51,20 @@ fn routes(upstream: &str) -> String {
 
 /// rangeway as a process with HTTP/3 on a free port, logging JSON lines to `log`.
 fn h3_proxy(pki: &TestPki, upstream: &str, h3: &str, log: &Path) -> (ProxyProcess, u16) {
+    h3_proxy_with(pki, upstream, h3, "", log)
+}
+
+/// [`h3_proxy`], with `server_keys` in `[server]`.
+fn h3_proxy_with(
+    pki: &TestPki,
+    upstream: &str,
+    h3: &str,
+    server_keys: &str,
+    log: &Path,
+) -> (ProxyProcess, u16) {
     let port = free_port();
     let body = format!("{}{}", tls_section(pki, port, h3), routes(upstream));
-    let process = ProxyProcess::start_logged(&body, &[], log);
+    let process = ProxyProcess::start_logged_with(&body, server_keys, &[], log);
     (process, port)
 }
 
@@ -84,6 +96,24 @@ fn aioquic(pki: &TestPki, connect: SocketAddr, requests: &[String], extra: &[&st
     }
     let run = run(client, CLIENT_TIMEOUT);
     run.assert_success();
+    report(run)
+}
+
+/// `tests/h3_client.py` as [`aioquic`] runs it, whatever its outcome.
+fn aioquic_run(pki: &TestPki, connect: SocketAddr, requests: &[String]) -> ClientRun {
+    let mut client = Command::new("python3");
+    client
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
+        .args(["--connect", &connect.to_string(), "--ca"])
+        .arg(pki.ca_cert());
+    for request in requests {
+        client.args(["--request", request]);
+    }
+    run(client, CLIENT_TIMEOUT)
+}
+
+/// What `tests/h3_client.py` printed.
+fn report(run: ClientRun) -> H3Run {
     let lines: Vec<Value> = run
         .stdout
         .lines()
@@ -488,4 +518,162 @@ fn chromium_downloads_over_h3() {
     // rangeway's access lines agree: HTTP/3, all of them.
     let lines = access_lines(&log, 3);
     assert!(lines.iter().all(|l| l["version"] == "HTTP/3.0"), "{lines:?}");
+}
+
+#[test]
+fn sigterm_lets_quic_downloads_finish_refuses_new_connections_then_exits() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let object = test_bytes(2 << 20, 51);
+    origin.put("/obj.bin", object.clone());
+    // About 2 s for the whole object.
+    origin.set_global_behaviour(Behaviour::Slow {
+        chunk: 256 * 1024,
+        delay: Duration::from_millis(250),
+    });
+    let work = TempDir::new("h3-drain");
+    let log = work.join("rangeway.log");
+    let upstream = format!("url = \"{}\"", origin.base_url());
+    let grace = "grace_period = \"30s\"";
+    let (mut proxy, port) = h3_proxy_with(&pki, &upstream, "", grace, &log);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let file = work.join("obj.bin");
+    let download = {
+        let (pki_ca, request) = (pki.ca_cert().to_owned(), request("/obj.bin", &[], &file));
+        std::thread::spawn(move || {
+            let mut client = Command::new("python3");
+            client
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
+                .args(["--connect", &addr.to_string(), "--ca"])
+                .arg(pki_ca)
+                .args(["--request", &request]);
+            run(client, CLIENT_TIMEOUT)
+        })
+    };
+    support::wait::until("the download under way", WITHIN, || {
+        (proxy.metric("rangeway_active_downloads", "") == 1).then_some(())
+    });
+    let signalled = std::time::Instant::now();
+    proxy.signal("TERM");
+    log_until(&log, "the drain", WITHIN, |text| text.contains("draining: new connections"));
+    // A new QUIC connection is refused while the one in flight goes on.
+    let refused = aioquic_run(&pki, addr, &[request("/obj.bin", &[], &work.join("late"))]);
+    assert!(!refused.success(), "a connection during the drain: {refused}");
+    assert!(proxy.wait_exit(Duration::ZERO).is_none(), "draining, not exited");
+    let done = report(download.join().expect("the download's thread"));
+    assert_eq!(done.answers[0]["status"], 200, "{}", done.run);
+    assert_eq!(read(&file), object, "the download in flight finished, byte for byte");
+    let status = proxy.wait_exit(Duration::from_secs(10)).expect("exits once drained");
+    assert!(status.success(), "{status}");
+    assert!(signalled.elapsed() < Duration::from_secs(10), "{:?}", signalled.elapsed());
+    log_until(&log, "the drained line", WITHIN, |text| text.contains("no QUIC connection open"));
+}
+
+/// rangeway in-process with HTTP/3 on, `h3` its `[tls.h3]` keys, in front of `origin`; and the
+/// address of its QUIC listener.
+fn in_process(pki: &TestPki, origin: &Origin, h3: &str) -> (Proxy, SocketAddr) {
+    let port = free_port();
+    let body = format!(
+        "{}[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
+        tls_section(pki, port, h3),
+        origin.base_url()
+    );
+    (Proxy::start(&body), SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// A QUIC client endpoint on 127.0.0.1 trusting `pki`'s CA, offering `h3`: for what the listener
+/// does before any request (limits, Retry, timeouts). Run within a tokio runtime.
+fn quic_client(pki: &TestPki) -> quinn::Endpoint {
+    let pem = std::fs::read(pki.ca_cert()).expect("read the CA");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert.expect("a CA certificate")).expect("a usable CA certificate");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("a QUIC client");
+    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut endpoint = quinn::Endpoint::client(local).expect("a client endpoint");
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    endpoint
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime")
+}
+
+#[test]
+fn connections_per_address_are_bounded_after_a_retry_and_streams_per_connection() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let keys = "max_connections_per_client = 2\nmax_streams = 3\n";
+    let (proxy, addr) = in_process(&pki, &origin, keys);
+    runtime().block_on(async {
+        let client = quic_client(&pki);
+        let connect =
+            || async { client.connect(addr, "localhost").expect("a connection attempt").await };
+        let (first, second) = (connect().await.expect("one"), connect().await.expect("two"));
+        // The third from the same address: asked to prove its address (Retry), then refused.
+        match connect().await {
+            Err(quinn::ConnectionError::ConnectionClosed(close)) => {
+                assert_eq!(close.error_code, quinn::TransportErrorCode::CONNECTION_REFUSED);
+            }
+            other => panic!("a third connection from one address: {other:?}"),
+        }
+        // A connection takes max_streams requests at once, no more.
+        let mut open = Vec::new();
+        for _ in 0..3 {
+            let (mut send, recv) = first.open_bi().await.expect("a stream");
+            // A stream exists for the server once something is sent on it.
+            send.write_all(b"\x01").await.expect("write");
+            open.push((send, recv));
+        }
+        let fourth = tokio::time::timeout(Duration::from_millis(500), first.open_bi()).await;
+        assert!(fourth.is_err(), "a fourth stream opened");
+        // One closed, another may open.
+        drop(second);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        connect().await.expect("room for another once one closed");
+    });
+    assert_eq!(proxy.metric("rangeway_quic_handshakes_total", "retried"), 1);
+    assert_eq!(proxy.metric("rangeway_quic_handshakes_total", "refused_per_client"), 1);
+    assert_eq!(proxy.metric_at_least("rangeway_quic_handshakes_total", "accepted", 3), 3);
+}
+
+#[test]
+fn every_client_proves_its_address_when_retry_is_always_asked_for() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let object = test_bytes(100_000, 52);
+    origin.put("/obj.bin", object.clone());
+    let (proxy, addr) = in_process(&pki, &origin, "retry_above_handshakes = 0\n");
+    let work = TempDir::new("h3-retry");
+    let out = work.join("obj.bin");
+    let seen = aioquic(&pki, addr, &[request("/obj.bin", &[], &out)], &[]);
+    assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
+    assert_eq!(read(&out), object);
+    assert_eq!(proxy.metric("rangeway_quic_handshakes_total", "retried"), 1);
+    assert_eq!(proxy.metric("rangeway_quic_handshakes_total", "accepted"), 1);
+}
+
+#[test]
+fn an_idle_connection_is_closed_after_idle_timeout() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let (proxy, addr) = in_process(&pki, &origin, "idle_timeout = \"1s\"\n");
+    runtime().block_on(async {
+        let client = quic_client(&pki);
+        let connection = client.connect(addr, "localhost").expect("an attempt").await;
+        let connection = connection.expect("a connection");
+        let closed = tokio::time::timeout(Duration::from_secs(5), connection.closed()).await;
+        assert_eq!(closed.ok(), Some(quinn::ConnectionError::TimedOut), "closed when idle");
+    });
+    support::wait::until("the connection's place given up", WITHIN, || {
+        (proxy.metric("rangeway_quic_connections", "") == 0).then_some(())
+    });
 }
