@@ -677,3 +677,62 @@ fn an_idle_connection_is_closed_after_idle_timeout() {
         (proxy.metric("rangeway_quic_connections", "") == 0).then_some(())
     });
 }
+
+#[test]
+fn an_upgrade_lets_quic_downloads_finish_on_the_old_process_then_the_new_one_serves_h3() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let object = test_bytes(3 << 20, 53);
+    origin.put("/obj.bin", object.clone());
+    origin.put("/small.bin", b"small".to_vec());
+    // About 3 s for the whole object.
+    origin.set_behaviour(
+        "/obj.bin",
+        Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) },
+    );
+    let work = TempDir::new("h3-upgrade");
+    let (old_log, new_log) = (work.join("old.log"), work.join("new.log"));
+    let socket = work.join("upgrade.sock");
+    let server_keys = format!("grace_period = \"20s\"\nupgrade_socket = \"{}\"", socket.display());
+    let upstream = format!("url = \"{}\"", origin.base_url());
+    let (mut old, port) = h3_proxy_with(&pki, &upstream, "", &server_keys, &old_log);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let file = work.join("obj.bin");
+    let download = {
+        let (ca, request) = (pki.ca_cert().to_owned(), request("/obj.bin", &[], &file));
+        std::thread::spawn(move || {
+            let mut client = Command::new("python3");
+            client
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
+                .args(["--connect", &addr.to_string(), "--ca"])
+                .arg(ca)
+                .args(["--request", &request]);
+            run(client, CLIENT_TIMEOUT)
+        })
+    };
+    support::wait::until("the download under way", WITHIN, || {
+        (old.metric("rangeway_active_downloads", "") == 1).then_some(())
+    });
+    let _new = old.upgrade(&new_log);
+    support::wait::until("the upgrade socket", Duration::from_secs(15), || {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::metadata(&socket).ok().filter(|m| m.file_type().is_socket())
+    });
+    old.signal("QUIT");
+    // The new process waits for the UDP port the old one still serves its download on.
+    log_until(&new_log, "the wait for the UDP port", Duration::from_secs(15), |text| {
+        text.contains("HTTP/3 waits for the UDP port")
+    });
+    let done = report(download.join().expect("the download's thread"));
+    assert_eq!(done.answers[0]["status"], 200, "{}", done.run);
+    assert_eq!(read(&file), object, "the download finished on the old process");
+    let exited = old.wait_exit(Duration::from_secs(15));
+    assert!(exited.is_some_and(|s| s.success()), "the old process did not leave: {exited:?}");
+    log_until(&new_log, "HTTP/3 on the new process", WITHIN, |text| {
+        text.contains("HTTP/3 listening (UDP)")
+    });
+    let small = work.join("small");
+    let seen = aioquic(&pki, addr, &[request("/small.bin", &[], &small)], &[]);
+    assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
+    assert_eq!(read(&small), b"small");
+}
