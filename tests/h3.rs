@@ -736,3 +736,92 @@ fn an_upgrade_lets_quic_downloads_finish_on_the_old_process_then_the_new_one_ser
     assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
     assert_eq!(read(&small), b"small");
 }
+
+#[test]
+fn limits_the_cache_and_stages_hold_over_h3_as_over_tcp() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let object = test_bytes(1_500_000, 54);
+    // Last modified ten days ago: fresh for a day by RFC 9111's heuristic, so a cache hit.
+    let ten_days_ago = std::time::SystemTime::now() - Duration::from_secs(10 * 86_400);
+    origin.put_modified("/obj.bin", object.clone(), &[], ten_days_ago);
+    origin.put("/slow.bin", test_bytes(2 << 20, 55));
+    origin.set_behaviour(
+        "/slow.bin",
+        Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) },
+    );
+    let work = TempDir::new("h3-features");
+    let cache = work.join("cache");
+    let log = work.join("rangeway.log");
+    let port = free_port();
+    let route = |prefix: &str, extra: &str| {
+        format!(
+            "[[routes]]\npath_prefix = \"{prefix}\"\nupstream = \"origin\"\nstrip_prefix = true\n{extra}\n"
+        )
+    };
+    let body = format!(
+        "{}[log]\nformat = \"json\"\n\n[cache]\ndir = \"{}\"\n\n[upstreams.origin]\nurl = \"{}\"\n\n{}{}{}",
+        tls_section(&pki, port, ""),
+        cache.display(),
+        origin.base_url(),
+        route("/limited/", "[routes.download_limits]\nper_client = 1\n"),
+        route("/cached/", "cache = true\n"),
+        route("/sum/", "[[routes.middleware]]\nkind = \"checksum\"\nalgorithms = [\"sha256\"]\n"),
+    );
+    let proxy = ProxyProcess::start_logged(&body, &[], &log);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+
+    // One download under way over TCP: the same address's second, over QUIC, is refused.
+    let slow_url = proxy.url("/limited/slow.bin");
+    let slow = std::thread::spawn(move || support::http::get(&slow_url, &[]));
+    support::wait::until("the TCP download under way", WITHIN, || {
+        (proxy.metric("rangeway_active_downloads", "") == 1).then_some(())
+    });
+    let refused = work.join("refused");
+    let seen = aioquic(&pki, addr, &[request("/limited/obj.bin", &[], &refused)], &[]);
+    assert_eq!(seen.answers[0]["status"], 429, "{}", seen.run);
+    assert_eq!(seen.answers[0]["headers"]["retry-after"], "5", "{}", seen.run);
+    assert_eq!(slow.join().expect("the TCP download").status, 200);
+
+    // The slice cache: a miss, then a hit that asks the origin nothing, both byte for byte.
+    let (first, second) = (work.join("first"), work.join("second"));
+    let asked = origin.requests().len();
+    let seen = aioquic(&pki, addr, &[request("/cached/obj.bin", &[], &first)], &[]);
+    assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
+    let after_miss = origin.requests().len();
+    assert!(after_miss > asked, "the miss asked the origin");
+    let range = [("range", "bytes=1000-1499999")];
+    let seen = aioquic(&pki, addr, &[request("/cached/obj.bin", &range, &second)], &[]);
+    assert_eq!(seen.answers[0]["status"], 206, "{}", seen.run);
+    assert_eq!(origin.requests().len(), after_miss, "the hit asked the origin nothing");
+    assert_eq!(read(&first), object);
+    assert_eq!(read(&second), object[1000..]);
+
+    // A checksum stage: the digest learned from one download is published on the next.
+    let (once, twice) = (work.join("once"), work.join("twice"));
+    let seen = aioquic(
+        &pki,
+        addr,
+        &[request("/sum/obj.bin", &[], &once), request("/sum/obj.bin", &[], &twice)],
+        &[],
+    );
+    assert_eq!(read(&once), object);
+    assert_eq!(read(&twice), object);
+    let digest = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&object));
+    let published = seen.answers[1]["headers"]["repr-digest"].as_str().unwrap_or_default();
+    assert_eq!(published, format!("sha-256=:{digest}:"), "{}", seen.run);
+
+    // The access lines: the QUIC requests say HTTP/3, the cache's outcomes as over TCP (with a
+    // [cache], every route but a folder's uses it).
+    let lines = access_lines(&log, 6);
+    let h3: Vec<&Value> = lines.iter().filter(|l| l["version"] == "HTTP/3.0").collect();
+    assert_eq!(h3.len(), 5, "{lines:?}");
+    let cached: Vec<&str> = h3
+        .iter()
+        .filter(|l| l["route"] == "/cached/")
+        .filter_map(|l| l["cache"].as_str())
+        .collect();
+    assert_eq!(cached, ["miss", "hit"], "{lines:?}");
+}
