@@ -825,3 +825,57 @@ fn limits_the_cache_and_stages_hold_over_h3_as_over_tcp() {
         .collect();
     assert_eq!(cached, ["miss", "hit"], "{lines:?}");
 }
+
+#[test]
+fn a_signed_link_bound_to_the_client_holds_across_a_migration() {
+    const LEN: usize = 16 << 20;
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 56);
+    origin.put("/big.bin", object.clone());
+    let work = TempDir::new("h3-links");
+    let keys = work.join("link-keys");
+    std::fs::write(&keys, "k1 0123456789abcdef0123456789abcdef\n").expect("write the keys");
+    let upstream = format!("url = \"{}\"", origin.base_url());
+    let links = format!("[routes.signed_links]\nkeys_file = \"{}\"\n", keys.display());
+    let port = free_port();
+    let body = format!("{}{}{links}", tls_section(&pki, port, ""), routes(&upstream));
+    let config = work.join("sign.toml");
+    std::fs::write(&config, &body).expect("write the config");
+    let sign = |client: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rangeway"));
+        command.args(["sign", "--config"]).arg(&config);
+        command.args(["/big.bin", "--client", client]);
+        let signed = run(command, CLIENT_TIMEOUT);
+        signed.assert_success();
+        signed.stdout.trim().to_owned()
+    };
+    let log = work.join("rangeway.log");
+    let _proxy = ProxyProcess::start_logged(&body, &[], &log);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let (mine, theirs) = (sign("127.0.0.1/32"), sign("192.0.2.0/24"));
+    let (whole, again, refused) = (work.join("whole"), work.join("again"), work.join("refused"));
+    // Halfway through the first download the client moves to 127.0.0.2; the second request,
+    // from there, is still the client of the handshake, whom the link names.
+    let half = (LEN / 2).to_string();
+    let seen = aioquic(
+        &pki,
+        addr,
+        &[
+            request(&mine, &[], &whole),
+            request(&mine, &[("range", "bytes=0-99")], &again),
+            request(&theirs, &[], &refused),
+        ],
+        &["--rebind-after", &half, "--rebind-host", "127.0.0.2"],
+    );
+    let statuses: Vec<u64> = seen.answers.iter().filter_map(|a| a["status"].as_u64()).collect();
+    assert_eq!(statuses, [200, 206, 403], "{}", seen.run);
+    assert!(seen.addresses[1].contains("127.0.0.2"), "{:?}", seen.addresses);
+    assert_eq!(sha256_file(&whole), sha256_hex(&object));
+    assert_eq!(read(&again), object[..100]);
+    let lines = access_lines(&log, 3);
+    assert!(
+        lines.iter().all(|l| l["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:"))),
+        "{lines:?}"
+    );
+}
