@@ -879,3 +879,42 @@ fn a_signed_link_bound_to_the_client_holds_across_a_migration() {
         "{lines:?}"
     );
 }
+
+/// `tests/h3_client.py --zero-rtt` against `addr`: a session resumed, `requests` sent first
+/// thing on it; the answers, and whether the server took the 0-RTT data.
+fn zero_rtt(pki: &TestPki, addr: SocketAddr, requests: &[String]) -> (H3Run, bool) {
+    let seen = aioquic(pki, addr, requests, &["--zero-rtt"]);
+    let run = seen.run.stdout.lines().last().unwrap_or_default().to_owned();
+    let connection: Value = serde_json::from_str(&run).expect("the connection's line");
+    assert_eq!(connection["connection"]["resumed"], true, "{}", seen.run);
+    let accepted = connection["connection"]["early_data_accepted"] == true;
+    (seen, accepted)
+}
+
+#[test]
+fn zero_rtt_is_refused_by_default_and_only_get_and_head_ride_it_when_on() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    let object = test_bytes(50_000, 57);
+    origin.put("/obj.bin", object.clone());
+    let work = TempDir::new("h3-0rtt");
+    let out = work.join("obj.bin");
+    let get = request("/obj.bin", &[], &out);
+
+    // Off: the session resumes, its early data is not taken, the request is answered anyway.
+    let (_off, addr) = in_process(&pki, &origin, "");
+    let (seen, accepted) = zero_rtt(&pki, addr, std::slice::from_ref(&get));
+    assert!(!accepted, "0-RTT taken while off: {}", seen.run);
+    assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
+
+    // On: a GET in 0-RTT data is answered; a POST is told to come back after the handshake.
+    let (_on, addr) = in_process(&pki, &origin, "early_data = true\n");
+    let (seen, accepted) = zero_rtt(&pki, addr, std::slice::from_ref(&get));
+    assert!(accepted, "0-RTT not taken while on: {}", seen.run);
+    assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
+    assert_eq!(read(&out), object);
+    let post = serde_json::json!({ "path": "/obj.bin", "method": "POST" }).to_string();
+    let (seen, accepted) = zero_rtt(&pki, addr, &[post]);
+    assert!(accepted, "{}", seen.run);
+    assert_eq!(seen.answers[0]["status"], 425, "{}", seen.run);
+}

@@ -12,6 +12,9 @@ it used).
 With --rebind-after N, once N body bytes have arrived the client moves to a new UDP socket (a
 new local port, and the address --rebind-host when given) on the same connection, as a phone
 changing networks or a NAT rebinding would: the server sees its packets come from elsewhere.
+
+With --zero-rtt, a first connection gets a session ticket, and the requests go on a second one
+that resumes the session, sent in 0-RTT data where the server's ticket allows it.
 """
 
 import argparse
@@ -128,6 +131,7 @@ async def main():
     parser.add_argument("--request", action="append", default=[], help="JSON: path, headers, out")
     parser.add_argument("--rebind-after", type=int, help="body bytes after which to migrate")
     parser.add_argument("--rebind-host", help="the IPv4 address of the new socket")
+    parser.add_argument("--zero-rtt", action="store_true", help="resume a session, in 0-RTT")
     args = parser.parse_args()
 
     host, port = args.connect.rsplit(":", 1)
@@ -140,7 +144,25 @@ async def main():
         configuration.load_verify_locations(args.ca)
     authority = args.authority or f"{args.server_name}:{port}"
 
-    async with connect(host, int(port), configuration=configuration, create_protocol=Client) as client:
+    early = {}
+    if args.zero_rtt:
+        tickets = []
+        async with connect(
+            host, int(port), configuration=configuration, create_protocol=Client,
+            session_ticket_handler=tickets.append,
+        ) as first:
+            # The ticket comes after the handshake; one request's round trip is enough.
+            await first.request(authority, "/", {}, None)
+            for _ in range(50):
+                if tickets:
+                    break
+                await asyncio.sleep(0.02)
+        configuration.session_ticket = tickets[-1]
+        early = {"wait_connected": False}
+
+    async with connect(
+        host, int(port), configuration=configuration, create_protocol=Client, **early
+    ) as client:
         addresses = [local_address(client)]
         moved = asyncio.get_running_loop().create_future()
         if args.rebind_after is not None:
@@ -171,7 +193,13 @@ async def main():
             print(json.dumps(line), flush=True)
         if args.rebind_after is not None:
             await asyncio.wait_for(migration, 5)
-        print(json.dumps({"connection": {"addresses": addresses}}), flush=True)
+        tls = client._quic.tls
+        connection = {
+            "addresses": addresses,
+            "resumed": tls.session_resumed,
+            "early_data_accepted": tls.early_data_accepted,
+        }
+        print(json.dumps({"connection": connection}), flush=True)
         client.close()
         await client.wait_closed()
 
