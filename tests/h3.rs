@@ -918,3 +918,41 @@ fn zero_rtt_is_refused_by_default_and_only_get_and_head_ride_it_when_on() {
     assert!(accepted, "{}", seen.run);
     assert_eq!(seen.answers[0]["status"], 425, "{}", seen.run);
 }
+
+#[test]
+fn uploads_pass_through_over_h3_and_one_too_large_is_refused() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    origin.set_global_behaviour(Behaviour::TakesBodies(Vec::new()));
+    let work = TempDir::new("h3-upload");
+    let upload = test_bytes(3 << 20, 58);
+    let file = work.join("upload.bin");
+    std::fs::write(&file, &upload).expect("write the upload");
+    let port = free_port();
+    let body = format!(
+        "{}[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\n\
+         upstream = \"origin\"\nmethods = [\"POST\", \"PUT\"]\n",
+        tls_section(&pki, port, ""),
+        origin.base_url()
+    );
+    let _proxy = Proxy::start_with_server(&body, "max_request_body = \"4MiB\"\n");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let upload_request = |method: &str, file: &Path, out: &Path| {
+        serde_json::json!({ "path": "/in.bin", "method": method, "body_file": file, "out": out })
+            .to_string()
+    };
+    // The origin answers with the length and SHA-256 of the body it read.
+    let answered = work.join("answered");
+    let seen = aioquic(&pki, addr, &[upload_request("POST", &file, &answered)], &[]);
+    assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
+    let expected = format!("{} {}", upload.len(), sha256_hex(&upload));
+    assert_eq!(String::from_utf8_lossy(&read(&answered)).trim(), expected);
+    // Past max_request_body (no length declared, as HTTP/3 needs none): cut where it grows
+    // past the limit, 413; the origin never gets all of it.
+    let large = work.join("large.bin");
+    std::fs::write(&large, test_bytes(5 << 20, 59)).expect("write the large upload");
+    let refused = work.join("refused");
+    let seen = aioquic(&pki, addr, &[upload_request("PUT", &large, &refused)], &[]);
+    assert_eq!(seen.answers[0]["status"], 413, "{}", seen.run);
+    assert!(origin.requests().iter().all(|r| r.body_len <= 4 << 20), "never all of it");
+}

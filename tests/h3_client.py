@@ -87,7 +87,7 @@ class Client(QuicConnectionProtocol):
             if getattr(h3_event, "stream_ended", False):
                 answer.end()
 
-    async def request(self, authority, path, fields, out, method="GET"):
+    async def request(self, authority, path, fields, out, method="GET", body=None):
         stream_id = self._quic.get_next_available_stream_id()
         answer = Answer(out)
         self.answers[stream_id] = answer
@@ -99,7 +99,9 @@ class Client(QuicConnectionProtocol):
             (b"user-agent", b"aioquic-test"),
         ]
         headers += [(k.lower().encode(), v.encode()) for k, v in fields.items()]
-        self.h3.send_headers(stream_id, headers, end_stream=True)
+        self.h3.send_headers(stream_id, headers, end_stream=body is None)
+        if body is not None:
+            self.h3.send_data(stream_id, body, end_stream=True)
         self.transmit()
         await answer.done
         return answer
@@ -128,7 +130,10 @@ async def main():
     parser.add_argument("--server-name", default="localhost")
     parser.add_argument("--authority", help="the :authority (default: server name and port)")
     parser.add_argument("--ca", help="the CA file to trust")
-    parser.add_argument("--request", action="append", default=[], help="JSON: path, headers, out")
+    parser.add_argument(
+        "--request", action="append", default=[],
+        help="JSON: path, headers, out (the body's file), method, body_file (to upload)",
+    )
     parser.add_argument("--rebind-after", type=int, help="body bytes after which to migrate")
     parser.add_argument("--rebind-host", help="the IPv4 address of the new socket")
     parser.add_argument("--zero-rtt", action="store_true", help="resume a session, in 0-RTT")
@@ -180,9 +185,13 @@ async def main():
             migration = asyncio.ensure_future(migrate())
         for spec in args.request:
             spec = json.loads(spec)
+            body = None
+            if "body_file" in spec:
+                with open(spec["body_file"], "rb") as uploaded:
+                    body = uploaded.read()
             answer = await client.request(
                 authority, spec["path"], spec.get("headers", {}), spec.get("out"),
-                spec.get("method", "GET"),
+                spec.get("method", "GET"), body,
             )
             line = {
                 "status": answer.status,
