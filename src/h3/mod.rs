@@ -17,9 +17,10 @@
 //! handshake's address stays the client's identity for ids, limits and the access line.
 //!
 //! On SIGTERM new connections are refused, each connection is told GOAWAY (RFC 9114 §5.2), its
-//! requests finish, and it closes once its client has closed it or briefly after: the drain
-//! (`crate::server`) waits for the connections as for the responses, since their last bytes go
-//! out from this process.
+//! requests finish, and it closes once the client has acknowledged every response on it: the
+//! drain (`crate::server`) waits for the connections as for the responses, since their last
+//! bytes go out from this process. h3 runs over quinn through transport.rs, which gives each
+//! request its stream's `stopped()` for that and for a client that stops reading.
 
 use std::collections::HashMap;
 use std::io;
@@ -38,10 +39,13 @@ use quinn::{Endpoint, EndpointConfig, IdleTimeout, Incoming, TransportConfig, Va
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+pub(crate) mod transport;
+
 use crate::admission::ClientLimits;
 use crate::proxy::{H3Client, Proxy};
 use crate::telemetry::metrics::Metrics;
 use crate::tls::{SniResolver, TlsConfig};
+use transport::{Stopped, Transport};
 
 /// `[tls] h3`: HTTP/3's listeners and what a client may cost on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,11 +79,6 @@ impl Default for H3Config {
         }
     }
 }
-
-/// How long a drained connection waits for its client to close it before closing it itself: the
-/// client's acknowledgements of the last bytes are in flight meanwhile, and closing sooner would
-/// leave them unsent.
-const LINGER: Duration = Duration::from_secs(3);
 
 /// Unidirectional streams a client may open: HTTP/3's control stream and QPACK's two, and room
 /// for the reserved (grease) ones clients send.
@@ -329,11 +328,12 @@ impl Listener {
             }
         };
         self.metrics.quic_handshake("accepted");
+        let stopped = Stopped::default();
         let h3 = h3::server::builder()
             .max_field_section_size(self.limits.max_header_bytes as u64)
-            .build(h3_quinn::Connection::new(connection.clone()))
+            .build(Transport::new(connection.clone(), stopped.clone()))
             .await;
-        let mut h3: h3::server::Connection<h3_quinn::Connection, Bytes> = match h3 {
+        let mut h3: h3::server::Connection<Transport, Bytes> = match h3 {
             Ok(h3) => h3,
             Err(e) => {
                 debug!(%peer, error = %e, "HTTP/3 did not start on a QUIC connection");
@@ -341,9 +341,8 @@ impl Listener {
             }
         };
         let client = H3Client { peer, connection: connection.clone(), early: false };
-        self.requests(&mut h3, &client, &confirmed, shutdown).await;
-        // Told GOAWAY, or gone: the client closes it once it has the last bytes.
-        let _ = tokio::time::timeout(LINGER, connection.closed()).await;
+        self.requests(&mut h3, &client, (&confirmed, &stopped), shutdown).await;
+        // Every response acknowledged (or its client gone): dropping h3 closes the connection.
         let last = connection.remote_address();
         if SocketAddr::new(last.ip().to_canonical(), last.port()) != peer {
             self.metrics.quic_migrated();
@@ -379,9 +378,9 @@ impl Listener {
     /// requests have been answered.
     async fn requests(
         &self,
-        h3: &mut h3::server::Connection<h3_quinn::Connection, Bytes>,
+        h3: &mut h3::server::Connection<Transport, Bytes>,
         client: &H3Client,
-        confirmed: &AtomicBool,
+        (confirmed, stopped): (&AtomicBool, &Stopped),
         mut shutdown: ShutdownWatch,
     ) {
         let mut tasks = JoinSet::new();
@@ -395,11 +394,19 @@ impl Listener {
                     Ok(Some(resolver)) => {
                         let mut client = client.clone();
                         client.early = !confirmed.load(Ordering::Acquire);
+                        // The stream h3 has just accepted is this request's.
+                        let stopped = stopped.take();
                         let (proxy, timeout) = (Arc::clone(&self.proxy), self.limits.header_timeout);
                         tasks.spawn(async move {
                             match tokio::time::timeout(timeout, resolver.resolve_request()).await {
                                 Ok(Ok((request, stream))) => {
-                                    proxy.answer_h3(request, stream, &client).await;
+                                    let acknowledged =
+                                        proxy.answer_h3(request, stream, &client, stopped).await;
+                                    // The task ends once the client has it all (or is gone),
+                                    // so that a drained connection closes with nothing unsent.
+                                    if let Some(acknowledged) = acknowledged {
+                                        acknowledged.await;
+                                    }
                                 }
                                 Ok(Err(e)) => debug!(peer = %client.peer, error = %e, "an HTTP/3 request could not be read"),
                                 Err(_) => debug!(peer = %client.peer, "an HTTP/3 request header took longer than client_header_timeout"),

@@ -62,6 +62,7 @@ use crate::admission::ClientLimits;
 use crate::cache::SliceCache;
 use crate::config::IpNet;
 use crate::fingerprint::FingerprintKey;
+use crate::h3::transport::Acknowledged;
 use crate::routes::RouteSwitch;
 use crate::routes::origin_client::OriginClient;
 use crate::state::StateStore;
@@ -201,14 +202,16 @@ impl Proxy {
 impl Proxy {
     /// Answers an HTTP/3 request, as pingora's adapter below does an HTTP/1 or HTTP/2 one:
     /// `answer`, `answer_failure` when it fails, then `record`. The stream is finished when its
-    /// response is whole, reset otherwise.
+    /// response is whole, reset otherwise; `stopped` is its quinn `stopped()`, given back for
+    /// the caller to wait for the response's acknowledgement.
     pub(crate) async fn answer_h3(
         &self,
         request: http::Request<()>,
         stream: H3Stream,
         client: &H3Client,
-    ) {
-        let mut session = H3Session::new(request, stream, client);
+        stopped: Option<Acknowledged>,
+    ) -> Option<Acknowledged> {
+        let mut session = H3Session::new(request, stream, client, stopped);
         let mut ctx = RequestCtx::default();
         let answered = match session.too_early(client) {
             // RFC 8470 §5.2: the client sends it again once the handshake is done.
@@ -227,6 +230,7 @@ impl Proxy {
         };
         session.end(whole).await;
         self.record(&session, answered.err().as_deref(), &mut ctx).await;
+        session.acknowledged()
     }
 }
 

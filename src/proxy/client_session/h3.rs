@@ -1,8 +1,8 @@
 //! [`ClientSession`] for an HTTP/3 request: one bidirectional stream of a QUIC connection that
 //! `crate::h3` accepted. It has no socket of its own — the connection's packets go out through
 //! the listener's UDP socket, encrypted per packet — so the kernel's ways are not for it
-//! (`kernel_socket` is `None`), and a client's going is the connection's closing, as HTTP/2's is
-//! its stream's or connection's.
+//! (`kernel_socket` is `None`), and a client's going is its stream stopped or its connection
+//! ended (quinn's `stopped()`), as HTTP/2's is its stream reset or its connection closed.
 //!
 //! The client is the address that made the handshake, whatever address its packets come from
 //! after a migration: its downloads, limits and access line stay one client's.
@@ -19,10 +19,11 @@ use pingora_error::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::ClientSession;
+use crate::h3::transport::{Acknowledged, BidiStream};
 use crate::proxy::splice::RawSocket;
 
 /// A request's stream, as h3 hands it over.
-pub(crate) type H3Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+pub(crate) type H3Stream = RequestStream<BidiStream, Bytes>;
 
 /// The connection an HTTP/3 request came on.
 #[derive(Debug, Clone)]
@@ -61,10 +62,21 @@ pub(crate) struct H3Session {
     stop_reading: bool,
     sent: u64,
     write_timeout: Duration,
+    /// Resolves when the client stops the response, its connection ends, or the response has
+    /// been acknowledged whole; `None` once it has resolved.
+    stopped: Option<Acknowledged>,
+    /// The client stopped the stream or closed the connection.
+    gone: bool,
 }
 
 impl H3Session {
-    pub(crate) fn new(request: http::Request<()>, stream: H3Stream, client: &H3Client) -> Self {
+    /// The session of `request` on `stream`, whose `stopped()` is `stopped`.
+    pub(crate) fn new(
+        request: http::Request<()>,
+        stream: H3Stream,
+        client: &H3Client,
+        stopped: Option<Acknowledged>,
+    ) -> Self {
         let (mut parts, ()) = request.into_parts();
         parts.version = http::Version::HTTP_3;
         Self {
@@ -78,7 +90,15 @@ impl H3Session {
             stop_reading: false,
             sent: 0,
             write_timeout: Duration::from_secs(60),
+            stopped,
+            gone: false,
         }
+    }
+
+    /// What resolves once the response has been acknowledged whole (or the client stopped it):
+    /// `None` when that has happened already.
+    pub(crate) fn acknowledged(self) -> Option<Acknowledged> {
+        self.stopped
     }
 
     /// Whether a request that may have come in 0-RTT data must wait for the handshake: any but
@@ -246,10 +266,21 @@ impl ClientSession for H3Session {
         None
     }
 
-    /// The connection's closing (the client went, or its idle timeout ran out). A stream the
-    /// client resets while its connection goes on is seen at the next write.
+    /// The stream stopped by the client (STOP_SENDING), or its connection ended. Called before
+    /// the response's end, so never resolved by the response's acknowledgement.
     async fn stream_gone(&mut self) {
-        self.connection.closed().await;
+        if self.gone {
+            return;
+        }
+        match self.stopped.as_mut() {
+            Some(stopped) => stopped.await,
+            // No `stopped()` to watch: the connection's end, then.
+            None => {
+                self.connection.closed().await;
+            }
+        }
+        self.stopped = None;
+        self.gone = true;
     }
 
     fn note_sent_aside(&self, _bytes: u64) -> bool {
