@@ -956,3 +956,47 @@ fn uploads_pass_through_over_h3_and_one_too_large_is_refused() {
     assert_eq!(seen.answers[0]["status"], 413, "{}", seen.run);
     assert!(origin.requests().iter().all(|r| r.body_len <= 4 << 20), "never all of it");
 }
+
+/// A client that stops its stream while the origin is silent is noticed at once, its connection
+/// kept open: the origin's request is dropped and the download ends, as on HTTP/2.
+#[test]
+fn a_client_that_stops_its_stream_frees_a_silent_origin() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    origin.put("/silent", test_bytes(1 << 20, 60));
+    origin.set_behaviour("/silent", Behaviour::Silent);
+    let (proxy, addr) = in_process(&pki, &origin, "");
+    let work = TempDir::new("h3-stop");
+    let spec = serde_json::json!({
+        "path": "/silent", "out": work.join("silent"), "cancel_after": 1.5, "hold": 4,
+    });
+    let client = {
+        let (ca, spec) = (pki.ca_cert().to_owned(), spec.to_string());
+        std::thread::spawn(move || {
+            let mut client = Command::new("python3");
+            client
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
+                .args(["--connect", &addr.to_string(), "--ca"])
+                .arg(ca)
+                .args(["--request", &spec]);
+            run(client, CLIENT_TIMEOUT)
+        })
+    };
+    support::wait::until("the origin asked, the download under way", WITHIN, || {
+        (origin.requests().len() == 1 && proxy.metric("rangeway_active_downloads", "") == 1)
+            .then_some(())
+    });
+    let asked = std::time::Instant::now();
+    // Stopped 1.5 s after the request: the origin's connection closes within 2 s of that, while
+    // the client's QUIC connection is still open (it holds it 4 s more).
+    support::wait::until("the origin's connection closed", Duration::from_secs(10), || {
+        (origin.closed_while_silent() == 1).then_some(())
+    });
+    assert!(asked.elapsed() < Duration::from_millis(3500), "{:?}", asked.elapsed());
+    assert_eq!(proxy.metric("rangeway_quic_connections", ""), 1, "the connection is kept");
+    support::wait::until("the download ended", WITHIN, || {
+        (proxy.metric("rangeway_active_downloads", "") == 0).then_some(())
+    });
+    let done = report(client.join().expect("the client's thread"));
+    assert_eq!(done.answers[0]["reset"], true, "{}", done.run);
+}

@@ -87,7 +87,7 @@ class Client(QuicConnectionProtocol):
             if getattr(h3_event, "stream_ended", False):
                 answer.end()
 
-    async def request(self, authority, path, fields, out, method="GET", body=None):
+    async def request(self, authority, path, fields, out, method="GET", body=None, cancel=None):
         stream_id = self._quic.get_next_available_stream_id()
         answer = Answer(out)
         self.answers[stream_id] = answer
@@ -103,7 +103,18 @@ class Client(QuicConnectionProtocol):
         if body is not None:
             self.h3.send_data(stream_id, body, end_stream=True)
         self.transmit()
-        await answer.done
+        if cancel is None:
+            await answer.done
+            return answer
+        # Gives up on the answer after `cancel` seconds, as a browser's aborted fetch does: the
+        # stream is stopped (STOP_SENDING, H3_REQUEST_CANCELLED), the connection kept.
+        try:
+            await asyncio.wait_for(asyncio.shield(answer.done), cancel)
+        except asyncio.TimeoutError:
+            self._quic.stop_stream(stream_id, 0x10C)
+            self.transmit()
+            answer.reset = True
+            answer.end()
         return answer
 
 
@@ -132,7 +143,8 @@ async def main():
     parser.add_argument("--ca", help="the CA file to trust")
     parser.add_argument(
         "--request", action="append", default=[],
-        help="JSON: path, headers, out (the body's file), method, body_file (to upload)",
+        help="JSON: path, headers, out (the body's file), method, body_file (to upload), "
+        "cancel_after (seconds, then the stream is stopped), hold (seconds to wait after)",
     )
     parser.add_argument("--rebind-after", type=int, help="body bytes after which to migrate")
     parser.add_argument("--rebind-host", help="the IPv4 address of the new socket")
@@ -191,8 +203,10 @@ async def main():
                     body = uploaded.read()
             answer = await client.request(
                 authority, spec["path"], spec.get("headers", {}), spec.get("out"),
-                spec.get("method", "GET"), body,
+                spec.get("method", "GET"), body, spec.get("cancel_after"),
             )
+            # The connection stays a while after the request, open and idle.
+            await asyncio.sleep(spec.get("hold", 0))
             line = {
                 "status": answer.status,
                 "headers": answer.headers,
