@@ -20,7 +20,8 @@
 //! requests finish, and it closes once the client has acknowledged every response on it: the
 //! drain (`crate::server`) waits for the connections as for the responses, since their last
 //! bytes go out from this process. h3 runs over quinn through transport.rs, which gives each
-//! request its stream's `stopped()` for that and for a client that stops reading.
+//! request its stream's `stopped()` for that and for a client that stops reading, and lets its
+//! body's chunks reach quinn uncopied.
 
 use std::collections::HashMap;
 use std::io;
@@ -45,7 +46,7 @@ use crate::admission::ClientLimits;
 use crate::proxy::{H3Client, Proxy};
 use crate::telemetry::metrics::Metrics;
 use crate::tls::{SniResolver, TlsConfig};
-use transport::{Stopped, Transport};
+use transport::{LastAccepted, Transport};
 
 /// `[tls] h3`: HTTP/3's listeners and what a client may cost on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,10 +329,10 @@ impl Listener {
             }
         };
         self.metrics.quic_handshake("accepted");
-        let stopped = Stopped::default();
+        let last_accepted = LastAccepted::default();
         let h3 = h3::server::builder()
             .max_field_section_size(self.limits.max_header_bytes as u64)
-            .build(Transport::new(connection.clone(), stopped.clone()))
+            .build(Transport::new(connection.clone(), last_accepted.clone()))
             .await;
         let mut h3: h3::server::Connection<Transport, Bytes> = match h3 {
             Ok(h3) => h3,
@@ -341,7 +342,7 @@ impl Listener {
             }
         };
         let client = H3Client { peer, connection: connection.clone(), early: false };
-        self.requests(&mut h3, &client, (&confirmed, &stopped), shutdown).await;
+        self.requests(&mut h3, &client, (&confirmed, &last_accepted), shutdown).await;
         // Every response acknowledged (or its client gone): dropping h3 closes the connection.
         let last = connection.remote_address();
         if SocketAddr::new(last.ip().to_canonical(), last.port()) != peer {
@@ -380,7 +381,7 @@ impl Listener {
         &self,
         h3: &mut h3::server::Connection<Transport, Bytes>,
         client: &H3Client,
-        (confirmed, stopped): (&AtomicBool, &Stopped),
+        (confirmed, last_accepted): (&AtomicBool, &LastAccepted),
         mut shutdown: ShutdownWatch,
     ) {
         let mut tasks = JoinSet::new();
@@ -395,13 +396,13 @@ impl Listener {
                         let mut client = client.clone();
                         client.early = !confirmed.load(Ordering::Acquire);
                         // The stream h3 has just accepted is this request's.
-                        let stopped = stopped.take();
+                        let handle = last_accepted.take();
                         let (proxy, timeout) = (Arc::clone(&self.proxy), self.limits.header_timeout);
                         tasks.spawn(async move {
                             match tokio::time::timeout(timeout, resolver.resolve_request()).await {
                                 Ok(Ok((request, stream))) => {
                                     let acknowledged =
-                                        proxy.answer_h3(request, stream, &client, stopped).await;
+                                        proxy.answer_h3(request, stream, &client, handle).await;
                                     // The task ends once the client has it all (or is gone),
                                     // so that a drained connection closes with nothing unsent.
                                     if let Some(acknowledged) = acknowledged {

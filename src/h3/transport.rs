@@ -1,12 +1,16 @@
 //! h3 over quinn: the QUIC side of `h3::quic`'s traits, for the listener's connections.
 //!
 //! hyperium's h3-quinn does the same and keeps each stream's quinn handle to itself; rangeway
-//! needs one thing of it per request stream: quinn's `stopped()`, which resolves when the client
-//! stops reading the response (its fetch aborted, while the origin may keep rangeway waiting:
-//! `ClientSession::stream_gone`) and once the response has been acknowledged whole (what a
-//! draining connection waits for before it closes). A connection hands the one of the request
-//! stream h3 accepted last through [`Stopped::take`]: h3's `accept` accepts one request stream
-//! and returns it.
+//! needs two things of a request stream that go past h3's API, kept for its request in a
+//! [`StreamHandle`]. Its `stopped()`, which resolves when the client stops reading the response
+//! (its fetch aborted, while the origin may keep rangeway waiting: `ClientSession::stream_gone`)
+//! and once the response has been acknowledged whole (what a draining connection waits for
+//! before it closes). And a way for the body's chunks to reach quinn as the `Bytes` they are:
+//! h3 hands a DATA frame over as a `Buf` only, which quinn would copy into its send buffer; the
+//! session offers each chunk beside it ([`BodyHandoff`]), and the stream gives quinn that chunk
+//! itself when the frame's payload is it. A connection hands the handle of the request stream h3
+//! accepted last through [`LastAccepted::take`]: h3's `accept` accepts one request stream and
+//! returns it.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -26,24 +30,65 @@ pub(crate) type Acknowledged = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
 /// with a clone of it.
 type Pending<T> = Pin<Box<dyn Future<Output = Result<T, quinn::ConnectionError>> + Send + Sync>>;
 
-/// The `stopped()` of the request stream accepted last, for the connection to take.
-#[derive(Clone, Default)]
-pub(crate) struct Stopped(Arc<Mutex<Option<Acknowledged>>>);
+/// What a request has of its stream beyond h3's `RequestStream`.
+pub(crate) struct StreamHandle {
+    pub(crate) stopped: Acknowledged,
+    pub(crate) body: BodyHandoff,
+}
 
-impl Stopped {
-    /// What resolves when the stream h3 accepted last is stopped or acknowledged.
-    pub(crate) fn take(&self) -> Option<Acknowledged> {
+/// The body chunk a request is writing, offered to its stream so that quinn takes the chunk
+/// itself rather than a copy of the frame's payload.
+#[derive(Clone, Default)]
+pub(crate) struct BodyHandoff(Arc<Mutex<Option<Bytes>>>);
+
+impl BodyHandoff {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Bytes>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `body` is the payload of the DATA frame written next.
+    pub(crate) fn offer(&self, body: &Bytes) {
+        *self.slot() = Some(body.clone());
+    }
+
+    /// The frame is written (or abandoned).
+    pub(crate) fn clear(&self) {
+        *self.slot() = None;
+    }
+
+    /// The offered chunk's bytes that `rest` is, when `rest` is the unwritten end of it: the same
+    /// memory, so no copy is needed.
+    fn covering(&self, rest: &[u8]) -> Option<Bytes> {
+        let slot = self.slot();
+        let offered = slot.as_ref()?;
+        let (start, end) = (offered.as_ptr() as usize, offered.as_ptr() as usize + offered.len());
+        let (from, to) = (rest.as_ptr() as usize, rest.as_ptr() as usize + rest.len());
+        (!rest.is_empty() && from >= start && to == end).then(|| offered.slice(from - start..))
+    }
+}
+
+/// The handle of the request stream accepted last, for the connection to take.
+#[derive(Clone, Default)]
+pub(crate) struct LastAccepted(Arc<Mutex<Option<StreamHandle>>>);
+
+impl LastAccepted {
+    /// The handle of the stream h3 accepted last.
+    pub(crate) fn take(&self) -> Option<StreamHandle> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
-    fn put(&self, stream: &quinn::SendStream) {
+    /// Keeps `stream`'s handle; the body's handoff is returned for the stream's writer.
+    fn put(&self, stream: &quinn::SendStream) -> BodyHandoff {
         let stopped = stream.stopped();
-        let acknowledged: Acknowledged = Box::pin(async move {
+        let stopped: Acknowledged = Box::pin(async move {
             // Whatever ended it: the client's STOP_SENDING, the connection's end, or the last
             // acknowledgement.
             let _ = stopped.await;
         });
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(acknowledged);
+        let body = BodyHandoff::default();
+        let handle = StreamHandle { stopped, body: body.clone() };
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        body
     }
 }
 
@@ -53,14 +98,14 @@ pub(crate) struct Transport {
     accepting_bi: Option<Pending<(quinn::SendStream, quinn::RecvStream)>>,
     accepting_uni: Option<Pending<quinn::RecvStream>>,
     opener: Opener,
-    stopped: Stopped,
+    accepted: LastAccepted,
 }
 
 impl Transport {
-    /// `connection`, its accepted request streams' `stopped()` left in `stopped`.
-    pub(crate) fn new(connection: quinn::Connection, stopped: Stopped) -> Self {
+    /// `connection`, the handle of each request stream it accepts left in `accepted`.
+    pub(crate) fn new(connection: quinn::Connection, accepted: LastAccepted) -> Self {
         let opener = Opener::new(connection.clone());
-        Self { connection, accepting_bi: None, accepting_uni: None, opener, stopped }
+        Self { connection, accepting_bi: None, accepting_uni: None, opener, accepted }
     }
 }
 
@@ -101,8 +146,9 @@ impl quic::Connection<Bytes> for Transport {
             Box::pin(async move { connection.accept_bi().await })
         });
         let (send, recv) = ready!(accepted).map_err(connection_error)?;
-        self.stopped.put(&send);
-        Poll::Ready(Ok(BidiStream { send: SendStream::new(send), recv: RecvStream(recv) }))
+        let body = self.accepted.put(&send);
+        let send = SendStream { body: Some(body), ..SendStream::new(send) };
+        Poll::Ready(Ok(BidiStream { send, recv: RecvStream(recv) }))
     }
 
     fn opener(&self) -> Self::OpenStreams {
@@ -247,24 +293,39 @@ impl quic::SendStream<Bytes> for BidiStream {
 pub(crate) struct SendStream {
     stream: quinn::SendStream,
     writing: Option<WriteBuf<Bytes>>,
+    /// A request stream's: the body chunk its session offers.
+    body: Option<BodyHandoff>,
 }
 
 impl SendStream {
     fn new(stream: quinn::SendStream) -> Self {
-        Self { stream, writing: None }
+        Self { stream, writing: None, body: None }
     }
 }
 
 impl quic::SendStream<Bytes> for SendStream {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StreamErrorIncoming>> {
-        if let Some(data) = &mut self.writing {
+        let Self { stream, writing, body } = self;
+        if let Some(data) = writing {
             while data.has_remaining() {
-                let written = ready!(Pin::new(&mut self.stream).poll_write(cx, data.chunk()))
-                    .map_err(write_error)?;
+                let rest = data.chunk();
+                let written = match body.as_ref().and_then(|body| body.covering(rest)) {
+                    // The body's own chunk: quinn keeps it as it is. `write_chunks` is
+                    // cancel-safe, so a future made for each poll loses nothing.
+                    Some(chunk) => {
+                        let mut chunks = [chunk];
+                        let written = ready!(pin!(stream.write_chunks(&mut chunks)).poll(cx));
+                        written.map_err(write_error)?.bytes
+                    }
+                    // Frame headers, and whatever is not the offered chunk: copied.
+                    None => {
+                        ready!(Pin::new(&mut *stream).poll_write(cx, rest)).map_err(write_error)?
+                    }
+                };
                 data.advance(written);
             }
         }
-        self.writing = None;
+        *writing = None;
         Poll::Ready(Ok(()))
     }
 
@@ -360,5 +421,29 @@ fn write_error(error: quinn::WriteError) -> StreamErrorIncoming {
         }
         quinn::WriteError::ConnectionLost(error) => stream_connection_error(error),
         other => StreamErrorIncoming::Unknown(Box::new(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_offered_chunk_s_own_unwritten_end_is_handed_over() {
+        let handoff = BodyHandoff::default();
+        let offered = Bytes::from(vec![7u8; 1000]);
+        assert!(handoff.covering(&offered).is_none(), "nothing offered yet");
+        handoff.offer(&offered);
+        let whole = handoff.covering(&offered).expect("the whole chunk");
+        assert_eq!(whole.as_ptr(), offered.as_ptr(), "the same memory, not a copy");
+        let rest = handoff.covering(&offered[300..]).expect("its unwritten end");
+        assert_eq!((rest.as_ptr(), rest.len()), (offered[300..].as_ptr(), 700));
+        // The same bytes elsewhere, a part short of the end, nothing: copied as before.
+        let copy = offered.to_vec();
+        assert!(handoff.covering(&copy).is_none());
+        assert!(handoff.covering(&offered[..500]).is_none());
+        assert!(handoff.covering(&offered[1000..]).is_none());
+        handoff.clear();
+        assert!(handoff.covering(&offered).is_none(), "cleared");
     }
 }

@@ -62,7 +62,7 @@ use crate::admission::ClientLimits;
 use crate::cache::SliceCache;
 use crate::config::IpNet;
 use crate::fingerprint::FingerprintKey;
-use crate::h3::transport::Acknowledged;
+use crate::h3::transport::{Acknowledged, StreamHandle};
 use crate::routes::RouteSwitch;
 use crate::routes::origin_client::OriginClient;
 use crate::state::StateStore;
@@ -202,16 +202,17 @@ impl Proxy {
 impl Proxy {
     /// Answers an HTTP/3 request, as pingora's adapter below does an HTTP/1 or HTTP/2 one:
     /// `answer`, `answer_failure` when it fails, then `record`. The stream is finished when its
-    /// response is whole, reset otherwise; `stopped` is its quinn `stopped()`, given back for
-    /// the caller to wait for the response's acknowledgement.
+    /// response is whole, reset otherwise; `handle` is what the transport keeps of the stream,
+    /// whose `stopped()` is given back for the caller to wait for the response's
+    /// acknowledgement.
     pub(crate) async fn answer_h3(
         &self,
         request: http::Request<()>,
         stream: H3Stream,
         client: &H3Client,
-        stopped: Option<Acknowledged>,
+        handle: Option<StreamHandle>,
     ) -> Option<Acknowledged> {
-        let mut session = H3Session::new(request, stream, client, stopped);
+        let mut session = H3Session::new(request, stream, client, handle);
         let mut ctx = RequestCtx::default();
         let answered = match session.too_early(client) {
             // RFC 8470 §5.2: the client sends it again once the handshake is done.

@@ -19,7 +19,7 @@ use pingora_error::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::ClientSession;
-use crate::h3::transport::{Acknowledged, BidiStream};
+use crate::h3::transport::{Acknowledged, BidiStream, BodyHandoff, StreamHandle};
 use crate::proxy::splice::RawSocket;
 
 /// A request's stream, as h3 hands it over.
@@ -67,17 +67,20 @@ pub(crate) struct H3Session {
     stopped: Option<Acknowledged>,
     /// The client stopped the stream or closed the connection.
     gone: bool,
+    /// Where each body chunk is offered to the stream, which hands it to quinn uncopied.
+    body: Option<BodyHandoff>,
 }
 
 impl H3Session {
-    /// The session of `request` on `stream`, whose `stopped()` is `stopped`.
+    /// The session of `request` on `stream`, of which the transport kept `handle`.
     pub(crate) fn new(
         request: http::Request<()>,
         stream: H3Stream,
         client: &H3Client,
-        stopped: Option<Acknowledged>,
+        handle: Option<StreamHandle>,
     ) -> Self {
         let (mut parts, ()) = request.into_parts();
+        let (stopped, body) = handle.map(|h| (h.stopped, h.body)).unzip();
         parts.version = http::Version::HTTP_3;
         Self {
             request: RequestHeader::from(parts),
@@ -92,6 +95,7 @@ impl H3Session {
             write_timeout: Duration::from_secs(60),
             stopped,
             gone: false,
+            body,
         }
     }
 
@@ -241,7 +245,14 @@ impl ClientSession for H3Session {
         }
         if let Some(body) = body.filter(|body| !body.is_empty()) {
             let len = body.len() as u64;
-            timed(self.write_timeout, self.stream.send_data(body)).await?;
+            if let Some(handoff) = &self.body {
+                handoff.offer(&body);
+            }
+            let sent = timed(self.write_timeout, self.stream.send_data(body)).await;
+            if let Some(handoff) = &self.body {
+                handoff.clear();
+            }
+            sent?;
             self.sent += len;
         }
         if end {
