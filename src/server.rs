@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::admin::Admin;
-use crate::admission::Admission;
+use crate::admission::{Admission, ConnectionPlaces};
 use crate::cache::SliceCache;
 use crate::config::{Config, HttpUpstream, IdKeySource, StateConfig, UpstreamKind};
 use crate::fingerprint::FingerprintKey;
@@ -201,7 +201,9 @@ pub fn build(
             }
             server.add_service(tls_service);
             if let (Some(h3), Some(h3_proxy)) = (tls.h3, h3_proxy) {
-                let service = h3_service(config, tls, &h3, &resolver, h3_proxy, &metrics, upgrade)?;
+                let places = admission.places();
+                let service =
+                    h3_service(config, tls, &h3, (&resolver, places), h3_proxy, &metrics, upgrade)?;
                 server.add_service(service);
             }
             for warning in tls.warnings(std::time::SystemTime::now()) {
@@ -383,7 +385,7 @@ fn h3_service(
     config: &Config,
     tls: &TlsConfig,
     h3: &crate::h3::H3Config,
-    resolver: &Arc<SniResolver>,
+    (resolver, places): (&Arc<SniResolver>, ConnectionPlaces),
     proxy: Proxy,
     metrics: &Arc<Metrics>,
     upgrade: bool,
@@ -401,7 +403,7 @@ fn h3_service(
         };
         sockets.push((addr, socket));
     }
-    let limits = config.server.client_limits;
+    let limits = (config.server.client_limits, places);
     let listener = H3Service::new(sockets, server_config, *h3, proxy, limits, Arc::clone(metrics));
     let mut service = background_service("rangeway http/3", listener);
     service.threads = Some(config.server.threads.get());

@@ -480,18 +480,33 @@ fn sigterm_lets_quic_downloads_finish_refuses_new_connections_then_exits() {
 /// rangeway in-process with HTTP/3 on, `h3` its `[tls.h3]` keys, in front of `origin`; and the
 /// address of its QUIC listener.
 fn in_process(pki: &TestPki, origin: &Origin, h3: &str) -> (Proxy, SocketAddr) {
+    in_process_with(pki, origin, h3, "")
+}
+
+/// [`in_process`], with `server_keys` in `[server]`.
+fn in_process_with(
+    pki: &TestPki,
+    origin: &Origin,
+    h3: &str,
+    server_keys: &str,
+) -> (Proxy, SocketAddr) {
     let port = free_port();
     let body = format!(
         "{}[upstreams.origin]\nurl = \"{}\"\n\n[[routes]]\npath_prefix = \"/\"\nupstream = \"origin\"\n",
         tls_section(pki, port, h3),
         origin.base_url()
     );
-    (Proxy::start(&body), SocketAddr::from(([127, 0, 0, 1], port)))
+    (Proxy::start_with_server(&body, server_keys), SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 /// A QUIC client endpoint on 127.0.0.1 trusting `pki`'s CA, offering `h3`: for what the listener
 /// does before any request (limits, Retry, timeouts). Run within a tokio runtime.
 fn quic_client(pki: &TestPki) -> quinn::Endpoint {
+    quic_client_on(pki, [127, 0, 0, 1])
+}
+
+/// [`quic_client`], its socket on the loopback address `ip`.
+fn quic_client_on(pki: &TestPki, ip: [u8; 4]) -> quinn::Endpoint {
     let pem = std::fs::read(pki.ca_cert()).expect("read the CA");
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
@@ -505,7 +520,7 @@ fn quic_client(pki: &TestPki) -> quinn::Endpoint {
         .with_no_client_auth();
     tls.alpn_protocols = vec![b"h3".to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("a QUIC client");
-    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    let local = SocketAddr::from((ip, 0));
     let mut endpoint = quinn::Endpoint::client(local).expect("a client endpoint");
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
     endpoint
@@ -907,4 +922,47 @@ fn a_client_that_stops_its_stream_frees_a_silent_origin() {
     });
     let done = report(client.join().expect("the client's thread"));
     assert_eq!(done.answers[0]["reset"], true, "{}", done.run);
+}
+
+#[test]
+fn quic_connections_count_toward_max_connections_with_tcp_ones() {
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    origin.put("/small.bin", b"small".to_vec());
+    let (proxy, addr) = in_process_with(&pki, &origin, "", "max_connections = 2\n");
+    let url = proxy.url("/small.bin");
+    // A plain request, from a thread of its own (the test's runs the QUIC clients).
+    let plain = move || {
+        let url = url.clone();
+        async move {
+            let status = move || support::http::try_get(&url).map(|r| r.status);
+            tokio::task::spawn_blocking(status).await.expect("the TCP request")
+        }
+    };
+    support::wait::until("the listeners' own checks gone", WITHIN, || {
+        (proxy.metric("rangeway_client_connections", "") == 0).then_some(())
+    });
+    runtime().block_on(async {
+        let (client, elsewhere) = (quic_client(&pki), quic_client_on(&pki, [127, 0, 0, 2]));
+        let connect = |client: &quinn::Endpoint| {
+            client.connect(addr, "localhost").expect("a connection attempt")
+        };
+        let first = connect(&client).await.expect("one");
+        let _second = connect(&client).await.expect("two");
+        // Every place taken, by QUIC connections: a third, from another address, is refused,
+        // and so is a TCP connection.
+        match connect(&elsewhere).await {
+            Err(quinn::ConnectionError::ConnectionClosed(close)) => {
+                assert_eq!(close.error_code, quinn::TransportErrorCode::CONNECTION_REFUSED);
+            }
+            other => panic!("a third connection past max_connections: {other:?}"),
+        }
+        assert_eq!(proxy.metric("rangeway_client_connections", ""), 2);
+        assert_eq!(plain().await, Some(503), "a TCP connection past max_connections");
+        // One gone, a place is free again.
+        drop(first);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(plain().await, Some(200));
+    });
+    assert_eq!(proxy.metric("rangeway_client_connections_refused_total", "max_connections"), 2);
 }

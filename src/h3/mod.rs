@@ -42,7 +42,7 @@ use tracing::{debug, info, warn};
 
 pub(crate) mod transport;
 
-use crate::admission::ClientLimits;
+use crate::admission::{ClientLimits, ConnectionPlace, ConnectionPlaces};
 use crate::proxy::{H3Client, Proxy};
 use crate::telemetry::metrics::Metrics;
 use crate::tls::{SniResolver, TlsConfig};
@@ -100,7 +100,7 @@ const INCOMING_BUFFER_TOTAL: u64 = 16 << 20;
 const SOCKET_BUFFER: usize = 4 << 20;
 
 /// `Alt-Svc` for the answers of the TLS listeners, when HTTP/3 is on: its port, for a day.
-pub fn alt_svc(tls: &TlsConfig) -> Option<http::HeaderValue> {
+pub(crate) fn alt_svc(tls: &TlsConfig) -> Option<http::HeaderValue> {
     let h3 = tls.h3.as_ref()?;
     let port = h3.alt_svc_port.or_else(|| tls.listen.first().map(SocketAddr::port))?;
     http::HeaderValue::from_str(&format!("h3=\":{port}\"; ma=86400")).ok()
@@ -108,7 +108,7 @@ pub fn alt_svc(tls: &TlsConfig) -> Option<http::HeaderValue> {
 
 /// A UDP socket for QUIC on `addr`, bound now (so that a taken port is an error at start, and
 /// packets wait in the kernel until the listener runs).
-pub fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     // The kernel may cap them lower (net.core.[rw]mem_max): what it gives is what there is.
@@ -121,7 +121,7 @@ pub fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
 
 /// The TLS side of QUIC: TLS 1.3 only (QUIC's), ALPN `h3`, the certificates `resolver` picks,
 /// early data only when configured.
-pub fn server_config(
+pub(crate) fn server_config(
     h3: &H3Config,
     resolver: &Arc<SniResolver>,
 ) -> Result<quinn::ServerConfig, String> {
@@ -153,7 +153,7 @@ pub fn server_config(
 }
 
 /// The HTTP/3 listeners: a background service of pingora's server, on a runtime of its own.
-pub struct H3Service {
+pub(crate) struct H3Service {
     /// Each listener's address, and its socket when it was bound at start (not when taken over
     /// from a running rangeway with `--upgrade`, which holds it until it has drained).
     sockets: Mutex<Vec<(SocketAddr, Option<UdpSocket>)>>,
@@ -168,27 +168,24 @@ struct Listener {
     limits: ClientLimits,
     config: H3Config,
     places: Places,
+    /// `max_connections`, which QUIC connections share with the TCP listeners'.
+    everyone: ConnectionPlaces,
     handshakes: AtomicUsize,
 }
 
 impl H3Service {
-    pub fn new(
+    pub(crate) fn new(
         sockets: Vec<(SocketAddr, Option<UdpSocket>)>,
         server_config: quinn::ServerConfig,
         config: H3Config,
         proxy: Proxy,
-        limits: ClientLimits,
+        (limits, everyone): (ClientLimits, ConnectionPlaces),
         metrics: Arc<Metrics>,
     ) -> Self {
         let places = Places::new(metrics.quic_connections());
-        let listener = Listener {
-            proxy: Arc::new(proxy),
-            metrics,
-            limits,
-            config,
-            places,
-            handshakes: AtomicUsize::new(0),
-        };
+        let proxy = Arc::new(proxy);
+        let handshakes = AtomicUsize::new(0);
+        let listener = Listener { proxy, metrics, limits, config, places, everyone, handshakes };
         Self { sockets: Mutex::new(sockets), server_config, listener: Arc::new(listener) }
     }
 }
@@ -279,7 +276,11 @@ impl Listener {
                     incoming.refuse();
                 }
                 Admit::Accept => {
-                    let place = self.place(ip);
+                    let Some(place) = self.place(ip) else {
+                        // Counted by the admission, as its listeners' refusals are.
+                        incoming.refuse();
+                        continue;
+                    };
                     let listener = Arc::clone(&self);
                     tokio::spawn(listener.connection(incoming, place, shutdown.clone()));
                 }
@@ -486,17 +487,21 @@ impl Places {
     }
 }
 
-/// A connection's place among the listener's [`Places`], given up when dropped.
+/// A connection's place among the listener's [`Places`] and among `max_connections`, given up
+/// when dropped.
 struct Place {
     listener: Arc<Listener>,
     ip: IpAddr,
+    _everyone: ConnectionPlace,
 }
 
 impl Listener {
-    fn place(self: &Arc<Self>, ip: IpAddr) -> Place {
+    /// A place for a connection from `ip`; `None` when `max_connections` are open, none idle.
+    fn place(self: &Arc<Self>, ip: IpAddr) -> Option<Place> {
+        let everyone = self.everyone.take()?;
         *self.places.lock().entry(ip).or_insert(0) += 1;
         self.places.open.inc();
-        Place { listener: Arc::clone(self), ip }
+        Some(Place { listener: Arc::clone(self), ip, _everyone: everyone })
     }
 }
 
