@@ -316,16 +316,25 @@ impl Listener {
         let peer = incoming.remote_address();
         let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
         let handshake = Handshake::start(&self.handshakes);
+        // Within client_header_timeout, as a TLS handshake over TCP: a client that starts one
+        // and stalls holds its place no longer than a slow request header would.
         let connected = match incoming.accept() {
-            Ok(connecting) => self.handshake(connecting).await,
-            Err(e) => Err(e),
+            Ok(connecting) => {
+                tokio::time::timeout(self.limits.header_timeout, self.handshake(connecting)).await
+            }
+            Err(e) => Ok(Err(e)),
         };
         drop(handshake);
         let (connection, confirmed) = match connected {
-            Ok(connected) => connected,
-            Err(e) => {
+            Ok(Ok(connected)) => connected,
+            Ok(Err(e)) => {
                 self.metrics.quic_handshake("failed");
                 debug!(%peer, error = %e, "QUIC handshake failed");
+                return;
+            }
+            Err(_) => {
+                self.metrics.quic_handshake("failed");
+                debug!(%peer, "QUIC handshake took longer than client_header_timeout");
                 return;
             }
         };
