@@ -966,3 +966,48 @@ fn quic_connections_count_toward_max_connections_with_tcp_ones() {
     });
     assert_eq!(proxy.metric("rangeway_client_connections_refused_total", "max_connections"), 2);
 }
+
+/// `rangeway get URL -o FILE --cacert CA ARGS`.
+fn rangeway_get(pki: &TestPki, url: &str, file: &Path, args: &[&str]) -> ClientRun {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rangeway"));
+    command.args(["get", url, "-o"]).arg(file).arg("--cacert").arg(pki.ca_cert()).args(args);
+    run(command, CLIENT_TIMEOUT)
+}
+
+#[test]
+fn rangeway_get_speaks_h3_when_asked_or_once_advertised() {
+    const LEN: usize = 12 << 20;
+    let pki = TestPki::new();
+    let work = TempDir::new("h3-get");
+    let object = test_bytes(LEN, 61);
+    let (_folder, upstream) = folder_with(&object, &work);
+    let log = work.join("rangeway.log");
+    let (_proxy, port) = h3_proxy(&pki, &upstream, "", &log);
+    // By address: `localhost` may resolve to ::1 first, where nothing listens.
+    let url = format!("https://127.0.0.1:{port}/big.bin");
+    let versions = |lines: &[Value]| -> Vec<String> {
+        lines.iter().map(|l| l["version"].as_str().unwrap_or_default().to_owned()).collect()
+    };
+
+    // Asked: every connection over QUIC, in pieces.
+    let asked = work.join("asked.bin");
+    rangeway_get(&pki, &url, &asked, &["--http3", "-x", "4", "-q"]).assert_success();
+    assert_eq!(sha256_file(&asked), sha256_hex(&object));
+    let lines = access_lines(&log, 1);
+    assert!(versions(&lines).iter().all(|v| v == "HTTP/3.0"), "{lines:?}");
+    let asked_lines = lines.len();
+
+    // Not asked: the first request over TCP, whose answer advertises HTTP/3; the other pieces'
+    // connections over QUIC.
+    let advertised = work.join("advertised.bin");
+    rangeway_get(&pki, &url, &advertised, &["-x", "4", "-q"]).assert_success();
+    assert_eq!(sha256_file(&advertised), sha256_hex(&object));
+    let lines = access_lines(&log, asked_lines + 2);
+    let later = versions(&lines[asked_lines..]);
+    assert_eq!(later[0], "HTTP/1.1", "{later:?}");
+    assert!(later[1..].iter().any(|v| v == "HTTP/3.0"), "{later:?}");
+
+    // --http3 is for https only.
+    let plain = rangeway_get(&pki, "http://127.0.0.1:1/x", &work.join("x"), &["--http3"]);
+    assert!(!plain.success() && plain.stderr.contains("https"), "{plain}");
+}
