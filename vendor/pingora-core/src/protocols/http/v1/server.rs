@@ -846,7 +846,11 @@ impl HttpSession {
         // no need to add these headers to 1xx responses
         if !header.status.is_informational() && self.update_resp_headers {
             /* update headers */
-            header.insert_header(header::DATE, date::get_cached_date())?;
+            // A Date the response already carries is kept: a proxy relays the origin's, and a
+            // cache's hit carries the stored one (RFC 9110 §6.6.1).
+            if !header.headers.contains_key(header::DATE) {
+                header.insert_header(header::DATE, date::get_cached_date())?;
+            }
 
             // TODO: make these lazy static
             let connection_value = if self.will_keepalive() {

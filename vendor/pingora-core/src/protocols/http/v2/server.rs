@@ -626,20 +626,10 @@ impl HttpSession {
             return Ok(());
         }
 
-        if header.status.is_informational() {
-            // ignore informational response 1xx header because send_response() can only be called once
-            // https://github.com/hyperium/h2/issues/167
-            debug!("ignoring informational headers");
-            return Ok(());
-        }
-
         if self.response_written.as_ref().is_some() {
             warn!("Response header is already sent, cannot send again");
             return Ok(());
         }
-
-        /* update headers */
-        header.insert_header(header::DATE, get_cached_date())?;
 
         // remove other h1 hop headers that cannot be present in H2
         // https://httpwg.org/specs/rfc7540.html#n-connection-specific-header-fields
@@ -648,6 +638,29 @@ impl HttpSession {
         header.remove_header(&header::UPGRADE);
         header.remove_header(&HeaderName::from_static("keep-alive"));
         header.remove_header(&HeaderName::from_static("proxy-connection"));
+
+        if header.status.is_informational() {
+            // An interim response (103 Early Hints) goes out as a HEADERS frame of its own before
+            // the final one; 101 has no meaning in HTTP/2 (RFC 9113 §8.6), and 100 is h2's to
+            // send when the request's body is polled.
+            if header.status == StatusCode::EARLY_HINTS {
+                let interim = Response::from_parts(header.as_owned_parts(), ());
+                self.send_response.send_informational(interim).or_err(
+                    ErrorType::WriteError,
+                    "while writing h2 informational response to downstream",
+                )?;
+            } else {
+                debug!("ignoring informational headers");
+            }
+            return Ok(());
+        }
+
+        /* update headers */
+        // A Date the response already carries is kept: a proxy relays the origin's, and a
+        // cache's hit carries the stored one (RFC 9110 §6.6.1).
+        if !header.headers.contains_key(header::DATE) {
+            header.insert_header(header::DATE, get_cached_date())?;
+        }
 
         let resp = Response::from_parts(header.as_owned_parts(), ());
 
