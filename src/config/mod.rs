@@ -26,14 +26,15 @@ use std::path::Path;
 
 pub use crate::admission::ClientLimits;
 pub use crate::ip_net::IpNet;
+use crate::logging::LogConfig;
 pub use crate::tls::{TlsCertificate, TlsConfig};
+use crate::traces::TracesConfig;
 pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::{Count, DownloadLimits, RateLimit, RouteConfig, SignedLinks, UpstreamResume};
 pub use server::ServerConfig;
 pub use state::{IdKeySource, RedisTarget, StateBackend, StateConfig};
-pub use traces::{LogConfig, LogFormat, TracesConfig};
 pub use upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
 };

@@ -7,36 +7,10 @@ use ::config::Value;
 use super::check::{Ctx, complete, push, read, wrong};
 use super::raw::{Raw, RawLog, RawTraces};
 use super::source::Path;
+use crate::logging::{LogConfig, LogFormat};
+use crate::traces::TracesConfig;
 
 const ENDPOINT_EXAMPLE: &str = "\"http://127.0.0.1:4318/v1/traces\"";
-
-/// `[traces]`.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct TracesConfig {
-    /// The collector's OTLP/HTTP traces URL (protobuf bodies).
-    pub endpoint: String,
-    /// The share of requests traced when the client sent no `traceparent`.
-    pub sampling: f64,
-    pub service_name: String,
-    /// More resource attributes (`deployment.environment`, ...).
-    pub resource: BTreeMap<String, String>,
-}
-
-/// `[log]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct LogConfig {
-    pub format: LogFormat,
-}
-
-/// How log lines are written (on stderr): `key=value` text, or a JSON object per line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
 
 pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawTraces>) -> Option<TracesConfig> {
     let r = v.table(at, raw, &format!("[traces] with endpoint = {ENDPOINT_EXAMPLE}"))?;

@@ -3,6 +3,7 @@
 //! connections `rangeway get` makes (TLS with the system's roots, proxies from the environment),
 //! rather than a second HTTP stack in the binary.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -16,7 +17,18 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Tracer};
 use rangeway_get::Poster;
 
-use crate::config::TracesConfig;
+/// `[traces]`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TracesConfig {
+    /// The collector's OTLP/HTTP traces URL (protobuf bodies).
+    pub endpoint: String,
+    /// The share of requests traced when the client sent no `traceparent`.
+    pub sampling: f64,
+    pub service_name: String,
+    /// More resource attributes (`deployment.environment`, ...).
+    pub resource: BTreeMap<String, String>,
+}
 
 /// How long one export may take, connecting included.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
