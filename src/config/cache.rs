@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use super::check::{Ctx, Problem, complete, read, wrong};
 use super::raw::{Raw, RawCache, RawRouteCache};
 use super::source::Path;
+use crate::cache::CacheConfig;
+use crate::routes::{Revalidate, RouteCache};
 
 /// Without `max_entries`, one entry per 64 KiB of `max_size`: a cache of large objects never meets
 /// it, while one of many small objects (a folder, metadata and a slice each) meets it before
@@ -12,38 +14,6 @@ use super::source::Path;
 const BYTES_PER_ENTRY: u64 = 64 << 10;
 /// Room for a few objects; past 2³² a number is a mistake.
 const ENTRIES: std::ops::RangeInclusive<u64> = 64..=1 << 32;
-
-/// `[cache]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CacheConfig {
-    pub dir: PathBuf,
-    /// Bytes on disk, as `du` counts them.
-    pub max_size: u64,
-    /// Files and folders (and records of the index).
-    pub max_entries: u64,
-    pub slice_size: u64,
-}
-
-/// A route's use of the cache (`cache = true | false | { ... }`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct RouteCache {
-    pub revalidate: Revalidate,
-    /// Whether answers to requests with `Authorization` may be stored and served: they are for
-    /// one client unless the route (or the origin, RFC 9111 §3.5) says otherwise.
-    pub authorized: bool,
-}
-
-/// When a stored response is validated with the origin before it is served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Revalidate {
-    /// When RFC 9111 says so: once stale, or on `no-cache`.
-    #[default]
-    Rfc9111,
-    /// Also at the start of every new download.
-    EachDownload,
-}
 
 pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawCache>) -> Option<CacheConfig> {
     let r = v.table(at, raw, "[cache] with dir = \"/var/cache/rangeway\"")?;

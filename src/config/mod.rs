@@ -25,11 +25,11 @@ use std::io::Read as _;
 use std::path::Path;
 
 pub use crate::admission::ClientLimits;
+pub use crate::cache::CacheConfig;
 pub use crate::ip_net::IpNet;
 use crate::logging::LogConfig;
 pub use crate::tls::{TlsCertificate, TlsConfig};
 use crate::traces::TracesConfig;
-pub use cache::{CacheConfig, Revalidate, RouteCache};
 pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::{Count, DownloadLimits, RateLimit, RouteConfig, SignedLinks, UpstreamResume};

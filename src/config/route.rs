@@ -8,7 +8,7 @@ use std::time::Duration;
 use ::config::Value;
 use http::{HeaderName, Method};
 
-use super::cache::{self, RouteCache};
+use super::cache;
 use super::chains::{self, MiddlewareSpec};
 use super::check::{Ctx, DAY, MS, Problem, complete, did_you_mean, push, read, secs, wrong};
 use super::raw::{
@@ -16,6 +16,7 @@ use super::raw::{
 };
 use super::source::Path;
 use crate::links::LinkKeys;
+use crate::routes::RouteCache;
 use crate::s3::credentials::S3ClientKeys;
 use crate::values::host::split_host_port;
 

@@ -38,7 +38,7 @@ pub struct Route {
     /// Whether clients' `response-*` query parameters reach an S3 upstream.
     pub s3_response_overrides: bool,
     /// How the route uses the slice cache; `None`: it does not.
-    pub cache: Option<crate::config::RouteCache>,
+    pub cache: Option<RouteCache>,
     /// When set, only signed links are served.
     pub signed_links: Option<crate::config::SignedLinks>,
     /// When set, how many downloads may be under way at once.
@@ -95,6 +95,26 @@ impl Route {
         }
         path.to_upstream(base, encoding)
     }
+}
+
+/// A route's use of the cache (`cache = true | false | { ... }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RouteCache {
+    pub revalidate: Revalidate,
+    /// Whether answers to requests with `Authorization` may be stored and served: they are for
+    /// one client unless the route (or the origin, RFC 9111 §3.5) says otherwise.
+    pub authorized: bool,
+}
+
+/// When a stored response is validated with the origin before it is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Revalidate {
+    /// When RFC 9111 says so: once stale, or on `no-cache`.
+    #[default]
+    Rfc9111,
+    /// Also at the start of every new download.
+    EachDownload,
 }
 
 fn stage_keys(chain: &Chain) -> Vec<String> {
