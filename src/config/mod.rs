@@ -32,7 +32,7 @@ pub use crate::tls::{TlsCertificate, TlsConfig};
 use crate::traces::TracesConfig;
 pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
-pub use route::{Count, DownloadLimits, RateLimit, RouteConfig, SignedLinks, UpstreamResume};
+pub use route::RouteConfig;
 pub use server::ServerConfig;
 pub use state::{IdKeySource, RedisTarget, StateBackend, StateConfig};
 pub use upstream::{

@@ -15,9 +15,10 @@ use super::raw::{
     Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
 };
 use super::source::Path;
-use crate::links::LinkKeys;
-use crate::routes::RouteCache;
+use crate::links::{LinkKeys, SignedLinks};
+use crate::routes::{RateLimit, RouteCache, UpstreamResume};
 use crate::s3::credentials::S3ClientKeys;
+use crate::state::{Count, DownloadLimits};
 use crate::values::host::split_host_port;
 
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
@@ -49,63 +50,6 @@ pub struct RouteConfig {
     /// The methods the route answers: GET and HEAD always, first, then those `methods` adds, which
     /// are passed through to the upstream.
     pub methods: Vec<Method>,
-}
-
-/// How rangeway continues a response whose origin connection fails mid-body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UpstreamResume {
-    pub attempts: u32,
-    pub deadline: Duration,
-    /// Doubled for each next continuation.
-    pub backoff: Duration,
-}
-
-impl UpstreamResume {
-    /// One try, however long it takes: what a fetch made once is bounded by.
-    pub const ONCE: Self = Self { attempts: 1, deadline: Duration::MAX, backoff: Duration::ZERO };
-}
-
-impl Default for UpstreamResume {
-    fn default() -> Self {
-        Self { attempts: 5, deadline: secs(30), backoff: Duration::from_millis(100) }
-    }
-}
-
-/// A route that serves only signed links (`crate::links`); the key file's last line signs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SignedLinks {
-    pub keys: LinkKeys,
-    pub grace: Duration,
-}
-
-/// Concurrent-download limits of a route, `None` for none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DownloadLimits {
-    pub per_client: Option<usize>,
-    pub per_route: Option<usize>,
-    pub count: Count,
-}
-
-/// What a download limit counts: a download once, however many ranged requests fetch it, or
-/// every request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Count {
-    Download,
-    Request,
-}
-
-/// A route's bandwidth limits, in bytes per second.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RateLimit {
-    pub rate: Option<u64>,
-    pub after: u64,
-    pub per_client: Option<u64>,
-    pub per_route: Option<u64>,
-    pub origin_header: Option<HeaderName>,
 }
 
 /// What a route's defaults depend on outside it.

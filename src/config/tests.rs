@@ -16,7 +16,8 @@ use rangeway_middleware::chain::{
 use super::source::Env;
 use super::*;
 use crate::logging::LogFormat;
-use crate::routes::{Revalidate, RouteCache};
+use crate::routes::{Revalidate, RouteCache, UpstreamResume};
+use crate::state::Count;
 use crate::values::secret::Secret;
 
 /// The stages the tests load configs with: the built-in ones.

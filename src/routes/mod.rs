@@ -10,9 +10,11 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use rangeway_middleware::chain::Chain;
 
-use crate::config::UpstreamResume;
+use crate::links::SignedLinks;
 use crate::request_path::NormalizedPath;
 use crate::s3::credentials::S3ClientKeys;
+use crate::state::DownloadLimits;
+pub use origin_client::UpstreamResume;
 use upstream::Upstream;
 
 /// One `[[routes]]` entry, resolved against its upstream.
@@ -40,11 +42,11 @@ pub struct Route {
     /// How the route uses the slice cache; `None`: it does not.
     pub cache: Option<RouteCache>,
     /// When set, only signed links are served.
-    pub signed_links: Option<crate::config::SignedLinks>,
+    pub signed_links: Option<SignedLinks>,
     /// When set, how many downloads may be under way at once.
-    pub download_limits: Option<crate::config::DownloadLimits>,
+    pub download_limits: Option<DownloadLimits>,
     /// When set, how fast responses go out.
-    pub rate_limit: Option<crate::config::RateLimit>,
+    pub rate_limit: Option<RateLimit>,
     /// The methods it answers: GET and HEAD, then those passed through to its upstream.
     pub methods: Vec<http::Method>,
 }
@@ -115,6 +117,17 @@ pub enum Revalidate {
     Rfc9111,
     /// Also at the start of every new download.
     EachDownload,
+}
+
+/// A route's bandwidth limits, in bytes per second.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimit {
+    pub rate: Option<u64>,
+    pub after: u64,
+    pub per_client: Option<u64>,
+    pub per_route: Option<u64>,
+    pub origin_header: Option<http::HeaderName>,
 }
 
 fn stage_keys(chain: &Chain) -> Vec<String> {

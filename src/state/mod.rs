@@ -38,7 +38,24 @@ pub use self::model::{
 };
 pub use self::redis::{RedisOptions, RedisStore};
 pub use self::snapshot::{SnapshotError, SnapshotFile};
-use crate::config::{DownloadLimits, StateBackend, StateConfig};
+use crate::config::{StateBackend, StateConfig};
+
+/// Concurrent-download limits of a route, `None` for none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DownloadLimits {
+    pub per_client: Option<usize>,
+    pub per_route: Option<usize>,
+    pub count: Count,
+}
+
+/// What a download limit counts: a download once, however many ranged requests fetch it, or
+/// every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    Download,
+    Request,
+}
 
 /// Now, in the Unix seconds the records keep.
 pub fn unix_now() -> u64 {

@@ -61,8 +61,11 @@ use super::model::{
     UNREAD_SLACK,
 };
 use super::share::ClientGroup;
-use super::{DownloadHold, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth, unix_now};
-use crate::config::{DownloadLimits, RedisTarget};
+use super::{
+    DownloadHold, DownloadLimits, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth,
+    unix_now,
+};
+use crate::config::RedisTarget;
 use crate::values::redis_url::RedisUrl;
 
 const SESSION_SCRIPT: &str =
