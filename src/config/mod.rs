@@ -28,13 +28,13 @@ pub use crate::admission::ClientLimits;
 pub use crate::cache::CacheConfig;
 pub use crate::ip_net::IpNet;
 use crate::logging::LogConfig;
+use crate::state::StateConfig;
 pub use crate::tls::{TlsCertificate, TlsConfig};
 use crate::traces::TracesConfig;
 pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::RouteConfig;
 pub use server::ServerConfig;
-pub use state::{IdKeySource, RedisTarget, StateBackend, StateConfig};
 pub use upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
 };

@@ -15,9 +15,10 @@ use rangeway_middleware::chain::{
 
 use super::source::Env;
 use super::*;
+use crate::fingerprint::IdKeySource;
 use crate::logging::LogFormat;
 use crate::routes::{Revalidate, RouteCache, UpstreamResume};
-use crate::state::Count;
+use crate::state::{Count, RedisTarget, StateBackend};
 use crate::values::secret::Secret;
 
 /// The stages the tests load configs with: the built-in ones.

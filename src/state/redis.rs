@@ -65,8 +65,14 @@ use super::{
     DownloadHold, DownloadLimits, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth,
     unix_now,
 };
-use crate::config::RedisTarget;
 use crate::values::redis_url::RedisUrl;
+
+/// One Redis server, or the seed nodes of a Redis Cluster (one scheme, database 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Single(RedisUrl),
+    Cluster(Vec<RedisUrl>),
+}
 
 const SESSION_SCRIPT: &str =
     concat!(include_str!("redis/common.lua"), include_str!("redis/session.lua"));
