@@ -28,6 +28,7 @@ pub use crate::admission::ClientLimits;
 pub use crate::cache::CacheConfig;
 pub use crate::ip_net::IpNet;
 use crate::logging::LogConfig;
+use crate::routes::upstream::{UpstreamConfig, UpstreamKind};
 use crate::state::StateConfig;
 pub use crate::tls::{TlsCertificate, TlsConfig};
 use crate::traces::TracesConfig;
@@ -35,9 +36,6 @@ pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
 pub use route::RouteConfig;
 pub use server::ServerConfig;
-pub use upstream::{
-    Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
-};
 
 use check::{Ctx, Problem, complete, read, wrong};
 use rangeway_middleware::chain::{Chain, StageRegistry};

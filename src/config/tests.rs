@@ -17,6 +17,7 @@ use super::source::Env;
 use super::*;
 use crate::fingerprint::IdKeySource;
 use crate::logging::LogFormat;
+use crate::routes::upstream::{Addressing, HttpUpstream, S3Upstream};
 use crate::routes::{Revalidate, RouteCache, UpstreamResume};
 use crate::state::{Count, RedisTarget, StateBackend};
 use crate::values::secret::Secret;

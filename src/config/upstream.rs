@@ -10,6 +10,9 @@ use super::check::{Ctx, DAY, Got, MS, Problem, checked, complete, push, read, se
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
 use super::secret::{self, SecretKey};
 use super::source::{Path, bare};
+use crate::routes::upstream::{
+    Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
+};
 use crate::s3::credentials::{self, S3Credentials};
 use crate::s3::names;
 use crate::values::host::{Host, split_host_port};
@@ -25,82 +28,6 @@ macro_rules! refuse {
             }
         }
     };
-}
-
-/// One `[upstreams.NAME]`. The timeouts apply to `dir` upstreams too, whose origin service is
-/// reached over a local socket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UpstreamConfig {
-    /// `[A-Za-z0-9_-]+`, as routes name it.
-    pub name: String,
-    pub kind: UpstreamKind,
-    pub connect_timeout: Duration,
-    pub read_timeout: Duration,
-    pub write_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub health_check: Option<HealthCheck>,
-}
-
-/// A `GET` of `path` every `interval`, answered 2xx within `timeout` by a replica that is up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HealthCheck {
-    pub path: String,
-    pub interval: Duration,
-    pub timeout: Duration,
-}
-
-/// An origin over HTTP(S) (`url`), a local folder (`dir`), an S3-compatible store (`url` with
-/// `bucket`), or replicas of one origin (`urls`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum UpstreamKind {
-    Http(HttpUpstream),
-    Dir { path: PathBuf },
-    S3(S3Upstream),
-    Replicas(Vec<HttpUpstream>),
-}
-
-/// An HTTP(S) origin. `ca_file`, `insecure_skip_verify` and `sni` are only ever set with `tls`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HttpUpstream {
-    pub tls: bool,
-    /// A DNS name (lower case) or an IP address; IPv6 without brackets.
-    pub host: String,
-    pub port: u16,
-    /// Prefix of every upstream path: empty, or `/`-led without a trailing `/` (`/bucket`).
-    pub base_path: String,
-    pub ca_file: Option<PathBuf>,
-    /// Verification off, whatever `ca_file` says: the proxy must log this loudly.
-    pub insecure_skip_verify: bool,
-    /// `sni` if set, else the url's host when that is a DNS name (SNI cannot carry IP literals,
-    /// RFC 6066; the certificate is then checked against the IP).
-    pub sni: Option<String>,
-    /// `host_header` if set, else the url's authority as written.
-    pub host_header: String,
-}
-
-/// An S3-compatible origin, whose requests rangeway signs (AWS Signature V4).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct S3Upstream {
-    pub endpoint: HttpUpstream,
-    pub bucket: String,
-    pub region: String,
-    pub addressing: Addressing,
-    /// The folder of the bucket the routes serve, as segments; none for the whole bucket.
-    pub key_prefix: Vec<String>,
-    /// `None` for `anonymous = true`.
-    pub credentials: Option<S3Credentials>,
-}
-
-/// Where the bucket goes: `https://endpoint/bucket/key` or `https://bucket.endpoint/key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Addressing {
-    Path,
-    VirtualHost,
 }
 
 /// Reads `[upstreams]`. Also returns every name declared, valid or not, so that a route naming an
