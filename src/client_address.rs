@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use http::HeaderMap;
 
-use crate::config::IpNet;
+use crate::ip_net::IpNet;
 
 /// A request's client as rangeway believes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,13 +24,12 @@ use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::Path;
 
-pub use crate::admission::ClientLimits;
+// cache/ is the crate's own: its config type is reachable through here.
 pub use crate::cache::CacheConfig;
-pub use crate::ip_net::IpNet;
 use crate::logging::LogConfig;
 use crate::routes::upstream::{UpstreamConfig, UpstreamKind};
 use crate::state::StateConfig;
-pub use crate::tls::{TlsCertificate, TlsConfig};
+use crate::tls::TlsConfig;
 use crate::traces::TracesConfig;
 pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};

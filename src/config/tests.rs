@@ -15,6 +15,7 @@ use rangeway_middleware::chain::{
 
 use super::source::Env;
 use super::*;
+use crate::admission::ClientLimits;
 use crate::fingerprint::IdKeySource;
 use crate::logging::LogFormat;
 use crate::routes::upstream::{Addressing, HttpUpstream, S3Upstream};
