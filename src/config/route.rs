@@ -16,10 +16,9 @@ use super::raw::{
 };
 use super::source::Path;
 use crate::links::{LinkKeys, SignedLinks};
-use crate::routes::{RateLimit, RouteCache, UpstreamResume};
+use crate::routes::{self, RateLimit, RouteCache, UpstreamResume};
 use crate::s3::credentials::S3ClientKeys;
 use crate::state::{Count, DownloadLimits};
-use crate::values::host::split_host_port;
 
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
 /// The slowest rate worth shaping to, and the fastest worth naming (bytes per second).
@@ -105,9 +104,9 @@ fn check_one(
     };
     let named = |name: &str| upstream(name, declared);
     read! { v, at, r;
-        path_prefix: parsed("\"/files/\"", check_path_prefix)
+        path_prefix: parsed("\"/files/\"", routes::path_prefix)
             .need(v, &key("path_prefix"), "add path_prefix = \"/files/\"");
-        host: parsed("\"dl.example.com\"", route_host).opt();
+        host: parsed("\"dl.example.com\"", routes::host).opt();
         upstream: parsed("\"origin\"", named).need(v, &key("upstream"), no_upstream);
         strip_prefix: boolean().or(false);
     }
@@ -134,9 +133,9 @@ fn check_one(
         signed_links: nested(signed_links).opt();
         download_limits: nested(download_limits).opt();
         rate_limit: nested(rate_limit).opt();
-        methods: strings("a string", "[\"POST\", \"PUT\"]", method).or(Vec::new());
+        methods: strings("a string", "[\"POST\", \"PUT\"]", routes::passed_method).or(Vec::new());
     }
-    let methods = methods.map(with_get_and_head);
+    let methods = methods.map(routes::answered_methods);
     let cache = match (&r.cache, around.cache) {
         (Some(_), false) => v.fail(
             &key("cache"),
@@ -188,85 +187,8 @@ fn claim(
     )
 }
 
-/// A route's `host`: a name or an address, matched without the port.
-fn route_host(text: &str) -> Result<String, Problem> {
-    match split_host_port(text) {
-        Ok((host, None)) => Ok(host.to_string()),
-        Ok((host, Some(_))) => wrong(
-            format!("{text:?} has a port"),
-            format!("write host = \"{host}\": hosts are matched without the port"),
-        ),
-        Err(e) => wrong(
-            format!("{text:?} is not a host: {e}"),
-            "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
-        ),
-    }
-}
-
-/// A method a route's `methods` adds: a token as clients send it (methods are case-sensitive,
-/// RFC 9110 §9.1), never CONNECT (rangeway does not tunnel) nor TRACE (it would reflect a
-/// request, its credentials included, to whoever can send one: cross-site tracing).
-fn method(text: &str) -> Result<Method, Problem> {
-    let upper = text.to_ascii_uppercase();
-    let refused = match upper.as_str() {
-        "CONNECT" => Some("rangeway does not tunnel connections"),
-        "TRACE" => {
-            Some("it would reflect a request, its credentials included, to whoever sends one")
-        }
-        _ => None,
-    };
-    if let Some(why) = refused {
-        return wrong(format!("{upper} is never passed through: {why}"), "remove it");
-    }
-    let Ok(method) = Method::from_bytes(text.as_bytes()) else {
-        let fix = "write a method as clients send it, e.g. \"POST\" (a token: letters, digits and \
-                   !#$%&'*+-.^_`|~)";
-        return wrong(format!("{text:?} is not a method"), fix);
-    };
-    let standard = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"];
-    if text != upper && standard.contains(&upper.as_str()) {
-        let problem = format!("{text:?} is not {upper}: methods are case-sensitive");
-        return wrong(problem, format!("write \"{upper}\""));
-    }
-    Ok(method)
-}
-
-/// GET and HEAD, which every route answers, then `added` without them or repeats.
-fn with_get_and_head(added: Vec<Method>) -> Vec<Method> {
-    let mut methods = vec![Method::GET, Method::HEAD];
-    for method in added {
-        if !methods.contains(&method) {
-            methods.push(method);
-        }
-    }
-    methods
-}
-
 fn list(names: &BTreeSet<String>) -> String {
     names.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
-}
-
-fn check_path_prefix(prefix: &str) -> Result<String, Problem> {
-    let odd = |c: char| c.is_control() || c.is_whitespace() || c == '?' || c == '#';
-    let problem = [
-        (!prefix.starts_with('/'), "does not start with '/'"),
-        (prefix.contains(".."), "contains '..'"),
-        (prefix.contains("//"), "contains '//'"),
-        (
-            prefix.contains('%'),
-            "contains '%' (write the decoded character; requests are matched after decoding)",
-        ),
-        (prefix.contains('\\'), "contains '\\'"),
-        (prefix.contains('\0'), "contains a NUL character"),
-        (prefix.split('/').any(|s| s == "."), "has a '.' segment"),
-        (prefix.chars().any(odd), "contains whitespace, a control character, '?' or '#'"),
-        (prefix.len() > 1024, "is longer than 1024 bytes"),
-    ];
-    let Some((_, problem)) = problem.into_iter().find(|(wrong, _)| *wrong) else {
-        return Ok(prefix.to_owned());
-    };
-    let fix = "write a normalised path that starts with '/', e.g. \"/files/\"";
-    wrong(format!("{prefix:?} {problem}"), fix)
 }
 
 /// The upstream a route names, when it is declared (or the declared names are unknown).

@@ -8,12 +8,15 @@ pub mod upstream;
 
 use std::sync::{Arc, PoisonError, RwLock};
 
+use http::Method;
 use rangeway_middleware::chain::Chain;
 
 use crate::links::SignedLinks;
 use crate::request_path::NormalizedPath;
 use crate::s3::credentials::S3ClientKeys;
 use crate::state::DownloadLimits;
+use crate::values::host::split_host_port;
+use crate::values::{Problem, wrong};
 pub use origin_client::UpstreamResume;
 use upstream::Upstream;
 
@@ -48,11 +51,11 @@ pub struct Route {
     /// When set, how fast responses go out.
     pub rate_limit: Option<RateLimit>,
     /// The methods it answers: GET and HEAD, then those passed through to its upstream.
-    pub methods: Vec<http::Method>,
+    pub methods: Vec<Method>,
 }
 
 impl Route {
-    /// `prefix` must be a valid path (config validation has checked it).
+    /// `prefix` must be a valid path: one [`path_prefix`] accepts.
     pub fn new(
         host: Option<String>,
         prefix: &str,
@@ -81,7 +84,7 @@ impl Route {
             signed_links: None,
             download_limits: None,
             rate_limit: None,
-            methods: vec![http::Method::GET, http::Method::HEAD],
+            methods: vec![Method::GET, Method::HEAD],
         })
     }
 
@@ -128,6 +131,85 @@ pub struct RateLimit {
     pub per_client: Option<u64>,
     pub per_route: Option<u64>,
     pub origin_header: Option<http::HeaderName>,
+}
+
+/// A `path_prefix`, normalised as a request path is, so that [`Route::new`] can parse it and
+/// match requests against it byte for byte.
+pub(crate) fn path_prefix(prefix: &str) -> Result<String, Problem> {
+    let odd = |c: char| c.is_control() || c.is_whitespace() || c == '?' || c == '#';
+    let problem = [
+        (!prefix.starts_with('/'), "does not start with '/'"),
+        (prefix.contains(".."), "contains '..'"),
+        (prefix.contains("//"), "contains '//'"),
+        (
+            prefix.contains('%'),
+            "contains '%' (write the decoded character; requests are matched after decoding)",
+        ),
+        (prefix.contains('\\'), "contains '\\'"),
+        (prefix.contains('\0'), "contains a NUL character"),
+        (prefix.split('/').any(|s| s == "."), "has a '.' segment"),
+        (prefix.chars().any(odd), "contains whitespace, a control character, '?' or '#'"),
+        (prefix.len() > 1024, "is longer than 1024 bytes"),
+    ];
+    let Some((_, problem)) = problem.into_iter().find(|(wrong, _)| *wrong) else {
+        return Ok(prefix.to_owned());
+    };
+    let fix = "write a normalised path that starts with '/', e.g. \"/files/\"";
+    wrong(format!("{prefix:?} {problem}"), fix)
+}
+
+/// A route's `host`: a name or an address, matched without the port.
+pub(crate) fn host(text: &str) -> Result<String, Problem> {
+    match split_host_port(text) {
+        Ok((host, None)) => Ok(host.to_string()),
+        Ok((host, Some(_))) => wrong(
+            format!("{text:?} has a port"),
+            format!("write host = \"{host}\": hosts are matched without the port"),
+        ),
+        Err(e) => wrong(
+            format!("{text:?} is not a host: {e}"),
+            "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
+        ),
+    }
+}
+
+/// A method a route's `methods` adds: a token as clients send it (methods are case-sensitive,
+/// RFC 9110 §9.1), never CONNECT (rangeway does not tunnel) nor TRACE (it would reflect a
+/// request, its credentials included, to whoever can send one: cross-site tracing).
+pub(crate) fn passed_method(text: &str) -> Result<Method, Problem> {
+    let upper = text.to_ascii_uppercase();
+    let refused = match upper.as_str() {
+        "CONNECT" => Some("rangeway does not tunnel connections"),
+        "TRACE" => {
+            Some("it would reflect a request, its credentials included, to whoever sends one")
+        }
+        _ => None,
+    };
+    if let Some(why) = refused {
+        return wrong(format!("{upper} is never passed through: {why}"), "remove it");
+    }
+    let Ok(method) = Method::from_bytes(text.as_bytes()) else {
+        let fix = "write a method as clients send it, e.g. \"POST\" (a token: letters, digits and \
+                   !#$%&'*+-.^_`|~)";
+        return wrong(format!("{text:?} is not a method"), fix);
+    };
+    let standard = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"];
+    if text != upper && standard.contains(&upper.as_str()) {
+        let problem = format!("{text:?} is not {upper}: methods are case-sensitive");
+        return wrong(problem, format!("write \"{upper}\""));
+    }
+    Ok(method)
+}
+
+/// GET and HEAD, which every route answers, then `added` without them or repeats.
+pub(crate) fn answered_methods(added: Vec<Method>) -> Vec<Method> {
+    let mut methods = vec![Method::GET, Method::HEAD];
+    for method in added {
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    methods
 }
 
 fn stage_keys(chain: &Chain) -> Vec<String> {
