@@ -9,14 +9,11 @@ use super::check::{Ctx, MS, Problem, checked, complete, read, secs, wrong};
 use super::raw::{Raw, RawServer};
 use super::secret::{self, SecretKey};
 use super::source::Path;
-use crate::admission::{ClientLimits, MAX_CONNECTIONS_LIMIT};
-pub(super) use crate::admission::{default_max_connections, descriptor_limit};
+use crate::admission::{self, ClientLimits, MAX_CONNECTIONS_LIMIT};
 use crate::ip_net::IpNet;
 use crate::values::host::Host;
+use crate::values::listen_addr;
 use crate::values::secret::AdminToken;
-
-/// Below this a socket would wake its writer for every few segments.
-const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
 
 /// `[server]`.
 #[derive(Debug, Clone)]
@@ -73,7 +70,7 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<
     }
     let threads = threads.map(|n| n.and_then(NonZeroUsize::new).unwrap_or(cpus));
     let (listen, admin_listen) = (listen?, admin_listen?);
-    if sockets_collide(listen, admin_listen) {
+    if listen_addr::collide(listen, admin_listen) {
         let other =
             SocketAddr::new(admin_listen.ip(), if listen.port() == 9090 { 9091 } else { 9090 });
         return v.fail(
@@ -162,41 +159,10 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
     } }
 }
 
-/// `max_connections`, when the process may open that many descriptors.
 fn fits(v: &mut Ctx<'_>, at: &Path, max: usize) -> Option<usize> {
-    match descriptor_limit() {
-        Some(descriptors) if max as u64 > descriptors => v.fail(
-            &at.key("max_connections"),
-            format!(
-                "{max} connections cannot be open at once: the process may open {descriptors} \
-                 descriptors (RLIMIT_NOFILE), and each connection needs one"
-            ),
-            format!(
-                "use at most {descriptors}, or leave it unset ({}: room for an origin connection \
-                 and a pipe each), or raise the limit (LimitNOFILE= in the systemd unit, ulimit -n)",
-                default_max_connections(Some(descriptors))
-            ),
-        ),
-        _ => Some(max),
-    }
+    v.check(&at.key("max_connections"), admission::fitting_connections(max))
 }
 
 fn lowat(v: &mut Ctx<'_>, at: &Path, size: u64) -> Option<u32> {
-    match size {
-        // Within the bounds read, so the conversion holds.
-        0 | MIN_NOTSENT_LOWAT.. => Some(u32::try_from(size).unwrap_or(u32::MAX)),
-        _ => v.fail(
-            &at.key("client_notsent_lowat"),
-            format!("{size} bytes would wake the writer for every few segments"),
-            "use at least \"16KiB\" (the default is \"128KiB\"), or 0 for the system's setting",
-        ),
-    }
-}
-
-/// Two listeners collide on the same non-zero port when their addresses are equal or either is a
-/// wildcard, which also covers the other. Port 0 ("any free port", as tests use) never collides.
-pub(super) fn sockets_collide(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() != 0
-        && a.port() == b.port()
-        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    v.check(&at.key("client_notsent_lowat"), admission::notsent_lowat(size))
 }

@@ -1830,7 +1830,7 @@ fn client_limits() {
     assert_eq!((limits.keepalive_timeout, limits.max_connections), (Duration::from_secs(2), 100));
     assert_eq!(ClientLimits::default().keepalive_timeout, Duration::from_secs(60));
     // More connections than descriptors could never be open: refused, with the limit named.
-    if let Some(descriptors) = super::server::descriptor_limit().filter(|&d| d < 1_000_000) {
+    if let Some(descriptors) = crate::admission::descriptor_limit().filter(|&d| d < 1_000_000) {
         expect_errors(
             &format!("[server]\nmax_connections = {}\n{UPSTREAMS}{ROUTE}", descriptors + 1),
             &[("server.max_connections", "RLIMIT_NOFILE")],
@@ -2317,7 +2317,8 @@ fn balancer_keys() {
 mod listeners {
     use std::net::SocketAddr;
 
-    use super::super::server::{default_max_connections, sockets_collide};
+    use crate::admission::default_max_connections;
+    use crate::values::listen_addr::collide as sockets_collide;
 
     #[test]
     fn collisions() {
