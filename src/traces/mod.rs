@@ -27,6 +27,7 @@ use pingora_http::RequestHeader;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+pub(crate) use export::{ENDPOINT_EXAMPLE, collector};
 pub use export::{ExportError, Exporting, TracesConfig, flush, pipeline};
 
 /// The target of every span rangeway makes for traces: the only spans the bridge sees.
