@@ -9,9 +9,9 @@ use super::check::{Ctx, MS, Problem, checked, complete, read, secs, wrong};
 use super::raw::{Raw, RawServer};
 use super::secret::{self, SecretKey};
 use super::source::Path;
+use crate::admin;
 use crate::admission::{self, ClientLimits, MAX_CONNECTIONS_LIMIT};
 use crate::ip_net::IpNet;
-use crate::values::host::Host;
 use crate::values::listen_addr;
 use crate::values::secret::AdminToken;
 
@@ -66,7 +66,7 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<
         upgrade_socket: parsed(socket.0, upgrade_socket).or(socket.1);
         proxy_protocol: boolean().or(false);
         trusted_proxies: strings("a string", proxies, trusted_proxy).or(Vec::new());
-        admin_hosts: strings("a string", hosts, admin_host).or(Vec::new());
+        admin_hosts: strings("a string", hosts, admin::host_entry).or(Vec::new());
     }
     let threads = threads.map(|n| n.and_then(NonZeroUsize::new).unwrap_or(cpus));
     let (listen, admin_listen) = (listen?, admin_listen?);
@@ -103,26 +103,6 @@ fn trusted_proxy(text: &str) -> Result<IpNet, Problem> {
             format!("{text:?} is not a network: {problem}"),
             "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \"192.0.2.7\" \
              or \"fd00::/8\" (host names are not resolved)",
-        )
-    })
-}
-
-/// An `admin_hosts` entry: a name as a Host field writes it (IPv6 in brackets), without port.
-fn admin_host(text: &str) -> Result<String, Problem> {
-    let with_port = text.rsplit_once(':').filter(|(host, port)| {
-        !host.is_empty()
-            && !host.contains(':')
-            && !port.is_empty()
-            && port.bytes().all(|b| b.is_ascii_digit())
-    });
-    if let Some((host, _)) = with_port {
-        let fix = format!("write {host:?}: names are matched without their port");
-        return wrong(format!("{text:?} has a port"), fix);
-    }
-    Host::parse(&text.to_ascii_lowercase()).map(|host| host.to_string()).or_else(|problem| {
-        wrong(
-            format!("{text:?}: {problem}"),
-            "write a host name as clients put it in Host, without port, e.g. \"rangeway-1.internal\"",
         )
     })
 }
