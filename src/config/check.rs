@@ -17,6 +17,7 @@ pub(super) use super::errors::{Problem, wrong};
 use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
 use crate::values::listen_addr;
+use crate::values::secret::{Secret, SecretVar};
 use crate::values::units::{self, UnitError};
 
 /// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
@@ -432,6 +433,19 @@ impl<'a> Ctx<'a> {
             all = push(all, read);
         }
         all.map_or(Got::Bad, Got::Good)
+    }
+
+    /// The environment variable named by `value` (a `*_env` key), and the secret it holds.
+    pub(super) fn secret(
+        &mut self,
+        at: &Path,
+        value: &Value,
+        key: &SecretVar<'_>,
+    ) -> Option<(String, Secret)> {
+        let example = key.example.split_once(" = ").map_or(key.example, |(_, value)| value);
+        let name = self.string(at, value, example).ok()?;
+        let secret = self.check(at, key.read(&name, self.env.get(&name)))?;
+        Some((name, secret))
     }
 
     /// A socket address to listen on (`crate::values::listen_addr`).

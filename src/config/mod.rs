@@ -12,7 +12,6 @@ mod check;
 mod errors;
 mod raw;
 mod route;
-mod secret;
 mod server;
 mod source;
 mod state;

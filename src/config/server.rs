@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use super::check::{Ctx, MS, Problem, checked, complete, read, secs, wrong};
 use super::raw::{Raw, RawServer};
-use super::secret::{self, SecretKey};
 use super::source::Path;
 use crate::admin;
 use crate::admission::{self, ClientLimits, MAX_CONNECTIONS_LIMIT};
 use crate::ip_net::IpNet;
 use crate::values::listen_addr;
-use crate::values::secret::AdminToken;
+use crate::values::secret::{AdminToken, SecretVar};
 
 /// `[server]`.
 #[derive(Debug, Clone)]
@@ -42,13 +41,13 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<
         admin_listen: socket_addr("127.0.0.1:9090").or(localhost(9090));
     }
     let admin_token = checked(r.admin_token_env.as_ref(), |value| {
-        let secret = SecretKey {
+        let secret = SecretVar {
             example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
             holds: "the token",
             source_hint: " (e.g. from `openssl rand -hex 32`)",
             otherwise: "or remove admin_token_env to leave the admin API open on admin_listen",
         };
-        let (env_var, token) = secret::read_env(v, &at.key("admin_token_env"), value, &secret)?;
+        let (env_var, token) = v.secret(&at.key("admin_token_env"), value, &secret)?;
         Some(AdminToken::new(env_var, token))
     });
     // The bound on threads only catches a typo such as `threads = 80000`; available_parallelism

@@ -7,12 +7,11 @@ use ::config::{Value, ValueKind};
 
 use super::check::{Ctx, DAY, Problem, complete, read, secs, suggest, type_name, wrong};
 use super::raw::{Raw, RawState};
-use super::secret::{self, SecretKey};
 use super::source::Path;
 use crate::fingerprint::{IdKeySource, MIN_KEY_LEN as MIN_ID_KEY_LEN, read_key_file};
 use crate::state::{RedisTarget, StateBackend, StateConfig};
 use crate::values::redis_url::RedisUrl;
-use crate::values::secret::Secret;
+use crate::values::secret::{Secret, SecretVar};
 
 const ID_KEY_EXAMPLE: &str = "id_key_env = \"RANGEWAY_ID_KEY\"";
 
@@ -149,13 +148,13 @@ fn id_key(
 }
 
 fn id_key_env(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<Secret> {
-    let key = SecretKey {
+    let key = SecretVar {
         example: ID_KEY_EXAMPLE,
         holds: "the key",
         source_hint: " (e.g. from `openssl rand -hex 32`), the same for every instance",
         otherwise: "or remove id_key_env (with the memory store only)",
     };
-    let (var, secret) = secret::read_env(v, at, value, &key)?;
+    let (var, secret) = v.secret(at, value, &key)?;
     if secret.expose().len() < MIN_ID_KEY_LEN {
         return v.fail(
             at,

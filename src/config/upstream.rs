@@ -8,7 +8,6 @@ use ::config::Value;
 
 use super::check::{Ctx, DAY, Got, MS, Problem, checked, complete, push, read, secs, wrong};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
-use super::secret::{self, SecretKey};
 use super::source::{Path, bare};
 use crate::routes::upstream::{
     Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
@@ -17,6 +16,7 @@ use crate::s3::credentials::{self, S3Credentials};
 use crate::s3::names;
 use crate::values::host::{Host, split_host_port};
 use crate::values::http_url::{HttpUrl, URL_EXAMPLE};
+use crate::values::secret::SecretVar;
 use crate::values::small_file::read_small_file;
 
 /// Reports each key of `r` named that is written: `{key} {problem}`, with `fix`.
@@ -386,8 +386,8 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
     }
     let mut read = |name: &str, value, var: &str, holds, otherwise| {
         let example = format!("{name} = \"RANGEWAY_S3_{var}\"");
-        let key = SecretKey { example: &example, holds, source_hint: "", otherwise };
-        secret::read_env(v, &at.key(name), value, &key)
+        let key = SecretVar { example: &example, holds, source_hint: "", otherwise };
+        v.secret(&at.key(name), value, &key)
     };
     const OTHERWISE: &str = "or use credentials_file, or anonymous = true for a public bucket";
     let access = read("access_key_env", access, "ACCESS_KEY_ID", "the access key id", OTHERWISE);
