@@ -1,8 +1,6 @@
 //! `[cache]`: the slice cache on local disk (see `crate::cache`), and each route's say in it.
 
-use std::path::PathBuf;
-
-use super::check::{Ctx, Problem, complete, read, wrong};
+use super::check::{Ctx, complete, folder, read};
 use super::raw::{Raw, RawCache, RawRouteCache};
 use super::source::Path;
 use crate::cache::CacheConfig;
@@ -18,10 +16,15 @@ const ENTRIES: std::ops::RangeInclusive<u64> = 64..=1 << 32;
 pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawCache>) -> Option<CacheConfig> {
     let r = v.table(at, raw, "[cache] with dir = \"/var/cache/rangeway\"")?;
     let fix = "add dir = \"/var/cache/rangeway\" (a folder rangeway may write), or remove [cache]";
+    // A folder that cannot be written turns the cache off at start, not the server.
+    let writable = |dir: &str| {
+        let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
+        folder(dir, fix, false)
+    };
     // At least a few slices, at most 1 PiB. Smaller slices cost a file and an origin request each
     // for little; larger ones make a cold small range fetch more than it needs.
     read! { v, at, r;
-        dir: parsed("\"/var/cache/rangeway\"", folder).need(v, &at.key("dir"), fix);
+        dir: parsed("\"/var/cache/rangeway\"", writable).need(v, &at.key("dir"), fix);
         max_size: size(16 << 20..=1 << 50, "\"10GiB\"").or(10 << 30);
         slice_size: size(1 << 20..=8 << 20, "\"4MiB\"").or(4 << 20);
         max_entries: integer(ENTRIES, "100000").opt();
@@ -37,17 +40,6 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawCache>) -> Option<C
         );
     }
     Some(CacheConfig { dir, max_size, max_entries, slice_size })
-}
-
-/// A folder, or a path where one can be created: one that cannot be written turns the cache off
-/// at start, not the server.
-fn folder(dir: &str) -> Result<PathBuf, Problem> {
-    let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
-    match std::fs::metadata(dir) {
-        _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
-        Ok(meta) if !meta.is_dir() => wrong(format!("{dir:?} exists but is not a directory"), fix),
-        _ => Ok(PathBuf::from(dir)),
-    }
 }
 
 /// A route's `cache` table.

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::fmt::Display;
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ::config::{Value, ValueKind};
@@ -466,6 +467,19 @@ pub(super) fn checked<X, T>(
     check: impl FnOnce(X) -> Option<T>,
 ) -> Option<Option<T>> {
     value.map_or(Some(None), |value| check(value).map(Some))
+}
+
+/// A folder, or a path where one can be created (the server creates it on start); with
+/// `inspect`, one whose metadata cannot be read is refused too.
+pub(super) fn folder(dir: &str, fix: &str, inspect: bool) -> Result<PathBuf, Problem> {
+    match std::fs::metadata(dir) {
+        _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
+        Ok(meta) if !meta.is_dir() => wrong(format!("{dir:?} exists but is not a directory"), fix),
+        Err(e) if inspect && e.kind() != std::io::ErrorKind::NotFound => {
+            wrong(format!("{dir:?} cannot be inspected: {e}"), fix)
+        }
+        _ => Ok(dir.into()),
+    }
 }
 
 /// `all` and `item`, while every item so far was good.

@@ -1,23 +1,20 @@
 //! `[upstreams.NAME]`: HTTP(S) origins, their replicas, local folders and S3-compatible stores.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use ::config::Value;
 
-use super::check::{Ctx, DAY, Got, MS, Problem, checked, complete, push, read, secs, wrong};
+use super::check::{Ctx, DAY, Got, MS, checked, complete, folder, push, read, secs};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
 use super::source::{Path, bare};
 use crate::routes::upstream::{
-    Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind,
+    Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind, UpstreamTls,
 };
 use crate::s3::credentials::{self, S3Credentials};
 use crate::s3::names;
-use crate::values::host::{Host, split_host_port};
 use crate::values::http_url::{HttpUrl, URL_EXAMPLE};
 use crate::values::secret::SecretVar;
-use crate::values::small_file::read_small_file;
 
 /// Reports each key of `r` named that is written: `{key} {problem}`, with `fix`.
 macro_rules! refuse {
@@ -142,11 +139,11 @@ fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
     // they are checked once the urls are fixed.
     let tls = match &urls {
         Got::Good(urls) => tls_keys(v, at, r, urls.iter().any(|url| url.tls)),
-        _ => Some(Tls::default()),
+        _ => Some(UpstreamTls::default()),
     };
     if s3 && r.urls.is_none() {
         let url = urls.ok().and_then(|mut urls| urls.pop());
-        let endpoint = url.zip(tls).map(|(url, tls)| http_upstream(url, &tls, None));
+        let endpoint = url.zip(tls).map(|(url, tls)| HttpUpstream::new(url, &tls, None));
         return s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3);
     }
     let (host_header, mut urls) = (host_header(v, at, r), urls.or(Vec::new())?);
@@ -162,7 +159,7 @@ fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
         );
     }
     let (tls, host_header) = (tls?, host_header?);
-    let http = |url| http_upstream(url, &tls, host_header.clone());
+    let http = |url| HttpUpstream::new(url, &tls, host_header.clone());
     match r.urls {
         Some(_) => Some(UpstreamKind::Replicas(urls.into_iter().map(http).collect())),
         None => urls.pop().map(http).map(UpstreamKind::Http),
@@ -181,99 +178,40 @@ fn dir_kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, dir: &Value) -> Option<
     let fix = "remove it: a dir upstream reads local files";
     refuse!(v, at, r: ca_file, insecure_skip_verify, sni, host_header;
         "applies to url upstreams only, not to dir", fix);
-    let path = v.parsed(&at.key("dir"), dir, "\"./data\"", check_dir).ok();
+    let fix = "point dir at a folder, or at a path where one can be created";
+    let path = v.parsed(&at.key("dir"), dir, "\"./data\"", |dir| folder(dir, fix, true)).ok();
     path.map(|path| UpstreamKind::Dir { path })
 }
 
 fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<String>> {
-    let host_port = |text: &str| match split_host_port(text) {
-        // A validated host and port are header-safe ASCII.
-        Ok(_) => Ok(text.to_owned()),
-        Err(e) => wrong(
-            format!("{text:?} is not a host[:port]: {e}"),
-            "write a host with an optional port, e.g. host_header = \"files.example.com\"",
-        ),
-    };
-    read! { v, at, r; host_header: parsed("\"origin.example.com\"", host_port).opt(); }
+    read! { v, at, r; host_header: parsed("\"origin.example.com\"", HttpUpstream::host_header).opt(); }
     host_header
 }
 
 fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
     let r = v.table(at, raw, "[upstreams.NAME.health_check] with path = \"/healthz\"")?;
-    let request_path = |path: &str| {
-        if path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
-            return Ok(path.to_owned());
-        }
-        let fix = "write a path starting with '/', e.g. path = \"/healthz\"";
-        wrong(format!("{path:?} is not a request path"), fix)
-    };
     let range = Duration::from_millis(10)..=secs(3600);
     read! { v, at, r;
-        path: parsed("\"/healthz\"", request_path).or("/".to_owned());
+        path: parsed("\"/healthz\"", HealthCheck::path).or("/".to_owned());
         interval: duration(range.clone()).or(secs(5));
         timeout: duration(range).or(secs(2));
     }
     complete! { HealthCheck { path, interval, timeout } }
 }
 
-/// The TLS keys of an upstream, for its https urls.
-#[derive(Default)]
-struct Tls {
-    ca_file: Option<PathBuf>,
-    insecure_skip_verify: bool,
-    /// `sni`, when it is set.
-    sni: Option<String>,
-}
-
 /// The TLS keys of an upstream; without an https url, each key present is a mistake.
-fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https: bool) -> Option<Tls> {
+fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https: bool) -> Option<UpstreamTls> {
     if !https {
         let fix = "remove it, or use an https:// url";
         refuse!(v, at, r: ca_file, insecure_skip_verify, sni; "applies to https:// urls only", fix);
-        return Some(Tls::default());
+        return Some(UpstreamTls::default());
     }
-    let ca_bundle = |file: &str| {
-        // CA bundles are a few hundred KiB; the cap only stops a mistyped path to a huge file
-        // from being read whole.
-        let problem = match read_small_file(file, 16 << 20) {
-            Err(problem) => problem,
-            Ok(pem) if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") => {
-                format!("{file:?} holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)")
-            }
-            Ok(_) => return Ok(PathBuf::from(file)),
-        };
-        wrong(problem, "point ca_file at a readable PEM file of CA certificates")
-    };
-    let dns_name = |text: &str| match Host::parse(text) {
-        Ok(Host::Name(name)) => Ok(name),
-        Ok(_) => wrong(
-            format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
-            "use a DNS name, or remove sni to send none",
-        ),
-        Err(e) => wrong(
-            format!("{text:?} is not a DNS name: {e}"),
-            "write a DNS name, e.g. sni = \"origin.example.com\"",
-        ),
-    };
     read! { v, at, r;
-        ca_file: parsed("\"/etc/rangeway/ca.pem\"", ca_bundle).opt();
+        ca_file: parsed("\"/etc/rangeway/ca.pem\"", HttpUpstream::ca_file).opt();
         insecure_skip_verify: boolean().or(false);
-        sni: parsed("\"origin.example.com\"", dns_name).opt();
+        sni: parsed("\"origin.example.com\"", HttpUpstream::sni).opt();
     }
-    complete! { Tls { ca_file, insecure_skip_verify, sni } }
-}
-
-fn check_dir(dir: &str) -> Result<PathBuf, Problem> {
-    let fix = "point dir at a folder, or at a path where one can be created";
-    match std::fs::metadata(dir) {
-        _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
-        Ok(meta) if !meta.is_dir() => wrong(format!("{dir:?} exists but is not a directory"), fix),
-        // A missing folder is fine: the server creates it on start.
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            wrong(format!("{dir:?} cannot be inspected: {e}"), fix)
-        }
-        _ => Ok(dir.into()),
-    }
+    complete! { UpstreamTls { ca_file, insecure_skip_verify, sni } }
 }
 
 /// An S3 upstream: `endpoint` is its `url`, already checked.
@@ -404,19 +342,4 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
         session_token: token?.map(|(_, token)| token),
         source: format!("environment variables {access_var}/{secret_var}"),
     })
-}
-
-/// The upstream `url` names, with the TLS keys that apply to it when it is https.
-fn http_upstream(url: HttpUrl, tls: &Tls, host_header: Option<String>) -> HttpUpstream {
-    let name = url.host.is_name().then(|| url.host.bare());
-    HttpUpstream {
-        tls: url.tls,
-        sni: tls.sni.clone().or(name).filter(|_| url.tls),
-        ca_file: tls.ca_file.clone().filter(|_| url.tls),
-        insecure_skip_verify: tls.insecure_skip_verify && url.tls,
-        host: url.host.bare(),
-        port: url.port,
-        base_path: url.base_path,
-        host_header: host_header.unwrap_or(url.authority),
-    }
 }
