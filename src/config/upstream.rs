@@ -146,7 +146,9 @@ fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
         let endpoint = url.zip(tls).map(|(url, tls)| HttpUpstream::new(url, &tls, None));
         return s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3);
     }
-    let (host_header, mut urls) = (host_header(v, at, r), urls.or(Vec::new())?);
+    let header = "\"origin.example.com\"";
+    read! { v, at, r; host_header: parsed(header, HttpUpstream::host_header).opt(); }
+    let mut urls = urls.or(Vec::new())?;
     if urls.is_empty() {
         let fix = format!("write urls = {example}");
         return v.fail(&key("urls"), "expected a non-empty list of urls", fix);
@@ -183,11 +185,6 @@ fn dir_kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, dir: &Value) -> Option<
     path.map(|path| UpstreamKind::Dir { path })
 }
 
-fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<String>> {
-    read! { v, at, r; host_header: parsed("\"origin.example.com\"", HttpUpstream::host_header).opt(); }
-    host_header
-}
-
 fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
     let r = v.table(at, raw, "[upstreams.NAME.health_check] with path = \"/healthz\"")?;
     let range = Duration::from_millis(10)..=secs(3600);
@@ -222,13 +219,9 @@ fn s3_upstream(
     endpoint: Option<HttpUpstream>,
 ) -> Option<S3Upstream> {
     let key = |key: &str| at.key(key);
-    if r.host_header.is_some() {
-        v.report(
-            &key("host_header"),
-            "host_header does not apply to S3 upstreams",
-            "remove it: rangeway sets Host from the url, the bucket and addressing (and signs it)",
-        );
-    }
+    let fix =
+        "remove it: rangeway sets Host from the url, the bucket and addressing (and signs it)";
+    refuse!(v, at, r: host_header; "does not apply to S3 upstreams", fix);
     let styles = [("path", Addressing::Path), ("virtual-host", Addressing::VirtualHost)];
     let fix = "use \"path\" (https://endpoint/bucket/key) or \"virtual-host\" \
                (https://bucket.endpoint/key)";
@@ -287,13 +280,8 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
             );
         }
         (None, None) => {
-            if r.session_token_env.is_some() {
-                v.report(
-                    &key("session_token_env"),
-                    "session_token_env needs access_key_env and secret_key_env",
-                    "set them too, or remove it",
-                );
-            }
+            refuse!(v, at, r: session_token_env; "needs access_key_env and secret_key_env",
+                "set them too, or remove it");
             let profile = v.string(&key("profile"), &r.profile, "\"default\"").opt()?;
             let Some(file) = &r.credentials_file else {
                 let env = |name: &str| v.env.get(name)?.to_str().map(str::to_owned);
@@ -307,21 +295,12 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
             return v.parsed(&key("credentials_file"), file, example, read).ok();
         }
     };
-    if r.credentials_file.is_some() {
-        v.report(
-            &key("credentials_file"),
-            "credentials_file cannot be combined with access_key_env/secret_key_env",
-            "keep one source of credentials",
-        );
-    }
-    if r.profile.is_some() {
-        v.report(
-            &key("profile"),
-            "profile names a section of a credentials file, and these credentials come from \
-             environment variables",
-            "remove profile, or use credentials_file instead of access_key_env/secret_key_env",
-        );
-    }
+    let problem = "cannot be combined with access_key_env/secret_key_env";
+    refuse!(v, at, r: credentials_file; problem, "keep one source of credentials");
+    let problem = "names a section of a credentials file, and these credentials come from \
+                   environment variables";
+    let fix = "remove profile, or use credentials_file instead of access_key_env/secret_key_env";
+    refuse!(v, at, r: profile; problem, fix);
     let mut read = |name: &str, value, var: &str, holds, otherwise| {
         let example = format!("{name} = \"RANGEWAY_S3_{var}\"");
         let key = SecretVar { example: &example, holds, source_hint: "", otherwise };
