@@ -1,15 +1,14 @@
 //! `[state]`: where resume state lives, and the key download ids are derived with.
 
 use std::borrow::Cow;
-use std::path::PathBuf;
 
 use ::config::{Value, ValueKind};
 
-use super::check::{Ctx, DAY, Problem, complete, read, secs, suggest, type_name, wrong};
+use super::check::{Ctx, DAY, complete, read, secs, suggest, type_name, wrong};
 use super::raw::{Raw, RawState};
 use super::source::Path;
 use crate::fingerprint::{IdKeySource, MIN_KEY_LEN as MIN_ID_KEY_LEN, read_key_file};
-use crate::state::{RedisTarget, StateBackend, StateConfig};
+use crate::state::{RedisTarget, SnapshotFile, StateBackend, StateConfig};
 use crate::values::redis_url::RedisUrl;
 use crate::values::secret::{Secret, SecretVar};
 
@@ -21,14 +20,14 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawState>) -> Option<S
     let snapshot = "\"/var/lib/rangeway/sessions\"";
     read! { v, at, r;
         ttl: duration(secs(1)..=secs(365 * DAY)).or(secs(DAY));
-        key_prefix: parsed("\"rangeway:\"", key_prefix).or("rangeway:".to_owned());
+        key_prefix: parsed("\"rangeway:\"", StateConfig::key_prefix).or("rangeway:".to_owned());
     }
     read! { v, at, r;
         id_key_env: nested(id_key_env).opt();
         id_key_file: parsed("\"/etc/rangeway/id_key\"", read_key_file).opt();
         max_memory: size(1 << 20..=1 << 40, "\"256MiB\"").or(256 << 20);
         client_share: ratio().then(|share| some_share(v, at, share)).or(0.01);
-        snapshot_file: parsed(snapshot, |file| snapshot_file(file, snapshot)).opt();
+        snapshot_file: parsed(snapshot, |file| SnapshotFile::path(file, snapshot)).opt();
     }
     let backend = backend?;
     let snapshot_file = match (snapshot_file, &backend) {
@@ -49,16 +48,6 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawState>) -> Option<S
     } }
 }
 
-fn key_prefix(prefix: &str) -> Result<String, Problem> {
-    if prefix.len() <= 256 && prefix.bytes().all(|b| b.is_ascii_graphic()) {
-        return Ok(prefix.to_owned());
-    }
-    wrong(
-        format!("{prefix:?} is not a usable key prefix"),
-        "use at most 256 printable ASCII characters without spaces, e.g. \"rangeway:\"",
-    )
-}
-
 fn some_share(v: &mut Ctx<'_>, at: &Path, share: f64) -> Option<f64> {
     if share > 0.0 {
         return Some(share);
@@ -68,15 +57,6 @@ fn some_share(v: &mut Ctx<'_>, at: &Path, share: f64) -> Option<f64> {
         "is 0: no client could keep a download's record",
         "write client_share = 0.01 (1 % of max_memory per client address), or more",
     )
-}
-
-fn snapshot_file(file: &str, example: &str) -> Result<PathBuf, Problem> {
-    if file.is_empty() || file.ends_with('/') {
-        let fix =
-            format!("name a file in a folder rangeway may write, e.g. snapshot_file = {example}");
-        return wrong("does not name a file", fix);
-    }
-    Ok(PathBuf::from(file))
 }
 
 /// `backend` and `redis_url`, which together say where state lives.
@@ -184,13 +164,7 @@ fn redis_target(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<RedisTarget
                 "starts with '[' but is not a TOML array of strings",
                 "write it as [\"redis://HOST:6379\", \"redis://HOST2:6379\"]",
             ),
-        ValueKind::String(text) => {
-            let target = RedisUrl::parse(text).and_then(|(url, cluster)| match cluster {
-                true => url.cluster_node().map(|url| RedisTarget::Cluster(vec![url])),
-                false => Ok(RedisTarget::Single(url)),
-            });
-            v.check(at, target)
-        }
+        ValueKind::String(text) => v.check(at, RedisTarget::parse(text)),
         ValueKind::Array(items) if items.is_empty() => {
             v.fail(at, "the list of cluster nodes is empty", list_fix)
         }
@@ -199,15 +173,7 @@ fn redis_target(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<RedisTarget
             let nodes = v.strings(at, &*value, "a URL string", example, |text| {
                 RedisUrl::parse(text).and_then(|(url, _)| url.cluster_node())
             });
-            let nodes = nodes.or(Vec::new())?;
-            if nodes.iter().any(|node| node.tls() != nodes[0].tls()) {
-                return v.fail(
-                    at,
-                    "mixes redis:// and rediss:// nodes",
-                    "use rediss:// for every node of a TLS cluster, redis:// for every node otherwise",
-                );
-            }
-            Some(RedisTarget::Cluster(nodes))
+            v.check(at, RedisTarget::cluster(nodes.or(Vec::new())?))
         }
         _ => v.fail(
             at,

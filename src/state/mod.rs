@@ -40,6 +40,7 @@ pub use self::model::{
 pub use self::redis::{RedisOptions, RedisStore, RedisTarget};
 pub use self::snapshot::{SnapshotError, SnapshotFile};
 use crate::fingerprint::IdKeySource;
+use crate::values::{Problem, wrong};
 
 /// Concurrent-download limits of a route, `None` for none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +71,19 @@ pub struct StateConfig {
     /// `client_share` of `max_memory`: what one client address (IPv6: its /64) may hold.
     pub max_client_memory: u64,
     pub snapshot_file: Option<PathBuf>,
+}
+
+impl StateConfig {
+    /// A `key_prefix`: the start of every key the store writes, so printable and short.
+    pub(crate) fn key_prefix(prefix: &str) -> Result<String, Problem> {
+        if prefix.len() <= 256 && prefix.bytes().all(|b| b.is_ascii_graphic()) {
+            return Ok(prefix.to_owned());
+        }
+        wrong(
+            format!("{prefix:?} is not a usable key prefix"),
+            "use at most 256 printable ASCII characters without spaces, e.g. \"rangeway:\"",
+        )
+    }
 }
 
 /// The store behind the state: embedded, per instance, or Redis.
