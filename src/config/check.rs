@@ -417,7 +417,7 @@ impl<'a> Ctx<'a> {
         value: impl Into<Field<'v>>,
         item: &str,
         example: &str,
-        parse: impl Fn(&str) -> Result<T, Problem>,
+        mut parse: impl FnMut(&str) -> Result<T, Problem>,
     ) -> Got<Vec<T>> {
         let Some(value) = value.into() else { return Got::Absent };
         let ValueKind::Array(items) = &value.kind else {
