@@ -2,7 +2,8 @@
 //! target hold the loader to the same promises.
 
 use config::{Value, ValueKind};
-use rangeway::config::{Config, ConfigErrors, RouteConfig};
+use rangeway::config::{Config, ConfigErrors};
+use rangeway::routes::RouteConfig;
 use rangeway_middleware::chain::{Chain, StageRegistry};
 
 /// Loads `text` as `rangeway check` does (the config, then every route's chain) and asserts what

@@ -1,8 +1,6 @@
 //! Each route's middleware built into a [`Chain`] by the stage registry: the last step of
 //! validation, so that a bad option or an impossible order is reported with the other problems.
 
-use std::collections::BTreeMap;
-
 use ::config::{Value, ValueKind};
 use rangeway_middleware::chain::{
     Chain, ConfigError as StageConfigError, OptionValue, StageOptions, StageRegistry,
@@ -10,17 +8,7 @@ use rangeway_middleware::chain::{
 
 use super::check::Ctx;
 use super::source::Path;
-
-/// A middleware entry as written: a kind the registry has, and options left for its stage.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct MiddlewareSpec {
-    pub kind: String,
-    /// Every key but `kind`, each value's origin naming the file or the variable that set it.
-    pub options: BTreeMap<String, ::config::Value>,
-    /// Where the entry is, for the stage's own errors: `routes[1].middleware[0]`.
-    pub path: String,
-}
+use crate::routes::MiddlewareSpec;
 
 /// A problem with a route's stages: where, what, and the fix.
 pub(super) type StageProblem = (Path, String, String);

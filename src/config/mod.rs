@@ -26,13 +26,12 @@ use std::path::Path;
 // cache/ is the crate's own: its config type is reachable through here.
 pub use crate::cache::CacheConfig;
 use crate::logging::LogConfig;
+use crate::routes::RouteConfig;
 use crate::routes::upstream::{UpstreamConfig, UpstreamKind};
 use crate::state::StateConfig;
 use crate::tls::TlsConfig;
 use crate::traces::TracesConfig;
-pub use chains::MiddlewareSpec;
 pub use errors::{ConfigError, ConfigErrors};
-pub use route::RouteConfig;
 pub use server::ServerConfig;
 
 use check::{Ctx, Problem, complete, read, wrong};

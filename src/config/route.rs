@@ -6,50 +6,23 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ::config::Value;
-use http::{HeaderName, Method};
+use http::HeaderName;
 
 use super::cache;
-use super::chains::{self, MiddlewareSpec};
+use super::chains;
 use super::check::{Ctx, DAY, MS, Problem, complete, did_you_mean, push, read, secs, wrong};
 use super::raw::{
     Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
 };
 use super::source::Path;
 use crate::links::{LinkKeys, SignedLinks};
-use crate::routes::{self, RateLimit, RouteCache, UpstreamResume};
+use crate::routes::{self, MiddlewareSpec, RateLimit, RouteConfig, UpstreamResume};
 use crate::s3::credentials::S3ClientKeys;
 use crate::state::{Count, DownloadLimits};
 
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
 /// The slowest rate worth shaping to, and the fastest worth naming (bytes per second).
 const RATES: std::ops::RangeInclusive<u64> = 1024..=(1 << 40);
-
-/// One `[[routes]]`.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct RouteConfig {
-    /// Lower case (IPv6 in brackets), matched without the port; `None` matches any host.
-    pub host: Option<String>,
-    /// Normalised (no `..`, `//`, `%`, `\`, control characters or whitespace), so that it can be
-    /// compared with a normalised request path byte for byte.
-    pub path_prefix: String,
-    /// The name of an upstream in `[upstreams]`.
-    pub upstream: String,
-    pub strip_prefix: bool,
-    /// The stages, in order; empty for a passthrough route.
-    pub middleware: Vec<MiddlewareSpec>,
-    pub s3_client_keys: Option<S3ClientKeys>,
-    pub s3_presigned_grace: Duration,
-    pub upstream_resume: Option<UpstreamResume>,
-    pub s3_response_overrides: bool,
-    pub cache: Option<RouteCache>,
-    pub signed_links: Option<SignedLinks>,
-    pub download_limits: Option<DownloadLimits>,
-    pub rate_limit: Option<RateLimit>,
-    /// The methods the route answers: GET and HEAD always, first, then those `methods` adds, which
-    /// are passed through to the upstream.
-    pub methods: Vec<Method>,
-}
 
 /// What a route's defaults depend on outside it.
 pub(super) struct RouteContext<'a> {

@@ -1,12 +1,15 @@
-//! The route table: which upstream serves a request, and under which path; the upstreams, built
-//! once from config; their active health checks. Built by the server, read by the proxy and the
-//! admin API.
+//! The route table: which upstream serves a request, and under which path; each route as
+//! configured ([`RouteConfig`]), the settings it carries and the rules its prefix, host and
+//! methods follow; the upstreams, built once from config; their active health checks. Built by
+//! the server, read by the proxy and the admin API.
 
 pub mod health;
 pub(crate) mod origin_client;
 pub mod upstream;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use http::Method;
 use rangeway_middleware::chain::Chain;
@@ -37,7 +40,7 @@ pub struct Route {
     /// When set, only requests signed with one of these keys are served.
     pub s3_client_keys: Option<S3ClientKeys>,
     /// How long a download begun with a presigned URL may resume after it expired.
-    pub s3_presigned_grace: std::time::Duration,
+    pub s3_presigned_grace: Duration,
     /// When set, a body its origin breaks off is continued (see `relay`).
     pub upstream_resume: Option<UpstreamResume>,
     /// Whether clients' `response-*` query parameters reach an S3 upstream.
@@ -52,6 +55,44 @@ pub struct Route {
     pub rate_limit: Option<RateLimit>,
     /// The methods it answers: GET and HEAD, then those passed through to its upstream.
     pub methods: Vec<Method>,
+}
+
+/// One `[[routes]]` as configured, which [`Route::new`] and its fields are built from.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RouteConfig {
+    /// Lower case (IPv6 in brackets), matched without the port; `None` matches any host.
+    pub host: Option<String>,
+    /// Normalised (no `..`, `//`, `%`, `\`, control characters or whitespace), so that it can be
+    /// compared with a normalised request path byte for byte.
+    pub path_prefix: String,
+    /// The name of an upstream in `[upstreams]`.
+    pub upstream: String,
+    pub strip_prefix: bool,
+    /// The stages, in order; empty for a passthrough route.
+    pub middleware: Vec<MiddlewareSpec>,
+    pub s3_client_keys: Option<S3ClientKeys>,
+    pub s3_presigned_grace: Duration,
+    pub upstream_resume: Option<UpstreamResume>,
+    pub s3_response_overrides: bool,
+    pub cache: Option<RouteCache>,
+    pub signed_links: Option<SignedLinks>,
+    pub download_limits: Option<DownloadLimits>,
+    pub rate_limit: Option<RateLimit>,
+    /// The methods the route answers: GET and HEAD always, first, then those `methods` adds, which
+    /// are passed through to the upstream.
+    pub methods: Vec<Method>,
+}
+
+/// A middleware entry as written: a kind the registry has, and options left for its stage.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct MiddlewareSpec {
+    pub kind: String,
+    /// Every key but `kind`, each value's origin naming the file or the variable that set it.
+    pub options: BTreeMap<String, ::config::Value>,
+    /// Where the entry is, for the stage's own errors: `routes[1].middleware[0]`.
+    pub path: String,
 }
 
 impl Route {
@@ -77,7 +118,7 @@ impl Route {
             stage_keys: stage_keys(&chain),
             chain,
             s3_client_keys: None,
-            s3_presigned_grace: std::time::Duration::ZERO,
+            s3_presigned_grace: Duration::ZERO,
             upstream_resume: None,
             s3_response_overrides: false,
             cache: None,
