@@ -350,17 +350,8 @@ impl<'a> Ctx<'a> {
             ValueKind::Float(number) => Err(units::bare_number(&number.to_string())),
             _ => return self.wrong_type(at, value, "a duration string", "\"30s\""),
         };
-        match parsed {
-            Ok(d) if range.contains(&d) => Got::Good(d),
-            Ok(d) => self.bad(
-                at,
-                format!("{} is out of range", humantime::format_duration(d)),
-                format!(
-                    "use from {:?} to {:?}",
-                    units::written(*range.start()),
-                    units::written(*range.end())
-                ),
-            ),
+        match parsed.and_then(|d| units::duration_within(d, &range)) {
+            Ok(d) => Got::Good(d),
             Err(e) => self.bad(at, e.problem, e.fix),
         }
     }
@@ -381,13 +372,8 @@ impl<'a> Ctx<'a> {
             ValueKind::String(text) => units::parse_size(text),
             _ => return self.wrong_type(at, value, "a size", example),
         };
-        match parsed {
-            Ok(size) if range.contains(&size) => Got::Good(size),
-            Ok(size) => self.bad(
-                at,
-                format!("{size} is out of range"),
-                format!("use from {} to {} bytes", range.start(), range.end()),
-            ),
+        match parsed.and_then(|size| units::size_within(size, &range)) {
+            Ok(size) => Got::Good(size),
             Err(e) => self.bad(at, e.problem, e.fix),
         }
     }
