@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ::config::Value;
-use http::HeaderName;
 
 use super::cache;
 use super::chains;
@@ -275,19 +274,13 @@ fn download_limits(
 
 fn rate_limit(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawRateLimit>) -> Option<RateLimit> {
     let r = v.table(at, raw, "[routes.rate_limit] with rate = \"2MiB\" (bytes per second)")?;
-    let header = |name: &str| {
-        HeaderName::from_bytes(name.as_bytes()).or_else(|_| {
-            let fix = "write a field name, e.g. \"X-Accel-Limit-Rate\"";
-            wrong(format!("{name:?} is not a header name"), fix)
-        })
-    };
     let per_second = "\"2MiB\" (per second)";
     read! { v, at, r;
         rate: size(RATES, per_second).opt();
         per_client: size(RATES, per_second).opt();
         per_route: size(RATES, per_second).opt();
         after: size(0..=(1 << 50), "\"4MiB\"").or(0);
-        origin_header: parsed("\"X-Accel-Limit-Rate\"", header).opt();
+        origin_header: parsed("\"X-Accel-Limit-Rate\"", RateLimit::origin_header).opt();
     }
     let limit = complete! { RateLimit { rate, after, per_client, per_route, origin_header } }?;
     let rates = [limit.rate, limit.per_client, limit.per_route];

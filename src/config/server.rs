@@ -10,6 +10,7 @@ use super::raw::{Raw, RawServer};
 use super::source::Path;
 use crate::admin;
 use crate::admission::{self, ClientLimits, MAX_CONNECTIONS_LIMIT};
+use crate::client_address;
 use crate::ip_net::IpNet;
 use crate::values::listen_addr;
 use crate::values::secret::{AdminToken, SecretVar};
@@ -64,7 +65,7 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<
     read! { v, at, r;
         upgrade_socket: parsed(socket.0, upgrade_socket).or(socket.1);
         proxy_protocol: boolean().or(false);
-        trusted_proxies: strings("a string", proxies, trusted_proxy).or(Vec::new());
+        trusted_proxies: strings("a string", proxies, client_address::trusted_proxy).or(Vec::new());
         admin_hosts: strings("a string", hosts, admin::host_entry).or(Vec::new());
     }
     let threads = threads.map(|n| n.and_then(NonZeroUsize::new).unwrap_or(cpus));
@@ -94,16 +95,6 @@ fn upgrade_socket(text: &str) -> Result<PathBuf, Problem> {
         return wrong("is not a usable Unix socket path (1 to 107 bytes)", fix);
     }
     Ok(PathBuf::from(text))
-}
-
-fn trusted_proxy(text: &str) -> Result<IpNet, Problem> {
-    IpNet::parse(text.trim()).or_else(|problem| {
-        wrong(
-            format!("{text:?} is not a network: {problem}"),
-            "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \"192.0.2.7\" \
-             or \"fd00::/8\" (host names are not resolved)",
-        )
-    })
 }
 
 fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimits> {

@@ -174,6 +174,16 @@ pub struct RateLimit {
     pub origin_header: Option<http::HeaderName>,
 }
 
+impl RateLimit {
+    /// An `origin_header`: the name of the field an origin's answer sets the rate in.
+    pub(crate) fn origin_header(name: &str) -> Result<http::HeaderName, Problem> {
+        http::HeaderName::from_bytes(name.as_bytes()).or_else(|_| {
+            let fix = "write a field name, e.g. \"X-Accel-Limit-Rate\"";
+            wrong(format!("{name:?} is not a header name"), fix)
+        })
+    }
+}
+
 /// A `path_prefix`, normalised as a request path is, so that [`Route::new`] can parse it and
 /// match requests against it byte for byte.
 pub(crate) fn path_prefix(prefix: &str) -> Result<String, Problem> {
