@@ -1,10 +1,7 @@
 //! Each route's middleware built into a [`Chain`] by the stage registry: the last step of
 //! validation, so that a bad option or an impossible order is reported with the other problems.
 
-use ::config::{Value, ValueKind};
-use rangeway_middleware::chain::{
-    Chain, ConfigError as StageConfigError, OptionValue, StageOptions, StageRegistry,
-};
+use rangeway_middleware::chain::{Chain, ConfigError as StageConfigError, StageRegistry};
 
 use super::check::Ctx;
 use super::source::Path;
@@ -27,19 +24,17 @@ pub(super) fn chain(
     specs: &[MiddlewareSpec],
 ) -> Result<Chain, Vec<StageProblem>> {
     let at = route.key("middleware");
-    let mut problems = Vec::new();
-    let mut options = vec![StageOptions::new(); specs.len()];
-    for ((index, spec), stage) in specs.iter().enumerate().zip(&mut options) {
-        for (key, value) in &spec.options {
-            match option_value(value) {
-                Some(value) => _ = stage.insert(key.clone(), value),
-                None => problems.push((
-                    at.index(index).key(key),
-                    "is a table, which no stage option takes".to_owned(),
-                    "write a string, number, boolean or list".to_owned(),
-                )),
-            }
+    let (mut problems, mut options) = (Vec::new(), Vec::with_capacity(specs.len()));
+    for (index, spec) in specs.iter().enumerate() {
+        let (stage, tables) = spec.stage_options();
+        for key in tables {
+            let (problem, fix) = (
+                "is a table, which no stage option takes",
+                "write a string, number, boolean or list",
+            );
+            problems.push((at.index(index).key(key), problem.to_owned(), fix.to_owned()));
         }
+        options.push(stage);
     }
     let stages = specs.iter().zip(&options).map(|(spec, options)| (spec.kind.as_str(), options));
     let found = match registry.build_chain(stages) {
@@ -72,19 +67,4 @@ fn option_path(stage: &Path, key: &str) -> Path {
         Some((name, index)) => stage.key(name).index(index),
         None => stage.key(key),
     }
-}
-
-fn option_value(value: &Value) -> Option<OptionValue> {
-    Some(match &value.kind {
-        ValueKind::Boolean(b) => OptionValue::Bool(*b),
-        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::I128(_) | ValueKind::U128(_) => {
-            OptionValue::Int(value.clone().into_int().unwrap_or(i64::MAX))
-        }
-        ValueKind::Float(f) => OptionValue::Float(*f),
-        ValueKind::String(s) => OptionValue::Str(s.clone()),
-        ValueKind::Array(items) => {
-            OptionValue::List(items.iter().map(option_value).collect::<Option<_>>()?)
-        }
-        ValueKind::Nil | ValueKind::Table(_) => return None,
-    })
 }

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use ::config::ValueKind;
 use http::Method;
-use rangeway_middleware::chain::Chain;
+use rangeway_middleware::chain::{Chain, OptionValue, StageOptions};
 
 use crate::links::SignedLinks;
 use crate::request_path::NormalizedPath;
@@ -93,6 +94,20 @@ pub struct MiddlewareSpec {
     pub options: BTreeMap<String, ::config::Value>,
     /// Where the entry is, for the stage's own errors: `routes[1].middleware[0]`.
     pub path: String,
+}
+
+impl MiddlewareSpec {
+    /// The options as its stage takes them, and the keys of those no stage takes (tables).
+    pub(crate) fn stage_options(&self) -> (StageOptions, Vec<&str>) {
+        let (mut options, mut tables) = (StageOptions::new(), Vec::new());
+        for (key, value) in &self.options {
+            match option_value(value) {
+                Some(value) => _ = options.insert(key.clone(), value),
+                None => tables.push(key.as_str()),
+            }
+        }
+        (options, tables)
+    }
 }
 
 impl Route {
@@ -261,6 +276,21 @@ pub(crate) fn answered_methods(added: Vec<Method>) -> Vec<Method> {
         }
     }
     methods
+}
+
+fn option_value(value: &::config::Value) -> Option<OptionValue> {
+    Some(match &value.kind {
+        ValueKind::Boolean(b) => OptionValue::Bool(*b),
+        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::I128(_) | ValueKind::U128(_) => {
+            OptionValue::Int(value.clone().into_int().unwrap_or(i64::MAX))
+        }
+        ValueKind::Float(f) => OptionValue::Float(*f),
+        ValueKind::String(s) => OptionValue::Str(s.clone()),
+        ValueKind::Array(items) => {
+            OptionValue::List(items.iter().map(option_value).collect::<Option<_>>()?)
+        }
+        ValueKind::Nil | ValueKind::Table(_) => return None,
+    })
 }
 
 fn stage_keys(chain: &Chain) -> Vec<String> {
