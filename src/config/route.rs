@@ -226,16 +226,14 @@ fn middleware(
     specs
 }
 
-/// `lead` followed by the kinds there are, or, when none are, how to do without.
+/// `lead` followed by the kinds there are (the registry lists each once, in order), or, when none
+/// are, how to do without.
 pub(super) fn kind_fix(known_kinds: &[&str], lead: &str) -> String {
     if known_kinds.is_empty() {
         return "no middleware kinds are built in yet: remove this entry (middleware = [])"
             .to_owned();
     }
-    let mut kinds = known_kinds.to_vec();
-    kinds.sort_unstable();
-    kinds.dedup();
-    format!("{lead} one of: {}", kinds.join(", "))
+    format!("{lead} one of: {}", known_kinds.join(", "))
 }
 
 /// `[routes.signed_links]`.

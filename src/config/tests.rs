@@ -2375,7 +2375,7 @@ mod suggestions {
             kind_fix(&[], "use"),
             "no middleware kinds are built in yet: remove this entry (middleware = [])"
         );
-        assert_eq!(kind_fix(&["gzip", "checksum", "gzip"], "use"), "use one of: checksum, gzip");
+        assert_eq!(kind_fix(&["checksum", "gzip"], "use"), "use one of: checksum, gzip");
     }
 }
 
