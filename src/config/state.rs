@@ -7,7 +7,7 @@ use ::config::{Value, ValueKind};
 use super::check::{Ctx, DAY, complete, read, secs, suggest, type_name, wrong};
 use super::raw::{Raw, RawState};
 use super::source::Path;
-use crate::fingerprint::{IdKeySource, MIN_KEY_LEN as MIN_ID_KEY_LEN, read_key_file};
+use crate::fingerprint::{IdKeySource, MIN_KEY_LEN as MIN_ID_KEY_LEN, env_key, read_key_file};
 use crate::state::{RedisTarget, SnapshotFile, StateBackend, StateConfig};
 use crate::values::redis_url::RedisUrl;
 use crate::values::secret::{Secret, SecretVar};
@@ -135,14 +135,7 @@ fn id_key_env(v: &mut Ctx<'_>, at: &Path, value: &Value) -> Option<Secret> {
         otherwise: "or remove id_key_env (with the memory store only)",
     };
     let (var, secret) = v.secret(at, value, &key)?;
-    if secret.expose().len() < MIN_ID_KEY_LEN {
-        return v.fail(
-            at,
-            format!("the key in {var} is shorter than {MIN_ID_KEY_LEN} characters"),
-            "use a longer random key, e.g. from `openssl rand -hex 32`",
-        );
-    }
-    Some(secret)
+    v.check(at, env_key(&var, secret))
 }
 
 /// `redis_url`: a URL, or a list of cluster nodes. From the environment a list is written as a TOML
