@@ -42,7 +42,6 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawCache>) -> Option<C
     Some(CacheConfig { dir, max_size, max_entries, slice_size })
 }
 
-/// A route's `cache` table.
 pub(super) fn route(v: &mut Ctx<'_>, at: &Path, r: &RawRouteCache) -> Option<RouteCache> {
     let policies = [("rfc9111", Revalidate::Rfc9111), ("each-download", Revalidate::EachDownload)];
     let (example, what) = ("\"each-download\"", "a revalidation policy");

@@ -7,22 +7,19 @@ use super::check::Ctx;
 use super::source::Path;
 use crate::routes::MiddlewareSpec;
 
-/// A problem with a route's stages: where, what, and the fix.
-pub(super) type StageProblem = (Path, String, String);
-
-/// Reports what is wrong with the middleware of the route at `route`.
 pub(super) fn check(v: &mut Ctx<'_>, route: &Path, specs: &[MiddlewareSpec]) {
     for (at, problem, fix) in chain(v.stages, route, specs).err().unwrap_or_default() {
         v.report(&at, problem, fix);
     }
 }
 
-/// The chain `registry` builds of the route's middleware, or every problem with it.
+/// The chain `registry` builds of the route's middleware, or every problem with it: where, what,
+/// and the fix.
 pub(super) fn chain(
     registry: &StageRegistry,
     route: &Path,
     specs: &[MiddlewareSpec],
-) -> Result<Chain, Vec<StageProblem>> {
+) -> Result<Chain, Vec<(Path, String, String)>> {
     let at = route.key("middleware");
     let (mut problems, mut options) = (Vec::new(), Vec::with_capacity(specs.len()));
     for (index, spec) in specs.iter().enumerate() {

@@ -4,7 +4,6 @@
 
 use std::borrow::Cow;
 use std::fmt::Display;
-use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,7 +16,6 @@ use super::errors::ConfigError;
 pub(super) use super::errors::{Problem, wrong};
 use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
-use crate::values::listen_addr;
 use crate::values::secret::{Secret, SecretVar};
 use crate::values::units::{self, UnitError};
 
@@ -434,25 +432,6 @@ impl<'a> Ctx<'a> {
         let secret = self.check(at, key.read(&name, self.env.get(&name)))?;
         Some((name, secret))
     }
-
-    /// A socket address to listen on (`crate::values::listen_addr`).
-    pub(super) fn socket_addr<'v>(
-        &mut self,
-        at: &Path,
-        value: impl Into<Field<'v>>,
-        example: &str,
-    ) -> Got<SocketAddr> {
-        self.parsed(at, value, &format!("\"{example}\""), |text| listen_addr::parse(text, example))
-    }
-}
-
-/// `check`'s result for `value` when it is written: `Some(None)` when it is not, `None` when
-/// `check` reported a problem.
-pub(super) fn checked<X, T>(
-    value: Option<X>,
-    check: impl FnOnce(X) -> Option<T>,
-) -> Option<Option<T>> {
-    value.map_or(Some(None), |value| check(value).map(Some))
 }
 
 /// A folder, or a path where one can be created (the server creates it on start); with

@@ -1,7 +1,6 @@
 //! `[[routes]]`: what each serves from which upstream, and the tables of a route: its
 //! middleware, `upstream_resume`, `cache`, `signed_links`, `download_limits` and `rate_limit`.
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -124,7 +123,7 @@ fn check_one(
     };
     // Claimed even while the route's other keys are wrong, so that overlaps are found anyway.
     if let Some((host, prefix)) = host.clone().zip(path_prefix.as_ref()) {
-        claim(v, at, claimed, host, prefix)?;
+        v.check(&key("path_prefix"), claim(claimed, at, host, prefix))?;
     }
     complete! { RouteConfig {
         host, path_prefix, upstream, strip_prefix, middleware, s3_presigned_grace, upstream_resume,
@@ -135,22 +134,18 @@ fn check_one(
 
 /// The requests of `host` and `prefix`, for the route at `at` unless a route before it has them.
 fn claim(
-    v: &mut Ctx<'_>,
-    at: &Path,
     claimed: &mut Claimed,
+    at: &Path,
     host: Option<String>,
     prefix: &str,
-) -> Option<()> {
-    let first = match claimed.entry((host.clone(), prefix.trim_end_matches('/').to_owned())) {
-        Entry::Occupied(first) => first.get().clone(),
-        Entry::Vacant(entry) => {
-            entry.insert(at.clone());
-            return Some(());
-        }
+) -> Result<(), Problem> {
+    let key = (host.clone(), prefix.trim_end_matches('/').to_owned());
+    let Some(first) = claimed.get(&key) else {
+        claimed.insert(key, at.clone());
+        return Ok(());
     };
     let host = host.map_or("any host".to_owned(), |h| format!("host {h}"));
-    v.fail(
-        &at.key("path_prefix"),
+    wrong(
         format!(
             "{prefix:?} on {host} overlaps {first} (prefixes that differ only by a trailing '/' \
              match the same requests)"
@@ -236,7 +231,6 @@ pub(super) fn kind_fix(known_kinds: &[&str], lead: &str) -> String {
     format!("{lead} one of: {}", known_kinds.join(", "))
 }
 
-/// `[routes.signed_links]`.
 fn signed_links(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawSignedLinks>) -> Option<SignedLinks> {
     let example = "\"/etc/rangeway/link-keys\"";
     let r = v.table(at, raw, &format!("[routes.signed_links] with keys_file = {example}"))?;

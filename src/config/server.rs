@@ -5,7 +5,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::check::{Ctx, MS, Problem, checked, complete, read, secs, wrong};
+use super::check::{Ctx, MS, Problem, complete, read, secs, wrong};
 use super::raw::{Raw, RawServer};
 use super::source::Path;
 use crate::admin;
@@ -37,20 +37,22 @@ pub struct ServerConfig {
 pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<ServerConfig> {
     let r = v.table(at, raw, "[server] with listen = \"127.0.0.1:8080\"")?;
     let localhost = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    let addr = |example| move |text: &str| listen_addr::parse(text, example);
     read! { v, at, r;
-        listen: socket_addr("127.0.0.1:8080").or(localhost(8080));
-        admin_listen: socket_addr("127.0.0.1:9090").or(localhost(9090));
+        listen: parsed("\"127.0.0.1:8080\"", addr("127.0.0.1:8080")).or(localhost(8080));
+        admin_listen: parsed("\"127.0.0.1:9090\"", addr("127.0.0.1:9090")).or(localhost(9090));
     }
-    let admin_token = checked(r.admin_token_env.as_ref(), |value| {
+    let admin_token = v.nested(&at.key("admin_token_env"), &r.admin_token_env, |v, at, value| {
         let secret = SecretVar {
             example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
             holds: "the token",
             source_hint: " (e.g. from `openssl rand -hex 32`)",
             otherwise: "or remove admin_token_env to leave the admin API open on admin_listen",
         };
-        let (env_var, token) = v.secret(&at.key("admin_token_env"), value, &secret)?;
+        let (env_var, token) = v.secret(at, value, &secret)?;
         Some(AdminToken::new(env_var, token))
     });
+    let admin_token = admin_token.opt();
     // The bound on threads only catches a typo such as `threads = 80000`; available_parallelism
     // fails only where the OS cannot say, and one thread still works.
     let cpus = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);

@@ -28,7 +28,6 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawTraces>) -> Option<
     complete! { TracesConfig { endpoint, sampling, service_name, resource } }
 }
 
-/// More resource attributes, each a string.
 fn resource(
     v: &mut Ctx<'_>,
     at: &Path,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ::config::Value;
 
-use super::check::{Ctx, DAY, Got, MS, checked, complete, folder, push, read, secs};
+use super::check::{Ctx, DAY, Got, MS, complete, folder, push, read, secs};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
 use super::source::{Path, bare};
 use crate::routes::upstream::{
@@ -310,10 +310,14 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
     let access = read("access_key_env", access, "ACCESS_KEY_ID", "the access key id", OTHERWISE);
     let secret =
         read("secret_key_env", secret, "SECRET_ACCESS_KEY", "the secret access key", OTHERWISE);
-    let token = checked(r.session_token_env.as_ref(), |value| {
-        let otherwise = "or remove session_token_env for a long-term key";
-        read("session_token_env", value, "SESSION_TOKEN", "the session token", otherwise)
-    });
+    let otherwise = "or remove session_token_env for a long-term key";
+    let token = match &r.session_token_env {
+        Some(value) => {
+            read("session_token_env", value, "SESSION_TOKEN", "the session token", otherwise)
+                .map(Some)
+        }
+        None => Some(None),
+    };
     let ((access_var, access_key_id), (secret_var, secret_access_key)) = (access?, secret?);
     Some(S3Credentials {
         access_key_id,
