@@ -23,6 +23,13 @@ use crate::routes::{Revalidate, RouteCache, UpstreamResume};
 use crate::state::{Count, RedisTarget, StateBackend};
 use crate::values::secret::Secret;
 
+impl Env {
+    fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let vars = pairs.into_iter().map(|(k, v)| (k.to_owned(), std::ffi::OsString::from(v)));
+        Self { vars: vars.collect() }
+    }
+}
+
 /// The stages the tests load configs with: the built-in ones.
 fn kinds() -> StageRegistry {
     StageRegistry::new()
