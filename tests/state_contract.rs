@@ -9,11 +9,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rangeway::config::{Config, DownloadLimits, RedisTarget, StateBackend, StateConfig};
+use rangeway::config::Config;
 use rangeway::state::{
-    self, Delivery, DownloadHold, DownloadSession, Ending, Held, Holding, Lookup, MAX_EXACT,
-    MAX_SESSION_VERSIONS, MAX_VERSIONS, MemoryBudget, MemoryStore, ObjectRecord, ObjectVersion,
-    RedisOptions, RedisStore, Resumable, StageFacts, StateStore, StoreError, UNREAD_SLACK,
+    self, Delivery, DownloadHold, DownloadLimits, DownloadSession, Ending, Held, Holding, Lookup,
+    MAX_EXACT, MAX_SESSION_VERSIONS, MAX_VERSIONS, MemoryBudget, MemoryStore, ObjectRecord,
+    ObjectVersion, RedisOptions, RedisStore, RedisTarget, Resumable, StageFacts, StateBackend,
+    StateConfig, StateStore, StoreError, UNREAD_SLACK,
 };
 use rangeway_middleware::ByteRange;
 use rangeway_middleware::chain::{Digest as StageDigest, RangeDigest, Segment, StageState};
