@@ -16,7 +16,8 @@
 #                                               COLD_MIB=1024 COLD_CLIENTS=100 PARTS="1 3 2")
 #
 # SERVER_B='client_notsent_lowat = 0' adds a second rangeway to the hits, with that line in its
-# [server] section: an A/B of a setting in the same run.
+# [server] section: an A/B of a setting in the same run. BEFORE_BIN=PATH adds the rangeway binary
+# at PATH (the build before a change), with the same config: an A/B of a change in the same run.
 #
 # Every answer is checked before anything is timed: a whole download through each cache, and the
 # cold clients' ranges, against the object's bytes.
@@ -62,7 +63,7 @@ CONF
 start_nginx "$work/origin" taskset -c "$CLIENT_CPU"
 wait_port "$origin_port"
 
-# rangeway_cache NAME [SERVER_LINE]: a rangeway with a slice cache of its own in $work/NAME, and
+# rangeway_cache NAME [SERVER_LINE [BINARY]]: a rangeway with a slice cache of its own in $work/NAME, and
 # routes with stages (/gzip6/: gzip level 6; /aes/: checksum and aes128gcm); sets $port, $pid.
 "$bin" keygen > "$work/key"
 rangeway_cache() {
@@ -76,8 +77,8 @@ rangeway_cache() {
       printf '  [[routes.middleware]]\n  kind = "aes128gcm"\n  key_file = "%s"\n' "$work/key"
       printf '[cache]\ndir = "%s"\nmax_size = "%dMiB"\nslice_size = "4MiB"\n' \
           "$work/$1/slices" $((2 * COLD_MIB + 1024)); } > "$work/$1/rangeway.toml"
-    RUST_LOG=warn start_bg taskset -c "$PROXY_CPU" "$bin" serve --config "$work/$1/rangeway.toml" \
-        >"$work/$1.log" 2>&1
+    RUST_LOG=warn start_bg taskset -c "$PROXY_CPU" "${3:-$bin}" serve \
+        --config "$work/$1/rangeway.toml" >"$work/$1.log" 2>&1
     pid=$last_pid
     wait_port "$port"
 }
@@ -135,6 +136,12 @@ if [[ -n ${SERVER_B:-} ]]; then
     rangeway_cache rangeway-b "$SERVER_B"; ports[rangeway-b]=$port; procs[rangeway-b]=$pid
     targets+=(rangeway-b)
     echo "rangeway-b: [server] $SERVER_B"
+fi
+if [[ -n ${BEFORE_BIN:-} ]]; then
+    rangeway_cache rangeway-before "" "$BEFORE_BIN"
+    ports[rangeway-before]=$port; procs[rangeway-before]=$pid
+    targets+=(rangeway-before)
+    echo "rangeway-before: $BEFORE_BIN"
 fi
 
 part() { [[ " $PARTS " == *" $1 "* ]]; }

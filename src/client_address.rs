@@ -14,7 +14,20 @@ use std::net::IpAddr;
 
 use http::HeaderMap;
 
-use crate::config::IpNet;
+use crate::ip_net::IpNet;
+use crate::values::{Problem, wrong};
+
+/// A `trusted_proxies` entry: an address or a network, never a name, as [`client`] compares
+/// peers and forwarded hops with it by address.
+pub(crate) fn trusted_proxy(text: &str) -> Result<IpNet, Problem> {
+    IpNet::parse(text.trim()).or_else(|problem| {
+        wrong(
+            format!("{text:?} is not a network: {problem}"),
+            "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \"192.0.2.7\" \
+             or \"fd00::/8\" (host names are not resolved)",
+        )
+    })
+}
 
 /// A request's client as rangeway believes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,6 +25,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit as _, Mac as _};
@@ -34,6 +35,14 @@ use zeroize::Zeroizing;
 use crate::ip_net::IpNet;
 use crate::values::Problem;
 use crate::values::secret::KeyFile;
+
+/// A route that serves only signed links (`crate::links`); the key file's last line signs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SignedLinks {
+    pub keys: LinkKeys,
+    pub grace: Duration,
+}
 
 /// The query parameters of a signed link. All begin with `rw-`, which is how they are told from
 /// the origin's own parameters (and never forwarded to it).

@@ -14,8 +14,22 @@ use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt as _};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::admission::HEADER_TIMED_OUT;
-use crate::config::LogFormat;
 use crate::traces;
+
+/// `[log]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LogConfig {
+    pub format: LogFormat,
+}
+
+/// How log lines are written (on stderr): `key=value` text, or a JSON object per line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
 
 /// Installs the log for the process, in `format`, with the traces bridge when there is a
 /// `tracer`; a second call changes nothing.

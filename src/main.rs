@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rangeway::config::{Config, ConfigErrors, LogFormat};
+use rangeway::config::{Config, ConfigErrors};
+use rangeway::logging::LogFormat;
 use rangeway::{server, traces};
 use rangeway_get::Decrypting;
 use rangeway_middleware::aes128gcm;

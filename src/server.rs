@@ -22,15 +22,17 @@ use tracing::{info, warn};
 use crate::admin::Admin;
 use crate::admission::{Admission, ConnectionPlaces};
 use crate::cache::SliceCache;
-use crate::config::{Config, HttpUpstream, IdKeySource, StateConfig, UpstreamKind};
-use crate::fingerprint::FingerprintKey;
+use crate::config::Config;
+use crate::fingerprint::{FingerprintKey, IdKeySource};
 use crate::h3::H3Service;
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Proxy;
 use crate::routes::health::HealthChecks;
-use crate::routes::upstream::{ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError};
+use crate::routes::upstream::{
+    HttpUpstream, ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError, UpstreamKind,
+};
 use crate::routes::{Route, RouteSwitch, RouteTable};
-use crate::state::{self, SnapshotFile, StateStore, StoreError};
+use crate::state::{self, SnapshotFile, StateConfig, StateStore, StoreError};
 use crate::telemetry::live::LiveResponses;
 use crate::telemetry::metrics::Metrics;
 use crate::tls::{Certificates, SniResolver, TlsConfig};

@@ -743,6 +743,37 @@ fn middleware_routes_resume_over_h2() {
     });
 }
 
+/// What an origin says of its answer reaches HTTP/1.1 and HTTP/2 clients as it said it: the
+/// `103 Early Hints` before the answer, with its `Link` (RFC 9110 §15.2), and the answer's own
+/// `Date` (RFC 9110 §6.6.1: the time the origin made it, not the time rangeway relayed it).
+#[test]
+fn an_origins_early_hints_and_date_reach_http1_and_h2_clients() {
+    const MADE: &str = "Tue, 01 Dec 2026 08:00:00 GMT";
+    let pki = TestPki::new();
+    let origin = Origin::start();
+    origin.set_global_behaviour(Behaviour::Interim(103));
+    let object = test_bytes(300_000, 47);
+    origin.put_with_headers("/dated.bin", object.clone(), &[("Date", MADE)]);
+    let (_proxy, port) = edge(&pki, &origin);
+    let url = format!("https://localhost:{port}/dated.bin");
+    let dir = TempDir::new("edge-interim");
+    for (protocol, version) in [("--http1.1", "HTTP/1.1"), ("--http2", "HTTP/2")] {
+        let body = dir.join(&protocol[2..]);
+        let run = curl(pki.ca_cert(), &[protocol, "-D", "-", "-o", path(&body), &url]);
+        let head = run.stdout.to_ascii_lowercase();
+        let answers: Vec<&str> = head.split("\r\n\r\n").filter(|a| !a.trim().is_empty()).collect();
+        assert_eq!(answers.len(), 2, "{protocol}: the hints, then the answer: {run}");
+        let status = |answer: &str| answer.split_whitespace().nth(1).map(str::to_owned);
+        assert!(answers[0].starts_with(&version.to_ascii_lowercase()), "{protocol}: {run}");
+        assert_eq!(status(answers[0]).as_deref(), Some("103"), "{protocol}: {run}");
+        assert!(answers[0].contains("link: </hint.css>; rel=preload"), "{protocol}: {run}");
+        assert_eq!(status(answers[1]).as_deref(), Some("200"), "{protocol}: {run}");
+        let date = format!("date: {}", MADE.to_ascii_lowercase());
+        assert!(answers[1].contains(&date), "{protocol}: the origin's Date: {run}");
+        assert!(std::fs::read(&body).expect("the body") == object, "{protocol}: the body");
+    }
+}
+
 /// `sha-256=:BASE64:`'s BASE64 for `data`, as Repr-Digest carries it.
 fn base64_sha256(data: &[u8]) -> String {
     use base64::Engine as _;

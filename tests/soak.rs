@@ -197,7 +197,9 @@ fn mixed_load_with_aborts_keeps_memory_and_descriptors_flat() {
         mib(peak_rss),
     );
     assert_eq!(errors.load(Ordering::Relaxed), 0, "wrong answers to requests not aborted");
-    assert!(requests.load(Ordering::Relaxed) > seconds, "the load ran");
+    // That the load ran, not how fast: a debug build on a busy machine checks few answers a
+    // second, and speed is the benches' to measure.
+    assert!(requests.load(Ordering::Relaxed) >= 3 * WORKERS, "the load ran");
     assert!(end_fds <= start_fds + 4, "descriptors leaked: {start_fds} -> {end_fds}");
     assert!(
         end_rss <= start_rss + (64 << 20),

@@ -2,7 +2,8 @@
 //! target hold the loader to the same promises.
 
 use config::{Value, ValueKind};
-use rangeway::config::{Config, ConfigErrors, RouteConfig};
+use rangeway::config::{Config, ConfigErrors};
+use rangeway::routes::RouteConfig;
 use rangeway_middleware::chain::{Chain, StageRegistry};
 
 /// Loads `text` as `rangeway check` does (the config, then every route's chain) and asserts what
@@ -41,7 +42,7 @@ pub fn check_config_text(text: &str) -> Result<Config, ConfigErrors> {
         }
         (a, b) => panic!("the same text loaded once {:?} and once {:?}", a.is_ok(), b.is_ok()),
     };
-    assert!(!errors.is_empty(), "a refusal without a problem");
+    assert!(!errors.errors().is_empty(), "a refusal without a problem");
     for error in &errors {
         assert!(!error.path.is_empty(), "no place: {error:?}");
         assert!(!error.problem.is_empty(), "no problem: {error:?}");

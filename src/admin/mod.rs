@@ -26,7 +26,9 @@ use crate::routes::{Route, RouteSwitch};
 use crate::state::{DownloadSession, StateStore, unix_now};
 use crate::telemetry::live::LiveResponses;
 use crate::telemetry::metrics::Metrics;
+use crate::values::host::Host;
 use crate::values::secret::AdminToken;
+use crate::values::{Problem, wrong};
 
 /// Most downloads one `/v1/downloads` page lists.
 const MAX_PAGE: usize = 1000;
@@ -402,6 +404,27 @@ fn bearer_token(value: &http::HeaderValue) -> Option<&[u8]> {
     let space = value.iter().position(|byte| *byte == b' ')?;
     let (scheme, token) = value.split_at(space);
     scheme.eq_ignore_ascii_case(b"bearer").then(|| token.trim_ascii_start())
+}
+
+/// A `server.admin_hosts` entry, written as `addressed_here` compares it with `Host`:
+/// lower case, IPv6 in brackets, without port.
+pub(crate) fn host_entry(text: &str) -> Result<String, Problem> {
+    let with_port = text.rsplit_once(':').filter(|(host, port)| {
+        !host.is_empty()
+            && !host.contains(':')
+            && !port.is_empty()
+            && port.bytes().all(|b| b.is_ascii_digit())
+    });
+    if let Some((host, _)) = with_port {
+        let fix = format!("write {host:?}: names are matched without their port");
+        return wrong(format!("{text:?} has a port"), fix);
+    }
+    Host::parse(&text.to_ascii_lowercase()).map(|host| host.to_string()).or_else(|problem| {
+        wrong(
+            format!("{text:?}: {problem}"),
+            "write a host name as clients put it in Host, without port, e.g. \"rangeway-1.internal\"",
+        )
+    })
 }
 
 /// A `Host` value's host: `name`, `10.0.0.1` or `[::1]`, without the port.

@@ -57,6 +57,7 @@ use tracing::{debug, warn};
 
 use crate::proxy_protocol::{self, Parsed, ProxyHeaderError};
 use crate::telemetry::metrics::Metrics;
+use crate::values::{Problem, wrong};
 use client_connection::Phase;
 use connections::{Admitted, Connections};
 
@@ -112,6 +113,8 @@ pub const HEADER_TIMED_OUT: &str = "the request header took longer than client_h
 /// them rather than leaving it to the ACKs (docs/benchmarks.md, "The unsent bound"); eight times
 /// what Cloudflare's edge sets, so that a fast long path stays full.
 const DEFAULT_NOTSENT_LOWAT: u32 = 128 * 1024;
+/// Below this a socket would wake its writer for every few segments.
+const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
 /// Descriptors kept aside from the clients' share: listeners, the store, logs, cache files.
 const RESERVED_DESCRIPTORS: u64 = 256;
 /// What one client connection may hold: its socket, an origin connection, a splice's pipe (two).
@@ -173,6 +176,35 @@ pub(crate) fn default_max_connections(descriptors: Option<u64>) -> usize {
         let share = limit.saturating_sub(RESERVED_DESCRIPTORS) / DESCRIPTORS_PER_CONNECTION;
         usize::try_from(share).unwrap_or(MAX_CONNECTIONS_LIMIT).clamp(1, MAX_CONNECTIONS_LIMIT)
     })
+}
+
+/// `max_connections`, when the process may open that many descriptors.
+pub(crate) fn fitting_connections(max: usize) -> Result<usize, Problem> {
+    match descriptor_limit() {
+        Some(descriptors) if max as u64 > descriptors => wrong(
+            format!(
+                "{max} connections cannot be open at once: the process may open {descriptors} \
+                 descriptors (RLIMIT_NOFILE), and each connection needs one"
+            ),
+            format!(
+                "use at most {descriptors}, or leave it unset ({}: room for an origin connection \
+                 and a pipe each), or raise the limit (LimitNOFILE= in the systemd unit, ulimit -n)",
+                default_max_connections(Some(descriptors))
+            ),
+        ),
+        _ => Ok(max),
+    }
+}
+
+/// `client_notsent_lowat`, within the bounds `[server]` reads it with (so that it fits a `u32`).
+pub(crate) fn notsent_lowat(size: u64) -> Result<u32, Problem> {
+    match size {
+        0 | MIN_NOTSENT_LOWAT.. => Ok(u32::try_from(size).unwrap_or(u32::MAX)),
+        _ => wrong(
+            format!("{size} bytes would wake the writer for every few segments"),
+            "use at least \"16KiB\" (the default is \"128KiB\"), or 0 for the system's setting",
+        ),
+    }
 }
 
 /// The proxy's application behind connection admission.

@@ -19,8 +19,8 @@ use tracing::{info, warn};
 
 use super::store::{HEADER_LEN, OpenSlice, SliceId};
 use super::{Inner, Version};
-use crate::config::UpstreamResume;
 use crate::routes::Route;
+use crate::routes::UpstreamResume;
 use crate::routes::origin_client::{Exchange, FetchError, OriginClient, Pinned, Tries};
 
 /// The most slices one origin request fetches: a request for a whole large object is answered

@@ -42,6 +42,7 @@ mod store;
 mod version;
 
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -58,9 +59,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{Instrument as _, info, warn};
 
-use crate::config::{CacheConfig, Revalidate, RouteCache};
-use crate::routes::Route;
 use crate::routes::origin_client::{Exchange, OriginClient};
+use crate::routes::{Revalidate, Route, RouteCache};
 use crate::telemetry::metrics::Metrics;
 use fill::Fills;
 pub(crate) use fill::{CacheBody, OutputWriter, Segment};
@@ -73,6 +73,18 @@ pub(crate) use store::tests::Folder;
 use store::{SliceStore, VersionKey};
 pub(crate) use version::Version;
 use version::{Meta, unpinned_id};
+
+/// `[cache]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheConfig {
+    pub dir: PathBuf,
+    /// Bytes on disk, as `du` counts them.
+    pub max_size: u64,
+    /// Files and folders (and records of the index).
+    pub max_entries: u64,
+    pub slice_size: u64,
+}
 
 /// How long an object whose answers may not be cached is sent straight to its origin before
 /// it is asked again: asking with the cache's own request each time would cost the object's

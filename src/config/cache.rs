@@ -1,10 +1,10 @@
 //! `[cache]`: the slice cache on local disk (see `crate::cache`), and each route's say in it.
 
-use std::path::PathBuf;
-
-use super::check::{Ctx, Problem, complete, read, wrong};
+use super::check::{Ctx, complete, folder, read};
 use super::raw::{Raw, RawCache, RawRouteCache};
 use super::source::Path;
+use crate::cache::CacheConfig;
+use crate::routes::{Revalidate, RouteCache};
 
 /// Without `max_entries`, one entry per 64 KiB of `max_size`: a cache of large objects never meets
 /// it, while one of many small objects (a folder, metadata and a slice each) meets it before
@@ -13,45 +13,18 @@ const BYTES_PER_ENTRY: u64 = 64 << 10;
 /// Room for a few objects; past 2³² a number is a mistake.
 const ENTRIES: std::ops::RangeInclusive<u64> = 64..=1 << 32;
 
-/// `[cache]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CacheConfig {
-    pub dir: PathBuf,
-    /// Bytes on disk, as `du` counts them.
-    pub max_size: u64,
-    /// Files and folders (and records of the index).
-    pub max_entries: u64,
-    pub slice_size: u64,
-}
-
-/// A route's use of the cache (`cache = true | false | { ... }`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct RouteCache {
-    pub revalidate: Revalidate,
-    /// Whether answers to requests with `Authorization` may be stored and served: they are for
-    /// one client unless the route (or the origin, RFC 9111 §3.5) says otherwise.
-    pub authorized: bool,
-}
-
-/// When a stored response is validated with the origin before it is served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Revalidate {
-    /// When RFC 9111 says so: once stale, or on `no-cache`.
-    #[default]
-    Rfc9111,
-    /// Also at the start of every new download.
-    EachDownload,
-}
-
 pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawCache>) -> Option<CacheConfig> {
     let r = v.table(at, raw, "[cache] with dir = \"/var/cache/rangeway\"")?;
     let fix = "add dir = \"/var/cache/rangeway\" (a folder rangeway may write), or remove [cache]";
+    // A folder that cannot be written turns the cache off at start, not the server.
+    let writable = |dir: &str| {
+        let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
+        folder(dir, fix, false)
+    };
     // At least a few slices, at most 1 PiB. Smaller slices cost a file and an origin request each
     // for little; larger ones make a cold small range fetch more than it needs.
     read! { v, at, r;
-        dir: parsed("\"/var/cache/rangeway\"", folder).need(v, &at.key("dir"), fix);
+        dir: parsed("\"/var/cache/rangeway\"", writable).need(v, &at.key("dir"), fix);
         max_size: size(16 << 20..=1 << 50, "\"10GiB\"").or(10 << 30);
         slice_size: size(1 << 20..=8 << 20, "\"4MiB\"").or(4 << 20);
         max_entries: integer(ENTRIES, "100000").opt();
@@ -69,18 +42,6 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawCache>) -> Option<C
     Some(CacheConfig { dir, max_size, max_entries, slice_size })
 }
 
-/// A folder, or a path where one can be created: one that cannot be written turns the cache off
-/// at start, not the server.
-fn folder(dir: &str) -> Result<PathBuf, Problem> {
-    let fix = "point dir at a folder rangeway may write, or at a path where one can be created";
-    match std::fs::metadata(dir) {
-        _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
-        Ok(meta) if !meta.is_dir() => wrong(format!("{dir:?} exists but is not a directory"), fix),
-        _ => Ok(PathBuf::from(dir)),
-    }
-}
-
-/// A route's `cache` table.
 pub(super) fn route(v: &mut Ctx<'_>, at: &Path, r: &RawRouteCache) -> Option<RouteCache> {
     let policies = [("rfc9111", Revalidate::Rfc9111), ("each-download", Revalidate::EachDownload)];
     let (example, what) = ("\"each-download\"", "a revalidation policy");

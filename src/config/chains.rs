@@ -1,57 +1,37 @@
 //! Each route's middleware built into a [`Chain`] by the stage registry: the last step of
 //! validation, so that a bad option or an impossible order is reported with the other problems.
 
-use std::collections::BTreeMap;
-
-use ::config::{Value, ValueKind};
-use rangeway_middleware::chain::{
-    Chain, ConfigError as StageConfigError, OptionValue, StageOptions, StageRegistry,
-};
+use rangeway_middleware::chain::{Chain, ConfigError as StageConfigError, StageRegistry};
 
 use super::check::Ctx;
 use super::source::Path;
+use crate::routes::MiddlewareSpec;
 
-/// A middleware entry as written: a kind the registry has, and options left for its stage.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct MiddlewareSpec {
-    pub kind: String,
-    /// Every key but `kind`, each value's origin naming the file or the variable that set it.
-    pub options: BTreeMap<String, ::config::Value>,
-    /// Where the entry is, for the stage's own errors: `routes[1].middleware[0]`.
-    pub path: String,
-}
-
-/// A problem with a route's stages: where, what, and the fix.
-pub(super) type StageProblem = (Path, String, String);
-
-/// Reports what is wrong with the middleware of the route at `route`.
 pub(super) fn check(v: &mut Ctx<'_>, route: &Path, specs: &[MiddlewareSpec]) {
     for (at, problem, fix) in chain(v.stages, route, specs).err().unwrap_or_default() {
         v.report(&at, problem, fix);
     }
 }
 
-/// The chain `registry` builds of the route's middleware, or every problem with it.
+/// The chain `registry` builds of the route's middleware, or every problem with it: where, what,
+/// and the fix.
 pub(super) fn chain(
     registry: &StageRegistry,
     route: &Path,
     specs: &[MiddlewareSpec],
-) -> Result<Chain, Vec<StageProblem>> {
+) -> Result<Chain, Vec<(Path, String, String)>> {
     let at = route.key("middleware");
-    let mut problems = Vec::new();
-    let mut options = vec![StageOptions::new(); specs.len()];
-    for ((index, spec), stage) in specs.iter().enumerate().zip(&mut options) {
-        for (key, value) in &spec.options {
-            match option_value(value) {
-                Some(value) => _ = stage.insert(key.clone(), value),
-                None => problems.push((
-                    at.index(index).key(key),
-                    "is a table, which no stage option takes".to_owned(),
-                    "write a string, number, boolean or list".to_owned(),
-                )),
-            }
+    let (mut problems, mut options) = (Vec::new(), Vec::with_capacity(specs.len()));
+    for (index, spec) in specs.iter().enumerate() {
+        let (stage, tables) = spec.stage_options();
+        for key in tables {
+            let (problem, fix) = (
+                "is a table, which no stage option takes",
+                "write a string, number, boolean or list",
+            );
+            problems.push((at.index(index).key(key), problem.to_owned(), fix.to_owned()));
         }
+        options.push(stage);
     }
     let stages = specs.iter().zip(&options).map(|(spec, options)| (spec.kind.as_str(), options));
     let found = match registry.build_chain(stages) {
@@ -84,19 +64,4 @@ fn option_path(stage: &Path, key: &str) -> Path {
         Some((name, index)) => stage.key(name).index(index),
         None => stage.key(key),
     }
-}
-
-fn option_value(value: &Value) -> Option<OptionValue> {
-    Some(match &value.kind {
-        ValueKind::Boolean(b) => OptionValue::Bool(*b),
-        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::I128(_) | ValueKind::U128(_) => {
-            OptionValue::Int(value.clone().into_int().unwrap_or(i64::MAX))
-        }
-        ValueKind::Float(f) => OptionValue::Float(*f),
-        ValueKind::String(s) => OptionValue::Str(s.clone()),
-        ValueKind::Array(items) => {
-            OptionValue::List(items.iter().map(option_value).collect::<Option<_>>()?)
-        }
-        ValueKind::Nil | ValueKind::Table(_) => return None,
-    })
 }

@@ -4,8 +4,8 @@
 
 use std::borrow::Cow;
 use std::fmt::Display;
-use std::net::SocketAddr;
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ::config::{Value, ValueKind};
@@ -16,7 +16,7 @@ use super::errors::ConfigError;
 pub(super) use super::errors::{Problem, wrong};
 use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
-use crate::values::listen_addr;
+use crate::values::secret::{Secret, SecretVar};
 use crate::values::units::{self, UnitError};
 
 /// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
@@ -348,17 +348,8 @@ impl<'a> Ctx<'a> {
             ValueKind::Float(number) => Err(units::bare_number(&number.to_string())),
             _ => return self.wrong_type(at, value, "a duration string", "\"30s\""),
         };
-        match parsed {
-            Ok(d) if range.contains(&d) => Got::Good(d),
-            Ok(d) => self.bad(
-                at,
-                format!("{} is out of range", humantime::format_duration(d)),
-                format!(
-                    "use from {:?} to {:?}",
-                    units::written(*range.start()),
-                    units::written(*range.end())
-                ),
-            ),
+        match parsed.and_then(|d| units::duration_within(d, &range)) {
+            Ok(d) => Got::Good(d),
             Err(e) => self.bad(at, e.problem, e.fix),
         }
     }
@@ -379,13 +370,8 @@ impl<'a> Ctx<'a> {
             ValueKind::String(text) => units::parse_size(text),
             _ => return self.wrong_type(at, value, "a size", example),
         };
-        match parsed {
-            Ok(size) if range.contains(&size) => Got::Good(size),
-            Ok(size) => self.bad(
-                at,
-                format!("{size} is out of range"),
-                format!("use from {} to {} bytes", range.start(), range.end()),
-            ),
+        match parsed.and_then(|size| units::size_within(size, &range)) {
+            Ok(size) => Got::Good(size),
             Err(e) => self.bad(at, e.problem, e.fix),
         }
     }
@@ -415,7 +401,7 @@ impl<'a> Ctx<'a> {
         value: impl Into<Field<'v>>,
         item: &str,
         example: &str,
-        parse: impl Fn(&str) -> Result<T, Problem>,
+        mut parse: impl FnMut(&str) -> Result<T, Problem>,
     ) -> Got<Vec<T>> {
         let Some(value) = value.into() else { return Got::Absent };
         let ValueKind::Array(items) = &value.kind else {
@@ -434,24 +420,31 @@ impl<'a> Ctx<'a> {
         all.map_or(Got::Bad, Got::Good)
     }
 
-    /// A socket address to listen on (`crate::values::listen_addr`).
-    pub(super) fn socket_addr<'v>(
+    /// The environment variable named by `value` (a `*_env` key), and the secret it holds.
+    pub(super) fn secret(
         &mut self,
         at: &Path,
-        value: impl Into<Field<'v>>,
-        example: &str,
-    ) -> Got<SocketAddr> {
-        self.parsed(at, value, &format!("\"{example}\""), |text| listen_addr::parse(text, example))
+        value: &Value,
+        key: &SecretVar<'_>,
+    ) -> Option<(String, Secret)> {
+        let example = key.example.split_once(" = ").map_or(key.example, |(_, value)| value);
+        let name = self.string(at, value, example).ok()?;
+        let secret = self.check(at, key.read(&name, self.env.get(&name)))?;
+        Some((name, secret))
     }
 }
 
-/// `check`'s result for `value` when it is written: `Some(None)` when it is not, `None` when
-/// `check` reported a problem.
-pub(super) fn checked<X, T>(
-    value: Option<X>,
-    check: impl FnOnce(X) -> Option<T>,
-) -> Option<Option<T>> {
-    value.map_or(Some(None), |value| check(value).map(Some))
+/// A folder, or a path where one can be created (the server creates it on start); with
+/// `inspect`, one whose metadata cannot be read is refused too.
+pub(super) fn folder(dir: &str, fix: &str, inspect: bool) -> Result<PathBuf, Problem> {
+    match std::fs::metadata(dir) {
+        _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
+        Ok(meta) if !meta.is_dir() => wrong(format!("{dir:?} exists but is not a directory"), fix),
+        Err(e) if inspect && e.kind() != std::io::ErrorKind::NotFound => {
+            wrong(format!("{dir:?} cannot be inspected: {e}"), fix)
+        }
+        _ => Ok(dir.into()),
+    }
 }
 
 /// `all` and `item`, while every item so far was good.

@@ -40,24 +40,6 @@ impl ConfigErrors {
     pub fn errors(&self) -> &[ConfigError] {
         &self.0
     }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Always false: kept so that `len` has its usual companion (clippy `len_without_is_empty`).
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl IntoIterator for ConfigErrors {
-    type Item = ConfigError;
-    type IntoIter = std::vec::IntoIter<ConfigError>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
-    }
 }
 
 impl<'a> IntoIterator for &'a ConfigErrors {

@@ -67,7 +67,6 @@ macro_rules! tables {
     )*};
 }
 
-/// A list of tables of `T`.
 pub(super) type Tables<T> = Raw<Vec<Raw<T>>>;
 
 tables! {

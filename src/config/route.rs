@@ -1,111 +1,26 @@
 //! `[[routes]]`: what each serves from which upstream, and the tables of a route: its
 //! middleware, `upstream_resume`, `cache`, `signed_links`, `download_limits` and `rate_limit`.
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ::config::Value;
-use http::{HeaderName, Method};
 
-use super::cache::{self, RouteCache};
-use super::chains::{self, MiddlewareSpec};
+use super::cache;
+use super::chains;
 use super::check::{Ctx, DAY, MS, Problem, complete, did_you_mean, push, read, secs, wrong};
 use super::raw::{
     Raw, RawDownloadLimits, RawRateLimit, RawResume, RawRoute, RawSignedLinks, Tables,
 };
 use super::source::Path;
-use crate::links::LinkKeys;
+use crate::links::{LinkKeys, SignedLinks};
+use crate::routes::{self, MiddlewareSpec, RateLimit, RouteConfig, UpstreamResume};
 use crate::s3::credentials::S3ClientKeys;
-use crate::values::host::split_host_port;
+use crate::state::{Count, DownloadLimits};
 
 const ROUTE_EXAMPLE: &str = "[[routes]] with path_prefix = \"/files/\" and upstream = \"origin\"";
 /// The slowest rate worth shaping to, and the fastest worth naming (bytes per second).
 const RATES: std::ops::RangeInclusive<u64> = 1024..=(1 << 40);
-
-/// One `[[routes]]`.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct RouteConfig {
-    /// Lower case (IPv6 in brackets), matched without the port; `None` matches any host.
-    pub host: Option<String>,
-    /// Normalised (no `..`, `//`, `%`, `\`, control characters or whitespace), so that it can be
-    /// compared with a normalised request path byte for byte.
-    pub path_prefix: String,
-    /// The name of an upstream in `[upstreams]`.
-    pub upstream: String,
-    pub strip_prefix: bool,
-    /// The stages, in order; empty for a passthrough route.
-    pub middleware: Vec<MiddlewareSpec>,
-    pub s3_client_keys: Option<S3ClientKeys>,
-    pub s3_presigned_grace: Duration,
-    pub upstream_resume: Option<UpstreamResume>,
-    pub s3_response_overrides: bool,
-    pub cache: Option<RouteCache>,
-    pub signed_links: Option<SignedLinks>,
-    pub download_limits: Option<DownloadLimits>,
-    pub rate_limit: Option<RateLimit>,
-    /// The methods the route answers: GET and HEAD always, first, then those `methods` adds, which
-    /// are passed through to the upstream.
-    pub methods: Vec<Method>,
-}
-
-/// How rangeway continues a response whose origin connection fails mid-body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UpstreamResume {
-    pub attempts: u32,
-    pub deadline: Duration,
-    /// Doubled for each next continuation.
-    pub backoff: Duration,
-}
-
-impl UpstreamResume {
-    /// One try, however long it takes: what a fetch made once is bounded by.
-    pub const ONCE: Self = Self { attempts: 1, deadline: Duration::MAX, backoff: Duration::ZERO };
-}
-
-impl Default for UpstreamResume {
-    fn default() -> Self {
-        Self { attempts: 5, deadline: secs(30), backoff: Duration::from_millis(100) }
-    }
-}
-
-/// A route that serves only signed links (`crate::links`); the key file's last line signs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SignedLinks {
-    pub keys: LinkKeys,
-    pub grace: Duration,
-}
-
-/// Concurrent-download limits of a route, `None` for none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DownloadLimits {
-    pub per_client: Option<usize>,
-    pub per_route: Option<usize>,
-    pub count: Count,
-}
-
-/// What a download limit counts: a download once, however many ranged requests fetch it, or
-/// every request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Count {
-    Download,
-    Request,
-}
-
-/// A route's bandwidth limits, in bytes per second.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RateLimit {
-    pub rate: Option<u64>,
-    pub after: u64,
-    pub per_client: Option<u64>,
-    pub per_route: Option<u64>,
-    pub origin_header: Option<HeaderName>,
-}
 
 /// What a route's defaults depend on outside it.
 pub(super) struct RouteContext<'a> {
@@ -160,9 +75,9 @@ fn check_one(
     };
     let named = |name: &str| upstream(name, declared);
     read! { v, at, r;
-        path_prefix: parsed("\"/files/\"", check_path_prefix)
+        path_prefix: parsed("\"/files/\"", routes::path_prefix)
             .need(v, &key("path_prefix"), "add path_prefix = \"/files/\"");
-        host: parsed("\"dl.example.com\"", route_host).opt();
+        host: parsed("\"dl.example.com\"", routes::host).opt();
         upstream: parsed("\"origin\"", named).need(v, &key("upstream"), no_upstream);
         strip_prefix: boolean().or(false);
     }
@@ -189,9 +104,9 @@ fn check_one(
         signed_links: nested(signed_links).opt();
         download_limits: nested(download_limits).opt();
         rate_limit: nested(rate_limit).opt();
-        methods: strings("a string", "[\"POST\", \"PUT\"]", method).or(Vec::new());
+        methods: strings("a string", "[\"POST\", \"PUT\"]", routes::passed_method).or(Vec::new());
     }
-    let methods = methods.map(with_get_and_head);
+    let methods = methods.map(routes::answered_methods);
     let cache = match (&r.cache, around.cache) {
         (Some(_), false) => v.fail(
             &key("cache"),
@@ -208,7 +123,7 @@ fn check_one(
     };
     // Claimed even while the route's other keys are wrong, so that overlaps are found anyway.
     if let Some((host, prefix)) = host.clone().zip(path_prefix.as_ref()) {
-        claim(v, at, claimed, host, prefix)?;
+        v.check(&key("path_prefix"), claim(claimed, at, host, prefix))?;
     }
     complete! { RouteConfig {
         host, path_prefix, upstream, strip_prefix, middleware, s3_presigned_grace, upstream_resume,
@@ -219,22 +134,18 @@ fn check_one(
 
 /// The requests of `host` and `prefix`, for the route at `at` unless a route before it has them.
 fn claim(
-    v: &mut Ctx<'_>,
-    at: &Path,
     claimed: &mut Claimed,
+    at: &Path,
     host: Option<String>,
     prefix: &str,
-) -> Option<()> {
-    let first = match claimed.entry((host.clone(), prefix.trim_end_matches('/').to_owned())) {
-        Entry::Occupied(first) => first.get().clone(),
-        Entry::Vacant(entry) => {
-            entry.insert(at.clone());
-            return Some(());
-        }
+) -> Result<(), Problem> {
+    let key = (host.clone(), prefix.trim_end_matches('/').to_owned());
+    let Some(first) = claimed.get(&key) else {
+        claimed.insert(key, at.clone());
+        return Ok(());
     };
     let host = host.map_or("any host".to_owned(), |h| format!("host {h}"));
-    v.fail(
-        &at.key("path_prefix"),
+    wrong(
         format!(
             "{prefix:?} on {host} overlaps {first} (prefixes that differ only by a trailing '/' \
              match the same requests)"
@@ -243,85 +154,8 @@ fn claim(
     )
 }
 
-/// A route's `host`: a name or an address, matched without the port.
-fn route_host(text: &str) -> Result<String, Problem> {
-    match split_host_port(text) {
-        Ok((host, None)) => Ok(host.to_string()),
-        Ok((host, Some(_))) => wrong(
-            format!("{text:?} has a port"),
-            format!("write host = \"{host}\": hosts are matched without the port"),
-        ),
-        Err(e) => wrong(
-            format!("{text:?} is not a host: {e}"),
-            "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
-        ),
-    }
-}
-
-/// A method a route's `methods` adds: a token as clients send it (methods are case-sensitive,
-/// RFC 9110 §9.1), never CONNECT (rangeway does not tunnel) nor TRACE (it would reflect a
-/// request, its credentials included, to whoever can send one: cross-site tracing).
-fn method(text: &str) -> Result<Method, Problem> {
-    let upper = text.to_ascii_uppercase();
-    let refused = match upper.as_str() {
-        "CONNECT" => Some("rangeway does not tunnel connections"),
-        "TRACE" => {
-            Some("it would reflect a request, its credentials included, to whoever sends one")
-        }
-        _ => None,
-    };
-    if let Some(why) = refused {
-        return wrong(format!("{upper} is never passed through: {why}"), "remove it");
-    }
-    let Ok(method) = Method::from_bytes(text.as_bytes()) else {
-        let fix = "write a method as clients send it, e.g. \"POST\" (a token: letters, digits and \
-                   !#$%&'*+-.^_`|~)";
-        return wrong(format!("{text:?} is not a method"), fix);
-    };
-    let standard = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"];
-    if text != upper && standard.contains(&upper.as_str()) {
-        let problem = format!("{text:?} is not {upper}: methods are case-sensitive");
-        return wrong(problem, format!("write \"{upper}\""));
-    }
-    Ok(method)
-}
-
-/// GET and HEAD, which every route answers, then `added` without them or repeats.
-fn with_get_and_head(added: Vec<Method>) -> Vec<Method> {
-    let mut methods = vec![Method::GET, Method::HEAD];
-    for method in added {
-        if !methods.contains(&method) {
-            methods.push(method);
-        }
-    }
-    methods
-}
-
 fn list(names: &BTreeSet<String>) -> String {
     names.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
-}
-
-fn check_path_prefix(prefix: &str) -> Result<String, Problem> {
-    let odd = |c: char| c.is_control() || c.is_whitespace() || c == '?' || c == '#';
-    let problem = [
-        (!prefix.starts_with('/'), "does not start with '/'"),
-        (prefix.contains(".."), "contains '..'"),
-        (prefix.contains("//"), "contains '//'"),
-        (
-            prefix.contains('%'),
-            "contains '%' (write the decoded character; requests are matched after decoding)",
-        ),
-        (prefix.contains('\\'), "contains '\\'"),
-        (prefix.contains('\0'), "contains a NUL character"),
-        (prefix.split('/').any(|s| s == "."), "has a '.' segment"),
-        (prefix.chars().any(odd), "contains whitespace, a control character, '?' or '#'"),
-        (prefix.len() > 1024, "is longer than 1024 bytes"),
-    ];
-    let Some((_, problem)) = problem.into_iter().find(|(wrong, _)| *wrong) else {
-        return Ok(prefix.to_owned());
-    };
-    let fix = "write a normalised path that starts with '/', e.g. \"/files/\"";
-    wrong(format!("{prefix:?} {problem}"), fix)
 }
 
 /// The upstream a route names, when it is declared (or the declared names are unknown).
@@ -387,19 +221,16 @@ fn middleware(
     specs
 }
 
-/// `lead` followed by the kinds there are, or, when none are, how to do without.
+/// `lead` followed by the kinds there are (the registry lists each once, in order), or, when none
+/// are, how to do without.
 pub(super) fn kind_fix(known_kinds: &[&str], lead: &str) -> String {
     if known_kinds.is_empty() {
         return "no middleware kinds are built in yet: remove this entry (middleware = [])"
             .to_owned();
     }
-    let mut kinds = known_kinds.to_vec();
-    kinds.sort_unstable();
-    kinds.dedup();
-    format!("{lead} one of: {}", kinds.join(", "))
+    format!("{lead} one of: {}", known_kinds.join(", "))
 }
 
-/// `[routes.signed_links]`.
 fn signed_links(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawSignedLinks>) -> Option<SignedLinks> {
     let example = "\"/etc/rangeway/link-keys\"";
     let r = v.table(at, raw, &format!("[routes.signed_links] with keys_file = {example}"))?;
@@ -435,19 +266,13 @@ fn download_limits(
 
 fn rate_limit(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawRateLimit>) -> Option<RateLimit> {
     let r = v.table(at, raw, "[routes.rate_limit] with rate = \"2MiB\" (bytes per second)")?;
-    let header = |name: &str| {
-        HeaderName::from_bytes(name.as_bytes()).or_else(|_| {
-            let fix = "write a field name, e.g. \"X-Accel-Limit-Rate\"";
-            wrong(format!("{name:?} is not a header name"), fix)
-        })
-    };
     let per_second = "\"2MiB\" (per second)";
     read! { v, at, r;
         rate: size(RATES, per_second).opt();
         per_client: size(RATES, per_second).opt();
         per_route: size(RATES, per_second).opt();
         after: size(0..=(1 << 50), "\"4MiB\"").or(0);
-        origin_header: parsed("\"X-Accel-Limit-Rate\"", header).opt();
+        origin_header: parsed("\"X-Accel-Limit-Rate\"", RateLimit::origin_header).opt();
     }
     let limit = complete! { RateLimit { rate, after, per_client, per_route, origin_header } }?;
     let rates = [limit.rate, limit.per_client, limit.per_route];

@@ -5,18 +5,15 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::check::{Ctx, MS, Problem, checked, complete, read, secs, wrong};
+use super::check::{Ctx, MS, Problem, complete, read, secs, wrong};
 use super::raw::{Raw, RawServer};
-use super::secret::{self, SecretKey};
 use super::source::Path;
-use crate::admission::{ClientLimits, MAX_CONNECTIONS_LIMIT};
-pub(super) use crate::admission::{default_max_connections, descriptor_limit};
+use crate::admin;
+use crate::admission::{self, ClientLimits, MAX_CONNECTIONS_LIMIT};
+use crate::client_address;
 use crate::ip_net::IpNet;
-use crate::values::host::Host;
-use crate::values::secret::AdminToken;
-
-/// Below this a socket would wake its writer for every few segments.
-const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
+use crate::values::listen_addr;
+use crate::values::secret::{AdminToken, SecretVar};
 
 /// `[server]`.
 #[derive(Debug, Clone)]
@@ -40,20 +37,22 @@ pub struct ServerConfig {
 pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<ServerConfig> {
     let r = v.table(at, raw, "[server] with listen = \"127.0.0.1:8080\"")?;
     let localhost = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    let addr = |example| move |text: &str| listen_addr::parse(text, example);
     read! { v, at, r;
-        listen: socket_addr("127.0.0.1:8080").or(localhost(8080));
-        admin_listen: socket_addr("127.0.0.1:9090").or(localhost(9090));
+        listen: parsed("\"127.0.0.1:8080\"", addr("127.0.0.1:8080")).or(localhost(8080));
+        admin_listen: parsed("\"127.0.0.1:9090\"", addr("127.0.0.1:9090")).or(localhost(9090));
     }
-    let admin_token = checked(r.admin_token_env.as_ref(), |value| {
-        let secret = SecretKey {
+    let admin_token = v.nested(&at.key("admin_token_env"), &r.admin_token_env, |v, at, value| {
+        let secret = SecretVar {
             example: "admin_token_env = \"RANGEWAY_ADMIN_TOKEN\"",
             holds: "the token",
             source_hint: " (e.g. from `openssl rand -hex 32`)",
             otherwise: "or remove admin_token_env to leave the admin API open on admin_listen",
         };
-        let (env_var, token) = secret::read_env(v, &at.key("admin_token_env"), value, &secret)?;
+        let (env_var, token) = v.secret(at, value, &secret)?;
         Some(AdminToken::new(env_var, token))
     });
+    let admin_token = admin_token.opt();
     // The bound on threads only catches a typo such as `threads = 80000`; available_parallelism
     // fails only where the OS cannot say, and one thread still works.
     let cpus = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);
@@ -68,12 +67,12 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawServer>) -> Option<
     read! { v, at, r;
         upgrade_socket: parsed(socket.0, upgrade_socket).or(socket.1);
         proxy_protocol: boolean().or(false);
-        trusted_proxies: strings("a string", proxies, trusted_proxy).or(Vec::new());
-        admin_hosts: strings("a string", hosts, admin_host).or(Vec::new());
+        trusted_proxies: strings("a string", proxies, client_address::trusted_proxy).or(Vec::new());
+        admin_hosts: strings("a string", hosts, admin::host_entry).or(Vec::new());
     }
     let threads = threads.map(|n| n.and_then(NonZeroUsize::new).unwrap_or(cpus));
     let (listen, admin_listen) = (listen?, admin_listen?);
-    if sockets_collide(listen, admin_listen) {
+    if listen_addr::collide(listen, admin_listen) {
         let other =
             SocketAddr::new(admin_listen.ip(), if listen.port() == 9090 { 9091 } else { 9090 });
         return v.fail(
@@ -98,36 +97,6 @@ fn upgrade_socket(text: &str) -> Result<PathBuf, Problem> {
         return wrong("is not a usable Unix socket path (1 to 107 bytes)", fix);
     }
     Ok(PathBuf::from(text))
-}
-
-fn trusted_proxy(text: &str) -> Result<IpNet, Problem> {
-    IpNet::parse(text.trim()).or_else(|problem| {
-        wrong(
-            format!("{text:?} is not a network: {problem}"),
-            "write an address or a network in CIDR notation, e.g. \"10.0.0.0/8\", \"192.0.2.7\" \
-             or \"fd00::/8\" (host names are not resolved)",
-        )
-    })
-}
-
-/// An `admin_hosts` entry: a name as a Host field writes it (IPv6 in brackets), without port.
-fn admin_host(text: &str) -> Result<String, Problem> {
-    let with_port = text.rsplit_once(':').filter(|(host, port)| {
-        !host.is_empty()
-            && !host.contains(':')
-            && !port.is_empty()
-            && port.bytes().all(|b| b.is_ascii_digit())
-    });
-    if let Some((host, _)) = with_port {
-        let fix = format!("write {host:?}: names are matched without their port");
-        return wrong(format!("{text:?} has a port"), fix);
-    }
-    Host::parse(&text.to_ascii_lowercase()).map(|host| host.to_string()).or_else(|problem| {
-        wrong(
-            format!("{text:?}: {problem}"),
-            "write a host name as clients put it in Host, without port, e.g. \"rangeway-1.internal\"",
-        )
-    })
 }
 
 fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimits> {
@@ -162,41 +131,10 @@ fn client_limits(v: &mut Ctx<'_>, at: &Path, r: &RawServer) -> Option<ClientLimi
     } }
 }
 
-/// `max_connections`, when the process may open that many descriptors.
 fn fits(v: &mut Ctx<'_>, at: &Path, max: usize) -> Option<usize> {
-    match descriptor_limit() {
-        Some(descriptors) if max as u64 > descriptors => v.fail(
-            &at.key("max_connections"),
-            format!(
-                "{max} connections cannot be open at once: the process may open {descriptors} \
-                 descriptors (RLIMIT_NOFILE), and each connection needs one"
-            ),
-            format!(
-                "use at most {descriptors}, or leave it unset ({}: room for an origin connection \
-                 and a pipe each), or raise the limit (LimitNOFILE= in the systemd unit, ulimit -n)",
-                default_max_connections(Some(descriptors))
-            ),
-        ),
-        _ => Some(max),
-    }
+    v.check(&at.key("max_connections"), admission::fitting_connections(max))
 }
 
 fn lowat(v: &mut Ctx<'_>, at: &Path, size: u64) -> Option<u32> {
-    match size {
-        // Within the bounds read, so the conversion holds.
-        0 | MIN_NOTSENT_LOWAT.. => Some(u32::try_from(size).unwrap_or(u32::MAX)),
-        _ => v.fail(
-            &at.key("client_notsent_lowat"),
-            format!("{size} bytes would wake the writer for every few segments"),
-            "use at least \"16KiB\" (the default is \"128KiB\"), or 0 for the system's setting",
-        ),
-    }
-}
-
-/// Two listeners collide on the same non-zero port when their addresses are equal or either is a
-/// wildcard, which also covers the other. Port 0 ("any free port", as tests use) never collides.
-pub(super) fn sockets_collide(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() != 0
-        && a.port() == b.port()
-        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    v.check(&at.key("client_notsent_lowat"), admission::notsent_lowat(size))
 }

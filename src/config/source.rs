@@ -80,7 +80,7 @@ pub(super) fn bare(key: &str) -> bool {
 /// the `*_env` keys are looked up in it, so both see the same environment.
 #[derive(Clone, Default)]
 pub(super) struct Env {
-    vars: BTreeMap<String, OsString>,
+    pub(super) vars: BTreeMap<String, OsString>,
 }
 
 /// Names only: values may be secrets.
@@ -96,11 +96,6 @@ impl Env {
     pub(super) fn process() -> Self {
         let vars = std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v)));
         Self { vars: vars.collect() }
-    }
-
-    #[cfg(test)]
-    pub(super) fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        Self { vars: pairs.into_iter().map(|(k, v)| (k.to_owned(), OsString::from(v))).collect() }
     }
 
     /// The same environment without its overrides: for configs given as a string, which take none.

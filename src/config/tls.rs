@@ -5,12 +5,13 @@ use std::path::PathBuf;
 
 use ::config::{Value, ValueKind};
 
-use super::check::{Ctx, Got, complete, push, read, secs};
+use super::check::{Ctx, complete, read, secs, wrong};
 use super::raw::{Raw, RawCertificate, RawH3, RawTls};
 use super::server::ServerConfig;
 use super::source::Path;
 use crate::h3::H3Config;
 use crate::tls::{CertificateFiles, LoadedCertificate, TlsCertificate, TlsConfig};
+use crate::values::listen_addr;
 
 const CERTIFICATE_EXAMPLE: &str = "[[tls.certificates]] with cert_file = \
     \"/etc/rangeway/example.pem\" and key_file = \"/etc/rangeway/example.key\"";
@@ -52,7 +53,7 @@ fn check_h3(v: &mut Ctx<'_>, at: &Path, r: &RawH3) -> Option<H3Config> {
     } }
 }
 
-/// One address, or a list of them.
+/// One address, or a list of them, each the TLS listener's own.
 fn check_listen(
     v: &mut Ctx<'_>,
     at: &Path,
@@ -62,36 +63,25 @@ fn check_listen(
     let taken = server.map_or_else(Vec::new, |server| {
         vec![("server.listen", server.listen), ("server.admin_listen", server.admin_listen)]
     });
-    let items = match &value.kind {
-        ValueKind::Array(items) if items.is_empty() => {
-            return v.fail(at, "is empty", "give at least one address, e.g. \"0.0.0.0:443\"");
+    let (example, mut seen) = ("0.0.0.0:443", Vec::new());
+    let listen = |text: &str| {
+        let addr = listen_addr::parse(text, example)?;
+        if let Some((taken, _)) = taken.iter().find(|(_, other)| *other == addr) {
+            let fix = "give the TLS listener an address of its own (e.g. port 443 beside 80)";
+            return wrong(format!("{addr} is {taken} already"), fix);
+        } else if seen.contains(&addr) {
+            return wrong(format!("{addr} is listed twice"), "list each address once");
         }
-        ValueKind::Array(items) => {
-            items.iter().enumerate().map(|(i, item)| (at.index(i), item)).collect()
-        }
-        _ => vec![(at.clone(), value)],
+        seen.push(addr);
+        Ok(addr)
     };
-    let (mut addrs, mut seen) = (Some(Vec::new()), Vec::new());
-    for (at, item) in items {
-        let addr = match v.socket_addr(&at, item, "0.0.0.0:443") {
-            Got::Good(addr)
-                if let Some((taken, _)) = taken.iter().find(|(_, other)| *other == addr) =>
-            {
-                v.fail(
-                    &at,
-                    format!("{addr} is {taken} already"),
-                    "give the TLS listener an address of its own (e.g. port 443 beside 80)",
-                )
-            }
-            Got::Good(addr) if seen.contains(&addr) => {
-                v.fail(&at, format!("{addr} is listed twice"), "list each address once")
-            }
-            addr => addr.ok(),
-        };
-        seen.extend(addr);
-        addrs = push(addrs, addr);
+    match &value.kind {
+        ValueKind::Array(items) if items.is_empty() => {
+            v.fail(at, "is empty", "give at least one address, e.g. \"0.0.0.0:443\"")
+        }
+        ValueKind::Array(_) => v.strings(at, value, "a string", "\"0.0.0.0:443\"", listen).ok(),
+        _ => v.parsed(at, value, "\"0.0.0.0:443\"", listen).ok().map(|addr| vec![addr]),
     }
-    addrs
 }
 
 /// `[[tls.certificates]]`: each checked as a handshake would use it; the default one.

@@ -7,52 +7,20 @@ use ::config::Value;
 use super::check::{Ctx, complete, push, read, wrong};
 use super::raw::{Raw, RawLog, RawTraces};
 use super::source::Path;
-
-const ENDPOINT_EXAMPLE: &str = "\"http://127.0.0.1:4318/v1/traces\"";
-
-/// `[traces]`.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct TracesConfig {
-    /// The collector's OTLP/HTTP traces URL (protobuf bodies).
-    pub endpoint: String,
-    /// The share of requests traced when the client sent no `traceparent`.
-    pub sampling: f64,
-    pub service_name: String,
-    /// More resource attributes (`deployment.environment`, ...).
-    pub resource: BTreeMap<String, String>,
-}
-
-/// `[log]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct LogConfig {
-    pub format: LogFormat,
-}
-
-/// How log lines are written (on stderr): `key=value` text, or a JSON object per line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
+use crate::logging::{LogConfig, LogFormat};
+use crate::traces::{self, ENDPOINT_EXAMPLE, TracesConfig};
 
 pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawTraces>) -> Option<TracesConfig> {
     let r = v.table(at, raw, &format!("[traces] with endpoint = {ENDPOINT_EXAMPLE}"))?;
     let fix = format!(
         "add endpoint = {ENDPOINT_EXAMPLE} (the collector's OTLP/HTTP URL), or remove [traces]"
     );
-    let collector = |url: &str| {
-        let fix = format!("give the collector's OTLP/HTTP URL, e.g. {ENDPOINT_EXAMPLE}");
-        endpoint_problem(url).map_or_else(|| Ok(url.to_owned()), |problem| wrong(problem, fix))
-    };
     let service = |name: &str| match name.trim() {
         "" => wrong("is empty", "name the service, e.g. \"rangeway\""),
         _ => Ok(name.to_owned()),
     };
     read! { v, at, r;
-        endpoint: parsed(ENDPOINT_EXAMPLE, collector).need(v, &at.key("endpoint"), fix);
+        endpoint: parsed(ENDPOINT_EXAMPLE, traces::collector).need(v, &at.key("endpoint"), fix);
         sampling: ratio().or(1.0);
         service_name: parsed("\"rangeway\"", service).or("rangeway".to_owned());
         resource: nested(resource).or(BTreeMap::new());
@@ -60,7 +28,6 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawTraces>) -> Option<
     complete! { TracesConfig { endpoint, sampling, service_name, resource } }
 }
 
-/// More resource attributes, each a string.
 fn resource(
     v: &mut Ctx<'_>,
     at: &Path,
@@ -73,21 +40,6 @@ fn resource(
         attributes = push(attributes, value.map(|value| (key.clone(), value)));
     }
     attributes
-}
-
-/// What is wrong with `url` as a collector's address. Never repeats the URL; one with credentials
-/// is refused, as they would end up in error messages.
-fn endpoint_problem(url: &str) -> Option<&'static str> {
-    let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
-        return Some("is not an http:// or https:// URL");
-    };
-    match rest.split('/').next().unwrap_or("") {
-        authority if authority.contains('@') => {
-            Some("holds credentials (user:pass@), which would end up in logs")
-        }
-        "" => Some("names no host"),
-        _ => None,
-    }
 }
 
 pub(super) fn check_log(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawLog>) -> Option<LogConfig> {

@@ -1,20 +1,20 @@
 //! `[upstreams.NAME]`: HTTP(S) origins, their replicas, local folders and S3-compatible stores.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use ::config::Value;
 
-use super::check::{Ctx, DAY, Got, MS, Problem, checked, complete, push, read, secs, wrong};
+use super::check::{Ctx, DAY, Got, MS, complete, folder, push, read, secs};
 use super::raw::{Raw, RawHealthCheck, RawUpstream};
-use super::secret::{self, SecretKey};
 use super::source::{Path, bare};
+use crate::routes::upstream::{
+    Addressing, HealthCheck, HttpUpstream, S3Upstream, UpstreamConfig, UpstreamKind, UpstreamTls,
+};
 use crate::s3::credentials::{self, S3Credentials};
 use crate::s3::names;
-use crate::values::host::{Host, split_host_port};
 use crate::values::http_url::{HttpUrl, URL_EXAMPLE};
-use crate::values::small_file::read_small_file;
+use crate::values::secret::SecretVar;
 
 /// Reports each key of `r` named that is written: `{key} {problem}`, with `fix`.
 macro_rules! refuse {
@@ -25,82 +25,6 @@ macro_rules! refuse {
             }
         }
     };
-}
-
-/// One `[upstreams.NAME]`. The timeouts apply to `dir` upstreams too, whose origin service is
-/// reached over a local socket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UpstreamConfig {
-    /// `[A-Za-z0-9_-]+`, as routes name it.
-    pub name: String,
-    pub kind: UpstreamKind,
-    pub connect_timeout: Duration,
-    pub read_timeout: Duration,
-    pub write_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub health_check: Option<HealthCheck>,
-}
-
-/// A `GET` of `path` every `interval`, answered 2xx within `timeout` by a replica that is up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HealthCheck {
-    pub path: String,
-    pub interval: Duration,
-    pub timeout: Duration,
-}
-
-/// An origin over HTTP(S) (`url`), a local folder (`dir`), an S3-compatible store (`url` with
-/// `bucket`), or replicas of one origin (`urls`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum UpstreamKind {
-    Http(HttpUpstream),
-    Dir { path: PathBuf },
-    S3(S3Upstream),
-    Replicas(Vec<HttpUpstream>),
-}
-
-/// An HTTP(S) origin. `ca_file`, `insecure_skip_verify` and `sni` are only ever set with `tls`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HttpUpstream {
-    pub tls: bool,
-    /// A DNS name (lower case) or an IP address; IPv6 without brackets.
-    pub host: String,
-    pub port: u16,
-    /// Prefix of every upstream path: empty, or `/`-led without a trailing `/` (`/bucket`).
-    pub base_path: String,
-    pub ca_file: Option<PathBuf>,
-    /// Verification off, whatever `ca_file` says: the proxy must log this loudly.
-    pub insecure_skip_verify: bool,
-    /// `sni` if set, else the url's host when that is a DNS name (SNI cannot carry IP literals,
-    /// RFC 6066; the certificate is then checked against the IP).
-    pub sni: Option<String>,
-    /// `host_header` if set, else the url's authority as written.
-    pub host_header: String,
-}
-
-/// An S3-compatible origin, whose requests rangeway signs (AWS Signature V4).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct S3Upstream {
-    pub endpoint: HttpUpstream,
-    pub bucket: String,
-    pub region: String,
-    pub addressing: Addressing,
-    /// The folder of the bucket the routes serve, as segments; none for the whole bucket.
-    pub key_prefix: Vec<String>,
-    /// `None` for `anonymous = true`.
-    pub credentials: Option<S3Credentials>,
-}
-
-/// Where the bucket goes: `https://endpoint/bucket/key` or `https://bucket.endpoint/key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Addressing {
-    Path,
-    VirtualHost,
 }
 
 /// Reads `[upstreams]`. Also returns every name declared, valid or not, so that a route naming an
@@ -215,14 +139,16 @@ fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
     // they are checked once the urls are fixed.
     let tls = match &urls {
         Got::Good(urls) => tls_keys(v, at, r, urls.iter().any(|url| url.tls)),
-        _ => Some(Tls::default()),
+        _ => Some(UpstreamTls::default()),
     };
     if s3 && r.urls.is_none() {
         let url = urls.ok().and_then(|mut urls| urls.pop());
-        let endpoint = url.zip(tls).map(|(url, tls)| http_upstream(url, &tls, None));
+        let endpoint = url.zip(tls).map(|(url, tls)| HttpUpstream::new(url, &tls, None));
         return s3_upstream(v, at, r, endpoint).map(UpstreamKind::S3);
     }
-    let (host_header, mut urls) = (host_header(v, at, r), urls.or(Vec::new())?);
+    let header = "\"origin.example.com\"";
+    read! { v, at, r; host_header: parsed(header, HttpUpstream::host_header).opt(); }
+    let mut urls = urls.or(Vec::new())?;
     if urls.is_empty() {
         let fix = format!("write urls = {example}");
         return v.fail(&key("urls"), "expected a non-empty list of urls", fix);
@@ -235,7 +161,7 @@ fn kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<UpstreamKind> {
         );
     }
     let (tls, host_header) = (tls?, host_header?);
-    let http = |url| http_upstream(url, &tls, host_header.clone());
+    let http = |url| HttpUpstream::new(url, &tls, host_header.clone());
     match r.urls {
         Some(_) => Some(UpstreamKind::Replicas(urls.into_iter().map(http).collect())),
         None => urls.pop().map(http).map(UpstreamKind::Http),
@@ -254,99 +180,35 @@ fn dir_kind(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, dir: &Value) -> Option<
     let fix = "remove it: a dir upstream reads local files";
     refuse!(v, at, r: ca_file, insecure_skip_verify, sni, host_header;
         "applies to url upstreams only, not to dir", fix);
-    let path = v.parsed(&at.key("dir"), dir, "\"./data\"", check_dir).ok();
+    let fix = "point dir at a folder, or at a path where one can be created";
+    let path = v.parsed(&at.key("dir"), dir, "\"./data\"", |dir| folder(dir, fix, true)).ok();
     path.map(|path| UpstreamKind::Dir { path })
-}
-
-fn host_header(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<Option<String>> {
-    let host_port = |text: &str| match split_host_port(text) {
-        // A validated host and port are header-safe ASCII.
-        Ok(_) => Ok(text.to_owned()),
-        Err(e) => wrong(
-            format!("{text:?} is not a host[:port]: {e}"),
-            "write a host with an optional port, e.g. host_header = \"files.example.com\"",
-        ),
-    };
-    read! { v, at, r; host_header: parsed("\"origin.example.com\"", host_port).opt(); }
-    host_header
 }
 
 fn health_check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawHealthCheck>) -> Option<HealthCheck> {
     let r = v.table(at, raw, "[upstreams.NAME.health_check] with path = \"/healthz\"")?;
-    let request_path = |path: &str| {
-        if path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
-            return Ok(path.to_owned());
-        }
-        let fix = "write a path starting with '/', e.g. path = \"/healthz\"";
-        wrong(format!("{path:?} is not a request path"), fix)
-    };
     let range = Duration::from_millis(10)..=secs(3600);
     read! { v, at, r;
-        path: parsed("\"/healthz\"", request_path).or("/".to_owned());
+        path: parsed("\"/healthz\"", HealthCheck::path).or("/".to_owned());
         interval: duration(range.clone()).or(secs(5));
         timeout: duration(range).or(secs(2));
     }
     complete! { HealthCheck { path, interval, timeout } }
 }
 
-/// The TLS keys of an upstream, for its https urls.
-#[derive(Default)]
-struct Tls {
-    ca_file: Option<PathBuf>,
-    insecure_skip_verify: bool,
-    /// `sni`, when it is set.
-    sni: Option<String>,
-}
-
 /// The TLS keys of an upstream; without an https url, each key present is a mistake.
-fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https: bool) -> Option<Tls> {
+fn tls_keys(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream, https: bool) -> Option<UpstreamTls> {
     if !https {
         let fix = "remove it, or use an https:// url";
         refuse!(v, at, r: ca_file, insecure_skip_verify, sni; "applies to https:// urls only", fix);
-        return Some(Tls::default());
+        return Some(UpstreamTls::default());
     }
-    let ca_bundle = |file: &str| {
-        // CA bundles are a few hundred KiB; the cap only stops a mistyped path to a huge file
-        // from being read whole.
-        let problem = match read_small_file(file, 16 << 20) {
-            Err(problem) => problem,
-            Ok(pem) if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") => {
-                format!("{file:?} holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)")
-            }
-            Ok(_) => return Ok(PathBuf::from(file)),
-        };
-        wrong(problem, "point ca_file at a readable PEM file of CA certificates")
-    };
-    let dns_name = |text: &str| match Host::parse(text) {
-        Ok(Host::Name(name)) => Ok(name),
-        Ok(_) => wrong(
-            format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
-            "use a DNS name, or remove sni to send none",
-        ),
-        Err(e) => wrong(
-            format!("{text:?} is not a DNS name: {e}"),
-            "write a DNS name, e.g. sni = \"origin.example.com\"",
-        ),
-    };
     read! { v, at, r;
-        ca_file: parsed("\"/etc/rangeway/ca.pem\"", ca_bundle).opt();
+        ca_file: parsed("\"/etc/rangeway/ca.pem\"", HttpUpstream::ca_file).opt();
         insecure_skip_verify: boolean().or(false);
-        sni: parsed("\"origin.example.com\"", dns_name).opt();
+        sni: parsed("\"origin.example.com\"", HttpUpstream::sni).opt();
     }
-    complete! { Tls { ca_file, insecure_skip_verify, sni } }
-}
-
-fn check_dir(dir: &str) -> Result<PathBuf, Problem> {
-    let fix = "point dir at a folder, or at a path where one can be created";
-    match std::fs::metadata(dir) {
-        _ if dir.is_empty() || dir.contains('\0') => wrong("is not a usable path", fix),
-        Ok(meta) if !meta.is_dir() => wrong(format!("{dir:?} exists but is not a directory"), fix),
-        // A missing folder is fine: the server creates it on start.
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            wrong(format!("{dir:?} cannot be inspected: {e}"), fix)
-        }
-        _ => Ok(dir.into()),
-    }
+    complete! { UpstreamTls { ca_file, insecure_skip_verify, sni } }
 }
 
 /// An S3 upstream: `endpoint` is its `url`, already checked.
@@ -357,13 +219,9 @@ fn s3_upstream(
     endpoint: Option<HttpUpstream>,
 ) -> Option<S3Upstream> {
     let key = |key: &str| at.key(key);
-    if r.host_header.is_some() {
-        v.report(
-            &key("host_header"),
-            "host_header does not apply to S3 upstreams",
-            "remove it: rangeway sets Host from the url, the bucket and addressing (and signs it)",
-        );
-    }
+    let fix =
+        "remove it: rangeway sets Host from the url, the bucket and addressing (and signs it)";
+    refuse!(v, at, r: host_header; "does not apply to S3 upstreams", fix);
     let styles = [("path", Addressing::Path), ("virtual-host", Addressing::VirtualHost)];
     let fix = "use \"path\" (https://endpoint/bucket/key) or \"virtual-host\" \
                (https://bucket.endpoint/key)";
@@ -422,13 +280,8 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
             );
         }
         (None, None) => {
-            if r.session_token_env.is_some() {
-                v.report(
-                    &key("session_token_env"),
-                    "session_token_env needs access_key_env and secret_key_env",
-                    "set them too, or remove it",
-                );
-            }
+            refuse!(v, at, r: session_token_env; "needs access_key_env and secret_key_env",
+                "set them too, or remove it");
             let profile = v.string(&key("profile"), &r.profile, "\"default\"").opt()?;
             let Some(file) = &r.credentials_file else {
                 let env = |name: &str| v.env.get(name)?.to_str().map(str::to_owned);
@@ -442,34 +295,29 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
             return v.parsed(&key("credentials_file"), file, example, read).ok();
         }
     };
-    if r.credentials_file.is_some() {
-        v.report(
-            &key("credentials_file"),
-            "credentials_file cannot be combined with access_key_env/secret_key_env",
-            "keep one source of credentials",
-        );
-    }
-    if r.profile.is_some() {
-        v.report(
-            &key("profile"),
-            "profile names a section of a credentials file, and these credentials come from \
-             environment variables",
-            "remove profile, or use credentials_file instead of access_key_env/secret_key_env",
-        );
-    }
+    let problem = "cannot be combined with access_key_env/secret_key_env";
+    refuse!(v, at, r: credentials_file; problem, "keep one source of credentials");
+    let problem = "names a section of a credentials file, and these credentials come from \
+                   environment variables";
+    let fix = "remove profile, or use credentials_file instead of access_key_env/secret_key_env";
+    refuse!(v, at, r: profile; problem, fix);
     let mut read = |name: &str, value, var: &str, holds, otherwise| {
         let example = format!("{name} = \"RANGEWAY_S3_{var}\"");
-        let key = SecretKey { example: &example, holds, source_hint: "", otherwise };
-        secret::read_env(v, &at.key(name), value, &key)
+        let key = SecretVar { example: &example, holds, source_hint: "", otherwise };
+        v.secret(&at.key(name), value, &key)
     };
     const OTHERWISE: &str = "or use credentials_file, or anonymous = true for a public bucket";
     let access = read("access_key_env", access, "ACCESS_KEY_ID", "the access key id", OTHERWISE);
     let secret =
         read("secret_key_env", secret, "SECRET_ACCESS_KEY", "the secret access key", OTHERWISE);
-    let token = checked(r.session_token_env.as_ref(), |value| {
-        let otherwise = "or remove session_token_env for a long-term key";
-        read("session_token_env", value, "SESSION_TOKEN", "the session token", otherwise)
-    });
+    let otherwise = "or remove session_token_env for a long-term key";
+    let token = match &r.session_token_env {
+        Some(value) => {
+            read("session_token_env", value, "SESSION_TOKEN", "the session token", otherwise)
+                .map(Some)
+        }
+        None => Some(None),
+    };
     let ((access_var, access_key_id), (secret_var, secret_access_key)) = (access?, secret?);
     Some(S3Credentials {
         access_key_id,
@@ -477,19 +325,4 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
         session_token: token?.map(|(_, token)| token),
         source: format!("environment variables {access_var}/{secret_var}"),
     })
-}
-
-/// The upstream `url` names, with the TLS keys that apply to it when it is https.
-fn http_upstream(url: HttpUrl, tls: &Tls, host_header: Option<String>) -> HttpUpstream {
-    let name = url.host.is_name().then(|| url.host.bare());
-    HttpUpstream {
-        tls: url.tls,
-        sni: tls.sni.clone().or(name).filter(|_| url.tls),
-        ca_file: tls.ca_file.clone().filter(|_| url.tls),
-        insecure_skip_verify: tls.insecure_skip_verify && url.tls,
-        host: url.host.bare(),
-        port: url.port,
-        base_path: url.base_path,
-        host_header: host_header.unwrap_or(url.authority),
-    }
 }

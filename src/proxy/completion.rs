@@ -19,9 +19,9 @@ use rangeway_middleware::chain::ObjectVersion as StageObject;
 use tracing::Instrument as _;
 use tracing::{debug, info};
 
-use crate::config::UpstreamResume;
 use crate::representation::{ChainPass, StoredFacts, version_key};
 use crate::routes::Route;
+use crate::routes::UpstreamResume;
 use crate::routes::origin_client::{OriginClient, Pin, Pinned, Tries};
 use crate::state::{self, StateStore};
 

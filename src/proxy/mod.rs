@@ -60,9 +60,9 @@ use tracing::Instrument as _;
 
 use crate::admission::ClientLimits;
 use crate::cache::SliceCache;
-use crate::config::IpNet;
 use crate::fingerprint::FingerprintKey;
 use crate::h3::transport::{Acknowledged, StreamHandle};
+use crate::ip_net::IpNet;
 use crate::routes::RouteSwitch;
 use crate::routes::origin_client::OriginClient;
 use crate::state::StateStore;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::RateLimit;
+use crate::routes::RateLimit;
 
 /// The smallest and largest step a paced body is written in.
 const STEP_BYTES: std::ops::RangeInclusive<u64> = 1024..=256 * 1024;

@@ -19,9 +19,9 @@ use super::hop_by_hop::{answer_to_forward, end_to_end, forwarded};
 use super::origin_request::{self, client_side};
 use super::source_body::{BodySource, UpstreamBody};
 use crate::cache::{Bypass, CacheAnswer, CacheBody, Outcome};
-use crate::config::UpstreamResume;
 use crate::range::{Continuable, body_range};
 use crate::routes::Route;
+use crate::routes::UpstreamResume;
 use crate::routes::origin_client::Exchange;
 
 /// source's record of the upstream, for the steps after it and for `record`.

@@ -17,10 +17,10 @@ use tracing::{info, warn};
 use super::Proxy;
 use super::splice::RawSocket;
 use crate::cache::{CacheAnswer, CacheBody, SliceCache};
-use crate::config::{RouteCache, UpstreamResume};
 use crate::range::{Continuable, content_length};
-use crate::routes::Route;
+use crate::routes::UpstreamResume;
 use crate::routes::origin_client::{Exchange, OriginClient, Pin, Pinned, Tries, pinned_range};
+use crate::routes::{Route, RouteCache};
 use crate::telemetry::metrics::Metrics;
 
 /// What the relay's reader ([`BodyReader`]) reads next.

@@ -138,10 +138,18 @@ impl RawSocket {
         mut delivered: impl FnMut(usize),
     ) -> io::Result<()> {
         let end = offset + len;
+        // Bytes sent since this task last let the thread's other tasks run: a client that takes
+        // all it is sent never makes a send wait, and would otherwise hold the thread for the
+        // whole file while the thread's other downloads wait (as splice, after each pipe-full).
+        let mut since_yield = 0;
         while offset < end {
+            if since_yield >= SENDFILE_BYTES {
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
             // As much as the socket takes: the kernel sends from the page cache, no buffer here.
             let want = usize::try_from(end - offset).unwrap_or(usize::MAX).min(SENDFILE_BYTES);
-            let (sent, _) = self
+            let (sent, waited) = self
                 .wait_for(Interest::WRITABLE, timeout, |fd| {
                     Ok(rustix::fs::sendfile(fd, file, Some(&mut offset), want)?)
                 })
@@ -149,6 +157,7 @@ impl RawSocket {
             if sent == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
+            since_yield = if waited { sent } else { since_yield + sent };
             delivered(sent);
         }
         Ok(())

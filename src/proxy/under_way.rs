@@ -14,8 +14,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::config::{Count, DownloadLimits};
-use crate::state::{DownloadHold, Held, StateStore};
+use crate::state::{Count, DownloadHold, DownloadLimits, Held, StateStore};
 
 /// Every route's downloads under way, by route name.
 #[derive(Debug)]

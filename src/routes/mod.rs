@@ -1,18 +1,27 @@
-//! The route table: which upstream serves a request, and under which path; the upstreams, built
-//! once from config; their active health checks. Built by the server, read by the proxy and the
-//! admin API.
+//! The route table: which upstream serves a request, and under which path; each route as
+//! configured ([`RouteConfig`]), the settings it carries and the rules its prefix, host and
+//! methods follow; the upstreams, built once from config; their active health checks. Built by
+//! the server, read by the proxy and the admin API.
 
 pub mod health;
 pub(crate) mod origin_client;
 pub mod upstream;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
-use rangeway_middleware::chain::Chain;
+use ::config::ValueKind;
+use http::Method;
+use rangeway_middleware::chain::{Chain, OptionValue, StageOptions};
 
-use crate::config::UpstreamResume;
+use crate::links::SignedLinks;
 use crate::request_path::NormalizedPath;
 use crate::s3::credentials::S3ClientKeys;
+use crate::state::DownloadLimits;
+use crate::values::host::split_host_port;
+use crate::values::{Problem, wrong};
+pub use origin_client::UpstreamResume;
 use upstream::Upstream;
 
 /// One `[[routes]]` entry, resolved against its upstream.
@@ -32,25 +41,77 @@ pub struct Route {
     /// When set, only requests signed with one of these keys are served.
     pub s3_client_keys: Option<S3ClientKeys>,
     /// How long a download begun with a presigned URL may resume after it expired.
-    pub s3_presigned_grace: std::time::Duration,
+    pub s3_presigned_grace: Duration,
     /// When set, a body its origin breaks off is continued (see `relay`).
     pub upstream_resume: Option<UpstreamResume>,
     /// Whether clients' `response-*` query parameters reach an S3 upstream.
     pub s3_response_overrides: bool,
     /// How the route uses the slice cache; `None`: it does not.
-    pub cache: Option<crate::config::RouteCache>,
+    pub cache: Option<RouteCache>,
     /// When set, only signed links are served.
-    pub signed_links: Option<crate::config::SignedLinks>,
+    pub signed_links: Option<SignedLinks>,
     /// When set, how many downloads may be under way at once.
-    pub download_limits: Option<crate::config::DownloadLimits>,
+    pub download_limits: Option<DownloadLimits>,
     /// When set, how fast responses go out.
-    pub rate_limit: Option<crate::config::RateLimit>,
+    pub rate_limit: Option<RateLimit>,
     /// The methods it answers: GET and HEAD, then those passed through to its upstream.
-    pub methods: Vec<http::Method>,
+    pub methods: Vec<Method>,
+}
+
+/// One `[[routes]]` as configured, which [`Route::new`] and its fields are built from.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RouteConfig {
+    /// Lower case (IPv6 in brackets), matched without the port; `None` matches any host.
+    pub host: Option<String>,
+    /// Normalised (no `..`, `//`, `%`, `\`, control characters or whitespace), so that it can be
+    /// compared with a normalised request path byte for byte.
+    pub path_prefix: String,
+    /// The name of an upstream in `[upstreams]`.
+    pub upstream: String,
+    pub strip_prefix: bool,
+    /// The stages, in order; empty for a passthrough route.
+    pub middleware: Vec<MiddlewareSpec>,
+    pub s3_client_keys: Option<S3ClientKeys>,
+    pub s3_presigned_grace: Duration,
+    pub upstream_resume: Option<UpstreamResume>,
+    pub s3_response_overrides: bool,
+    pub cache: Option<RouteCache>,
+    pub signed_links: Option<SignedLinks>,
+    pub download_limits: Option<DownloadLimits>,
+    pub rate_limit: Option<RateLimit>,
+    /// The methods the route answers: GET and HEAD always, first, then those `methods` adds, which
+    /// are passed through to the upstream.
+    pub methods: Vec<Method>,
+}
+
+/// A middleware entry as written: a kind the registry has, and options left for its stage.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct MiddlewareSpec {
+    pub kind: String,
+    /// Every key but `kind`, each value's origin naming the file or the variable that set it.
+    pub options: BTreeMap<String, ::config::Value>,
+    /// Where the entry is, for the stage's own errors: `routes[1].middleware[0]`.
+    pub path: String,
+}
+
+impl MiddlewareSpec {
+    /// The options as its stage takes them, and the keys of those no stage takes (tables).
+    pub(crate) fn stage_options(&self) -> (StageOptions, Vec<&str>) {
+        let (mut options, mut tables) = (StageOptions::new(), Vec::new());
+        for (key, value) in &self.options {
+            match option_value(value) {
+                Some(value) => _ = options.insert(key.clone(), value),
+                None => tables.push(key.as_str()),
+            }
+        }
+        (options, tables)
+    }
 }
 
 impl Route {
-    /// `prefix` must be a valid path (config validation has checked it).
+    /// `prefix` must be a valid path: one [`path_prefix`] accepts.
     pub fn new(
         host: Option<String>,
         prefix: &str,
@@ -72,14 +133,14 @@ impl Route {
             stage_keys: stage_keys(&chain),
             chain,
             s3_client_keys: None,
-            s3_presigned_grace: std::time::Duration::ZERO,
+            s3_presigned_grace: Duration::ZERO,
             upstream_resume: None,
             s3_response_overrides: false,
             cache: None,
             signed_links: None,
             download_limits: None,
             rate_limit: None,
-            methods: vec![http::Method::GET, http::Method::HEAD],
+            methods: vec![Method::GET, Method::HEAD],
         })
     }
 
@@ -95,6 +156,141 @@ impl Route {
         }
         path.to_upstream(base, encoding)
     }
+}
+
+/// A route's use of the cache (`cache = true | false | { ... }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RouteCache {
+    pub revalidate: Revalidate,
+    /// Whether answers to requests with `Authorization` may be stored and served: they are for
+    /// one client unless the route (or the origin, RFC 9111 §3.5) says otherwise.
+    pub authorized: bool,
+}
+
+/// When a stored response is validated with the origin before it is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Revalidate {
+    /// When RFC 9111 says so: once stale, or on `no-cache`.
+    #[default]
+    Rfc9111,
+    /// Also at the start of every new download.
+    EachDownload,
+}
+
+/// A route's bandwidth limits, in bytes per second.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimit {
+    pub rate: Option<u64>,
+    pub after: u64,
+    pub per_client: Option<u64>,
+    pub per_route: Option<u64>,
+    pub origin_header: Option<http::HeaderName>,
+}
+
+impl RateLimit {
+    /// An `origin_header`: the name of the field an origin's answer sets the rate in.
+    pub(crate) fn origin_header(name: &str) -> Result<http::HeaderName, Problem> {
+        http::HeaderName::from_bytes(name.as_bytes()).or_else(|_| {
+            let fix = "write a field name, e.g. \"X-Accel-Limit-Rate\"";
+            wrong(format!("{name:?} is not a header name"), fix)
+        })
+    }
+}
+
+/// A `path_prefix`, normalised as a request path is, so that [`Route::new`] can parse it and
+/// match requests against it byte for byte.
+pub(crate) fn path_prefix(prefix: &str) -> Result<String, Problem> {
+    let odd = |c: char| c.is_control() || c.is_whitespace() || c == '?' || c == '#';
+    let problem = [
+        (!prefix.starts_with('/'), "does not start with '/'"),
+        (prefix.contains(".."), "contains '..'"),
+        (prefix.contains("//"), "contains '//'"),
+        (
+            prefix.contains('%'),
+            "contains '%' (write the decoded character; requests are matched after decoding)",
+        ),
+        (prefix.contains('\\'), "contains '\\'"),
+        (prefix.contains('\0'), "contains a NUL character"),
+        (prefix.split('/').any(|s| s == "."), "has a '.' segment"),
+        (prefix.chars().any(odd), "contains whitespace, a control character, '?' or '#'"),
+        (prefix.len() > 1024, "is longer than 1024 bytes"),
+    ];
+    let Some((_, problem)) = problem.into_iter().find(|(wrong, _)| *wrong) else {
+        return Ok(prefix.to_owned());
+    };
+    let fix = "write a normalised path that starts with '/', e.g. \"/files/\"";
+    wrong(format!("{prefix:?} {problem}"), fix)
+}
+
+/// A route's `host`: a name or an address, matched without the port.
+pub(crate) fn host(text: &str) -> Result<String, Problem> {
+    match split_host_port(text) {
+        Ok((host, None)) => Ok(host.to_string()),
+        Ok((host, Some(_))) => wrong(
+            format!("{text:?} has a port"),
+            format!("write host = \"{host}\": hosts are matched without the port"),
+        ),
+        Err(e) => wrong(
+            format!("{text:?} is not a host: {e}"),
+            "write a DNS name or an IP address, e.g. host = \"dl.example.com\"",
+        ),
+    }
+}
+
+/// A method a route's `methods` adds: a token as clients send it (methods are case-sensitive,
+/// RFC 9110 §9.1), never CONNECT (rangeway does not tunnel) nor TRACE (it would reflect a
+/// request, its credentials included, to whoever can send one: cross-site tracing).
+pub(crate) fn passed_method(text: &str) -> Result<Method, Problem> {
+    let upper = text.to_ascii_uppercase();
+    let refused = match upper.as_str() {
+        "CONNECT" => Some("rangeway does not tunnel connections"),
+        "TRACE" => {
+            Some("it would reflect a request, its credentials included, to whoever sends one")
+        }
+        _ => None,
+    };
+    if let Some(why) = refused {
+        return wrong(format!("{upper} is never passed through: {why}"), "remove it");
+    }
+    let Ok(method) = Method::from_bytes(text.as_bytes()) else {
+        let fix = "write a method as clients send it, e.g. \"POST\" (a token: letters, digits and \
+                   !#$%&'*+-.^_`|~)";
+        return wrong(format!("{text:?} is not a method"), fix);
+    };
+    let standard = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"];
+    if text != upper && standard.contains(&upper.as_str()) {
+        let problem = format!("{text:?} is not {upper}: methods are case-sensitive");
+        return wrong(problem, format!("write \"{upper}\""));
+    }
+    Ok(method)
+}
+
+/// GET and HEAD, which every route answers, then `added` without them or repeats.
+pub(crate) fn answered_methods(added: Vec<Method>) -> Vec<Method> {
+    let mut methods = vec![Method::GET, Method::HEAD];
+    for method in added {
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    methods
+}
+
+fn option_value(value: &::config::Value) -> Option<OptionValue> {
+    Some(match &value.kind {
+        ValueKind::Boolean(b) => OptionValue::Bool(*b),
+        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::I128(_) | ValueKind::U128(_) => {
+            OptionValue::Int(value.clone().into_int().unwrap_or(i64::MAX))
+        }
+        ValueKind::Float(f) => OptionValue::Float(*f),
+        ValueKind::String(s) => OptionValue::Str(s.clone()),
+        ValueKind::Array(items) => {
+            OptionValue::List(items.iter().map(option_value).collect::<Option<_>>()?)
+        }
+        ValueKind::Nil | ValueKind::Table(_) => return None,
+    })
 }
 
 fn stage_keys(chain: &Chain) -> Vec<String> {

@@ -16,7 +16,6 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use rangeway_middleware::ByteRange;
 
 use super::upstream::Upstream;
-use crate::config::UpstreamResume;
 use crate::traces;
 
 /// The longest wait between two tries of a fetch.
@@ -89,6 +88,27 @@ impl<'a> Pin<'a> {
             Self::ETag(etag) => (header::IF_MATCH, header::ETAG, etag),
             Self::LastModified(date) => (header::IF_UNMODIFIED_SINCE, header::LAST_MODIFIED, date),
         }
+    }
+}
+
+/// How rangeway continues a response whose origin connection fails mid-body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UpstreamResume {
+    pub attempts: u32,
+    pub deadline: Duration,
+    /// Doubled for each next continuation.
+    pub backoff: Duration,
+}
+
+impl UpstreamResume {
+    /// One try, however long it takes: what a fetch made once is bounded by.
+    pub const ONCE: Self = Self { attempts: 1, deadline: Duration::MAX, backoff: Duration::ZERO };
+}
+
+impl Default for UpstreamResume {
+    fn default() -> Self {
+        Self { attempts: 5, deadline: Duration::from_secs(30), backoff: Duration::from_millis(100) }
     }
 }
 

@@ -15,13 +15,170 @@ use pingora_http::RequestHeader;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use crate::config::{Addressing, HealthCheck, S3Upstream};
 use crate::request_path::PathEncoding;
+use crate::s3::credentials::S3Credentials;
 use crate::s3::sign::Signer;
+use crate::values::host::{Host, split_host_port};
+use crate::values::http_url::HttpUrl;
+use crate::values::small_file::read_small_file;
+use crate::values::{Problem, wrong};
 
 /// How long a DNS answer is reused. pingora resolves `HttpPeer` addresses with a blocking call on
 /// the event loop, so rangeway resolves names itself, off the loop, and keeps answers briefly.
 const DNS_TTL: Duration = Duration::from_secs(30);
+
+/// One `[upstreams.NAME]`. The timeouts apply to `dir` upstreams too, whose origin service is
+/// reached over a local socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UpstreamConfig {
+    /// `[A-Za-z0-9_-]+`, as routes name it.
+    pub name: String,
+    pub kind: UpstreamKind,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub write_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub health_check: Option<HealthCheck>,
+}
+
+/// A `GET` of `path` every `interval`, answered 2xx within `timeout` by a replica that is up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl HealthCheck {
+    /// A health check's `path`: what a request line can carry after `GET`.
+    pub(crate) fn path(path: &str) -> Result<String, Problem> {
+        if path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
+            return Ok(path.to_owned());
+        }
+        let fix = "write a path starting with '/', e.g. path = \"/healthz\"";
+        wrong(format!("{path:?} is not a request path"), fix)
+    }
+}
+
+/// An origin over HTTP(S) (`url`), a local folder (`dir`), an S3-compatible store (`url` with
+/// `bucket`), or replicas of one origin (`urls`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpstreamKind {
+    Http(HttpUpstream),
+    Dir { path: PathBuf },
+    S3(S3Upstream),
+    Replicas(Vec<HttpUpstream>),
+}
+
+/// An HTTP(S) origin. `ca_file`, `insecure_skip_verify` and `sni` are only ever set with `tls`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HttpUpstream {
+    pub tls: bool,
+    /// A DNS name (lower case) or an IP address; IPv6 without brackets.
+    pub host: String,
+    pub port: u16,
+    /// Prefix of every upstream path: empty, or `/`-led without a trailing `/` (`/bucket`).
+    pub base_path: String,
+    pub ca_file: Option<PathBuf>,
+    /// Verification off, whatever `ca_file` says: the proxy must log this loudly.
+    pub insecure_skip_verify: bool,
+    /// `sni` if set, else the url's host when that is a DNS name (SNI cannot carry IP literals,
+    /// RFC 6066; the certificate is then checked against the IP).
+    pub sni: Option<String>,
+    /// `host_header` if set, else the url's authority as written.
+    pub host_header: String,
+}
+
+/// The TLS keys of an upstream, which apply to its https urls.
+#[derive(Debug, Default)]
+pub(crate) struct UpstreamTls {
+    pub(crate) ca_file: Option<PathBuf>,
+    pub(crate) insecure_skip_verify: bool,
+    /// `sni`, when it is set.
+    pub(crate) sni: Option<String>,
+}
+
+impl HttpUpstream {
+    /// The upstream `url` names, with the TLS keys that apply to it when it is https.
+    pub(crate) fn new(url: HttpUrl, tls: &UpstreamTls, host_header: Option<String>) -> Self {
+        let name = url.host.is_name().then(|| url.host.bare());
+        Self {
+            tls: url.tls,
+            sni: tls.sni.clone().or(name).filter(|_| url.tls),
+            ca_file: tls.ca_file.clone().filter(|_| url.tls),
+            insecure_skip_verify: tls.insecure_skip_verify && url.tls,
+            host: url.host.bare(),
+            port: url.port,
+            base_path: url.base_path,
+            host_header: host_header.unwrap_or(url.authority),
+        }
+    }
+
+    /// A `ca_file` that holds PEM certificates; `load_ca` parses them when the upstream is built.
+    pub(crate) fn ca_file(file: &str) -> Result<PathBuf, Problem> {
+        // CA bundles are a few hundred KiB; the cap only stops a mistyped path to a huge file
+        // from being read whole.
+        let problem = match read_small_file(file, 16 << 20) {
+            Err(problem) => problem,
+            Ok(pem) if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") => {
+                format!("{file:?} holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)")
+            }
+            Ok(_) => return Ok(PathBuf::from(file)),
+        };
+        wrong(problem, "point ca_file at a readable PEM file of CA certificates")
+    }
+
+    /// An `sni`: a DNS name, as SNI cannot carry an IP address (RFC 6066).
+    pub(crate) fn sni(text: &str) -> Result<String, Problem> {
+        match Host::parse(text) {
+            Ok(Host::Name(name)) => Ok(name),
+            Ok(_) => wrong(
+                format!("{text:?} is an IP address, which SNI cannot carry (RFC 6066)"),
+                "use a DNS name, or remove sni to send none",
+            ),
+            Err(e) => wrong(
+                format!("{text:?} is not a DNS name: {e}"),
+                "write a DNS name, e.g. sni = \"origin.example.com\"",
+            ),
+        }
+    }
+
+    /// A `host_header`: a host and an optional port, which are header-safe ASCII once valid.
+    pub(crate) fn host_header(text: &str) -> Result<String, Problem> {
+        match split_host_port(text) {
+            Ok(_) => Ok(text.to_owned()),
+            Err(e) => wrong(
+                format!("{text:?} is not a host[:port]: {e}"),
+                "write a host with an optional port, e.g. host_header = \"files.example.com\"",
+            ),
+        }
+    }
+}
+
+/// An S3-compatible origin, whose requests rangeway signs (AWS Signature V4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct S3Upstream {
+    pub endpoint: HttpUpstream,
+    pub bucket: String,
+    pub region: String,
+    pub addressing: Addressing,
+    /// The folder of the bucket the routes serve, as segments; none for the whole bucket.
+    pub key_prefix: Vec<String>,
+    /// `None` for `anonymous = true`.
+    pub credentials: Option<S3Credentials>,
+}
+
+/// Where the bucket goes: `https://endpoint/bucket/key` or `https://bucket.endpoint/key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addressing {
+    Path,
+    VirtualHost,
+}
 
 /// An origin rangeway forwards to: one server, or replicas holding the same objects.
 #[derive(Debug)]
@@ -478,7 +635,6 @@ fn load_ca(path: &Path) -> Result<Arc<CaType>, UpstreamError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HttpUpstream;
 
     fn store(addressing: Addressing, tls: bool) -> S3Upstream {
         S3Upstream {

@@ -22,6 +22,7 @@ mod share;
 mod snapshot;
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,9 +37,62 @@ pub use self::model::{
     Delivery, DownloadSession, Ending, Holding, MAX_EXACT, MAX_SESSION_VERSIONS, MAX_VERSIONS,
     ObjectRecord, ObjectVersion, Resumable, SeenVersion, UNREAD_SLACK, VersionSent,
 };
-pub use self::redis::{RedisOptions, RedisStore};
+pub use self::redis::{RedisOptions, RedisStore, RedisTarget};
 pub use self::snapshot::{SnapshotError, SnapshotFile};
-use crate::config::{DownloadLimits, StateBackend, StateConfig};
+use crate::fingerprint::IdKeySource;
+use crate::values::{Problem, wrong};
+
+/// Concurrent-download limits of a route, `None` for none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DownloadLimits {
+    pub per_client: Option<usize>,
+    pub per_route: Option<usize>,
+    pub count: Count,
+}
+
+/// What a download limit counts: a download once, however many ranged requests fetch it, or
+/// every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    Download,
+    Request,
+}
+
+/// `[state]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateConfig {
+    pub backend: StateBackend,
+    pub ttl: Duration,
+    pub key_prefix: String,
+    pub id_key: IdKeySource,
+    pub max_memory: u64,
+    /// `client_share` of `max_memory`: what one client address (IPv6: its /64) may hold.
+    pub max_client_memory: u64,
+    pub snapshot_file: Option<PathBuf>,
+}
+
+impl StateConfig {
+    /// A `key_prefix`: the start of every key the store writes, so printable and short.
+    pub(crate) fn key_prefix(prefix: &str) -> Result<String, Problem> {
+        if prefix.len() <= 256 && prefix.bytes().all(|b| b.is_ascii_graphic()) {
+            return Ok(prefix.to_owned());
+        }
+        wrong(
+            format!("{prefix:?} is not a usable key prefix"),
+            "use at most 256 printable ASCII characters without spaces, e.g. \"rangeway:\"",
+        )
+    }
+}
+
+/// The store behind the state: embedded, per instance, or Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StateBackend {
+    Memory,
+    Redis(RedisTarget),
+}
 
 /// Now, in the Unix seconds the records keep.
 pub fn unix_now() -> u64 {

@@ -61,9 +61,40 @@ use super::model::{
     UNREAD_SLACK,
 };
 use super::share::ClientGroup;
-use super::{DownloadHold, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth, unix_now};
-use crate::config::{DownloadLimits, RedisTarget};
+use super::{
+    DownloadHold, DownloadLimits, Held, Lookup, MAX_PAGE, StateStore, StoreError, StoreHealth,
+    unix_now,
+};
 use crate::values::redis_url::RedisUrl;
+use crate::values::{Problem, wrong};
+
+/// One Redis server, or the seed nodes of a Redis Cluster (one scheme, database 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Single(RedisUrl),
+    Cluster(Vec<RedisUrl>),
+}
+
+impl RedisTarget {
+    /// A `redis_url`: one server, or a cluster named by one seed (`redis+cluster://`).
+    pub(crate) fn parse(text: &str) -> Result<Self, Problem> {
+        RedisUrl::parse(text).and_then(|(url, cluster)| match cluster {
+            true => url.cluster_node().map(|url| Self::Cluster(vec![url])),
+            false => Ok(Self::Single(url)),
+        })
+    }
+
+    /// The seed nodes of a cluster, which share one scheme.
+    pub(crate) fn cluster(nodes: Vec<RedisUrl>) -> Result<Self, Problem> {
+        if nodes.iter().any(|node| node.tls() != nodes[0].tls()) {
+            return wrong(
+                "mixes redis:// and rediss:// nodes",
+                "use rediss:// for every node of a TLS cluster, redis:// for every node otherwise",
+            );
+        }
+        Ok(Self::Cluster(nodes))
+    }
+}
 
 const SESSION_SCRIPT: &str =
     concat!(include_str!("redis/common.lua"), include_str!("redis/session.lua"));

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 use super::losses::Loss;
 use super::memory::{MemoryStore, SavedEntry};
 use super::{StateStore, unix_now};
+use crate::values::{Problem, wrong};
 
 /// The format this version writes and reads; a snapshot of another is not read.
 const FORMAT: u64 = 1;
@@ -84,6 +85,18 @@ struct Header {
 }
 
 impl SnapshotFile {
+    /// A `snapshot_file`: a file's name (its folder is created when missing); `example` is how
+    /// the key is written.
+    pub(crate) fn path(file: &str, example: &str) -> Result<PathBuf, Problem> {
+        if file.is_empty() || file.ends_with('/') {
+            let fix = format!(
+                "name a file in a folder rangeway may write, e.g. snapshot_file = {example}"
+            );
+            return wrong("does not name a file", fix);
+        }
+        Ok(PathBuf::from(file))
+    }
+
     /// Takes over `path` for `store`, restoring what the previous process saved there. With
     /// `upgrade` and the previous process still running, that happens once it exited (see the
     /// module's documentation), in a thread of its own.

@@ -3,6 +3,7 @@
 //! connections `rangeway get` makes (TLS with the system's roots, proxies from the environment),
 //! rather than a second HTTP stack in the binary.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -16,7 +17,39 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Tracer};
 use rangeway_get::Poster;
 
-use crate::config::TracesConfig;
+use crate::values::{Problem, wrong};
+
+/// `[traces]`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TracesConfig {
+    /// The collector's OTLP/HTTP traces URL (protobuf bodies).
+    pub endpoint: String,
+    /// The share of requests traced when the client sent no `traceparent`.
+    pub sampling: f64,
+    pub service_name: String,
+    /// More resource attributes (`deployment.environment`, ...).
+    pub resource: BTreeMap<String, String>,
+}
+
+/// How a collector's URL is written, in examples.
+pub(crate) const ENDPOINT_EXAMPLE: &str = "\"http://127.0.0.1:4318/v1/traces\"";
+
+/// A collector's OTLP/HTTP URL. No problem repeats it; one with credentials is refused, as they
+/// would end up in error messages.
+pub(crate) fn collector(url: &str) -> Result<String, Problem> {
+    let fix = format!("give the collector's OTLP/HTTP URL, e.g. {ENDPOINT_EXAMPLE}");
+    let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
+        return wrong("is not an http:// or https:// URL", fix);
+    };
+    match rest.split('/').next().unwrap_or("") {
+        authority if authority.contains('@') => {
+            wrong("holds credentials (user:pass@), which would end up in logs", fix)
+        }
+        "" => wrong("names no host", fix),
+        _ => Ok(url.to_owned()),
+    }
+}
 
 /// How long one export may take, connecting included.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -27,7 +27,8 @@ use pingora_http::RequestHeader;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-pub use export::{ExportError, Exporting, flush, pipeline};
+pub(crate) use export::{ENDPOINT_EXAMPLE, collector};
+pub use export::{ExportError, Exporting, TracesConfig, flush, pipeline};
 
 /// The target of every span rangeway makes for traces: the only spans the bridge sees.
 pub const TARGET: &str = "rangeway::trace";

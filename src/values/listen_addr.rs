@@ -36,6 +36,14 @@ pub(crate) fn parse(text: &str, example: &str) -> Result<SocketAddr, Problem> {
     }
 }
 
+/// Two listeners collide on the same non-zero port when their addresses are equal or either is a
+/// wildcard, which also covers the other. Port 0 ("any free port", as tests use) never collides.
+pub(crate) fn collide(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
 //! Secrets read at load time (tokens, keys): held so that they cannot be printed by mistake.
 
+use std::ffi::OsString;
 use std::fmt;
 
 use zeroize::Zeroizing;
@@ -31,6 +32,71 @@ impl fmt::Debug for Secret {
 /// Printable ASCII without spaces: what tokens and keys are, and what a header can carry.
 pub(crate) fn printable(value: &str) -> bool {
     value.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// How a secret held in an environment variable, which a `*_env` key names, is read and
+/// explained.
+pub(crate) struct SecretVar<'s> {
+    /// The key as it would be written, e.g. `admin_token_env = "RANGEWAY_ADMIN_TOKEN"`.
+    pub(crate) example: &'s str,
+    /// What the variable holds: "the token".
+    pub(crate) holds: &'s str,
+    /// Where a value can come from, shown in the fix: " (e.g. from `openssl rand -hex 32`)".
+    pub(crate) source_hint: &'s str,
+    /// The way out that does without the variable: "or remove admin_token_env to …".
+    pub(crate) otherwise: &'s str,
+}
+
+impl SecretVar<'_> {
+    /// The secret in the variable `name`, whose value is `value`. It must be printable ASCII
+    /// without spaces — what tokens and keys are, and what a header can carry — so a trailing
+    /// newline from a secrets file is caught here rather than failing every request.
+    ///
+    /// The value is never echoed: a user who pasted the secret itself into the key must not see
+    /// it in logs.
+    pub(crate) fn read(&self, name: &str, value: Option<&OsString>) -> Result<Secret, Problem> {
+        let holds = self.holds;
+        if name.bytes().next().is_none_or(|b| b.is_ascii_digit())
+            || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return wrong(
+                format!(
+                    "is not an environment variable name (it must hold the variable's name, not {holds})"
+                ),
+                format!(
+                    "put {holds} in an environment variable and name it here, e.g. {}",
+                    self.example
+                ),
+            );
+        }
+        // Naming the variable helps, but only when the name looks like one: a secret made only of
+        // letters, digits and '_' would pass the check above, and is far less likely to be in
+        // SCREAMING_CASE.
+        let screaming =
+            name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        let var = match screaming {
+            true => format!("environment variable {name}"),
+            false => "the environment variable it names".to_owned(),
+        };
+        let problem = match value.map(|value| value.to_str()) {
+            None => format!("{var} is not set"),
+            Some(None) => format!("{var} is not UTF-8"),
+            Some(Some("")) => format!("{var} is empty"),
+            Some(Some(value)) if printable(value) => return Ok(Secret::new(value.to_owned())),
+            Some(Some(_)) => {
+                return wrong(
+                    format!("{var} holds spaces, control characters or non-ASCII text"),
+                    "set it to printable ASCII without spaces or newlines (e.g. hex or base64url)",
+                );
+            }
+        };
+        let exported = if screaming { name } else { "it" };
+        let (hint, otherwise) = (self.source_hint, self.otherwise);
+        wrong(
+            problem,
+            format!("export {exported} with {holds}{hint} before starting rangeway, {otherwise}"),
+        )
+    }
 }
 
 /// How a file of `ID SECRET` lines (S3 client keys, link keys) is read and explained.

@@ -1,6 +1,7 @@
 //! Human units for sizes and durations, so that `64KiB` and `30s` mean the same in every key (and
 //! in `rangeway sign --expires-in`).
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 /// Why a size or duration was rejected, split like a [`ConfigError`](crate::config::ConfigError)
@@ -102,8 +103,31 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     })
 }
 
+/// `d`, when within `range`; else the bounds as they are written.
+pub(crate) fn duration_within(
+    d: Duration,
+    range: &RangeInclusive<Duration>,
+) -> Result<Duration, UnitError> {
+    if range.contains(&d) {
+        return Ok(d);
+    }
+    Err(UnitError::new(
+        format!("{} is out of range", humantime::format_duration(d)),
+        format!("use from {:?} to {:?}", written(*range.start()), written(*range.end())),
+    ))
+}
+
+/// `size`, when within `range` (bytes).
+pub(crate) fn size_within(size: u64, range: &RangeInclusive<u64>) -> Result<u64, UnitError> {
+    if range.contains(&size) {
+        return Ok(size);
+    }
+    let fix = format!("use from {} to {} bytes", range.start(), range.end());
+    Err(UnitError::new(format!("{size} is out of range"), fix))
+}
+
 /// `d` as a bound is written in messages: `"0s"`, `"1ms"`, `"5m"`, `"24h"`, `"30d"`.
-pub(crate) fn written(d: Duration) -> String {
+fn written(d: Duration) -> String {
     let (ms, s) = (d.as_millis(), d.as_secs());
     match s {
         _ if ms % 1000 != 0 => format!("{ms}ms"),

@@ -708,7 +708,11 @@ impl ResponseHead {
         head
     }
 
+    /// Adds a field; an object's own `Date` (an answer made earlier) takes the place of now's.
     fn header(&mut self, name: &str, value: &str) {
+        if name.eq_ignore_ascii_case("date") {
+            self.headers.retain(|(named, _)| !named.eq_ignore_ascii_case("date"));
+        }
         self.headers.push((name.to_owned(), value.to_owned()));
     }
 

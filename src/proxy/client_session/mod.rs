@@ -63,8 +63,8 @@ pub(super) trait ClientSession: Send + Sync {
     fn write_continue(&mut self) -> impl Future<Output = Result<()>> + Send;
 
     /// Writes an interim response before the final one — a `103 Early Hints` an origin sent —
-    /// where the client can take it: an HTTP/1.1 client (RFC 9110 §15.2). Nothing elsewhere
-    /// (an HTTP/1.0 client; HTTP/2, whose 1xx pingora's server does not write).
+    /// where the client can take it: an HTTP/1.1 or HTTP/2 client (RFC 9110 §15.2). Nothing
+    /// for an HTTP/1.0 client.
     fn write_interim(
         &mut self,
         header: Box<ResponseHeader>,

@@ -56,6 +56,7 @@ impl ClientSession for Session {
         let http_11 = self.req_header().version == http::Version::HTTP_11;
         match self.as_downstream_mut() {
             ServerSession::H1(h1) if http_11 => h1.write_response_header(header).await,
+            ServerSession::H2(h2) => h2.write_response_header(header, false),
             _ => Ok(()),
         }
     }
