@@ -14,9 +14,10 @@
 #                             implementation the aes128gcm interop test runs; Playwright, which
 #                             drives chromium in tests/ui.rs; boto3 and the AWS CLI;
 #                             opentelemetry-proto, which decodes the traces rangeway exports in
-#                             tests/traces.rs), and s3s-fs,
+#                             tests/traces.rs; aioquic, the HTTP/3 client of tests/h3.rs), and
+#                             s3s-fs,
 #                             the S3-compatible server tests/s3.rs runs
-#   scripts/deps.sh --bench   and the benchmarks: wrk, valgrind
+#   scripts/deps.sh --bench   and the benchmarks: wrk, valgrind, caddy
 #
 # Idempotent: every tool is checked with `command -v` first, so a machine that has them all does
 # nothing (not even `apt-get update`). Prints one line per package it installs.
@@ -99,6 +100,8 @@ fi
 if [[ $mode == --bench ]]; then
     need wrk wrk
     need valgrind valgrind
+    # benches/h3.sh measures Caddy's HTTP/3 beside rangeway's.
+    need caddy caddy
 fi
 
 # Python modules the tests import, in whichever python3 is first on PATH (a pyenv one, say, which
@@ -147,6 +150,9 @@ python_modules() {
     # tests/traces.rs receives rangeway's OTLP export and decodes it with the OpenTelemetry
     # project's own protobuf classes (Debian packages no collector).
     py_module opentelemetry.proto.collector.trace.v1.trace_service_pb2 opentelemetry-proto
+    # tests/h3.rs downloads over HTTP/3 with aioquic (tests/h3_client.py): a QUIC and HTTP/3
+    # stack nobody here wrote.
+    py_module aioquic aioquic python3-aioquic
 }
 
 # tests/s3.rs runs a real S3-compatible server: s3s-fs (SigV4-checking, file-backed), built once
@@ -189,10 +195,10 @@ for package in "${missing[@]}"; do
 done
 apt_get install -y -qq --no-install-recommends "${missing[@]}"
 
-# Debian's packages start nginx, redis-server and haproxy as system services on install. The tests
-# and benches start their own instances on free ports, so a system instance only costs memory and,
-# for nginx, holds port 80: stop it and keep it from starting at boot.
-for service in nginx redis-server haproxy; do
+# Debian's packages start nginx, redis-server, haproxy and caddy as system services on install. The
+# tests and benches start their own instances on free ports, so a system instance only costs memory
+# and, for nginx and caddy, holds port 80: stop it and keep it from starting at boot.
+for service in nginx redis-server haproxy caddy; do
     case " ${missing[*]} " in
         *" $service "*) ;;
         *) continue ;;

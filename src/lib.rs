@@ -10,6 +10,7 @@ pub(crate) mod client_address;
 pub(crate) mod client_writes;
 pub mod config;
 pub mod fingerprint;
+pub mod h3;
 pub mod ip_net;
 pub mod links;
 pub mod logging;

@@ -12,7 +12,7 @@ use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::{
     RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, UnixShutdownSignalWatch,
 };
-use pingora_core::services::background::background_service;
+use pingora_core::services::background::{GenBackgroundService, background_service};
 use pingora_core::services::listening::Service;
 use rangeway_middleware::chain::{Chain, StageRegistry};
 use rangeway_middleware::rfc9110::RangeLimits;
@@ -20,10 +20,11 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::admin::Admin;
-use crate::admission::Admission;
+use crate::admission::{Admission, ConnectionPlaces};
 use crate::cache::SliceCache;
 use crate::config::Config;
 use crate::fingerprint::{FingerprintKey, IdKeySource};
+use crate::h3::H3Service;
 use crate::origin::dir::{self, DirOrigin};
 use crate::proxy::Proxy;
 use crate::routes::health::HealthChecks;
@@ -166,6 +167,9 @@ pub fn build(
     }
     let Assembled { proxy, routes, live, cache } =
         assemble_proxy(config, chains, &dirs, &store, &metrics)?;
+    let proxy = proxy.with_alt_svc(config.tls.as_ref().and_then(crate::h3::alt_svc));
+    // The HTTP/3 listener's: the same tables and counts as pingora's listeners' (see `Proxy`).
+    let h3_proxy = config.tls.as_ref().and_then(|tls| tls.h3).map(|_| proxy.clone());
     let samples = config
         .routes
         .iter()
@@ -198,6 +202,12 @@ pub fn build(
                 tls_service.add_tcp(&addr.to_string());
             }
             server.add_service(tls_service);
+            if let (Some(h3), Some(h3_proxy)) = (tls.h3, h3_proxy) {
+                let places = admission.places();
+                let service =
+                    h3_service(config, tls, &h3, (&resolver, places), h3_proxy, &metrics, upgrade)?;
+                server.add_service(service);
+            }
             for warning in tls.warnings(std::time::SystemTime::now()) {
                 warn!("{warning}");
             }
@@ -368,6 +378,38 @@ fn certificates(tls: &TlsConfig) -> Result<Certificates, StartError> {
         .map_err(|e| StartError::Tls(e.to_string()))?;
     Certificates::new(&loaded, tls.default)
         .ok_or_else(|| StartError::Tls("no certificate to serve".to_owned()))
+}
+
+/// The HTTP/3 listeners beside the TLS ones, on their addresses (UDP), presenting the
+/// certificates `resolver` picks. Their sockets are bound now, but for an `upgrade`, whose
+/// running process holds them until it has drained (`h3::bind_when_free`).
+fn h3_service(
+    config: &Config,
+    tls: &TlsConfig,
+    h3: &crate::h3::H3Config,
+    (resolver, places): (&Arc<SniResolver>, ConnectionPlaces),
+    proxy: Proxy,
+    metrics: &Arc<Metrics>,
+    upgrade: bool,
+) -> Result<GenBackgroundService<H3Service>, StartError> {
+    let server_config = crate::h3::server_config(h3, resolver).map_err(StartError::Tls)?;
+    let mut sockets = Vec::with_capacity(tls.listen.len());
+    for &addr in &tls.listen {
+        let socket = match upgrade {
+            true => None,
+            false => Some(crate::h3::bind(addr).map_err(|source| StartError::Listen {
+                key: "tls.listen (UDP, for tls.h3)",
+                addr,
+                source,
+            })?),
+        };
+        sockets.push((addr, socket));
+    }
+    let limits = (config.server.client_limits, places);
+    let listener = H3Service::new(sockets, server_config, *h3, proxy, limits, Arc::clone(metrics));
+    let mut service = background_service("rangeway http/3", listener);
+    service.threads = Some(config.server.threads.get());
+    Ok(service)
 }
 
 /// What the TLS listeners accept: TLS 1.2 and 1.3 with rustls's cipher suites (AES-GCM and
@@ -706,9 +748,9 @@ fn restart_only_changes(running: &Config, new: &Config) -> Vec<&'static str> {
         ("[traces]", running.traces != new.traces),
         ("[log]", running.log != new.log),
         (
-            "tls.listen or tls.h2",
-            running.tls.as_ref().map(|t| (&t.listen, t.h2))
-                != new.tls.as_ref().map(|t| (&t.listen, t.h2)),
+            "tls.listen, tls.h2 or tls.h3",
+            running.tls.as_ref().map(|t| (&t.listen, t.h2, t.h3))
+                != new.tls.as_ref().map(|t| (&t.listen, t.h2, t.h3)),
         ),
     ]
     .into_iter()
@@ -788,13 +830,14 @@ impl Drain {
                     return;
                 };
                 sleep(after).await;
-                info!(in_flight = metrics.in_flight(), ?grace, "draining: new connections are refused");
+                info!(in_flight = metrics.in_flight(), quic = metrics.quic_open(), ?grace, "draining: new connections are refused");
                 // Idle twice in a row, so that a request read just as the listeners closed counts.
+                // QUIC connections are waited for too: their last bytes leave from this process.
                 let drained = async {
                     let mut idle_before = false;
                     loop {
                         sleep(Duration::from_millis(50)).await;
-                        let idle = metrics.in_flight() == 0;
+                        let idle = metrics.in_flight() == 0 && metrics.quic_open() == 0;
                         if idle && idle_before {
                             return;
                         }
@@ -802,7 +845,7 @@ impl Drain {
                     }
                 };
                 tokio::select! {
-                    () = drained => info!("drained: no response in flight"),
+                    () = drained => info!("drained: no response in flight, no QUIC connection open"),
                     _ = interrupt.recv() => info!("SIGINT during the drain: stopping now"),
                     _ = terminate.recv() => info!("a second SIGTERM during the drain: stopping now"),
                     // pingora's grace period ends about now: its shutdown takes over.

@@ -4,8 +4,9 @@
 //! pingora builds its rustls acceptor from files and panics on a bad one; rangeway loads and
 //! checks every certificate itself — the chain parses, the key is one rustls can sign with and
 //! matches the certificate — when the config is checked, and hands pingora a resolver of its own
-//! ([`SniResolver`]) that picks among them at each handshake. [`TlsConfig`] is what the config
-//! says of them, and warns of certificates about to expire.
+//! ([`SniResolver`]) that picks among them at each handshake; the HTTP/3 listener's QUIC
+//! handshakes (`crate::h3`) ask the very same resolver, so one reload serves both. [`TlsConfig`]
+//! is what the config says of them, and warns of certificates about to expire.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -74,6 +75,8 @@ pub struct LoadedCertificate {
 pub struct TlsConfig {
     pub listen: Vec<SocketAddr>,
     pub h2: bool,
+    /// HTTP/3 on UDP beside each of `listen`, when on (`crate::h3`).
+    pub h3: Option<crate::h3::H3Config>,
     pub certificates: Vec<TlsCertificate>,
     pub default: usize,
 }
@@ -91,7 +94,8 @@ impl PartialEq for TlsConfig {
     /// Equal when they would serve alike: the same listeners and files (a reload reads the files
     /// again whatever this says).
     fn eq(&self, other: &Self) -> bool {
-        (&self.listen, self.h2, self.default) == (&other.listen, other.h2, other.default)
+        (&self.listen, self.h2, &self.h3, self.default)
+            == (&other.listen, other.h2, &other.h3, other.default)
             && self
                 .certificates
                 .iter()

@@ -1,17 +1,19 @@
 //! Connections to an origin: straight, or through the proxy the usual environment variables
 //! name (`http_proxy`, `https_proxy`, `all_proxy`, `no_proxy`; upper case too), with TLS
-//! (rustls, the system's roots plus `--cacert`) for https.
+//! (rustls, the system's roots plus `--cacert`) for https; over QUIC (HTTP/3, h3.rs) to an https
+//! origin reached straight, when asked (`--http3`) or once the origin advertised it (`Alt-Svc`).
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use base64::Engine as _;
 use rustls::pki_types::ServerName;
 
-use crate::http1::Connection;
+use crate::http1::{self, Head, Request};
 use crate::stream::Stream;
 use crate::url::Target;
 
@@ -71,11 +73,49 @@ impl Proxies {
     }
 }
 
+/// A connection to an origin, over HTTP/1.1 or HTTP/3: one exchange at a time.
+pub(crate) enum Connection {
+    H1(http1::Connection),
+    H3(Box<crate::h3::Connection>),
+}
+
+impl Connection {
+    /// Sends `request` and reads the head of its final response.
+    pub(crate) fn send(&mut self, request: &Request<'_>) -> io::Result<Head> {
+        match self {
+            Self::H1(connection) => connection.send(request),
+            Self::H3(connection) => connection.send(request),
+        }
+    }
+
+    /// Reads body bytes into `buf`: 0 at the body's end; a body cut short is an error.
+    pub(crate) fn read_body(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::H1(connection) => connection.read_body(buf),
+            Self::H3(connection) => connection.read_body(buf),
+        }
+    }
+
+    /// Whether the last body was read to its end on a connection that may carry the next.
+    pub(crate) fn reusable(&self) -> bool {
+        match self {
+            Self::H1(connection) => connection.reusable(),
+            Self::H3(connection) => connection.reusable(),
+        }
+    }
+}
+
 /// Makes connections, the same way for every request of a download.
 pub(crate) struct Connector {
     tls: Arc<rustls::ClientConfig>,
+    /// TLS 1.3 offering `h3`, for QUIC.
+    h3_tls: Arc<rustls::ClientConfig>,
     proxies: Proxies,
     timeout: Duration,
+    /// `--http3`: every https connection over QUIC.
+    http3: bool,
+    /// The HTTP/3 port each origin (host, port) advertised.
+    advertised: Mutex<HashMap<(String, u16), u16>>,
 }
 
 impl Connector {
@@ -104,20 +144,81 @@ impl Connector {
             }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut h3 = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth();
+        h3.alpn_protocols = vec![b"h3".to_vec()];
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS: {e}"))?
             .with_root_certificates(roots)
             .with_no_client_auth();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Self { tls: Arc::new(config), proxies, timeout })
+        Ok(Self {
+            tls: Arc::new(config),
+            h3_tls: Arc::new(h3),
+            proxies,
+            timeout,
+            http3: false,
+            advertised: Mutex::default(),
+        })
+    }
+
+    /// The same, over HTTP/3 for every https connection (`--http3`).
+    pub(crate) fn with_http3(mut self, http3: bool) -> Self {
+        self.http3 = http3;
+        self
+    }
+
+    fn advertised(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u16), u16>> {
+        self.advertised.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes the HTTP/3 port `head`'s `Alt-Svc` advertises for `target`'s origin: its next
+    /// connections go over QUIC.
+    pub(crate) fn note_alt_svc(&self, target: &Target, head: &Head) {
+        let port = head.all("alt-svc").find_map(crate::h3::advertised_port);
+        if let Some(port) = port.filter(|_| target.tls()) {
+            self.advertised().insert((target.bare_host().to_owned(), target.port()), port);
+        }
+    }
+
+    /// The port to reach `target` over QUIC at, when it is to be: an https origin reached
+    /// straight (QUIC does not go through an HTTP proxy), asked for or advertised.
+    fn h3_port(&self, target: &Target) -> Option<u16> {
+        if !target.tls() || self.proxies.for_target(target).is_some() {
+            return None;
+        }
+        if self.http3 {
+            return Some(target.port());
+        }
+        self.advertised().get(&(target.bare_host().to_owned(), target.port())).copied()
     }
 
     /// A connection for requests to `target`.
     pub(crate) fn connect(&self, target: &Target) -> io::Result<Connection> {
+        if self.http3 && !target.tls() {
+            return Err(io::Error::other(format!("{target}: HTTP/3 is for https URLs only")));
+        }
+        if self.http3 && self.proxies.for_target(target).is_some() {
+            let why = "HTTP/3 cannot go through the proxy the environment names (set no_proxy)";
+            return Err(io::Error::other(format!("{target}: {why}")));
+        }
+        if let Some(port) = self.h3_port(target) {
+            match crate::h3::Connection::connect(&self.h3_tls, target, port, self.timeout) {
+                Ok(connection) => return Ok(Connection::H3(Box::new(connection))),
+                Err(e) if self.http3 => return Err(e),
+                // Advertised but not reachable (UDP blocked on the way): TCP, from now on.
+                Err(_) => {
+                    self.advertised().remove(&(target.bare_host().to_owned(), target.port()));
+                }
+            }
+        }
         let Some(proxy) = self.proxies.for_target(target) else {
             let tcp = self.tcp(target)?;
-            return Ok(Connection::new(self.secure(target, tcp)?, false));
+            return Ok(Connection::H1(http1::Connection::new(self.secure(target, tcp)?, false)));
         };
         let tcp = self.tcp(proxy)?;
         let authorization = proxy.userinfo().map(|info| {
@@ -126,11 +227,11 @@ impl Connector {
         });
         if !target.tls() {
             // A plain-HTTP proxy takes requests in absolute form; its credentials go with each.
-            let mut connection = Connection::new(Stream::Plain(tcp), true);
+            let mut connection = http1::Connection::new(Stream::Plain(tcp), true);
             connection.set_proxy_authorization(authorization);
-            return Ok(connection);
+            return Ok(Connection::H1(connection));
         }
-        let mut tunnel = Connection::new(Stream::Plain(tcp), false);
+        let mut tunnel = http1::Connection::new(Stream::Plain(tcp), false);
         let authority = format!("{}:{}", target.host(), target.port());
         let headers: Vec<(String, String)> =
             authorization.into_iter().map(|a| ("Proxy-Authorization".to_owned(), a)).collect();
@@ -141,7 +242,7 @@ impl Connector {
             )));
         }
         let Stream::Plain(tcp) = tunnel.into_stream() else { unreachable!("made plain above") };
-        Ok(Connection::new(self.secure(target, tcp)?, false))
+        Ok(Connection::H1(http1::Connection::new(self.secure(target, tcp)?, false)))
     }
 
     fn tcp(&self, target: &Target) -> io::Result<TcpStream> {

@@ -11,11 +11,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::answer::{Answer, answer, same_version, version};
-use crate::connect::Connector;
+use crate::connect::{Connection, Connector};
 use crate::control::{Control, Version};
 use crate::digest::{Expected, Running, merge};
 use crate::error::GetError;
-use crate::http1::{Connection, Head, Request};
+use crate::http1::{Head, Request};
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::ranges::RangeSet;
@@ -333,7 +333,10 @@ fn exchange(
             .send(&Request { method: "GET", target: &target, headers: &headers, body: &[] })
             .map_err(failed)?;
         match head.status {
-            200 | 206 | 416 => return Ok((target, conn, head)),
+            200 | 206 | 416 => {
+                connector.note_alt_svc(&target, &head);
+                return Ok((target, conn, head));
+            }
             301 | 302 | 303 | 307 | 308 => {
                 let location = head.get("location").ok_or_else(|| {
                     Attempt::Stop(Stop::Failed(GetError::Server(format!(

@@ -31,6 +31,15 @@ impl Head {
         self.headers.iter().filter(move |(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 
+    /// A head of another protocol's (HTTP/3's), from its fields.
+    pub(crate) fn from_fields<'a>(
+        status: u16,
+        fields: impl Iterator<Item = (&'a str, String)>,
+    ) -> Self {
+        let headers = fields.map(|(name, value)| (name.to_ascii_lowercase(), value)).collect();
+        Self { status, headers }
+    }
+
     #[cfg(test)]
     pub(crate) fn new(status: u16, headers: &[(&str, &str)]) -> Self {
         let headers = headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), (*v).to_owned()));

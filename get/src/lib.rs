@@ -13,6 +13,7 @@ mod decode;
 mod digest;
 mod download;
 mod error;
+mod h3;
 mod http1;
 mod plan;
 mod post;
@@ -81,6 +82,10 @@ pub struct GetArgs {
     /// Trust the certificates in this PEM file too (beside the system's).
     #[arg(long, value_name = "FILE")]
     pub cacert: Option<PathBuf>,
+    /// HTTP/3 (QUIC) for every connection, https only. Without it, HTTP/3 is used once the
+    /// server advertises it (Alt-Svc), TCP when it cannot be reached.
+    #[arg(long)]
+    pub http3: bool,
     /// Print errors only.
     #[arg(short, long)]
     pub quiet: bool,
@@ -121,7 +126,12 @@ pub fn run(args: &GetArgs) -> Result<PathBuf, GetError> {
     };
     let decoding = Decoding { keys, gunzip: args.gunzip };
     let proxies = Proxies::from_env(|name| std::env::var(name).ok()).map_err(usage)?;
-    let connector = Connector::new(args.cacert.as_deref(), proxies, timeout).map_err(usage)?;
+    if args.http3 && !url.tls() {
+        return Err(GetError::Usage("--http3 is for https URLs only".into()));
+    }
+    let connector = Connector::new(args.cacert.as_deref(), proxies, timeout)
+        .map_err(usage)?
+        .with_http3(args.http3);
     let settings = Settings {
         connections: args.connections.map(usize::from),
         retry_for,

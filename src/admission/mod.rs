@@ -66,6 +66,38 @@ const TOO_MANY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text
 charset=utf-8\r\ncontent-length: 39\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
 connections from your address\n";
 
+/// Places among `max_connections` for connections of a listener beside pingora's (HTTP/3's QUIC
+/// connections), which hold one while open as pingora's listeners' connections do.
+#[derive(Clone)]
+pub(crate) struct ConnectionPlaces {
+    connections: Arc<Connections>,
+    max: usize,
+    metrics: Arc<Metrics>,
+}
+
+/// A connection's place among `max_connections`, given back when dropped.
+pub(crate) struct ConnectionPlace {
+    _place: connections::Place,
+}
+
+impl ConnectionPlaces {
+    /// A place for a new connection: a free one, or an idle HTTP/1 connection's (which is told
+    /// to close); `None` when all are taken and none is idle.
+    pub(crate) fn take(&self) -> Option<ConnectionPlace> {
+        match self.connections.admit(self.max) {
+            Admitted::Free(place) => Some(ConnectionPlace { _place: place }),
+            Admitted::InPlaceOfIdle(place) => {
+                self.metrics.connection_refused("max_connections_idle");
+                Some(ConnectionPlace { _place: place })
+            }
+            Admitted::Full => {
+                self.metrics.connection_refused("max_connections");
+                None
+            }
+        }
+    }
+}
+
 /// The answer to a connection past `max_connections` while none is idle.
 const FULL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; \
 charset=utf-8\r\ncontent-length: 28\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
@@ -206,6 +238,16 @@ impl<A> Admission<A> {
     pub fn with_proxy_protocol(mut self, required: bool) -> Self {
         self.proxy_protocol = required;
         self
+    }
+
+    /// Places among `max_connections` for another listener's connections (HTTP/3's): they
+    /// count with these listeners' connections in one bound.
+    pub(crate) fn places(&self) -> ConnectionPlaces {
+        ConnectionPlaces {
+            connections: Arc::clone(&self.connections),
+            max: self.limits.max_connections,
+            metrics: Arc::clone(&self.metrics),
+        }
     }
 
     /// The same application and per-address counts, for TLS listeners: each connection's

@@ -81,7 +81,9 @@ tables! {
     RawState { backend, redis_url, ttl, key_prefix, id_key_env, id_key_file, max_memory,
         client_share, snapshot_file }
     RawCache { dir, max_size, slice_size, max_entries }
-    RawTls { listen, h2; certificates: Option<Tables<RawCertificate>> }
+    RawTls { listen, h2, h3; certificates: Option<Tables<RawCertificate>> }
+    RawH3 { alt_svc_port, max_streams, max_connections_per_client, idle_timeout, early_data,
+        retry_above_handshakes }
     RawCertificate { cert_file, key_file, ocsp_file, default }
     RawTraces { endpoint, sampling, service_name; resource: Option<Raw<BTreeMap<String, Value>>> }
     RawLog { format }

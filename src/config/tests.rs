@@ -2128,6 +2128,27 @@ fn tls_section_errors() {
             vec![("tls.certificates", "expected a non-empty list")],
         ),
         (
+            format!("[tls]\nlisten = \"0.0.0.0:8443\"\nh3 = \"yes\"\n{}", certificate("")),
+            vec![("tls.h3", "expected a table"), ("tls.certificates[0]", unreadable)],
+        ),
+        (
+            format!(
+                "[tls]\nlisten = \"0.0.0.0:8443\"\n{}[tls.h3]\nmax_streams = 0\n\
+                 idle_timeout = \"10ms\"\nalt_svc_port = 70000\nearly_data = 1\n\
+                 max_connections_per_client = 0\nretry_above = 5\n",
+                certificate("")
+            ),
+            vec![
+                ("tls.h3.retry_above", "unknown key"),
+                ("tls.h3.alt_svc_port", "out of range"),
+                ("tls.h3.max_streams", "out of range"),
+                ("tls.h3.max_connections_per_client", "out of range"),
+                ("tls.h3.idle_timeout", "out of range"),
+                ("tls.h3.early_data", "expected a boolean"),
+                ("tls.certificates[0]", unreadable),
+            ],
+        ),
+        (
             "[tls]\nlisten = \"0.0.0.0:8443\"\n[[tls.certificates]]\nocsp = 1\n".to_owned(),
             vec![
                 ("tls.certificates[0].ocsp", "unknown key"),

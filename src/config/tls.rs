@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use ::config::{Value, ValueKind};
 
-use super::check::{Ctx, complete, read, wrong};
-use super::raw::{Raw, RawCertificate, RawTls};
+use super::check::{Ctx, complete, read, secs, wrong};
+use super::raw::{Raw, RawCertificate, RawH3, RawTls};
 use super::server::ServerConfig;
 use super::source::Path;
+use crate::h3::H3Config;
 use crate::tls::{CertificateFiles, LoadedCertificate, TlsCertificate, TlsConfig};
 use crate::values::listen_addr;
 
@@ -28,10 +29,28 @@ pub(super) fn check(
         listen: nested(|v, at, value| check_listen(v, at, value, server))
             .need(v, &at.key("listen"), "add listen = \"0.0.0.0:443\"");
         h2: boolean().or(true);
+        h3: switch(false, "[tls.h3] with max_streams = 100", check_h3);
         certificates: nested(check_certificates).need(v, &at.key("certificates"), no_certificate);
     }
     let (certificates, default) = certificates.unzip();
-    complete! { TlsConfig { listen, h2, certificates, default } }
+    complete! { TlsConfig { listen, h2, h3, certificates, default } }
+}
+
+/// `[tls] h3`: `true` (the defaults below), `false` (off, the default) or a table of them.
+fn check_h3(v: &mut Ctx<'_>, at: &Path, r: &RawH3) -> Option<H3Config> {
+    let d = H3Config::default();
+    read! { v, at, r;
+        alt_svc_port: integer(1..=u16::MAX, "443").opt();
+        max_streams: integer(1..=10_000, "100").or(d.max_streams);
+        max_connections_per_client: integer(1..=1_000_000, "64").or(d.max_connections_per_client);
+        idle_timeout: duration(secs(1)..=secs(3600)).or(d.idle_timeout);
+        early_data: boolean().or(d.early_data);
+        retry_above_handshakes: integer(0..=1_000_000, "64").or(d.retry_above_handshakes);
+    }
+    complete! { H3Config {
+        alt_svc_port, max_streams, max_connections_per_client, idle_timeout, early_data,
+        retry_above_handshakes,
+    } }
 }
 
 /// One address, or a list of them, each the TLS listener's own.

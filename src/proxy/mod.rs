@@ -61,6 +61,7 @@ use tracing::Instrument as _;
 use crate::admission::ClientLimits;
 use crate::cache::SliceCache;
 use crate::fingerprint::FingerprintKey;
+use crate::h3::transport::{Acknowledged, StreamHandle};
 use crate::ip_net::IpNet;
 use crate::routes::RouteSwitch;
 use crate::routes::origin_client::OriginClient;
@@ -68,13 +69,17 @@ use crate::state::StateStore;
 use crate::telemetry::live::LiveResponses;
 use crate::telemetry::metrics::Metrics;
 use crate::traces::Traces;
-use client_session::{ClientSession, ClientWatch, answer_pipelined};
+use client_session::H3Session;
+use client_session::{AltSvc, ClientSession, ClientWatch, answer_pipelined};
+pub(crate) use client_session::{H3Client, H3Stream};
 use completion::Completions;
 use context::RequestCtx;
 use traced::{RequestTrace, request_span};
 
-/// The proxy, built once from config and shared by every request.
-#[derive(Debug)]
+/// The proxy, built once from config and shared by every request. A clone shares all it keeps
+/// (its tables and counts are behind `Arc`s): pingora's listeners answer through one, the
+/// HTTP/3 listener through another, and a client's downloads count across both.
+#[derive(Debug, Clone)]
 pub struct Proxy {
     routes: Arc<RouteSwitch>,
     range_limits: RangeLimits,
@@ -96,6 +101,8 @@ pub struct Proxy {
     traces: Option<Traces>,
     /// `server.trusted_proxies`: peers whose `X-Forwarded-For` names the client.
     trusted_proxies: Vec<IpNet>,
+    /// `Alt-Svc` for the answers over TLS while HTTP/3 is on.
+    alt_svc: Option<http::HeaderValue>,
 }
 
 impl Proxy {
@@ -126,7 +133,14 @@ impl Proxy {
             rates: Arc::default(),
             traces: None,
             trusted_proxies: Vec::new(),
+            alt_svc: None,
         }
+    }
+
+    /// The proxy, advertising HTTP/3 with `alt_svc` on its answers over TLS (TCP).
+    pub(crate) fn with_alt_svc(mut self, alt_svc: Option<http::HeaderValue>) -> Self {
+        self.alt_svc = alt_svc;
+        self
     }
 
     /// The proxy, believing the `X-Forwarded-For` of peers in `trusted` (`server.trusted_proxies`).
@@ -185,6 +199,42 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Answers an HTTP/3 request, as pingora's adapter below does an HTTP/1 or HTTP/2 one:
+    /// `answer`, `answer_failure` when it fails, then `record`. The stream is finished when its
+    /// response is whole, reset otherwise; `handle` is what the transport keeps of the stream,
+    /// whose `stopped()` is given back for the caller to wait for the response's
+    /// acknowledgement.
+    pub(crate) async fn answer_h3(
+        &self,
+        request: http::Request<()>,
+        stream: H3Stream,
+        client: &H3Client,
+        handle: Option<StreamHandle>,
+    ) -> Option<Acknowledged> {
+        let mut session = H3Session::new(request, stream, client, handle);
+        let mut ctx = RequestCtx::default();
+        let answered = match session.too_early(client) {
+            // RFC 8470 §5.2: the client sends it again once the handshake is done.
+            true => {
+                let problem = "rangeway: sent in early data; send it again\n";
+                answer::respond(&mut session, http::StatusCode::TOO_EARLY, problem, &[]).await
+            }
+            false => self.answer(&mut session, &mut ctx).await,
+        };
+        let whole = match &answered {
+            Ok(()) => true,
+            Err(e) => {
+                let (_, answered) = self.answer_failure(&mut session, e, &ctx).await;
+                answered
+            }
+        };
+        session.end(whole).await;
+        self.record(&session, answered.err().as_deref(), &mut ctx).await;
+        session.acknowledged()
+    }
+}
+
 #[async_trait]
 impl ProxyHttp for Proxy {
     /// Boxed: pingora keeps the context in every response's future, which it boxes and moves
@@ -204,7 +254,7 @@ impl ProxyHttp for Proxy {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         answer_pipelined(session);
-        self.answer(session, ctx).await?;
+        self.answer(&mut AltSvc::new(session, self.alt_svc.as_ref()), ctx).await?;
         Ok(true)
     }
 
@@ -228,7 +278,8 @@ impl ProxyHttp for Proxy {
         e: &Error,
         ctx: &mut Self::CTX,
     ) -> FailToProxy {
-        let (status, reusable) = self.answer_failure(session, e, ctx).await;
+        let mut session = AltSvc::new(session, self.alt_svc.as_ref());
+        let (status, reusable) = self.answer_failure(&mut session, e, ctx).await;
         FailToProxy { error_code: status, can_reuse_downstream: reusable }
     }
 

@@ -39,6 +39,42 @@ pub struct Metrics {
     active: IntGauge,
     client_connections: IntGauge,
     cache: CacheMetrics,
+    quic: QuicMetrics,
+}
+
+/// `rangeway_quic_*`: the HTTP/3 listeners' QUIC connections (`crate::h3`).
+#[derive(Debug, Clone)]
+struct QuicMetrics {
+    connections: IntGauge,
+    handshakes: IntCounterVec,
+    migrated: IntCounter,
+}
+
+impl QuicMetrics {
+    fn new(registry: &Registry) -> Self {
+        let connections = IntGauge::new(
+            "rangeway_quic_connections",
+            "QUIC connections open on the HTTP/3 listeners, handshakes included (a drain waits for them to close).",
+        )
+        .expect("valid metric");
+        let handshakes = IntCounterVec::new(
+            Opts::new(
+                "rangeway_quic_handshakes_total",
+                "QUIC connection attempts, by outcome: accepted (the handshake completed), failed (it did not, or timed out), retried (the client was asked to prove its address first: many handshakes in flight, or its address at its limit), refused_per_client (more open from one address than max_connections_per_client), refused_draining (the server is shutting down).",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let migrated = IntCounter::new(
+            "rangeway_quic_migrated_total",
+            "QUIC connections that ended on another client address or port than their handshake's (a NAT rebinding, a client that changed networks): each kept its downloads going.",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(connections.clone())).expect("metric names are unique");
+        registry.register(Box::new(handshakes.clone())).expect("metric names are unique");
+        registry.register(Box::new(migrated.clone())).expect("metric names are unique");
+        Self { connections, handshakes, migrated }
+    }
 }
 
 /// `rangeway_cache_*`: the slice cache.
@@ -318,9 +354,11 @@ impl Metrics {
             tracing::warn!(error = %e, "cannot export process metrics");
         }
         let cache = CacheMetrics::new(&registry);
+        let quic = QuicMetrics::new(&registry);
         Self {
             registry,
             cache,
+            quic,
             requests,
             transports,
             response_bytes,
@@ -498,6 +536,27 @@ impl Metrics {
 
     pub fn in_flight(&self) -> i64 {
         self.active.get()
+    }
+
+    /// The gauge of open QUIC connections, which the HTTP/3 listeners keep.
+    pub(crate) fn quic_connections(&self) -> IntGauge {
+        self.quic.connections.clone()
+    }
+
+    /// QUIC connections open now: a drain ends only once they have closed, as their last bytes
+    /// go out from this process's buffers (a TCP socket's kernel sends them after it ends).
+    pub fn quic_open(&self) -> i64 {
+        self.quic.connections.get()
+    }
+
+    /// A QUIC connection ended on another path than its handshake's.
+    pub(crate) fn quic_migrated(&self) {
+        self.quic.migrated.inc();
+    }
+
+    /// A QUIC connection attempt ended as `outcome` says (see `rangeway_quic_handshakes_total`).
+    pub(crate) fn quic_handshake(&self, outcome: &str) {
+        self.quic.handshakes.with_label_values(&[outcome]).inc();
     }
 
     pub fn active_download(&self) -> ActiveDownload {

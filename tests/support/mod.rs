@@ -13,6 +13,7 @@ pub(crate) mod clients;
 pub(crate) mod data;
 pub(crate) mod haproxy;
 pub(crate) mod http;
+pub(crate) mod lossy_relay;
 pub(crate) mod multipart;
 pub(crate) mod nginx;
 pub(crate) mod origin;

@@ -1,15 +1,18 @@
 //! The client's side of a request as the pipeline sees it: the request read and the response
 //! written, whatever listener and protocol carry them. [`ClientSession`] holds exactly what the
 //! steps use; pingora's HTTP/1 and HTTP/2 sessions implement it (pingora.rs, the one place the
-//! pipeline names them), and the pipeline's tests drive every step through an in-memory one
-//! (memory.rs). Another listener — HTTP/3 is next — feeds the same pipeline by implementing it
-//! for its own streams: a session with no socket of its own answers `None` to the kernel's ways
-//! and tells the client's going through [`ClientSession::stream_gone`], as HTTP/2 does.
+//! pipeline names them), HTTP/3's request streams do (h3.rs, fed by `crate::h3`'s listener), and
+//! the pipeline's tests drive every step through an in-memory one (memory.rs). A session with no
+//! socket of its own (HTTP/2, HTTP/3) answers `None` to the kernel's ways and tells the client's
+//! going through [`ClientSession::stream_gone`]. alt_svc.rs wraps pingora's sessions to
+//! advertise HTTP/3 on the TLS listeners' answers.
 //!
 //! The steps take it as a generic (`&mut impl ClientSession`), not as a trait object: its writes
 //! are called for every chunk of a body, and an object's async methods would box a future for
 //! each.
 
+mod alt_svc;
+mod h3;
 mod pingora;
 mod watch;
 
@@ -27,6 +30,8 @@ use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::splice::RawSocket;
 
+pub(crate) use self::h3::{H3Client, H3Session, H3Stream};
+pub(super) use alt_svc::AltSvc;
 pub(super) use pingora::answer_pipelined;
 pub(super) use watch::{ClientWatch, client_gone};
 

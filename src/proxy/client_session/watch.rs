@@ -9,9 +9,9 @@ use crate::proxy::splice::RawSocket;
 use crate::proxy::unless::Unless;
 
 /// How the pipeline learns that its client went away while the origin (or the cache's fetch)
-/// keeps it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2 (a session without a
-/// socket of its own), its stream reset or its connection gone, as the session tells
-/// (`ClientSession::stream_gone`). Dropping the wait drops the origin's request with it.
+/// keeps it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2 and HTTP/3 (sessions
+/// without a socket of their own), its stream reset or stopped or its connection gone, as the
+/// session tells (`ClientSession::stream_gone`). Dropping the wait drops the origin's request with it.
 pub(in crate::proxy) enum ClientWatch {
     Socket(RawSocket),
     Stream,
