@@ -30,6 +30,8 @@ TARGET_NAMES = {
     "nginx-stream": "nginx, proxy_buffering off",
     "nginx-buffered": "nginx, buffered in memory",
     "haproxy": "HAProxy",
+    "splice-floor": "splice floor (C relay, splice)",
+    "copy-floor": "copy floor (C relay, read/write)",
 }
 COLOURS = {
     "direct": "#9e9e9e",
@@ -41,6 +43,8 @@ COLOURS = {
     "nginx-stream": "#1b9e77",
     "nginx-buffered": "#66a61e",
     "haproxy": "#7570b3",
+    "splice-floor": "#444444",
+    "copy-floor": "#777777",
 }
 
 
@@ -152,6 +156,7 @@ def markdown(meta, summary, raw_name, svg_name):
         f"wrk {meta['wrk']}",
         f"- command: `{meta['command']}`",
         f"- {meta['objects']}; {meta['runs']}; {meta['pinning']}",
+        f"- floors: {meta.get('floors', '—')}",
         f"- uptime before: `{meta['uptime_before'].strip()}`",
         f"- uptime after: `{meta['uptime_after'].strip()}`",
         f"- taken: {meta['date']}",

@@ -12,7 +12,9 @@
 # rangeway (release), writes the objects, starts one origin (nginx, static files, sendfile), then
 # in front of it rangeway (threads = 1), nginx as a streaming proxy (proxy_buffering off, 64 KiB
 # buffer), nginx as a buffering proxy (in memory: proxy_max_temp_file_size 0) and HAProxy
-# (nbthread 1), and pingora's proxy alone (no hooks: the floor of any proxy on pingora, not a peer).
+# (nbthread 1), and pingora's proxy alone (no hooks: the floor of any proxy on pingora, not a peer),
+# and two relays that only move bytes (benches/load/floor_relay.c, built here with cc): the floors
+# of any relay, splicing (splice-floor) and copying through a buffer (copy-floor).
 # The proxy under test runs on core PROXY_CPU; origin and wrk on CLIENT_CPU. Each
 # workload runs every target once per repetition, the order rotated each repetition. Results:
 # the one summary, benches/results/load-<date>.md (the tables, the machine, the versions, the
@@ -43,7 +45,10 @@ RESUME_MIB=${RESUME_MIB:-$d_resume_mib}    # resume: object size, MiB (random ra
 RESUME_RANGE_KIB=${RESUME_RANGE_KIB:-1024} #   bytes per range, KiB
 RESUME_CONC=${RESUME_CONC:-64}             #   connections
 WORKLOADS=${WORKLOADS:-large small resume chain}  # and beside (not by default)
-PROXIES=${PROXIES:-rangeway pingora nginx-stream nginx-buffered haproxy}   # besides direct
+PROXIES=${PROXIES:-rangeway pingora nginx-stream nginx-buffered haproxy splice-floor copy-floor}
+                                           # besides direct, which always runs
+FLOOR_PIPE_KIB=${FLOOR_PIPE_KIB:-1024}     # splice-floor: its pipe a connection (F_SETPIPE_SZ)
+FLOOR_COPY_KIB=${FLOOR_COPY_KIB:-1024}    # copy-floor: its buffer a connection
 NGINX_BUFFERS=${NGINX_BUFFERS:-16 64k}     # nginx-buffered: proxy_buffers (per connection)
 HAPROXY_SPLICE=${HAPROXY_SPLICE:-0}        # 1: haproxy with option splice-auto (kernel splicing)
 PROXY_CPU=${PROXY_CPU:-0}                  # core of the proxy under test
@@ -87,6 +92,7 @@ command_line+=" WRK_THREADS=$WRK_THREADS WRK_TIMEOUT=$WRK_TIMEOUT${PROFILE:+ PRO
 command_line+="${RANGEWAY_BIN:+ RANGEWAY_BIN=$RANGEWAY_BIN}${RANGEWAY_SERVER:+ RANGEWAY_SERVER='$RANGEWAY_SERVER'}"
 command_line+="${SYSTEM_NOTSENT_LOWAT:+ SYSTEM_NOTSENT_LOWAT=$SYSTEM_NOTSENT_LOWAT}"
 command_line+="${BEFORE_BIN:+ BEFORE_BIN=$BEFORE_BIN}"
+command_line+=" FLOOR_PIPE_KIB=$FLOOR_PIPE_KIB FLOOR_COPY_KIB=$FLOOR_COPY_KIB"
 command_line+=" bash benches/load/run.sh"
 
 # ---- tools, build -----------------------------------------------------------------------------
@@ -97,6 +103,8 @@ source benches/lib.sh
 release=$(release_dir)
 bin=${RANGEWAY_BIN:-"$release/rangeway"}
 bench_init rangeway-load --no-summary
+# The floors: one C source, two modes, built with the system's compiler for this run.
+cc -O2 -Wall -Wextra -Werror -o "$work/floor-relay" benches/load/floor_relay.c
 if [[ -n $SYSTEM_NOTSENT_LOWAT ]]; then
     system_lowat=$(sysctl -n net.ipv4.tcp_notsent_lowat)
     sysctl -qw net.ipv4.tcp_notsent_lowat="$SYSTEM_NOTSENT_LOWAT"
@@ -196,6 +204,20 @@ start_bg "${on_proxy_cpu[@]}" "$release/examples/pingora-floor" "127.0.0.1:$ping
     "127.0.0.1:$origin_port" >"$work/pingora.log" 2>&1
 pingora_pid=$last_pid
 
+# ---- the floors: relays that only move bytes ---------------------------------------------------
+# Not peers: what relaying an HTTP/1.1 response costs at the least on this machine, one thread,
+# epoll, a kept-alive origin connection per client connection (benches/load/floor_relay.c).
+# splice-floor moves the body origin -> pipe -> client with splice(2) through a pipe of
+# FLOOR_PIPE_KIB; copy-floor with read(2) and write(2) through a buffer of FLOOR_COPY_KIB.
+splice_floor_port=$(free_port)
+start_bg "${on_proxy_cpu[@]}" "$work/floor-relay" splice "$splice_floor_port" "$origin_port" \
+    "$FLOOR_PIPE_KIB" >"$work/splice-floor.log" 2>&1
+splice_floor_pid=$last_pid
+copy_floor_port=$(free_port)
+start_bg "${on_proxy_cpu[@]}" "$work/floor-relay" copy "$copy_floor_port" "$origin_port" \
+    "$FLOOR_COPY_KIB" >"$work/copy-floor.log" 2>&1
+copy_floor_pid=$last_pid
+
 # ---- nginx as a proxy, two ways ---------------------------------------------------------------
 # As its users tune it for downloads: one worker, HTTP/1.1 keep-alive to the origin with a pool
 # as large as the client concurrency, clients' keep-alive never recycled. Then either streaming
@@ -270,7 +292,8 @@ haproxy -c -q -f "$work/haproxy.cfg"
 start_bg "${on_proxy_cpu[@]}" haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1
 haproxy_pid=$last_pid
 
-for port in "$origin_port" "$pingora_port" "$nginx_stream_port" "$nginx_buffered_port" "$haproxy_port"; do
+for port in "$origin_port" "$pingora_port" "$nginx_stream_port" "$nginx_buffered_port" "$haproxy_port" \
+    "$splice_floor_port" "$copy_floor_port"; do
     wait_port "$port"
 done
 wait_port "$rangeway_port" "$( [[ $PROFILE == callgrind ]] && echo 180 || echo 10 )"
@@ -289,12 +312,13 @@ declare -A port_of=(
     [direct]=$origin_port [rangeway]=$rangeway_port [rangeway-aes]=$rangeway_port
     [rangeway-gzip1]=$rangeway_port [pingora]=$pingora_port [nginx-stream]=$nginx_stream_port
     [nginx-buffered]=$nginx_buffered_port [haproxy]=$haproxy_port [rangeway-before]=$before_port
+    [splice-floor]=$splice_floor_port [copy-floor]=$copy_floor_port
 )
 declare -A pid_of=(
     [direct]="" [rangeway]=$rangeway_pid [rangeway-aes]=$rangeway_pid [rangeway-gzip1]=$rangeway_pid
     [pingora]=$pingora_pid
     [nginx-stream]=$nginx_stream_worker [nginx-buffered]=$nginx_buffered_worker [haproxy]=$haproxy_pid
-    [rangeway-before]=$before_pid
+    [rangeway-before]=$before_pid [splice-floor]=$splice_floor_pid [copy-floor]=$copy_floor_pid
 )
 # What each target puts before the object's path.
 declare -A prefix_of=([rangeway-aes]=/aes [rangeway-gzip1]=/gzip1)
@@ -480,6 +504,8 @@ cp "$raw" "$RAW_DIR/load-$stamp.tsv"
     printf 'objects\tlarge %s MiB at %s connections; small %s B at %s (beside the large: at %s); resume: random %s KiB ranges of %s MiB at %s\n' \
         "$LARGE_MIB" "$LARGE_CONC" "$SMALL_BYTES" "$SMALL_CONC" "$BESIDE_CONC" "$RESUME_RANGE_KIB" "$RESUME_MIB" "$RESUME_CONC"
     printf 'runs\t%s repetitions of %s s per target and workload (after %s s of warm-up)\n' "$REPS" "$DURATION" "$WARMUP"
+    printf 'floors\tbenches/load/floor_relay.c, %s -O2: splice-floor through a %s KiB pipe, copy-floor through a %s KiB buffer\n' \
+        "$(cc --version | head -1)" "$FLOOR_PIPE_KIB" "$FLOOR_COPY_KIB"
 } > "$RAW_DIR/load-$stamp.meta"
 python3 benches/load/report.py "$RAW_DIR/load-$stamp.tsv" "$RAW_DIR/load-$stamp.meta" \
     "$OUT/load-$stamp.md" "$RAW_DIR/load-$stamp.svg"
