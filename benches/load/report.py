@@ -87,7 +87,8 @@ def load_rows(path):
         # which moves CPU between the proxy and the others but not out of this sum.
         row["machine_cpu_per_gb"] = row["machine_cpu_s"] / (moved / 1e9) if moved else float("nan")
         all_s = row["all_cpu_s"]
-        row["steal_pct"] = 100 * row["steal_s"] / all_s if all_s == all_s and all_s > 0 else 0.0
+        # (NaN in captures from before steal was recorded: unknown, and no run is left out.)
+        row["steal_pct"] = 100 * row["steal_s"] / all_s if all_s == all_s and all_s > 0 else float("nan")
         # Per MiB moved (headers included): the proxy's context switches (every thread,
         # voluntary and not, /proc/PID/task/*/status) and, in a counting run, system calls.
         mib = moved / MIB
@@ -123,7 +124,8 @@ def summarise(rows, steal_max=2.0):
             "reps": len(runs),
             "runs": len(all_runs),
             "discarded": len(all_runs) - len(runs),
-            "steal_pct": max((r["steal_pct"] for r in all_runs), default=0.0),
+            "steal_pct": max((r["steal_pct"] for r in all_runs if r["steal_pct"] == r["steal_pct"]),
+                             default=float("nan")),
             "switches_per_mib": med("switches_per_mib"),
             "syscalls_per_mib": nan_median([r["syscalls_per_mib"] for r in counted.get(key, [])]),
             "rps": med("rps"),
@@ -285,7 +287,7 @@ def markdown(meta, summary, raw_name, svg_name):
                     pct(s["wrk_cpu_pct"]),
                     fmt(s["load1"], 2),
                     pct(s["other_cpu_pct"]),
-                    f"{s['steal_pct']:.1f} %",
+                    "—" if s["steal_pct"] != s["steal_pct"] else f"{s['steal_pct']:.1f} %",
                     f"{s['reps']} of {s['runs']}",
                 ]) + " |"
             )

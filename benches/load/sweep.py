@@ -10,7 +10,7 @@ import glob
 import os
 import sys
 
-from report import discards, load_rows, summarise
+from report import discards, foreign_load, load_rows, summarise
 
 PEERS = ("nginx-stream", "nginx-buffered", "haproxy")
 ORDER = ("rangeway", "rangeway-before", "splice-floor", "copy-floor", "pingora", "nginx-stream",
@@ -110,8 +110,14 @@ def main(points_dir):
     points = load_points(points_dir)
     print("# The large workload swept over object size, concurrency and TCP setting")
     print()
-    print("Taken on a machine shared with other work unless said otherwise: read each run's *others*")
-    print("and *steal* columns below before the figures.")
+    foreign = max((foreign_load(p[3]) for p in points), default=0)
+    if foreign > 10:
+        print(f"**Taken under foreign load**: other processes used up to {foreign:.0f} % of a core during")
+        print("some runs (each run's *others* column, below); treat the figures as a check that the harness")
+        print("works, not as results.")
+        print()
+    left_out, runs = (sum(x) for x in zip(*(discards(p[3]) for p in points))) if points else (0, 0)
+    print(f"Runs left out for steal above the limit: {left_out} of {runs}.")
     print()
     ratio_table(points)
     print()
@@ -133,7 +139,8 @@ def main(points_dir):
         best_cpu = min(p["cpu_per_gb"] for p in peers)
         return f"{times(divide(ours['mbps'], best_mbps))} MB/s, {times(divide(ours['cpu_per_gb'], best_cpu))} CPU"
 
-    table(points, targets, proxy_cells, proxy_versus)
+    table(points, targets, proxy_cells, proxy_versus,
+          direct_cell=lambda s: f"{whole(s['mbps'])} · — · {whole(s['p99_ms'])}")
     print()
     print("The machine's CPU s/GB above the direct run: every core's busy time (/proc/stat: user, nice,")
     print("system, irq, softirq) per GB delivered, less the same figure of the direct run at that point")
@@ -154,7 +161,8 @@ def main(points_dir):
     print("System calls · context switches of the proxy per MiB delivered (every thread; calls from the")
     print("counting run, switches the median of the timed runs).")
     print()
-    table(points, targets, lambda s: f"{num(s['syscalls_per_mib'], 1)} · {num(s['switches_per_mib'], 1)}", None)
+    table(points, targets, lambda s: f"{num(s['syscalls_per_mib'], 1)} · {num(s['switches_per_mib'], 1)}", None,
+          direct_cell=lambda s: "—")
     reports(points)
 
 
