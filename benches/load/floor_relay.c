@@ -19,7 +19,10 @@
  *           F_SETPIPE_SZ (the bytes never enter user space);
  *   copy:   read(2) into a buffer a connection, write(2) out of it.
  * On every readiness event both ends are drained until they would block: the pipe (or buffer)
- * is filled from the origin and emptied to the client again and again while either moves bytes.
+ * is filled from the origin and emptied to the client again and again while either moves bytes,
+ * up to a pipe-full (a buffer-full) sent a turn: a connection that could go on is queued behind the
+ * others that are ready, so that one fast download does not hold the thread for its whole body
+ * (rangeway's splice path yields after each pipe-full the same way).
  *
  * A descriptor counts as ready until a call on it says otherwise: EAGAIN, or for a buffer's
  * read and any write a count short of what was asked (the kernel took what it had room for, or
@@ -75,6 +78,9 @@ struct conn {
     size_t buf_cap, buf_off, buf_len;
     uint64_t to_read; /* body bytes still to take from the origin */
     size_t in_pipe;   /* splice: body bytes in the pipe */
+    /* Queued to go on after its turn's pipe-full; closed while queued (freed when dequeued). */
+    int queued, closed;
+    struct conn *next_ready;
 };
 
 static enum mode mode;
@@ -83,6 +89,7 @@ static int epfd;
 static struct sockaddr_in origin_addr;
 static struct conn **by_fd; /* descriptor -> its connection, for both ends */
 static size_t by_fd_len;
+static struct conn *ready_head, *ready_tail; /* connections to go on without waiting for epoll */
 
 static void die(const char *what) {
     perror(what);
@@ -112,12 +119,29 @@ static void forget(int fd) {
 static void conn_close(struct conn *c) {
     forget(c->client);
     forget(c->origin);
+    c->client = c->origin = -1;
     if (c->pipe_r >= 0) {
         close(c->pipe_r);
         close(c->pipe_w);
+        c->pipe_r = c->pipe_w = -1;
     }
     free(c->buf);
-    free(c);
+    c->buf = NULL;
+    c->closed = 1;
+    if (!c->queued) /* else the ready queue frees it */
+        free(c);
+}
+
+static void enqueue(struct conn *c) {
+    if (c->queued)
+        return;
+    c->queued = 1;
+    c->next_ready = NULL;
+    if (ready_tail)
+        ready_tail->next_ready = c;
+    else
+        ready_head = c;
+    ready_tail = c;
 }
 
 /* Case-insensitive search for a header line's name at the start of a line; returns the value. */
@@ -250,9 +274,13 @@ static int open_pipe(struct conn *c) {
     return 0;
 }
 
-/* Moves what can be moved; returns 0, or -1 when the connection has been closed. */
+/* Moves what can be moved, up to a pipe-full (buffer-full) to the client; returns 0, or -1 when
+ * the connection has been closed. */
 static int advance(struct conn *c) {
     ssize_t n;
+    size_t sent = 0; /* body bytes given to the client in this turn */
+    if (c->closed)
+        return -1;
     for (;;) {
         switch (c->state) {
         case READ_REQUEST: {
@@ -392,6 +420,7 @@ static int advance(struct conn *c) {
                     if ((size_t)n < want)
                         c->client_out = 0;
                     c->buf_off += (size_t)n;
+                    sent += (size_t)n;
                     moved = 1;
                 }
             }
@@ -431,6 +460,7 @@ static int advance(struct conn *c) {
                         if ((size_t)n < c->in_pipe)
                             c->client_out = 0;
                         c->in_pipe -= (size_t)n;
+                        sent += (size_t)n;
                         moved = 1;
                         if (c->retry_in) { /* room again: the origin's EAGAIN may have been the pipe's */
                             c->origin_in = 1;
@@ -454,6 +484,10 @@ static int advance(struct conn *c) {
             }
             if (!moved)
                 return 0;
+            if (sent >= chunk) { /* its turn is over: the others that are ready go first */
+                enqueue(c);
+                return 0;
+            }
             continue;
         }
         }
@@ -552,7 +586,8 @@ int main(int argc, char **argv) {
 
     struct epoll_event events[256];
     for (;;) {
-        int n = epoll_wait(epfd, events, 256, -1);
+        /* Connections queued after their turn go on as soon as the new events are taken in. */
+        int n = epoll_wait(epfd, events, 256, ready_head ? 0 : -1);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -579,6 +614,19 @@ int main(int argc, char **argv) {
                 c->origin_out |= out;
             }
             advance(c);
+        }
+        /* One more turn for each connection queued before this round (those it queues again
+         * wait for the next). */
+        struct conn *c = ready_head;
+        ready_head = ready_tail = NULL;
+        while (c) {
+            struct conn *next = c->next_ready;
+            c->queued = 0;
+            if (c->closed)
+                free(c);
+            else
+                advance(c);
+            c = next;
         }
     }
 }
