@@ -2,8 +2,8 @@
 # Load harness: rangeway beside the proxies people would pick instead, in front of one origin,
 # under concurrent load. See benches/load/README.md for what it measures and how to read it.
 #
-#   bash benches/load/run.sh                   quick run (~6 min): small objects, short runs
-#   PRESET=full bash benches/load/run.sh       the documented full run (~40 min)
+#   bash benches/load/run.sh                   quick run (~5 min): small objects, short runs
+#   PRESET=full bash benches/load/run.sh       the documented full run (~50 min)
 #
 # Any parameter below can be set in the environment (it overrides the preset), e.g.
 #   WORKLOADS="large resume" PROXIES="rangeway haproxy" REPS=3 bash benches/load/run.sh
