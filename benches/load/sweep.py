@@ -80,7 +80,8 @@ def ratio_table(points):
     print("issue's target missed. *own CPU*: the proxy process's CPU s/GB. *machine above direct*: every")
     print("core's busy s/GB (/proc/stat, irq and softirq included) less the direct run's. *syscalls*:")
     print("rangeway's system calls per MiB, from the counting run. *left out*: runs with steal above the")
-    print("limit, of all timed runs at that point and setting.")
+    print("limit, of all timed runs at that point and setting. With BEFORE_BIN the p99 cell also gives")
+    print("the build before's, run beside it (the issue: p99 no worse than before).")
     print()
     print("| object | conns | lowat | own CPU ÷ nginx (≤ 0.6) | own CPU ÷ splice (≤ 1.3) "
           "| machine above direct ÷ nginx (≤ 0.75) | MB/s ÷ nginx (≥ 1) | p99 ms: rangeway, nginx "
@@ -89,6 +90,7 @@ def ratio_table(points):
     for size, conc, lowat, summary, _ in points:
         get = lambda t: summary.get(("large", t))  # noqa: E731
         ours, nginx, floor, direct = get("rangeway"), get("nginx-buffered"), get("splice-floor"), get("direct")
+        before = get("rangeway-before")
         nan = float("nan")
         pick = lambda s, k: s[k] if s else nan  # noqa: E731
         left_out, runs = discards(summary)
@@ -97,7 +99,8 @@ def ratio_table(points):
             checked(divide(pick(ours, "cpu_per_gb"), pick(floor, "cpu_per_gb")), 1.3, True),
             checked(divide(pick(ours, "machine_above_direct"), pick(nginx, "machine_above_direct")), 0.75, True),
             checked(divide(pick(ours, "mbps"), pick(nginx, "mbps")), 1.0, False),
-            f"{whole(pick(ours, 'p99_ms'))}, {whole(pick(nginx, 'p99_ms'))}",
+            f"{whole(pick(ours, 'p99_ms'))}, {whole(pick(nginx, 'p99_ms'))}"
+            + (f" (before: {whole(before['p99_ms'])})" if before else ""),
             f"{whole(pick(ours, 'mbps'))}, {whole(pick(direct, 'mbps'))}",
             "—" if pick(ours, "syscalls_per_mib") != pick(ours, "syscalls_per_mib")
             else f"{pick(ours, 'syscalls_per_mib'):.1f}" + (" ✗" if pick(ours, "syscalls_per_mib") > 4 else ""),
