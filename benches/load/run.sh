@@ -48,10 +48,10 @@ WORKLOADS=${WORKLOADS:-large small resume chain}  # and beside (not by default)
 PROXIES=${PROXIES:-rangeway pingora nginx-stream nginx-buffered haproxy splice-floor copy-floor}
                                            # besides direct, which always runs
 FLOOR_PIPE_KIB=${FLOOR_PIPE_KIB:-1024}     # splice-floor: its pipe a connection (F_SETPIPE_SZ)
-FLOOR_COPY_KIB=${FLOOR_COPY_KIB:-1024}    # copy-floor: its buffer a connection
+FLOOR_COPY_KIB=${FLOOR_COPY_KIB:-1024}     # copy-floor: its buffer a connection
 COUNT_SECONDS=${COUNT_SECONDS:-$d_count}   # a counting run per proxy and workload after the timed
                                            #   ones: its system calls (perf stat); 0: none
-STEAL_MAX=${STEAL_MAX:-2}                  # %: the report leaves out runs whose steal was above
+STEAL_MAX=${STEAL_MAX:-2}                  # %: the report leaves out runs with more steal
 NGINX_BUFFERS=${NGINX_BUFFERS:-16 64k}     # nginx-buffered: proxy_buffers (per connection)
 HAPROXY_SPLICE=${HAPROXY_SPLICE:-0}        # 1: haproxy with option splice-auto (kernel splicing)
 PROXY_CPU=${PROXY_CPU:-0}                  # core of the proxy under test
@@ -113,6 +113,7 @@ release=$(release_dir)
 bin=${RANGEWAY_BIN:-"$release/rangeway"}
 bench_init rangeway-load --no-summary
 # The floors: one C source, two modes, built with the system's compiler for this run.
+command -v cc >/dev/null || { echo "the floors need a C compiler: apt-get install gcc" >&2; exit 2; }
 cc -O2 -Wall -Wextra -Werror -o "$work/floor-relay" benches/load/floor_relay.c
 if [[ -n $SYSTEM_NOTSENT_LOWAT ]]; then
     system_lowat=$(sysctl -n net.ipv4.tcp_notsent_lowat)
@@ -367,12 +368,19 @@ busy_ticks() { awk -v cpu="${1:-cpu}" '$1 == cpu { print $2 + $3 + $4 + $7 + $8 
 # hypervisor gave to others while this machine wanted to run), and all of it (busy, idle, iowait,
 # steal): a run's steal % is the second's delta over the third's.
 stat_ticks() { awk '$1 == "cpu" { busy = $2 + $3 + $4 + $7 + $8; print busy, $9, busy + $5 + $6 + $9; exit }' /proc/stat; }
-# switches PID: context switches of every thread of PID so far, voluntary and involuntary (the
-# process's own status counts only its first thread; rangeway's workers are others).
-switches() {
-    [[ -n $1 ]] || { echo 0; return; }
+# thread_switches PID: "TID COUNT" a line, every thread's context switches so far, voluntary and
+# involuntary (the process's own status counts only its first thread; rangeway's workers are
+# others). A task's status names its thread in its Pid line.
+thread_switches() {
+    [[ -n $1 ]] || return 0
     { cat "/proc/$1/task/"*/status 2>/dev/null || true; } |
-        awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'
+        awk '$1 == "Pid:" { t = $2 } /^(non)?voluntary_ctxt_switches:/ { n[t] += $2 } END { for (t in n) print t, n[t] }'
+}
+# switches_since FILE PID: the switches of PID's threads since thread_switches wrote FILE, thread
+# by thread (a thread started since counts from 0; one that ended since is lost: its counts went
+# with it, and the process keeps no total of its threads).
+switches_since() {
+    thread_switches "$2" | awk 'NR == FNR { was[$1] = $2; next } { s += $2 - ($1 in was ? was[$1] : 0) } END { print s + 0 }' "$1" -
 }
 # CPU of this shell's reaped children (wrk, once it has exited and been waited for).
 children_ticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
@@ -442,7 +450,7 @@ settle() {
 # counted in the kernel, no event copied out) over exactly wrk's run.
 counting=()
 measure() {
-    local pid=${pid_of[$2]} load1 p0 o0 w0 m0 s0 a0 c0 t0 line p1 o1 w1 m1 s1 a1 c1 t1 seconds=$DURATION
+    local pid=${pid_of[$2]} load1 p0 o0 w0 m0 s0 a0 t0 line p1 o1 w1 m1 s1 a1 cs t1 seconds=$DURATION
     settle
     reset_peak_rss "$pid"
     load1=$(cut -d' ' -f1 /proc/loadavg)
@@ -451,7 +459,8 @@ measure() {
         rm -f "$work/count.csv"
         counting=(perf stat -x, -o "$work/count.csv" -e raw_syscalls:sys_enter -p "$pid" --)
     fi
-    p0=$(cpu_ticks "$pid"); o0=$(cpu_ticks "$origin_pid"); w0=$(children_ticks); c0=$(switches "$pid")
+    thread_switches "$pid" > "$work/switches.before"
+    p0=$(cpu_ticks "$pid"); o0=$(cpu_ticks "$origin_pid"); w0=$(children_ticks)
     read -r m0 s0 a0 <<< "$(stat_ticks)"
     t0=$(date +%s.%N)
     # perf samples rangeway (all threads) for the whole first run of each of its targets.
@@ -485,7 +494,8 @@ measure() {
     counting=()
     [[ -z $perf_pid ]] || wait "$perf_pid" || true
     t1=$(date +%s.%N)
-    p1=$(cpu_ticks "$pid"); o1=$(cpu_ticks "$origin_pid"); w1=$(children_ticks); c1=$(switches "$pid")
+    p1=$(cpu_ticks "$pid"); o1=$(cpu_ticks "$origin_pid"); w1=$(children_ticks)
+    cs=$(switches_since "$work/switches.before" "$pid")
     read -r m1 s1 a1 <<< "$(stat_ticks)"
     local calls=nan
     if [[ $3 == count ]]; then
@@ -494,7 +504,7 @@ measure() {
     fi
     # wrk ran in a subshell of $(...), reaped there, then added to ours when the subshell was.
     awk -v w="$1" -v t="$2" -v r="$3" -v l="$load1" -v hz="$ticks" -v p=$((p1 - p0)) -v o=$((o1 - o0)) \
-        -v k=$((w1 - w0)) -v m=$((m1 - m0)) -v st=$((s1 - s0)) -v all=$((a1 - a0)) -v cs=$((c1 - c0)) \
+        -v k=$((w1 - w0)) -v m=$((m1 - m0)) -v st=$((s1 - s0)) -v all=$((a1 - a0)) -v cs="$cs" \
         -v calls="$calls" -v t0="$t0" -v t1="$t1" -v rss="$(peak_rss_kb "$pid")" -v line="$line" '
         BEGIN {
             n = split(line, kv, " "); out = ""
