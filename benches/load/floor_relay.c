@@ -103,8 +103,10 @@ static int set_nonblocking(int fd) {
 
 static int watch(int fd, struct conn *c) {
     struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.fd = fd};
-    if ((size_t)fd >= by_fd_len)
+    if ((size_t)fd >= by_fd_len) {
+        errno = EMFILE;
         return -1;
+    }
     by_fd[fd] = c;
     return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
 }
@@ -112,7 +114,8 @@ static int watch(int fd, struct conn *c) {
 static void forget(int fd) {
     if (fd < 0)
         return;
-    by_fd[fd] = NULL;
+    if ((size_t)fd < by_fd_len)
+        by_fd[fd] = NULL;
     close(fd); /* closing removes it from the epoll set */
 }
 
@@ -162,6 +165,24 @@ static const char *header_value(const char *head, size_t len, const char *name) 
     return NULL;
 }
 
+/* A header's value as a decimal number, digits only up to the line's end (the buffers hold no
+ * terminating NUL, and strtoull would skip the line break as white space); -1 if it is none. */
+static int parse_number(const char *v, const char *end, uint64_t *out) {
+    uint64_t n = 0;
+    const char *p = v;
+    for (; p < end && *p >= '0' && *p <= '9'; p++) {
+        if (n > (UINT64_MAX - 9) / 10)
+            return -1;
+        n = n * 10 + (uint64_t)(*p - '0');
+    }
+    while (p < end && (*p == ' ' || *p == '\t'))
+        p++;
+    if (p == v || p == end || *p != '\r')
+        return -1;
+    *out = n;
+    return 0;
+}
+
 /* Whether the header's value (up to the line's end) contains the token, case-insensitively. */
 static int value_has(const char *v, const char *end, const char *token) {
     size_t n = strlen(token);
@@ -191,8 +212,10 @@ static int parse_request(struct conn *c) {
     const char *end = c->req + c->req_head;
     const char *v;
     c->head = c->req_head >= 5 && memcmp(c->req, "HEAD ", 5) == 0;
+    uint64_t length = 0;
     v = header_value(c->req, c->req_head, "Content-Length");
-    if (header_value(c->req, c->req_head, "Transfer-Encoding") || (v && strtoull(v, NULL, 10) > 0)) {
+    if (header_value(c->req, c->req_head, "Transfer-Encoding") ||
+        (v && (parse_number(v, end, &length) < 0 || length > 0))) {
         answer_and_close(c, "501 Not Implemented");
         return -1;
     }
@@ -206,12 +229,14 @@ static int parse_request(struct conn *c) {
 /* Parses the response header at c->buf[0, head); returns 0, or -1 after answering. */
 static int parse_response(struct conn *c, size_t head) {
     const char *end = c->buf + head;
-    int status = 0;
-    if (head < 12 || memcmp(c->buf, "HTTP/1.", 7) != 0) {
+    /* "HTTP/1.x NNN": the status is the three digits after the first space. */
+    if (head < 12 || memcmp(c->buf, "HTTP/1.", 7) != 0 || c->buf[8] != ' ' ||
+        c->buf[9] < '0' || c->buf[9] > '9' || c->buf[10] < '0' || c->buf[10] > '9' ||
+        c->buf[11] < '0' || c->buf[11] > '9') {
         answer_and_close(c, "502 Bad Gateway");
         return -1;
     }
-    status = atoi(c->buf + 9);
+    int status = (c->buf[9] - '0') * 100 + (c->buf[10] - '0') * 10 + (c->buf[11] - '0');
     const char *v = header_value(c->buf, head, "Connection");
     c->origin_close = value_has(v, end, "close") || memcmp(c->buf, "HTTP/1.0", 8) == 0;
     if (status >= 100 && status < 200) { /* an interim answer: not relayed here */
@@ -224,10 +249,7 @@ static int parse_response(struct conn *c, size_t head) {
         answer_and_close(c, "502 Bad Gateway");
         return -1;
     } else if ((v = header_value(c->buf, head, "Content-Length"))) {
-        char *after;
-        errno = 0;
-        c->to_read = strtoull(v, &after, 10);
-        if (errno || after == v) {
+        if (parse_number(v, end, &c->to_read) < 0) {
             answer_and_close(c, "502 Bad Gateway");
             return -1;
         }
@@ -520,8 +542,7 @@ static void accept_all(int listener) {
         int one = 1;
         if (!c->buf || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 || watch(fd, c) < 0) {
             fprintf(stderr, "floor_relay: cannot take a connection: %s\n", strerror(errno));
-            by_fd[fd] = NULL;
-            close(fd);
+            forget(fd);
             free(c->buf);
             free(c);
             continue;
