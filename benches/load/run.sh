@@ -620,12 +620,12 @@ case $PROFILE in
     counts)
         # perf trace -s prints a table per thread: summed here per system call, then per GB moved
         # in the same run (rep 1's bytes, from the raw rows).
-        for summary in "$work"/syscalls-*.txt; do
-            [[ -e $summary ]] || continue
-            first_run "$summary" syscalls
+        for trace in "$work"/syscalls-*.txt; do
+            [[ -e $trace ]] || continue
+            first_run "$trace" syscalls
             switches=$(awk -F, '/sched_switch/ { print $1 }' "$work/switches-$name.csv")
             echo "== $workload, $target: $gb GB in the first run; per GB:"
-            calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4 }' "$summary"; }
+            calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4 }' "$trace"; }
             calls | awk -v gb="$gb" -v sw="$switches" '{ total += $2 } END {
                 printf "  %-22s %10.0f\n  %-22s %10.0f\n", "context switches", sw / gb, "system calls", total / gb }'
             # mawk (Debian's awk) has no sort: per call, summed, then sort(1).
