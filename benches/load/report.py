@@ -3,8 +3,10 @@
     python3 benches/load/report.py RAW.tsv META MD SVG
 
 Standard library only, so it runs wherever run.sh does. RAW.tsv has one row per measured wrk run
-(see run.sh's header line); META is `key<TAB>value` lines about the machine and the command.
-Every figure is the median over the repetitions, except peak RSS (the largest) and errors (the sum).
+(see run.sh's header line), and one per counting run (rep "count": only its system calls are
+used); META is `key<TAB>value` lines about the machine and the command. Every figure is the median
+over the timed repetitions whose steal was at most STEAL_MAX % (the others are left out and
+counted), except peak RSS (the largest) and errors (the sum).
 """
 
 import csv
@@ -30,6 +32,8 @@ TARGET_NAMES = {
     "nginx-stream": "nginx, proxy_buffering off",
     "nginx-buffered": "nginx, buffered in memory",
     "haproxy": "HAProxy",
+    "splice-floor": "splice floor (C relay, splice)",
+    "copy-floor": "copy floor (C relay, read/write)",
 }
 COLOURS = {
     "direct": "#9e9e9e",
@@ -41,7 +45,15 @@ COLOURS = {
     "nginx-stream": "#1b9e77",
     "nginx-buffered": "#66a61e",
     "haproxy": "#7570b3",
+    "splice-floor": "#444444",
+    "copy-floor": "#777777",
 }
+MIB = 1 << 20
+
+
+def nan_median(values):
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
 
 
 def load_rows(path):
@@ -51,6 +63,11 @@ def load_rows(path):
         for key, value in row.items():
             if key not in ("workload", "target", "rep"):
                 row[key] = float(value)
+        # Captures from before the machine's time, steal and switches were recorded.
+        if "machine_cpu_s" not in row:
+            row["machine_cpu_s"] = row["proxy_cpu_s"] + row["origin_cpu_s"] + row["wrk_cpu_s"] + row["other_cpu_s"]
+        for key in ("steal_s", "all_cpu_s", "proxy_switches", "syscalls"):
+            row.setdefault(key, float("nan"))
         seconds = max(row["duration_us"], 1) / 1e6
         row["rps"] = row["requests"] / seconds
         row["mbps"] = row["bytes"] / seconds / 1e6
@@ -65,11 +82,18 @@ def load_rows(path):
             row["mbps"] = beside / max(row.get("beside_duration_us", 0), 1)
         moved = row["bytes"] + beside
         row["cpu_per_gb"] = row["proxy_cpu_s"] / (moved / 1e9) if moved else float("nan")
-        # Every core's busy time (the proxy, the origin, wrk and anything else): on loopback the
-        # kernel does a byte's TCP work in whichever process's context pushes it, which moves
-        # CPU between the proxy and the others but not out of this sum.
-        machine_s = row["proxy_cpu_s"] + row["origin_cpu_s"] + row["wrk_cpu_s"] + row["other_cpu_s"]
-        row["machine_cpu_per_gb"] = machine_s / (moved / 1e9) if moved else float("nan")
+        # Every core's busy time (/proc/stat: user, nice, system, irq, softirq; steal is not ours):
+        # on loopback the kernel does a byte's TCP work in whichever process's context pushes it,
+        # which moves CPU between the proxy and the others but not out of this sum.
+        row["machine_cpu_per_gb"] = row["machine_cpu_s"] / (moved / 1e9) if moved else float("nan")
+        all_s = row["all_cpu_s"]
+        # (NaN in captures from before steal was recorded: unknown, and no run is left out.)
+        row["steal_pct"] = 100 * row["steal_s"] / all_s if all_s == all_s and all_s > 0 else float("nan")
+        # Per MiB moved (headers included): the proxy's context switches (every thread,
+        # voluntary and not, /proc/PID/task/*/status) and, in a counting run, system calls.
+        mib = moved / MIB
+        row["switches_per_mib"] = row["proxy_switches"] / mib if mib else float("nan")
+        row["syscalls_per_mib"] = row["syscalls"] / mib if mib else float("nan")
         if not row["requests"]:
             # No response completed within the run (each takes longer than DURATION): wrk's
             # percentiles are empty, not zero.
@@ -80,16 +104,30 @@ def load_rows(path):
     return rows
 
 
-def summarise(rows):
-    """(workload, target) -> medians, in the order first seen."""
-    groups = {}
+def summarise(rows, steal_max=2.0):
+    """(workload, target) -> medians, in the order first seen. Timed runs whose steal was above
+    steal_max % are left out (each entry says how many); the counting runs give the system calls
+    (their median, if several); the machine's CPU per GB above direct is the target's median less
+    direct's, in the same workload."""
+    groups, counted = {}, {}
     for row in rows:
-        groups.setdefault((row["workload"], row["target"]), []).append(row)
+        key = (row["workload"], row["target"])
+        if row["rep"] == "count":
+            counted.setdefault(key, []).append(row)
+            continue
+        groups.setdefault(key, []).append(row)
     out = {}
-    for key, runs in groups.items():
-        med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
+    for key, all_runs in groups.items():
+        runs = [r for r in all_runs if not r["steal_pct"] > steal_max]
+        med = lambda k: nan_median([r[k] for r in runs])  # noqa: E731
         out[key] = {
             "reps": len(runs),
+            "runs": len(all_runs),
+            "discarded": len(all_runs) - len(runs),
+            "steal_pct": max((r["steal_pct"] for r in all_runs if r["steal_pct"] == r["steal_pct"]),
+                             default=float("nan")),
+            "switches_per_mib": med("switches_per_mib"),
+            "syscalls_per_mib": nan_median([r["syscalls_per_mib"] for r in counted.get(key, [])]),
             "rps": med("rps"),
             "mbps": med("mbps"),
             "p50_ms": med("p50_us") / 1000,
@@ -97,19 +135,28 @@ def summarise(rows):
             "proxy_cpu_pct": med("proxy_cpu_pct"),
             "cpu_per_gb": med("cpu_per_gb"),
             "machine_cpu_per_gb": med("machine_cpu_per_gb"),
-            "peak_rss_mib": max(r["proxy_peak_rss_kb"] for r in runs) / 1024,
-            "errors": int(sum(r["errors"] for r in runs)),
+            "peak_rss_mib": max((r["proxy_peak_rss_kb"] for r in runs), default=float("nan")) / 1024,
+            "errors": int(sum(r["errors"] for r in all_runs)),
             "origin_cpu_pct": med("origin_cpu_pct"),
             "wrk_cpu_pct": med("wrk_cpu_pct"),
             "load1": med("load1"),
             "other_cpu_pct": med("other_cpu_pct"),
         }
+    for (workload, target), s in out.items():
+        direct = out.get((workload, "direct"))
+        base = direct["machine_cpu_per_gb"] if direct else float("nan")
+        s["machine_above_direct"] = s["machine_cpu_per_gb"] - base
     return out
+
+
+def discards(summary):
+    """(runs left out for steal, runs in all) over every target and workload."""
+    return (sum(s["discarded"] for s in summary.values()), sum(s["runs"] for s in summary.values()))
 
 
 def foreign_load(summary):
     """The most CPU, in % of one core, that processes outside the bench took during a target's runs."""
-    return max((s["other_cpu_pct"] for s in summary.values()), default=0)
+    return max((s["other_cpu_pct"] for s in summary.values() if s["other_cpu_pct"] == s["other_cpu_pct"]), default=0)
 
 
 def fmt(value, digits=1):
@@ -136,6 +183,13 @@ def markdown(meta, summary, raw_name, svg_name):
             "works, not as results.",
             "",
         ]
+    left_out, runs = discards(summary)
+    steal_max = meta.get("steal_max", "2")
+    lines += [
+        f"**Runs left out for steal above {steal_max} %: {left_out} of {runs}**"
+        + (" (the figures of a target with none left are —)." if left_out else "."),
+        "",
+    ]
     params = dict(re.findall(r"\b([A-Z_]+)=(\S+)", meta["command"]))
     reps, duration = int(params.get("REPS", 0)), float(params.get("DURATION", 0))
     if reps < 5 or duration < 20:
@@ -152,6 +206,9 @@ def markdown(meta, summary, raw_name, svg_name):
         f"wrk {meta['wrk']}",
         f"- command: `{meta['command']}`",
         f"- {meta['objects']}; {meta['runs']}; {meta['pinning']}",
+        f"- floors: {meta.get('floors', '—')}",
+        f"- counting runs: {meta.get('counting', '—')}; net.ipv4.tcp_notsent_lowat: "
+        f"{meta.get('notsent_lowat', '?')}",
         f"- uptime before: `{meta['uptime_before'].strip()}`",
         f"- uptime after: `{meta['uptime_after'].strip()}`",
         f"- taken: {meta['date']}",
@@ -167,6 +224,17 @@ def markdown(meta, summary, raw_name, svg_name):
         "average at the start of each run; *others*: CPU used during the run by processes that are not "
         "part of the bench, in % of one core.",
         "",
+        "*machine s/GB (above direct)*: every core's busy time over the run from /proc/stat (user, "
+        "nice, system, irq, softirq; not steal) per GB delivered, and in brackets that less the "
+        "same figure of the direct run (wrk straight to the origin) in this workload: what relaying "
+        "a GB through this target cost the machine. *syscalls/MiB*: the proxy's system calls (every "
+        "thread) per MiB delivered, counted in a separate counting run after the timed ones (perf "
+        "stat, raw_syscalls:sys_enter), so the timed runs are not slowed by it. *switches/MiB*: the "
+        "proxy's context switches (every thread, voluntary and involuntary, from "
+        "/proc/PID/task/*/status) per MiB, median of the timed runs. *steal*: the largest share of "
+        "the machine's time the hypervisor took during the target's runs; runs above the limit are "
+        "left out of the medians.",
+        "",
     ]
     lines += compact(summary) + [""]
     for workload, title in WORKLOADS.items():
@@ -181,9 +249,10 @@ def markdown(meta, summary, raw_name, svg_name):
         lines += [
             f"## {title}",
             "",
-            "| target | req/s | MB/s | p50 ms | p99 ms | proxy CPU | CPU s/GB | peak RSS MiB | errors "
-            f"| {ratio_head} | origin | wrk | load | others |",
-            "|---|" + "---:|" * 14,
+            "| target | req/s | MB/s | p50 ms | p99 ms | proxy CPU | CPU s/GB | machine s/GB (above direct) "
+            "| syscalls/MiB | switches/MiB | peak RSS MiB | errors "
+            f"| {ratio_head} | origin | wrk | load | others | steal | runs |",
+            "|---|" + "---:|" * 19,
         ]
         base = summary.get((workload, base_name))
         for target in targets:
@@ -206,19 +275,36 @@ def markdown(meta, summary, raw_name, svg_name):
                     fmt(s["mbps"]),
                     fmt(s["p50_ms"], 2),
                     fmt(s["p99_ms"], 2),
-                    f"{s['proxy_cpu_pct']:.0f} %" if proxied else "—",
+                    pct(s["proxy_cpu_pct"]) if proxied else "—",
                     fmt(s["cpu_per_gb"], 2) if proxied else "—",
+                    machine_cell(s, proxied),
+                    fmt(s["syscalls_per_mib"], 1) if proxied else "—",
+                    fmt(s["switches_per_mib"], 1) if proxied else "—",
                     fmt(s["peak_rss_mib"]) if proxied else "—",
                     str(s["errors"]),
                     ratios,
-                    f"{s['origin_cpu_pct']:.0f} %",
-                    f"{s['wrk_cpu_pct']:.0f} %",
-                    f"{s['load1']:.2f}",
-                    f"{s['other_cpu_pct']:.0f} %",
+                    pct(s["origin_cpu_pct"]),
+                    pct(s["wrk_cpu_pct"]),
+                    fmt(s["load1"], 2),
+                    pct(s["other_cpu_pct"]),
+                    "—" if s["steal_pct"] != s["steal_pct"] else f"{s['steal_pct']:.1f} %",
+                    f"{s['reps']} of {s['runs']}",
                 ]) + " |"
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def pct(value):
+    return "—" if value != value else f"{value:.0f} %"
+
+
+def machine_cell(s, proxied):
+    """The machine's CPU s/GB, and above direct's in brackets (direct: the base itself)."""
+    if not proxied:
+        return f"{fmt(s['machine_cpu_per_gb'], 2)} (base)"
+    above = s["machine_above_direct"]
+    return f"{fmt(s['machine_cpu_per_gb'], 2)} ({'—' if above != above else f'{above:+.2f}'})"
 
 
 def compact(summary):
@@ -226,9 +312,9 @@ def compact(summary):
     lines = [
         "## Summary",
         "",
-        "| workload | target | req/s | MB/s | p99 ms | CPU s/GB | peak RSS MiB | errors | rangeway ÷ this "
-        "| load, others |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| workload | target | req/s | MB/s | p99 ms | CPU s/GB | machine s/GB above direct "
+        "| syscalls/MiB | switches/MiB | peak RSS MiB | errors | rangeway ÷ this | load, others |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for workload in WORKLOADS:
         for (w, target), s in summary.items():
@@ -245,8 +331,11 @@ def compact(summary):
             lines.append("| " + " | ".join([
                 workload, TARGET_NAMES.get(target, target), fmt(s["rps"], 0), fmt(s["mbps"]),
                 fmt(s["p99_ms"], 1), fmt(s["cpu_per_gb"], 2) if proxied else "—",
+                fmt(s["machine_above_direct"], 2) if proxied else f"(base {fmt(s['machine_cpu_per_gb'], 2)})",
+                fmt(s["syscalls_per_mib"], 1) if proxied else "—",
+                fmt(s["switches_per_mib"], 1) if proxied else "—",
                 fmt(s["peak_rss_mib"], 0) if proxied else "—", str(s["errors"]), rel,
-                f"{s['load1']:.1f}, {s['other_cpu_pct']:.0f} %",
+                f"{fmt(s['load1'], 1)}, {pct(s['other_cpu_pct'])}",
             ]) + " |")
     return lines
 
@@ -299,7 +388,7 @@ def main():
     raw_path, meta_path, md_path, svg_path = sys.argv[1:5]
     with open(meta_path) as f:
         meta = dict(line.rstrip("\n").split("\t", 1) for line in f if "\t" in line)
-    summary = summarise(load_rows(raw_path))
+    summary = summarise(load_rows(raw_path), float(meta.get("steal_max", 2)))
     with open(md_path, "w") as f:
         f.write(markdown(meta, summary, raw_path, svg_path))
     with open(svg_path, "w") as f:

@@ -2,8 +2,8 @@
 # Load harness: rangeway beside the proxies people would pick instead, in front of one origin,
 # under concurrent load. See benches/load/README.md for what it measures and how to read it.
 #
-#   bash benches/load/run.sh                   quick run (~6 min): small objects, short runs
-#   PRESET=full bash benches/load/run.sh       the documented full run (~40 min)
+#   bash benches/load/run.sh                   quick run (~5 min): small objects, short runs
+#   PRESET=full bash benches/load/run.sh       the documented full run (~50 min)
 #
 # Any parameter below can be set in the environment (it overrides the preset), e.g.
 #   WORKLOADS="large resume" PROXIES="rangeway haproxy" REPS=3 bash benches/load/run.sh
@@ -12,7 +12,9 @@
 # rangeway (release), writes the objects, starts one origin (nginx, static files, sendfile), then
 # in front of it rangeway (threads = 1), nginx as a streaming proxy (proxy_buffering off, 64 KiB
 # buffer), nginx as a buffering proxy (in memory: proxy_max_temp_file_size 0) and HAProxy
-# (nbthread 1), and pingora's proxy alone (no hooks: the floor of any proxy on pingora, not a peer).
+# (nbthread 1), and pingora's proxy alone (no hooks: the floor of any proxy on pingora, not a peer),
+# and two relays that only move bytes (benches/load/floor_relay.c, built here with cc): the floors
+# of any relay, splicing (splice-floor) and copying through a buffer (copy-floor).
 # The proxy under test runs on core PROXY_CPU; origin and wrk on CLIENT_CPU. Each
 # workload runs every target once per repetition, the order rotated each repetition. Results:
 # the one summary, benches/results/load-<date>.md (the tables, the machine, the versions, the
@@ -26,8 +28,8 @@ cd "$(dirname "$0")/../.."
 # ---- parameters -------------------------------------------------------------------------------
 PRESET=${PRESET:-quick}
 case $PRESET in
-    quick) d_duration=3 d_reps=2 d_large_mib=1 d_resume_mib=64 d_warmup=1 ;;
-    full) d_duration=20 d_reps=5 d_large_mib=10 d_resume_mib=1024 d_warmup=3 ;;
+    quick) d_duration=3 d_reps=2 d_large_mib=1 d_resume_mib=64 d_warmup=1 d_count=3 ;;
+    full) d_duration=20 d_reps=5 d_large_mib=10 d_resume_mib=1024 d_warmup=3 d_count=5 ;;
     *) echo "PRESET is quick or full, not '$PRESET'" >&2; exit 2 ;;
 esac
 DURATION=${DURATION:-$d_duration}          # seconds per measured wrk run
@@ -43,7 +45,13 @@ RESUME_MIB=${RESUME_MIB:-$d_resume_mib}    # resume: object size, MiB (random ra
 RESUME_RANGE_KIB=${RESUME_RANGE_KIB:-1024} #   bytes per range, KiB
 RESUME_CONC=${RESUME_CONC:-64}             #   connections
 WORKLOADS=${WORKLOADS:-large small resume chain}  # and beside (not by default)
-PROXIES=${PROXIES:-rangeway pingora nginx-stream nginx-buffered haproxy}   # besides direct
+PROXIES=${PROXIES:-rangeway pingora nginx-stream nginx-buffered haproxy splice-floor copy-floor}
+                                           # besides direct, which always runs
+FLOOR_PIPE_KIB=${FLOOR_PIPE_KIB:-1024}     # splice-floor: its pipe a connection (F_SETPIPE_SZ)
+FLOOR_COPY_KIB=${FLOOR_COPY_KIB:-1024}     # copy-floor: its buffer a connection
+COUNT_SECONDS=${COUNT_SECONDS:-$d_count}   # a counting run per proxy and workload after the timed
+                                           #   ones: its system calls (perf stat); 0: none
+STEAL_MAX=${STEAL_MAX:-2}                  # %: the report leaves out runs with more steal
 NGINX_BUFFERS=${NGINX_BUFFERS:-16 64k}     # nginx-buffered: proxy_buffers (per connection)
 HAPROXY_SPLICE=${HAPROXY_SPLICE:-0}        # 1: haproxy with option splice-auto (kernel splicing)
 PROXY_CPU=${PROXY_CPU:-0}                  # core of the proxy under test
@@ -78,6 +86,12 @@ PROFILE=${PROFILE:-}                       # perf: sample rangeway during its fi
                                            # proxy's first run; client: the same of the client
                                            # core (origin and wrk), by process; profile with the raw captures
 
+# The counting runs need perf's tracepoints (root, or kernel.perf_event_paranoid <= -1).
+if ((COUNT_SECONDS > 0)) && ! { command -v perf && perf stat -e raw_syscalls:sys_enter -- true; } >/dev/null 2>&1; then
+    echo "perf cannot count system calls here (apt-get install linux-perf; root): no counting runs" >&2
+    COUNT_SECONDS=0
+fi
+
 command_line="PRESET=$PRESET DURATION=$DURATION REPS=$REPS WARMUP=$WARMUP LARGE_MIB=$LARGE_MIB"
 command_line+=" LARGE_CONC=$LARGE_CONC SMALL_BYTES=$SMALL_BYTES SMALL_CONC=$SMALL_CONC BESIDE_CONC=$BESIDE_CONC"
 command_line+=" RESUME_MIB=$RESUME_MIB RESUME_RANGE_KIB=$RESUME_RANGE_KIB RESUME_CONC=$RESUME_CONC"
@@ -87,6 +101,7 @@ command_line+=" WRK_THREADS=$WRK_THREADS WRK_TIMEOUT=$WRK_TIMEOUT${PROFILE:+ PRO
 command_line+="${RANGEWAY_BIN:+ RANGEWAY_BIN=$RANGEWAY_BIN}${RANGEWAY_SERVER:+ RANGEWAY_SERVER='$RANGEWAY_SERVER'}"
 command_line+="${SYSTEM_NOTSENT_LOWAT:+ SYSTEM_NOTSENT_LOWAT=$SYSTEM_NOTSENT_LOWAT}"
 command_line+="${BEFORE_BIN:+ BEFORE_BIN=$BEFORE_BIN}"
+command_line+=" FLOOR_PIPE_KIB=$FLOOR_PIPE_KIB FLOOR_COPY_KIB=$FLOOR_COPY_KIB COUNT_SECONDS=$COUNT_SECONDS STEAL_MAX=$STEAL_MAX"
 command_line+=" bash benches/load/run.sh"
 
 # ---- tools, build -----------------------------------------------------------------------------
@@ -97,6 +112,9 @@ source benches/lib.sh
 release=$(release_dir)
 bin=${RANGEWAY_BIN:-"$release/rangeway"}
 bench_init rangeway-load --no-summary
+# The floors: one C source, two modes, built with the system's compiler for this run.
+command -v cc >/dev/null || { echo "the floors need a C compiler: apt-get install gcc" >&2; exit 2; }
+cc -O2 -Wall -Wextra -Werror -o "$work/floor-relay" benches/load/floor_relay.c
 if [[ -n $SYSTEM_NOTSENT_LOWAT ]]; then
     system_lowat=$(sysctl -n net.ipv4.tcp_notsent_lowat)
     sysctl -qw net.ipv4.tcp_notsent_lowat="$SYSTEM_NOTSENT_LOWAT"
@@ -196,6 +214,20 @@ start_bg "${on_proxy_cpu[@]}" "$release/examples/pingora-floor" "127.0.0.1:$ping
     "127.0.0.1:$origin_port" >"$work/pingora.log" 2>&1
 pingora_pid=$last_pid
 
+# ---- the floors: relays that only move bytes ---------------------------------------------------
+# Not peers: what relaying an HTTP/1.1 response costs at the least on this machine, one thread,
+# epoll, a kept-alive origin connection per client connection (benches/load/floor_relay.c).
+# splice-floor moves the body origin -> pipe -> client with splice(2) through a pipe of
+# FLOOR_PIPE_KIB; copy-floor with read(2) and write(2) through a buffer of FLOOR_COPY_KIB.
+splice_floor_port=$(free_port)
+start_bg "${on_proxy_cpu[@]}" "$work/floor-relay" splice "$splice_floor_port" "$origin_port" \
+    "$FLOOR_PIPE_KIB" >"$work/splice-floor.log" 2>&1
+splice_floor_pid=$last_pid
+copy_floor_port=$(free_port)
+start_bg "${on_proxy_cpu[@]}" "$work/floor-relay" copy "$copy_floor_port" "$origin_port" \
+    "$FLOOR_COPY_KIB" >"$work/copy-floor.log" 2>&1
+copy_floor_pid=$last_pid
+
 # ---- nginx as a proxy, two ways ---------------------------------------------------------------
 # As its users tune it for downloads: one worker, HTTP/1.1 keep-alive to the origin with a pool
 # as large as the client concurrency, clients' keep-alive never recycled. Then either streaming
@@ -270,7 +302,8 @@ haproxy -c -q -f "$work/haproxy.cfg"
 start_bg "${on_proxy_cpu[@]}" haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1
 haproxy_pid=$last_pid
 
-for port in "$origin_port" "$pingora_port" "$nginx_stream_port" "$nginx_buffered_port" "$haproxy_port"; do
+for port in "$origin_port" "$pingora_port" "$nginx_stream_port" "$nginx_buffered_port" "$haproxy_port" \
+    "$splice_floor_port" "$copy_floor_port"; do
     wait_port "$port"
 done
 wait_port "$rangeway_port" "$( [[ $PROFILE == callgrind ]] && echo 180 || echo 10 )"
@@ -289,12 +322,13 @@ declare -A port_of=(
     [direct]=$origin_port [rangeway]=$rangeway_port [rangeway-aes]=$rangeway_port
     [rangeway-gzip1]=$rangeway_port [pingora]=$pingora_port [nginx-stream]=$nginx_stream_port
     [nginx-buffered]=$nginx_buffered_port [haproxy]=$haproxy_port [rangeway-before]=$before_port
+    [splice-floor]=$splice_floor_port [copy-floor]=$copy_floor_port
 )
 declare -A pid_of=(
     [direct]="" [rangeway]=$rangeway_pid [rangeway-aes]=$rangeway_pid [rangeway-gzip1]=$rangeway_pid
     [pingora]=$pingora_pid
     [nginx-stream]=$nginx_stream_worker [nginx-buffered]=$nginx_buffered_worker [haproxy]=$haproxy_pid
-    [rangeway-before]=$before_pid
+    [rangeway-before]=$before_pid [splice-floor]=$splice_floor_pid [copy-floor]=$copy_floor_pid
 )
 # What each target puts before the object's path.
 declare -A prefix_of=([rangeway-aes]=/aes [rangeway-gzip1]=/gzip1)
@@ -329,6 +363,25 @@ cpu_ticks() { [[ -n $1 ]] && awk '{ print $14 + $15 }' "/proc/$1/stat" || echo 0
 # busy_ticks [CPU]: busy time of one core (cpu0, cpu1...) or by default of the whole machine
 # ("cpu"), to tell how much CPU others took during a run and when the proxies' core is idle.
 busy_ticks() { awk -v cpu="${1:-cpu}" '$1 == cpu { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+# stat_ticks: the whole machine's time from /proc/stat's "cpu" line (every core), three numbers:
+# busy (user, nice, system, irq, softirq; guest time is inside user and nice), steal (time the
+# hypervisor gave to others while this machine wanted to run), and all of it (busy, idle, iowait,
+# steal): a run's steal % is the second's delta over the third's.
+stat_ticks() { awk '$1 == "cpu" { busy = $2 + $3 + $4 + $7 + $8; print busy, $9, busy + $5 + $6 + $9; exit }' /proc/stat; }
+# thread_switches PID: "TID COUNT" a line, every thread's context switches so far, voluntary and
+# involuntary (the process's own status counts only its first thread; rangeway's workers are
+# others). A task's status names its thread in its Pid line.
+thread_switches() {
+    [[ -n $1 ]] || return 0
+    { cat "/proc/$1/task/"*/status 2>/dev/null || true; } |
+        awk '$1 == "Pid:" { t = $2 } /^(non)?voluntary_ctxt_switches:/ { n[t] += $2 } END { for (t in n) print t, n[t] }'
+}
+# switches_since FILE PID: the switches of PID's threads since thread_switches wrote FILE, thread
+# by thread (a thread started since counts from 0; one that ended since is lost: its counts went
+# with it, and the process keeps no total of its threads).
+switches_since() {
+    thread_switches "$2" | awk 'NR == FNR { was[$1] = $2; next } { s += $2 - ($1 in was ? was[$1] : 0) } END { print s + 0 }' "$1" -
+}
 # CPU of this shell's reaped children (wrk, once it has exited and been waited for).
 children_ticks() { awk '{ print $16 + $17 }' "/proc/$$/stat"; }
 peak_rss_kb() { [[ -n $1 ]] && proc_kib "$1" VmHWM || echo 0; }
@@ -359,7 +412,8 @@ wrk_run() {
         sleep 1
     fi
     local out line
-    out=$(env "${env[@]}" "${on_client_cpu[@]}" wrk -t "$WRK_THREADS" -c "$(workload_conc "$1")" \
+    # counting: a counting run's perf stat, around the measured wrk (see measure).
+    out=$(env "${env[@]}" "${counting[@]}" "${on_client_cpu[@]}" wrk -t "$WRK_THREADS" -c "$(workload_conc "$1")" \
         -d "${3}s" --timeout "${WRK_TIMEOUT}s" -s benches/load/wrk.lua "$(url_of "$2" "$(workload_path "$1")")" 2>&1) || true
     # A wrk that could not run at all still gives a row, with -1 connect errors to flag it.
     line=$(grep '^WRK ' <<< "$out") ||
@@ -375,7 +429,7 @@ wrk_run() {
 
 raw="$work/raw.tsv"
 printf 'workload\ttarget\trep\tload1\tproxy_cpu_s\tproxy_peak_rss_kb\torigin_cpu_s\twrk_cpu_s\tother_cpu_s\twall_s\t%s\n' \
-    "requests bytes duration_us p50_us p99_us max_us status_errors connect_errors read_errors write_errors timeouts beside_bytes beside_duration_us" |
+    "requests bytes duration_us p50_us p99_us max_us status_errors connect_errors read_errors write_errors timeouts beside_bytes beside_duration_us machine_cpu_s steal_s all_cpu_s proxy_switches syscalls" |
     sed 's/ /\t/g' > "$raw"
 
 # Waits (up to 10 s) until the proxies' core is idle: what a run leaves in flight — a gzip
@@ -390,12 +444,24 @@ settle() {
     echo "  (the proxies' core was still busy after 10 s)"
 }
 
-measure() { # WORKLOAD TARGET REP
-    local pid=${pid_of[$2]} load1 p0 o0 w0 m0 t0 line p1 o1 w1 m1 t1
+# measure WORKLOAD TARGET REP: one run of DURATION seconds, a row of the raw captures. REP
+# "count" is a counting run instead (COUNT_SECONDS, after the timed ones, not among them): perf
+# stat counts the proxy's system calls (every thread: the raw_syscalls:sys_enter tracepoint,
+# counted in the kernel, no event copied out) over exactly wrk's run.
+counting=()
+measure() {
+    local pid=${pid_of[$2]} load1 p0 o0 w0 m0 s0 a0 t0 line p1 o1 w1 m1 s1 a1 cs t1 seconds=$DURATION
     settle
     reset_peak_rss "$pid"
     load1=$(cut -d' ' -f1 /proc/loadavg)
-    p0=$(cpu_ticks "$pid"); o0=$(cpu_ticks "$origin_pid"); w0=$(children_ticks); m0=$(busy_ticks)
+    if [[ $3 == count ]]; then
+        seconds=$COUNT_SECONDS
+        rm -f "$work/count.csv"
+        counting=(perf stat -x, -o "$work/count.csv" -e raw_syscalls:sys_enter -p "$pid" --)
+    fi
+    thread_switches "$pid" > "$work/switches.before"
+    p0=$(cpu_ticks "$pid"); o0=$(cpu_ticks "$origin_pid"); w0=$(children_ticks)
+    read -r m0 s0 a0 <<< "$(stat_ticks)"
     t0=$(date +%s.%N)
     # perf samples rangeway (all threads) for the whole first run of each of its targets.
     local perf_pid=""
@@ -424,21 +490,34 @@ measure() { # WORKLOAD TARGET REP
             -- sleep "$DURATION" 2>/dev/null &
         perf_pid=$!
     fi
-    line=$(wrk_run "$1" "$2" "$DURATION")
+    line=$(wrk_run "$1" "$2" "$seconds")
+    counting=()
     [[ -z $perf_pid ]] || wait "$perf_pid" || true
     t1=$(date +%s.%N)
-    p1=$(cpu_ticks "$pid"); o1=$(cpu_ticks "$origin_pid"); w1=$(children_ticks); m1=$(busy_ticks)
+    p1=$(cpu_ticks "$pid"); o1=$(cpu_ticks "$origin_pid"); w1=$(children_ticks)
+    cs=$(switches_since "$work/switches.before" "$pid")
+    read -r m1 s1 a1 <<< "$(stat_ticks)"
+    local calls=nan
+    if [[ $3 == count ]]; then
+        calls=$(awk -F, '$3 ~ /raw_syscalls:sys_enter/ && $1 ~ /^[0-9]+$/ { print $1 }' "$work/count.csv" 2>/dev/null)
+        [[ -n $calls ]] || calls=nan
+    fi
     # wrk ran in a subshell of $(...), reaped there, then added to ours when the subshell was.
     awk -v w="$1" -v t="$2" -v r="$3" -v l="$load1" -v hz="$ticks" -v p=$((p1 - p0)) -v o=$((o1 - o0)) \
-        -v k=$((w1 - w0)) -v m=$((m1 - m0)) -v t0="$t0" -v t1="$t1" -v rss="$(peak_rss_kb "$pid")" -v line="$line" '
+        -v k=$((w1 - w0)) -v m=$((m1 - m0)) -v st=$((s1 - s0)) -v all=$((a1 - a0)) -v cs="$cs" \
+        -v calls="$calls" -v t0="$t0" -v t1="$t1" -v rss="$(peak_rss_kb "$pid")" -v line="$line" '
         BEGIN {
             n = split(line, kv, " "); out = ""
             for (i = 2; i <= n; i++) { split(kv[i], f, "="); out = out "\t" f[2] }
             other = (m - p - o - k) / hz; if (other < 0) other = 0
-            printf "%s\t%s\t%s\t%s\t%.2f\t%s\t%.2f\t%.2f\t%.2f\t%.2f%s\n", w, t, r, l, p / hz, rss, o / hz, k / hz, other, t1 - t0, out
+            printf "%s\t%s\t%s\t%s\t%.2f\t%s\t%.2f\t%.2f\t%.2f\t%.2f%s\t%.2f\t%.2f\t%.2f\t%d\t%s\n",
+                w, t, r, l, p / hz, rss, o / hz, k / hz, other, t1 - t0, out, m / hz, st / hz, all / hz, cs, calls
         }' >> "$raw"
-    tail -1 "$raw" | awk -F'\t' '{ printf "  %-7s %-15s rep %s: %9.0f req/s %8.1f MB/s  p99 %7.2f ms  proxy CPU %5.2f s  load %s\n",
-        $1, $2, $3, $11 / ($13 / 1e6), $12 / ($13 / 1e6) / 1e6, $15 / 1000, $5, $4 }'
+    tail -1 "$raw" | awk -F'\t' '{ mib = $12 / 1048576; if (mib < 1e-9) mib = 1e-9
+        printf "  %-7s %-15s %-5s %9.0f req/s %8.1f MB/s  p99 %7.2f ms  proxy CPU %5.2f s  load %s  steal %.1f %%",
+            $1, $2, "rep " $3, $11 / ($13 / 1e6), $12 / ($13 / 1e6) / 1e6, $15 / 1000, $5, $4, 100 * $25 / ($26 > 0 ? $26 : 1)
+        if ($3 == "count") printf "  %.1f syscalls/MiB", $28 / mib
+        printf "\n" }'
 }
 
 start_uptime=$(uptime)
@@ -454,6 +533,13 @@ for workload in $WORKLOADS; do
             measure "$workload" "${targets[$(((i + rep - 1) % n))]}" "$rep"
         done
     done
+    # A counting run of each proxy (beside: the counted window would hold only part of the large
+    # downloads' bytes, so none).
+    if ((COUNT_SECONDS > 0)) && [[ $workload != beside ]]; then
+        for target in "${targets[@]}"; do
+            [[ -z ${pid_of[$target]} ]] || measure "$workload" "$target" count
+        done
+    fi
 done
 end_uptime=$(uptime)
 echo "machine after: $end_uptime"
@@ -480,6 +566,11 @@ cp "$raw" "$RAW_DIR/load-$stamp.tsv"
     printf 'objects\tlarge %s MiB at %s connections; small %s B at %s (beside the large: at %s); resume: random %s KiB ranges of %s MiB at %s\n' \
         "$LARGE_MIB" "$LARGE_CONC" "$SMALL_BYTES" "$SMALL_CONC" "$BESIDE_CONC" "$RESUME_RANGE_KIB" "$RESUME_MIB" "$RESUME_CONC"
     printf 'runs\t%s repetitions of %s s per target and workload (after %s s of warm-up)\n' "$REPS" "$DURATION" "$WARMUP"
+    printf 'floors\tbenches/load/floor_relay.c, %s -O2: splice-floor through a %s KiB pipe, copy-floor through a %s KiB buffer\n' \
+        "$(cc --version | head -1)" "$FLOOR_PIPE_KIB" "$FLOOR_COPY_KIB"
+    printf 'counting\t%s\n' "$( ((COUNT_SECONDS > 0)) && echo "one run of $COUNT_SECONDS s per proxy and workload after the timed ones, perf stat -e raw_syscalls:sys_enter" || echo "none")"
+    printf 'notsent_lowat\t%s\n' "$(sysctl -n net.ipv4.tcp_notsent_lowat)"
+    printf 'steal_max\t%s\n' "$STEAL_MAX"
 } > "$RAW_DIR/load-$stamp.meta"
 python3 benches/load/report.py "$RAW_DIR/load-$stamp.tsv" "$RAW_DIR/load-$stamp.meta" \
     "$OUT/load-$stamp.md" "$RAW_DIR/load-$stamp.svg"
@@ -529,12 +620,12 @@ case $PROFILE in
     counts)
         # perf trace -s prints a table per thread: summed here per system call, then per GB moved
         # in the same run (rep 1's bytes, from the raw rows).
-        for summary in "$work"/syscalls-*.txt; do
-            [[ -e $summary ]] || continue
-            first_run "$summary" syscalls
+        for trace in "$work"/syscalls-*.txt; do
+            [[ -e $trace ]] || continue
+            first_run "$trace" syscalls
             switches=$(awk -F, '/sched_switch/ { print $1 }' "$work/switches-$name.csv")
             echo "== $workload, $target: $gb GB in the first run; per GB:"
-            calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4 }' "$summary"; }
+            calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4 }' "$trace"; }
             calls | awk -v gb="$gb" -v sw="$switches" '{ total += $2 } END {
                 printf "  %-22s %10.0f\n  %-22s %10.0f\n", "context switches", sw / gb, "system calls", total / gb }'
             # mawk (Debian's awk) has no sort: per call, summed, then sort(1).
