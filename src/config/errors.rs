@@ -41,12 +41,3 @@ impl ConfigErrors {
         &self.0
     }
 }
-
-impl<'a> IntoIterator for &'a ConfigErrors {
-    type Item = &'a ConfigError;
-    type IntoIter = std::slice::Iter<'a, ConfigError>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
-    }
-}

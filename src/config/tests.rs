@@ -1519,7 +1519,6 @@ fn errors_display_one_per_line() {
     );
     let paths: Vec<&str> = errors.errors().iter().map(|e| e.path.as_str()).collect();
     assert_eq!(paths, ["server.listen", "server.admin_listen", "routes"]);
-    assert_eq!((&errors).into_iter().count(), 3);
 }
 
 #[test]
