@@ -429,7 +429,7 @@ impl<'a> Ctx<'a> {
     ) -> Option<(String, Secret)> {
         let example = key.example.split_once(" = ").map_or(key.example, |(_, value)| value);
         let name = self.string(at, value, example).ok()?;
-        let secret = self.check(at, key.read(&name, self.env.get(&name)))?;
+        let secret = self.check(at, key.read(&name, self.env.vars.get(&name)))?;
         Some((name, secret))
     }
 }

@@ -103,10 +103,6 @@ impl Env {
         self.vars.retain(|name, _| !is_override(name));
         self
     }
-
-    pub(super) fn get(&self, name: &str) -> Option<&OsString> {
-        self.vars.get(name)
-    }
 }
 
 fn is_override(name: &str) -> bool {

@@ -284,7 +284,7 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
                 "set them too, or remove it");
             let profile = v.string(&key("profile"), &r.profile, "\"default\"").opt()?;
             let Some(file) = &r.credentials_file else {
-                let env = |name: &str| v.env.get(name)?.to_str().map(str::to_owned);
+                let env = |name: &str| v.env.vars.get(name)?.to_str().map(str::to_owned);
                 return v.check(at, credentials::standard_credentials(env, profile));
             };
             let example = "\"/etc/rangeway/aws-credentials\"";
