@@ -56,11 +56,11 @@ pub(super) const DAY: u64 = 24 * 3600;
 pub(super) struct Ctx<'a> {
     pub(super) errors: Vec<ConfigError>,
     pub(super) env: &'a Env,
-    origins: &'a Origins<'a>,
+    pub(super) origins: &'a Origins<'a>,
     /// The middleware kinds there are, and what each accepts.
     pub(super) stages: &'a StageRegistry,
     /// How the file is named in the origins of middleware options.
-    file: &'a str,
+    pub(super) file: &'a str,
 }
 
 /// A value checked: not written, written wrong (and reported), or good.
@@ -109,16 +109,7 @@ impl<T> Got<T> {
     }
 }
 
-impl<'a> Ctx<'a> {
-    pub(super) fn new(
-        env: &'a Env,
-        origins: &'a Origins<'a>,
-        stages: &'a StageRegistry,
-        file: &'a str,
-    ) -> Self {
-        Self { errors: Vec::new(), env, origins, stages, file }
-    }
-
+impl Ctx<'_> {
     /// Records a problem with the value at `at`: naming the variable that set it, since that is
     /// what the user has to change, or else where it is in the file.
     pub(super) fn report(&mut self, at: &Path, problem: impl Into<String>, fix: impl Into<String>) {
