@@ -13,11 +13,11 @@ use rangeway_middleware::chain::StageRegistry;
 use serde::de::DeserializeOwned;
 
 use super::errors::ConfigError;
-pub(super) use super::errors::{Problem, wrong};
 use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
 use crate::values::secret::{Secret, SecretVar};
 use crate::values::units::{self, UnitError};
+pub(super) use crate::values::{Problem, wrong};
 
 /// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
 /// struct is never built of a value that was reported.

@@ -1,8 +1,6 @@
 //! What a rejected configuration reports: every problem at once, each with where it is and what
 //! to do.
 
-pub(super) use crate::values::{Problem, wrong};
-
 /// One problem, displayed as `path (line L, column C): problem — fix`. No field ever holds a
 /// secret: values of secret-bearing keys are never echoed, only described.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::errors::{ConfigError, Problem, wrong};
+use super::errors::ConfigError;
+use crate::values::{Problem, wrong};
 
 /// What every override variable's name starts with (in any case); `__` separates its segments.
 const ENV_PREFIX: &str = "RANGEWAY__";
