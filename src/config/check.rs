@@ -335,8 +335,7 @@ impl Ctx<'_> {
         let Some(value) = value.into() else { return Got::Absent };
         let parsed = match &value.kind {
             ValueKind::String(text) => units::parse_duration(text),
-            ValueKind::I64(number) => Err(units::bare_number(&number.to_string())),
-            ValueKind::Float(number) => Err(units::bare_number(&number.to_string())),
+            ValueKind::I64(_) | ValueKind::Float(_) => Err(units::bare_number(&value.to_string())),
             _ => return self.wrong_type(at, value, "a duration string", "\"30s\""),
         };
         match parsed.and_then(|d| units::duration_within(d, &range)) {
