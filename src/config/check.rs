@@ -249,7 +249,6 @@ impl Ctx<'_> {
         }
     }
 
-    /// A string that `parse` makes a `T` of.
     pub(super) fn parsed<'v, T>(
         &mut self,
         at: &Path,
