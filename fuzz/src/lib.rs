@@ -43,7 +43,7 @@ pub fn check_config_text(text: &str) -> Result<Config, ConfigErrors> {
         (a, b) => panic!("the same text loaded once {:?} and once {:?}", a.is_ok(), b.is_ok()),
     };
     assert!(!errors.errors().is_empty(), "a refusal without a problem");
-    for error in &errors {
+    for error in errors.errors() {
         assert!(!error.path.is_empty(), "no place: {error:?}");
         assert!(!error.problem.is_empty(), "no problem: {error:?}");
         assert!(!error.fix.is_empty(), "no fix: {error:?}");

@@ -25,11 +25,9 @@ pub(super) fn chain(
     for (index, spec) in specs.iter().enumerate() {
         let (stage, tables) = spec.stage_options();
         for key in tables {
-            let (problem, fix) = (
-                "is a table, which no stage option takes",
-                "write a string, number, boolean or list",
-            );
-            problems.push((at.index(index).key(key), problem.to_owned(), fix.to_owned()));
+            let problem = "is a table, which no stage option takes".to_owned();
+            let fix = "write a string, number, boolean or list".to_owned();
+            problems.push((at.index(index).key(key), problem, fix));
         }
         options.push(stage);
     }

@@ -13,11 +13,11 @@ use rangeway_middleware::chain::StageRegistry;
 use serde::de::DeserializeOwned;
 
 use super::errors::ConfigError;
-pub(super) use super::errors::{Problem, wrong};
 use super::raw::{Keys, Raw};
 use super::source::{Env, Origins, Path, toml_value};
 use crate::values::secret::{Secret, SecretVar};
 use crate::values::units::{self, UnitError};
+pub(super) use crate::values::{Problem, wrong};
 
 /// `Some(T { .. })` when every field, an `Option` in scope or given after a colon, is `Some`: a
 /// struct is never built of a value that was reported.
@@ -56,11 +56,11 @@ pub(super) const DAY: u64 = 24 * 3600;
 pub(super) struct Ctx<'a> {
     pub(super) errors: Vec<ConfigError>,
     pub(super) env: &'a Env,
-    origins: &'a Origins<'a>,
+    pub(super) origins: &'a Origins<'a>,
     /// The middleware kinds there are, and what each accepts.
     pub(super) stages: &'a StageRegistry,
     /// How the file is named in the origins of middleware options.
-    file: &'a str,
+    pub(super) file: &'a str,
 }
 
 /// A value checked: not written, written wrong (and reported), or good.
@@ -109,16 +109,7 @@ impl<T> Got<T> {
     }
 }
 
-impl<'a> Ctx<'a> {
-    pub(super) fn new(
-        env: &'a Env,
-        origins: &'a Origins<'a>,
-        stages: &'a StageRegistry,
-        file: &'a str,
-    ) -> Self {
-        Self { errors: Vec::new(), env, origins, stages, file }
-    }
-
+impl Ctx<'_> {
     /// Records a problem with the value at `at`: naming the variable that set it, since that is
     /// what the user has to change, or else where it is in the file.
     pub(super) fn report(&mut self, at: &Path, problem: impl Into<String>, fix: impl Into<String>) {
@@ -258,7 +249,6 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// A string that `parse` makes a `T` of.
     pub(super) fn parsed<'v, T>(
         &mut self,
         at: &Path,
@@ -344,8 +334,7 @@ impl<'a> Ctx<'a> {
         let Some(value) = value.into() else { return Got::Absent };
         let parsed = match &value.kind {
             ValueKind::String(text) => units::parse_duration(text),
-            ValueKind::I64(number) => Err(units::bare_number(&number.to_string())),
-            ValueKind::Float(number) => Err(units::bare_number(&number.to_string())),
+            ValueKind::I64(_) | ValueKind::Float(_) => Err(units::bare_number(&value.to_string())),
             _ => return self.wrong_type(at, value, "a duration string", "\"30s\""),
         };
         match parsed.and_then(|d| units::duration_within(d, &range)) {
@@ -429,7 +418,7 @@ impl<'a> Ctx<'a> {
     ) -> Option<(String, Secret)> {
         let example = key.example.split_once(" = ").map_or(key.example, |(_, value)| value);
         let name = self.string(at, value, example).ok()?;
-        let secret = self.check(at, key.read(&name, self.env.get(&name)))?;
+        let secret = self.check(at, key.read(&name, self.env.vars.get(&name)))?;
         Some((name, secret))
     }
 }

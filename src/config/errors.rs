@@ -1,8 +1,6 @@
 //! What a rejected configuration reports: every problem at once, each with where it is and what
 //! to do.
 
-pub(super) use crate::values::{Problem, wrong};
-
 /// One problem, displayed as `path (line L, column C): problem — fix`. No field ever holds a
 /// secret: values of secret-bearing keys are never echoed, only described.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,14 +37,5 @@ pub struct ConfigErrors(pub(super) Vec<ConfigError>);
 impl ConfigErrors {
     pub fn errors(&self) -> &[ConfigError] {
         &self.0
-    }
-}
-
-impl<'a> IntoIterator for &'a ConfigErrors {
-    type Item = &'a ConfigError;
-    type IntoIter = std::slice::Iter<'a, ConfigError>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
     }
 }

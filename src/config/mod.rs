@@ -98,7 +98,7 @@ impl Config {
     ) -> Result<Self, ConfigErrors> {
         let (raw, origins, errors) =
             source::load::<Raw<RawConfig>>(text, name, env).map_err(|e| ConfigErrors(vec![e]))?;
-        let mut v = Ctx::new(env, &origins, stages, name);
+        let mut v = Ctx { errors: Vec::new(), env, origins: &origins, stages, file: name };
         let config = Self::check(&mut v, &raw);
         let errors = [errors, v.errors].concat();
         match config {

@@ -15,7 +15,6 @@ use crate::ip_net::IpNet;
 use crate::values::listen_addr;
 use crate::values::secret::{AdminToken, SecretVar};
 
-/// `[server]`.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ServerConfig {

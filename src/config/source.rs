@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use super::errors::{ConfigError, Problem, wrong};
+use super::errors::ConfigError;
+use crate::values::{Problem, wrong};
 
 /// What every override variable's name starts with (in any case); `__` separates its segments.
 const ENV_PREFIX: &str = "RANGEWAY__";
@@ -102,10 +103,6 @@ impl Env {
     pub(super) fn without_overrides(mut self) -> Self {
         self.vars.retain(|name, _| !is_override(name));
         self
-    }
-
-    pub(super) fn get(&self, name: &str) -> Option<&OsString> {
-        self.vars.get(name)
     }
 }
 

@@ -21,8 +21,6 @@ pub(super) fn check(v: &mut Ctx<'_>, at: &Path, raw: &Raw<RawState>) -> Option<S
     read! { v, at, r;
         ttl: duration(secs(1)..=secs(365 * DAY)).or(secs(DAY));
         key_prefix: parsed("\"rangeway:\"", StateConfig::key_prefix).or("rangeway:".to_owned());
-    }
-    read! { v, at, r;
         id_key_env: nested(id_key_env).opt();
         id_key_file: parsed("\"/etc/rangeway/id_key\"", read_key_file).opt();
         max_memory: size(1 << 20..=1 << 40, "\"256MiB\"").or(256 << 20);

@@ -1395,8 +1395,8 @@ fn string_configs_take_no_overrides() {
     assert_eq!(config.server.listen, addr("127.0.0.1:8080"));
     let env = Env::from_pairs([("RANGEWAY__SERVER__LISTEN", "127.0.0.1:1"), ("TOKEN", "t")]);
     let stripped = env.without_overrides();
-    assert!(stripped.get("RANGEWAY__SERVER__LISTEN").is_none());
-    assert!(stripped.get("TOKEN").is_some());
+    assert!(!stripped.vars.contains_key("RANGEWAY__SERVER__LISTEN"));
+    assert!(stripped.vars.contains_key("TOKEN"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1519,7 +1519,6 @@ fn errors_display_one_per_line() {
     );
     let paths: Vec<&str> = errors.errors().iter().map(|e| e.path.as_str()).collect();
     assert_eq!(paths, ["server.listen", "server.admin_listen", "routes"]);
-    assert_eq!((&errors).into_iter().count(), 3);
 }
 
 #[test]

@@ -98,16 +98,15 @@ fn check_certificates(
     let read: Vec<_> =
         items.iter().enumerate().map(|(i, raw)| certificate(v, &at.index(i), raw)).collect();
     let (certificates, defaults): (Vec<_>, Vec<bool>) = read.into_iter().collect::<Option<_>>()?;
-    let mut defaults = defaults.iter().enumerate().filter(|(_, default)| **default).map(|(i, _)| i);
-    let first = defaults.next();
-    if let (Some(first), Some(second)) = (first, defaults.next()) {
-        return v.fail(
+    match *(0..defaults.len()).filter(|&i| defaults[i]).collect::<Vec<_>>() {
+        [] => Some((certificates, 0)),
+        [default] => Some((certificates, default)),
+        [first, second, ..] => v.fail(
             &at.index(second).key("default"),
             format!("tls.certificates[{first}] is the default already"),
             "mark one certificate default = true",
-        );
+        ),
     }
-    Some((certificates, first.unwrap_or(0)))
 }
 
 fn certificate(

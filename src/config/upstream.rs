@@ -284,7 +284,7 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
                 "set them too, or remove it");
             let profile = v.string(&key("profile"), &r.profile, "\"default\"").opt()?;
             let Some(file) = &r.credentials_file else {
-                let env = |name: &str| v.env.get(name)?.to_str().map(str::to_owned);
+                let env = |name: &str| v.env.vars.get(name)?.to_str().map(str::to_owned);
                 return v.check(at, credentials::standard_credentials(env, profile));
             };
             let example = "\"/etc/rangeway/aws-credentials\"";
@@ -311,13 +311,9 @@ fn credentials(v: &mut Ctx<'_>, at: &Path, r: &RawUpstream) -> Option<S3Credenti
     let secret =
         read("secret_key_env", secret, "SECRET_ACCESS_KEY", "the secret access key", OTHERWISE);
     let otherwise = "or remove session_token_env for a long-term key";
-    let token = match &r.session_token_env {
-        Some(value) => {
-            read("session_token_env", value, "SESSION_TOKEN", "the session token", otherwise)
-                .map(Some)
-        }
-        None => Some(None),
-    };
+    let token = r.session_token_env.as_ref().map_or(Some(None), |value| {
+        read("session_token_env", value, "SESSION_TOKEN", "the session token", otherwise).map(Some)
+    });
     let ((access_var, access_key_id), (secret_var, secret_access_key)) = (access?, secret?);
     Some(S3Credentials {
         access_key_id,
