@@ -54,9 +54,13 @@ start_rangeway() {
     port=$(free_port)
     plain=$(free_port)
     { rangeway_conf "$plain" "$origin_port"
-      printf '[tls]\nlisten = "127.0.0.1:%s"\nh3 = true\n' "$port"
+      printf '[tls]\nlisten = "127.0.0.1:%s"\n' "$port"
       printf '[[tls.certificates]]\ncert_file = "%s"\nkey_file = "%s"\n' \
-          "$work/cert.pem" "$work/key.pem"; } > "$work/rangeway.toml"
+          "$work/cert.pem" "$work/key.pem"
+      # Every connection comes from one address here: the per-address bound and the Retry
+      # threshold, there for many clients, would refuse or delay the load's own connections.
+      printf '[tls.h3]\nmax_connections_per_client = %s\nretry_above_handshakes = %s\n' \
+          $((CONC + 16)) $((CONC + 16)); } > "$work/rangeway.toml"
     RUST_LOG=warn start_bg taskset -c "$PROXY_CPU" "$bin" serve --config "$work/rangeway.toml" \
         >"$work/rangeway.log" 2>&1
     ports[rangeway]=$port; procs[rangeway]=$last_pid
