@@ -11,6 +11,7 @@ pub(crate) mod client_writes;
 pub mod config;
 pub mod fingerprint;
 pub mod h3;
+pub(crate) mod h3_transport;
 pub mod ip_net;
 pub mod links;
 pub mod logging;

@@ -386,7 +386,7 @@ fn certificates(tls: &TlsConfig) -> Result<Certificates, StartError> {
 fn h3_service(
     config: &Config,
     tls: &TlsConfig,
-    h3: &crate::h3::H3Config,
+    h3: &crate::tls::H3Config,
     (resolver, places): (&Arc<SniResolver>, ConnectionPlaces),
     proxy: Proxy,
     metrics: &Arc<Metrics>,

@@ -9,8 +9,7 @@ use super::check::{Ctx, complete, read, secs, wrong};
 use super::raw::{Raw, RawCertificate, RawH3, RawTls};
 use super::server::ServerConfig;
 use super::source::Path;
-use crate::h3::H3Config;
-use crate::tls::{CertificateFiles, LoadedCertificate, TlsCertificate, TlsConfig};
+use crate::tls::{CertificateFiles, H3Config, LoadedCertificate, TlsCertificate, TlsConfig};
 use crate::values::listen_addr;
 
 const CERTIFICATE_EXAMPLE: &str = "[[tls.certificates]] with cert_file = \

@@ -19,7 +19,7 @@
 //! On SIGTERM new connections are refused, each connection is told GOAWAY (RFC 9114 §5.2), its
 //! requests finish, and it closes once the client has acknowledged every response on it: the
 //! drain (`crate::server`) waits for the connections as for the responses, since their last
-//! bytes go out from this process. h3 runs over quinn through transport.rs, which gives each
+//! bytes go out from this process. h3 runs over quinn through `crate::h3_transport`, which gives each
 //! request its stream's `stopped()` for that and for a client that stops reading, and lets its
 //! body's chunks reach quinn uncopied.
 
@@ -40,46 +40,11 @@ use quinn::{Endpoint, EndpointConfig, IdleTimeout, Incoming, TransportConfig, Va
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-pub(crate) mod transport;
-
 use crate::admission::{ClientLimits, ConnectionPlace, ConnectionPlaces};
+use crate::h3_transport::{LastAccepted, Transport};
 use crate::proxy::{H3Client, Proxy};
 use crate::telemetry::metrics::Metrics;
-use crate::tls::{SniResolver, TlsConfig};
-use transport::{LastAccepted, Transport};
-
-/// `[tls] h3`: HTTP/3's listeners and what a client may cost on them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct H3Config {
-    /// The port `Alt-Svc` names, where a balancer maps another to the listeners' (`None`: the
-    /// first listener's).
-    pub alt_svc_port: Option<u16>,
-    /// Request streams a connection may have open at once.
-    pub max_streams: u32,
-    /// QUIC connections one address may have open (handshakes included).
-    pub max_connections_per_client: u32,
-    /// A connection with no packet for this long is closed.
-    pub idle_timeout: Duration,
-    /// Whether 0-RTT data is taken (then GET and HEAD only are answered before the handshake
-    /// completes).
-    pub early_data: bool,
-    /// Past this many handshakes in flight, a new client proves its address first (Retry).
-    pub retry_above_handshakes: u32,
-}
-
-impl Default for H3Config {
-    fn default() -> Self {
-        Self {
-            alt_svc_port: None,
-            max_streams: 100,
-            max_connections_per_client: 64,
-            idle_timeout: Duration::from_secs(30),
-            early_data: false,
-            retry_above_handshakes: 64,
-        }
-    }
-}
+use crate::tls::{H3Config, SniResolver, TlsConfig};
 
 /// Unidirectional streams a client may open: HTTP/3's control stream and QPACK's two, and room
 /// for the reserved (grease) ones clients send.

@@ -61,7 +61,7 @@ use tracing::Instrument as _;
 use crate::admission::ClientLimits;
 use crate::cache::SliceCache;
 use crate::fingerprint::FingerprintKey;
-use crate::h3::transport::{Acknowledged, StreamHandle};
+use crate::h3_transport::{Acknowledged, StreamHandle};
 use crate::ip_net::IpNet;
 use crate::routes::RouteSwitch;
 use crate::routes::origin_client::OriginClient;

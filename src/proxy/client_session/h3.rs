@@ -19,7 +19,7 @@ use pingora_error::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::ClientSession;
-use crate::h3::transport::{Acknowledged, BidiStream, BodyHandoff, StreamHandle};
+use crate::h3_transport::{Acknowledged, BidiStream, BodyHandoff, StreamHandle};
 use crate::proxy::splice::RawSocket;
 
 /// A request's stream, as h3 hands it over.

@@ -1,4 +1,6 @@
-//! h3 over quinn: the QUIC side of `h3::quic`'s traits, for the listener's connections.
+//! h3 over quinn: the QUIC side of `h3::quic`'s traits, for the listener's connections. It lies
+//! beneath both the listener (`crate::h3`) and the request's session
+//! (`proxy/client_session/h3.rs`), which share its stream handles.
 //!
 //! hyperium's h3-quinn does the same and keeps each stream's quinn handle to itself; rangeway
 //! needs two things of a request stream that go past h3's API, kept for its request in a
