@@ -3,7 +3,8 @@
 //! headless chromium — against rangeway on free ports, with certificates the test makes. Each
 //! answer is compared byte for byte with the object, and with the same request over HTTP/2
 //! (curl) where the two must agree. A client that moves to another port mid-download keeps its
-//! connection; a lossy, reordering UDP path between them loses no byte.
+//! connection; a lossy, reordering UDP path between them loses no byte. (A flood of connection
+//! attempts is tests/h3_flood.rs's, a binary of its own.)
 
 mod support;
 

@@ -1,7 +1,8 @@
 //! Traces and JSON access lines: rangeway (the binary, `[traces]` on) exports its spans over
 //! OTLP/HTTP to a receiver in the test that decodes them with the OpenTelemetry project's own
 //! protobuf classes (`tests/otlp_receiver.py`, opentelemetry-proto); the origin's request log
-//! shows what was propagated; the JSON access line is parsed.
+//! shows what was propagated; the JSON access line is parsed. Requests come over HTTP/1.1, and
+//! over HTTP/2 (curl) and HTTP/3 (aioquic, `tests/h3_client.py`) on a TLS listener.
 
 mod support;
 
@@ -11,11 +12,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+use support::clients::{CLIENT_TIMEOUT, run};
 use support::data::test_bytes;
 use support::http::get;
 use support::origin::{Behaviour, Origin};
+use support::ports::free_port;
 use support::proxy::ProxyProcess;
 use support::s3::{S3Server, credentials_file};
+use support::tls::TestPki;
 use support::tmp::TempDir;
 
 const LEN: usize = 1024 * 1024 + 17;
@@ -378,4 +382,120 @@ fn an_s3_route_still_signs_with_a_traceparent_sent_and_waits_on_fills_are_spans(
     let wait = spans.iter().find(|s| s["name"] == "cache.wait").expect("a cache.wait span");
     assert!(wait["attributes"]["rangeway.waits"].as_u64() >= Some(1), "{wait}");
     assert!(wait["attributes"]["rangeway.waited_ms"].as_f64() > Some(0.0), "{wait}");
+}
+
+/// `[tls]` on `port`, with HTTP/3 on, presenting `pki`'s `localhost` certificate.
+fn tls_with_h3(pki: &TestPki, port: u16) -> String {
+    let files = pki.localhost();
+    format!(
+        "[tls]\nlisten = \"127.0.0.1:{port}\"\nh3 = true\n[[tls.certificates]]\n\
+         cert_file = \"{}\"\nkey_file = \"{}\"\n\n",
+        files.cert.display(),
+        files.key.display()
+    )
+}
+
+/// `url` over HTTP/3 with aioquic (`tests/h3_client.py`), `traceparent` sent; the body goes to
+/// `out`, and the answer's status is returned.
+fn get_h3(pki: &TestPki, port: u16, path: &str, traceparent: &str, out: &Path) -> u64 {
+    let request = serde_json::json!({
+        "path": path, "headers": { "traceparent": traceparent }, "out": out,
+    });
+    let mut client = Command::new("python3");
+    client
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
+        .args(["--connect", &format!("127.0.0.1:{port}"), "--ca"])
+        .arg(pki.ca_cert())
+        .args(["--request", &request.to_string()]);
+    let seen = run(client, CLIENT_TIMEOUT);
+    seen.assert_success();
+    let answer: Value = seen
+        .stdout
+        .lines()
+        .next()
+        .and_then(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("an answer line: {seen}"));
+    assert_eq!(answer["reset"], false, "{seen}");
+    answer["status"].as_u64().unwrap_or_else(|| panic!("a status: {seen}"))
+}
+
+/// `url` over HTTP/2 with curl, `traceparent` sent; the body goes to `out`, and the answer's
+/// status is returned.
+fn get_h2(pki: &TestPki, port: u16, path: &str, traceparent: &str, out: &Path) -> u64 {
+    let mut curl = Command::new("curl");
+    curl.args(["-sS", "--http2", "-w", "%{http_code}", "-o"]).arg(out).arg("--cacert");
+    curl.arg(pki.ca_cert()).args(["-H", &format!("traceparent: {traceparent}")]);
+    curl.arg(format!("https://localhost:{port}{path}"));
+    let seen = run(curl, CLIENT_TIMEOUT);
+    seen.assert_success();
+    seen.stdout.trim().parse().unwrap_or_else(|_| panic!("a status: {seen}"))
+}
+
+#[test]
+fn a_request_over_h3_joins_the_client_s_trace_as_one_over_h2_does() {
+    let receiver = Receiver::start();
+    let origin = Origin::start();
+    let object = test_bytes(LEN, 75);
+    origin.put("/obj.bin", object.clone());
+    let pki = TestPki::new();
+    let port = free_port();
+    let work = TempDir::new("traces-h3");
+    let log = work.join("rangeway.log");
+    let body = format!(
+        "{}{}[log]\nformat = \"json\"\n\n{}",
+        receiver.config("0"),
+        tls_with_h3(&pki, port),
+        routes(&origin)
+    );
+    let _proxy = ProxyProcess::start_logged(&body, &QUICK_EXPORT, &log);
+    // Each request its own client trace; the same route, the same object, two protocols.
+    type Get = fn(&TestPki, u16, &str, &str, &Path) -> u64;
+    let cases: [(&str, Get, &str, &str); 2] = [
+        ("HTTP/3.0", get_h3, "9a1b2c3d4e5f60718293a4b5c6d7e8f9", "1122334455667788"),
+        ("HTTP/2.0", get_h2, "0f1e2d3c4b5a69788796a5b4c3d2e1f0", "8877665544332211"),
+    ];
+    for (version, fetch, trace, client_span) in cases {
+        let out = work.join(format!("obj-{}", &version[5..6]));
+        let traceparent = format!("00-{trace}-{client_span}-01");
+        assert_eq!(fetch(&pki, port, "/plain/obj.bin", &traceparent, &out), 200, "{version}");
+        assert!(std::fs::read(&out).expect("the body") == object, "{version}: byte for byte");
+
+        // The origin was told of the client's trace, under a span of rangeway's own.
+        let told: Vec<(String, String)> = origin
+            .requests()
+            .iter()
+            .filter_map(|r| r.header("traceparent").map(trace_parent))
+            .filter(|(told_trace, _)| told_trace == trace)
+            .collect();
+        assert_eq!(told.len(), 1, "{version}: one origin request in the trace: {told:?}");
+        let told_span = &told[0].1;
+        assert_ne!(told_span, client_span, "{version}: rangeway's own span");
+
+        // The request span joins the client's trace under the client's span, and says which
+        // protocol the request came in; the origin request's span is the one the origin was
+        // told of, under it.
+        let spans = receiver.trace(trace, &["origin"]);
+        let request = spans.iter().find(|s| s["kind"] == SERVER).expect("the request span");
+        assert_eq!(request["parent_span_id"], client_span, "{version}: {request}");
+        assert_eq!(request["name"], "GET /plain/", "{version}: {request}");
+        let attributes = &request["attributes"];
+        assert_eq!(attributes["network.protocol.version"], version, "{request}");
+        assert_eq!(attributes["http.response.status_code"], 200, "{version}: {request}");
+        assert_eq!(attributes["http.response.body.size"], LEN as u64, "{version}: {request}");
+        assert_eq!(attributes["url.path"], "/plain/obj.bin", "{version}: {request}");
+        assert!(
+            attributes["client.address"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")),
+            "{version}: {request}"
+        );
+        let attempt = spans.iter().find(|s| s["name"] == "origin").expect("the origin span");
+        assert_eq!(attempt["kind"], CLIENT, "{version}: {attempt}");
+        assert_eq!(attempt["parent_span_id"], request["span_id"], "{version}: {attempt}");
+        assert_eq!(&attempt["span_id"], told_span.as_str(), "{version}: the span told of");
+
+        // The access line names the protocol and the trace.
+        let line = support::wait::until("the access line", Duration::from_secs(5), || {
+            access_lines(&log).into_iter().find(|l| l["trace_id"] == trace)
+        });
+        assert_eq!((&line["version"], &line["status"]), (&version.into(), &200.into()), "{line}");
+    }
 }

@@ -135,7 +135,7 @@ struct Listener {
     places: Places,
     /// `max_connections`, which QUIC connections share with the TCP listeners'.
     everyone: ConnectionPlaces,
-    handshakes: AtomicUsize,
+    handshakes: Arc<AtomicUsize>,
 }
 
 impl H3Service {
@@ -149,7 +149,7 @@ impl H3Service {
     ) -> Self {
         let places = Places::new(metrics.quic_connections());
         let proxy = Arc::new(proxy);
-        let handshakes = AtomicUsize::new(0);
+        let handshakes = Arc::new(AtomicUsize::new(0));
         let listener = Listener { proxy, metrics, limits, config, places, everyone, handshakes };
         Self { sockets: Mutex::new(sockets), server_config, listener: Arc::new(listener) }
     }
@@ -246,8 +246,13 @@ impl Listener {
                         incoming.refuse();
                         continue;
                     };
+                    // In flight from now, not from when its task first runs: the attempts of a
+                    // burst are admitted one after another before any of their tasks has run,
+                    // and each must count those admitted before it (`retry_above_handshakes`).
+                    let handshake = Handshake::start(&self.handshakes);
                     let listener = Arc::clone(&self);
-                    tokio::spawn(listener.connection(incoming, place, shutdown.clone()));
+                    let admitted = (place, handshake);
+                    tokio::spawn(listener.connection(incoming, admitted, shutdown.clone()));
                 }
             }
         }
@@ -269,18 +274,18 @@ impl Listener {
     }
 
     /// One connection, from its handshake to its close: its request streams each answered by a
-    /// task of their own.
+    /// task of their own. It holds its place from its admission, and counts among the
+    /// handshakes in flight until its handshake ends.
     async fn connection(
         self: Arc<Self>,
         incoming: Incoming,
-        _place: Place,
+        (_place, handshake): (Place, Handshake),
         shutdown: ShutdownWatch,
     ) {
         // The address of the handshake, which stays the client's whatever path the connection
         // migrates to.
         let peer = incoming.remote_address();
         let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-        let handshake = Handshake::start(&self.handshakes);
         // Within client_header_timeout, as a TLS handshake over TCP: a client that starts one
         // and stalls holds its place no longer than a slow request header would.
         let connected = match incoming.accept() {
@@ -415,16 +420,16 @@ impl Listener {
 }
 
 /// A handshake in flight, counted while it lasts.
-struct Handshake<'a>(&'a AtomicUsize);
+struct Handshake(Arc<AtomicUsize>);
 
-impl<'a> Handshake<'a> {
-    fn start(count: &'a AtomicUsize) -> Self {
+impl Handshake {
+    fn start(count: &Arc<AtomicUsize>) -> Self {
         count.fetch_add(1, Ordering::Relaxed);
-        Self(count)
+        Self(Arc::clone(count))
     }
 }
 
-impl Drop for Handshake<'_> {
+impl Drop for Handshake {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
