@@ -165,8 +165,7 @@ fn a_flood_of_initials_that_never_finish_costs_bounded_memory_and_clients_still_
     let sockets: Vec<UdpSocket> = (2..=9u8)
         .flat_map(|last| {
             (0..16).map(move |_| {
-                UdpSocket::bind(SocketAddr::from(([127, 0, 0, last], 0)))
-                    .expect("a flood socket")
+                UdpSocket::bind(SocketAddr::from(([127, 0, 0, last], 0))).expect("a flood socket")
             })
         })
         .collect();

@@ -43,7 +43,7 @@ use tracing::{debug, info, warn};
 use crate::admission::{ClientLimits, ConnectionPlace, ConnectionPlaces};
 use crate::h3_transport::{LastAccepted, Transport};
 use crate::proxy::{H3Client, Proxy};
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, QuicHandshake};
 use crate::tls::{H3Config, SniResolver, TlsConfig};
 
 /// Unidirectional streams a client may open: HTTP/3's control stream and QPACK's two, and room
@@ -205,7 +205,7 @@ async fn bind_when_free(addr: SocketAddr) -> UdpSocket {
 enum Admit {
     Accept,
     Retry,
-    Refuse(&'static str),
+    Refuse(QuicHandshake),
 }
 
 impl Listener {
@@ -226,12 +226,12 @@ impl Listener {
             };
             let ip = incoming.remote_address().ip().to_canonical();
             let admit = match draining {
-                true => Admit::Refuse("refused_draining"),
+                true => Admit::Refuse(QuicHandshake::RefusedDraining),
                 false => self.admit(&incoming, ip),
             };
             match admit {
                 Admit::Retry => {
-                    self.metrics.quic_handshake("retried");
+                    self.metrics.quic_handshake(QuicHandshake::Retried);
                     if let Err(e) = incoming.retry() {
                         e.into_incoming().refuse();
                     }
@@ -268,7 +268,7 @@ impl Listener {
         let unproven = !incoming.remote_address_validated() && incoming.may_retry();
         match (unproven, busy || full) {
             (true, true) => Admit::Retry,
-            _ if full => Admit::Refuse("refused_per_client"),
+            _ if full => Admit::Refuse(QuicHandshake::RefusedPerClient),
             _ => Admit::Accept,
         }
     }
@@ -298,17 +298,17 @@ impl Listener {
         let (connection, confirmed) = match connected {
             Ok(Ok(connected)) => connected,
             Ok(Err(e)) => {
-                self.metrics.quic_handshake("failed");
+                self.metrics.quic_handshake(QuicHandshake::Failed);
                 debug!(%peer, error = %e, "QUIC handshake failed");
                 return;
             }
             Err(_) => {
-                self.metrics.quic_handshake("failed");
+                self.metrics.quic_handshake(QuicHandshake::Failed);
                 debug!(%peer, "QUIC handshake took longer than client_header_timeout");
                 return;
             }
         };
-        self.metrics.quic_handshake("accepted");
+        self.metrics.quic_handshake(QuicHandshake::Accepted);
         let last_accepted = LastAccepted::default();
         let h3 = h3::server::builder()
             .max_field_section_size(self.limits.max_header_bytes as u64)

@@ -71,9 +71,49 @@ impl QuicMetrics {
         )
         .expect("valid metric");
         registry.register(Box::new(connections.clone())).expect("metric names are unique");
+        // Every outcome exported from the start, so a board's query has a series before the
+        // first attempt.
+        for outcome in QuicHandshake::ALL {
+            handshakes.with_label_values(&[outcome.label()]);
+        }
         registry.register(Box::new(handshakes.clone())).expect("metric names are unique");
         registry.register(Box::new(migrated.clone())).expect("metric names are unique");
         Self { connections, handshakes, migrated }
+    }
+}
+
+/// How a QUIC connection attempt ended: the `outcome` of `rangeway_quic_handshakes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuicHandshake {
+    /// The handshake completed.
+    Accepted,
+    /// It did not, or timed out.
+    Failed,
+    /// The client was asked to prove its address first.
+    Retried,
+    /// More connections open from its address than `max_connections_per_client`.
+    RefusedPerClient,
+    /// The server is shutting down.
+    RefusedDraining,
+}
+
+impl QuicHandshake {
+    const ALL: [Self; 5] = [
+        Self::Accepted,
+        Self::Failed,
+        Self::Retried,
+        Self::RefusedPerClient,
+        Self::RefusedDraining,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Failed => "failed",
+            Self::Retried => "retried",
+            Self::RefusedPerClient => "refused_per_client",
+            Self::RefusedDraining => "refused_draining",
+        }
     }
 }
 
@@ -555,8 +595,8 @@ impl Metrics {
     }
 
     /// A QUIC connection attempt ended as `outcome` says (see `rangeway_quic_handshakes_total`).
-    pub(crate) fn quic_handshake(&self, outcome: &str) {
-        self.quic.handshakes.with_label_values(&[outcome]).inc();
+    pub(crate) fn quic_handshake(&self, outcome: QuicHandshake) {
+        self.quic.handshakes.with_label_values(&[outcome.label()]).inc();
     }
 
     pub fn active_download(&self) -> ActiveDownload {
