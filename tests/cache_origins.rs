@@ -1,7 +1,8 @@
 //! The slice cache in front of origins as operators have them: a strong ETag, a weak one, only
-//! `Last-Modified`, no validator at all, Range ignored, no length on HEAD. Whatever the
-//! validators, a cold download costs the origin one request and the next one none, ranges are
-//! exact, and an object replaced between two fills never yields an answer that mixes versions.
+//! `Last-Modified`, no validator at all, Range ignored, no length on HEAD or on any answer.
+//! Whatever the validators, a cold download costs the origin one request and the next one
+//! none, ranges are exact, and an object replaced between two fills never yields an answer that
+//! mixes versions.
 //! Served stale only where the answer allows it: with the origin gone (`stale-if-error`), or
 //! while one validation runs behind (`stale-while-revalidate`). Counted at the origin.
 
@@ -11,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use support::clients::sha256_hex;
 use support::data::test_bytes;
-use support::http::{Response, get};
+use support::http::{RawRequest, Response, get, head};
 use support::origin::{Behaviour, Origin};
 use support::proxy::{Proxy, cache_config};
 use support::tmp::TempDir;
@@ -78,6 +79,89 @@ fn every_kind_of_origin_is_cached_with_one_request_a_miss() {
         }
         assert_eq!(asked(&origin), 0, "{kind}: warm downloads ask the origin nothing");
     }
+}
+
+/// Waits until the cache holds `path` whole: as many slices as its length takes.
+fn kept_whole(proxy: &Proxy, path: &str, len: usize) {
+    support::wait::until("the whole object kept", Duration::from_secs(10), || {
+        let listed = get(&proxy.admin_url(&format!("/v1/cache?path={path}")), &[]);
+        let listed: serde_json::Value = serde_json::from_slice(&listed.body).ok()?;
+        let object = &listed["objects"][0];
+        let slice = object["slice_size"].as_u64().filter(|size| *size > 0)?;
+        let slices = object["slices"].as_array().map(Vec::len)? as u64;
+        let whole = object["len"].as_u64() == Some(len as u64);
+        (whole && slices == (len as u64).div_ceil(slice)).then_some(())
+    });
+}
+
+/// An answer without a length — the whole object chunked whatever the Range, as an application
+/// server streams it — is kept as its body streams to its first client: one origin request,
+/// then whole downloads, ranges and HEADs from the cache, byte for byte, with the length the
+/// cache learned at the body's end. A first client that asks a range stops reading before the
+/// end: the cache reads its own answer to the end behind it, while that client's request goes
+/// to the origin.
+#[test]
+fn an_answer_without_a_length_is_kept_as_it_streams() {
+    let origin = Origin::start();
+    let len = 3 * MIB + 5;
+    let cache = TempDir::new("cache-streamed-dir");
+    let proxy = Proxy::start(&cache_config(&origin.base_url(), cache.path(), "256MiB"));
+    let fresh = [("Cache-Control", "max-age=600")];
+    for (index, first_range) in [None, Some("bytes=100-199")].into_iter().enumerate() {
+        let object = test_bytes(len, 90 + index as u64);
+        let path = format!("/streamed-{index}.bin");
+        origin.put_with_headers(&path, object.clone(), &fresh);
+        origin.set_behaviour(&path, Behaviour::ChunkedWhole);
+        let url = proxy.url(&path);
+        match &first_range {
+            None => {
+                let cold = get(&url, &[]);
+                assert_eq!((cold.status, cold.header("x-rangeway-cache")), (200, Some("miss")));
+                assert!(cold.body == object, "{path}: the object");
+                assert_eq!(asked(&origin), 1, "{path}: a cold download is one request");
+            }
+            Some(spec) => {
+                // The origin's 200 as it is: a range cannot be cut from a body of no length.
+                let cold = range(&url, spec);
+                assert_eq!(cold.status, 200, "{path}");
+                assert!(cold.body == object, "{path}: {spec}");
+                assert_eq!(asked(&origin), 2, "{path}: the cache's request and the client's");
+            }
+        }
+        kept_whole(&proxy, &path, len);
+        let warm = get(&url, &[]);
+        assert_eq!((warm.status, warm.header("x-rangeway-cache")), (200, Some("hit")), "{path}");
+        assert_eq!(warm.header("content-length"), Some(len.to_string().as_str()), "{path}");
+        assert_eq!(warm.header("transfer-encoding"), None, "{path}: not stored");
+        assert!(warm.body == object, "{path}: the object again");
+        for (spec, bytes) in [
+            ("bytes=1000000-2100000", &object[1_000_000..=2_100_000]),
+            ("bytes=-7", &object[len - 7..]),
+        ] {
+            let part = range(&url, spec);
+            assert_eq!((part.status, part.header("x-rangeway-cache")), (206, Some("hit")));
+            assert!(part.body == bytes, "{path}: {spec}");
+        }
+        let headed = head(&url, &[]);
+        assert_eq!(headed.header("content-length"), Some(len.to_string().as_str()), "{path}");
+        assert_eq!(asked(&origin), 0, "{path}: warm downloads ask the origin nothing");
+    }
+
+    // Cut before its end: the client sees a cut body, and nothing of it is kept — the next
+    // download is the origin's again, whole, and then kept.
+    let object = test_bytes(len, 95);
+    origin.put_with_headers("/streamed-cut.bin", object.clone(), &fresh);
+    origin.set_behaviour("/streamed-cut.bin", Behaviour::ChunkedCutAfter(MIB as u64));
+    let url = proxy.url("/streamed-cut.bin");
+    let cut = support::http::request(proxy.addr(), &RawRequest::get("/streamed-cut.bin"));
+    let cut = cut.map(|answer| (answer.complete, answer.body.len()));
+    assert!(matches!(cut, Err(_) | Ok((false, _))), "a cut body is no complete answer: {cut:?}");
+    origin.set_behaviour("/streamed-cut.bin", Behaviour::ChunkedWhole);
+    let again = get(&url, &[]);
+    assert_eq!((again.status, again.header("x-rangeway-cache")), (200, Some("miss")));
+    assert!(again.body == object, "the whole object");
+    kept_whole(&proxy, "/streamed-cut.bin", len);
+    assert_eq!(get(&url, &[]).header("x-rangeway-cache"), Some("hit"));
 }
 
 /// A version the cache can pin by a strong `Last-Modified` (its origin gives no ETag, or a weak

@@ -585,6 +585,44 @@ pub(super) fn fill_from(
     tokio::spawn(task.run(Some(exchange)).in_current_span());
 }
 
+/// The slices of `version`, a body without a length that ended as `staged` holds it
+/// ([`super::streamed`]): each claimed — all before any is written, so that a reader finds each
+/// one filling rather than the version incomplete — then written from the staged bytes. A slice
+/// the cache has no room for is left out: a version nothing pins is then dropped by the next
+/// request that finds it incomplete; a pinned one has that slice fetched as any missing one.
+pub(super) fn from_staged(inner: &Arc<Inner>, version: &Arc<Version>, staged: &File) {
+    let claimed: Vec<Claimed> = {
+        let mut fills = inner.fills.map.lock().unwrap_or_else(|p| p.into_inner());
+        (0..version.slices()).filter_map(|index| claim(inner, &mut fills, version, index)).collect()
+    };
+    for claimed in claimed {
+        let range = version.slice_range(claimed.0.index);
+        match copy_slice(staged, range, &claimed.1.file) {
+            Ok(crc) => complete(inner, claimed, range.len(), crc),
+            Err(e) => {
+                inner.write_failed(&e);
+                abandon(inner, claimed, range.len(), FillFailure::Disk);
+            }
+        }
+    }
+}
+
+/// Copies the bytes `range` of `from` into a slice file after its header: their CRC32.
+fn copy_slice(from: &File, range: ByteRange, to: &File) -> std::io::Result<u32> {
+    let mut crc = crc32fast::Hasher::new();
+    let len = range.len();
+    let mut buf = vec![0; usize::try_from(len.min(READ_BYTES)).unwrap_or(0)];
+    let mut copied = 0;
+    while copied < len {
+        let take = usize::try_from(len - copied).unwrap_or(usize::MAX).min(buf.len());
+        from.read_exact_at(&mut buf[..take], range.start() + copied)?;
+        to.write_all_at(&buf[..take], HEADER_LEN + copied)?;
+        crc.update(&buf[..take]);
+        copied += take as u64;
+    }
+    Ok(crc.finalize())
+}
+
 /// The `Range` the request that learns an object asks with, for a request that asks `range`
 /// (`head`: a HEAD, which needs no bytes): the run of slices from the one holding the first byte
 /// asked — at most [`RUN_SLICES`], none past the one holding the last byte asked; one slice for a

@@ -39,6 +39,7 @@
 mod fill;
 mod origin;
 mod store;
+mod streamed;
 mod version;
 
 use std::collections::{HashMap, VecDeque};
@@ -71,6 +72,7 @@ use origin::{
 #[cfg(test)]
 pub(crate) use store::tests::Folder;
 use store::{SliceStore, VersionKey};
+pub(crate) use streamed::StreamedFill;
 pub(crate) use version::Version;
 use version::{Meta, unpinned_id};
 
@@ -117,10 +119,11 @@ pub(crate) enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Bypass {
     /// The request: another method, several ranges, `no-store`, `Authorization` on a route that
-    /// keeps such answers apart.
+    /// keeps such answers apart; or one the answer being kept without a length cannot serve
+    /// yet (a HEAD, a route whose stages change bytes).
     Request,
-    /// The origin's answers may not be cached (status, `no-store`, `private`, no strong ETag or
-    /// length, `Vary`, `Set-Cookie`).
+    /// The origin's answers may not be cached (status, `no-store`, `private`, `Vary: *`,
+    /// `Set-Cookie`).
     Uncacheable,
     /// The origin could not be asked what the object is, or failed (5xx), or answered the cache's
     /// request with what does not answer the client's (416).
@@ -150,10 +153,16 @@ pub(crate) enum CacheAnswer {
     /// The answer the origin would give: its header, and its body (none for a HEAD, a 304, a
     /// 412 or a 416).
     Served { header: Box<ResponseHeader>, body: Option<Box<CacheBody>>, outcome: Outcome },
-    /// The origin's own answer to the cache's request, which the cache does not keep: the
-    /// client's answer, as if the client's request had gone to the origin (see
-    /// `handover`). `why`: for the access line.
-    Origin { header: Box<ResponseHeader>, exchange: Box<Exchange>, why: Bypass },
+    /// The origin's own answer to the cache's request: the client's answer, as if the client's
+    /// request had gone to the origin (see `handover`). Not kept (`outcome` says why, for the
+    /// access line), or, for an answer without a length, kept by `fill` as its body streams to
+    /// the client.
+    Origin {
+        header: Box<ResponseHeader>,
+        exchange: Box<Exchange>,
+        outcome: Outcome,
+        fill: Option<Box<StreamedFill>>,
+    },
     /// Ask the origin, as without a cache.
     Bypass(Bypass),
 }
@@ -165,7 +174,8 @@ enum Found {
     Answer {
         header: Box<ResponseHeader>,
         exchange: Box<Exchange>,
-        why: Bypass,
+        outcome: Outcome,
+        fill: Option<Box<StreamedFill>>,
     },
     /// Nothing stored may answer a request that says `only-if-cached`.
     NotStored,
@@ -345,8 +355,8 @@ impl SliceCache {
         let ask = Ask { route, request, fetch: &fetch, replica, object };
         let (version, had) = match inner.version(&ask, &asked).await {
             Ok(Found::Version(version, had)) => (version, had),
-            Ok(Found::Answer { header, exchange, why }) => {
-                return CacheAnswer::Origin { header, exchange, why };
+            Ok(Found::Answer { header, exchange, outcome, fill }) => {
+                return CacheAnswer::Origin { header, exchange, outcome, fill };
             }
             Ok(Found::NotStored) => {
                 let Ok(mut header) = ResponseHeader::build(StatusCode::GATEWAY_TIMEOUT, Some(1))
@@ -740,6 +750,9 @@ impl Inner {
             _ => crate::range::content_length(&answer.headers)
                 .map(|len| ((ByteRange::whole(len), len), answer.status, true)),
         };
+        if got.is_none() && answer.status != StatusCode::PARTIAL_CONTENT {
+            return self.learn_streamed(ask, &answer, exchange, times);
+        }
         let kept = got.and_then(|((got, len), status, ignores_ranges)| {
             let version = self.kept_version(ask, &answer, (status, len), times, ignores_ranges)?;
             // All of a version nothing pins comes in this answer, or it is not kept.
@@ -761,6 +774,38 @@ impl Inner {
             Had::Learned
         };
         Ok(Found::Version(version, had))
+    }
+
+    /// The answer to the request that would have learned the object, which has no length (its
+    /// body chunked, or ended by the origin's close): kept as its body streams
+    /// ([`StreamedFill`]) — to this client when the answer is its answer ([`handover`]) and it
+    /// reads the whole body (a GET without `Range`), else read to its end by a task while this
+    /// client's own request goes to the origin. An answer the cache may not keep is
+    /// [`Self::not_kept`].
+    fn learn_streamed(
+        self: &Arc<Self>,
+        ask: &Ask<'_>,
+        answer: &ResponseHeader,
+        exchange: Exchange,
+        times: (SystemTime, SystemTime),
+    ) -> Result<Found, Bypass> {
+        let Some(version) = self.kept_version(ask, answer, (answer.status, 0), times, true) else {
+            return self.not_kept(ask, answer, exchange);
+        };
+        let Some(fill) = StreamedFill::new(self, version, ask.object.clone()) else {
+            return self.not_kept(ask, answer, exchange);
+        };
+        // Only a client that reads the whole body: one that asks a range stops at its end.
+        let request = ask.request;
+        let whole = request.method == Method::GET && !request.headers.contains_key(header::RANGE);
+        let handed = handover(ask, answer).filter(|_| whole);
+        let Some(mut header) = handed else {
+            fill.drain(exchange);
+            return Err(Bypass::Request);
+        };
+        let _ = header.insert_header("x-rangeway-cache", Outcome::Miss.name());
+        let (header, exchange, fill) = (Box::new(header), Box::new(exchange), Some(Box::new(fill)));
+        Ok(Found::Answer { header, exchange, outcome: Outcome::Miss, fill })
     }
 
     /// The answer to the request that would have learned the object, not kept. The object is
@@ -785,7 +830,8 @@ impl Inner {
         if let Some(header) = handover(ask, answer) {
             // A 5xx's replica is passed over by whoever reads the answer, as the origin's.
             let (header, exchange) = (Box::new(header), Box::new(exchange));
-            return Ok(Found::Answer { header, exchange, why });
+            let outcome = Outcome::Bypass(why);
+            return Ok(Found::Answer { header, exchange, outcome, fill: None });
         }
         if failed {
             ask.route.upstream.failed(ask.replica);

@@ -33,6 +33,7 @@ use std::fs::{self, File};
 use std::io::{self, Write as _};
 use std::os::unix::fs::{FileExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::Version;
@@ -580,6 +581,22 @@ impl SliceStore {
         drop(index);
         self.report(evicted);
         Ok(())
+    }
+
+    /// A file without a name in the cache's folder, for a body staged before it is sliced
+    /// (`super::streamed`): its bytes go with its last descriptor, so a kill leaves nothing.
+    pub(crate) fn stage(&self) -> io::Result<File> {
+        static STAGED: AtomicU64 = AtomicU64::new(0);
+        let n = STAGED.fetch_add(1, Ordering::Relaxed);
+        let path = self.layout.root.join(format!("staged.{}.{n}", std::process::id()));
+        let file = fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+        fs::remove_file(&path)?;
+        Ok(file)
+    }
+
+    /// The bound on bytes kept.
+    pub(crate) fn max_bytes(&self) -> u64 {
+        self.bounds.bytes
     }
 
     /// Deletes a slice.

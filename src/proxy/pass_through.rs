@@ -23,7 +23,7 @@ use super::hop_by_hop::{end_to_end, forwarded};
 use super::identify::upstream_target;
 use super::origin_request::{self, client_side};
 use super::source::{Sourced, answer_of, relay_hints};
-use super::source_body::{BodySource, UpstreamBody};
+use super::source_body::UpstreamBody;
 use super::transport::Transport;
 use crate::cache::Selection;
 use crate::links::Link;
@@ -141,8 +141,7 @@ impl Proxy {
         forwarded(&mut response)?;
         ctx.upstream.answered(route, &response);
         self.invalidate(&method, route, ctx, &response);
-        let body =
-            UpstreamBody::Origin { exchange: Box::new(exchange), source: BodySource::Unread };
+        let body = UpstreamBody::origin(Box::new(exchange));
         let sourced = Sourced {
             response,
             body: Some(body),

@@ -133,10 +133,10 @@ impl Proxy {
                 (*header, body.map(UpstreamBody::Cache))
             }
             // The origin's answer to the cache's own request, read as if it were to this one's.
-            Some(CacheAnswer::Origin { header, mut exchange, why }) => {
-                ctx.upstream.cache = Some(Outcome::Bypass(why));
+            Some(CacheAnswer::Origin { header, mut exchange, outcome, fill }) => {
+                ctx.upstream.cache = Some(outcome);
                 relay_hints(session, &mut exchange).await?;
-                let body = UpstreamBody::Origin { exchange, source: BodySource::Unread };
+                let body = UpstreamBody::Origin { exchange, source: BodySource::Unread, fill };
                 (answer_to_forward(&header), Some(body))
             }
             bypassed => {
@@ -154,7 +154,7 @@ impl Proxy {
                 relay_hints(session, &mut exchange).await?;
                 let response = answer_of(&exchange)?;
                 let exchange = Box::new(exchange);
-                (response, Some(UpstreamBody::Origin { exchange, source: BodySource::Unread }))
+                (response, Some(UpstreamBody::origin(exchange)))
             }
         };
         ctx.upstream.answered(route, &response);

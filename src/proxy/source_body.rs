@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use super::Proxy;
 use super::splice::RawSocket;
-use crate::cache::{CacheAnswer, CacheBody, SliceCache};
+use crate::cache::{CacheAnswer, CacheBody, SliceCache, StreamedFill};
 use crate::range::{Continuable, content_length};
 use crate::routes::UpstreamResume;
 use crate::routes::origin_client::{Exchange, OriginClient, Pin, Pinned, Tries, pinned_range};
@@ -88,17 +88,29 @@ impl BodySource {
 
 /// Where the relay reads an upstream answer's body from.
 pub(super) enum UpstreamBody {
-    /// The origin's answer on `exchange`.
-    Origin { exchange: Box<Exchange>, source: BodySource },
+    /// The origin's answer on `exchange`; `fill`: the cache keeps it as it streams.
+    Origin { exchange: Box<Exchange>, source: BodySource, fill: Option<Box<StreamedFill>> },
     /// The slice cache's.
     Cache(Box<CacheBody>),
 }
 
 impl UpstreamBody {
+    /// The origin's answer on `exchange`, its body not read yet.
+    pub(super) fn origin(exchange: Box<Exchange>) -> Self {
+        Self::Origin { exchange, source: BodySource::Unread, fill: None }
+    }
+
     /// The next chunk, of at most `max` bytes where rangeway reads the socket itself.
     pub(super) async fn next_chunk(&mut self, max: usize) -> Result<Option<Bytes>> {
         match self {
-            Self::Origin { exchange, source } => next_chunk(exchange, source, max).await,
+            Self::Origin { exchange, source, fill: None } => {
+                next_chunk(exchange, source, max).await
+            }
+            Self::Origin { exchange, source, fill } => {
+                let read = next_chunk(exchange, source, max).await;
+                feed(fill, &read, exchange.session.response_done());
+                read
+            }
             Self::Cache(body) => body.next_chunk().await,
         }
     }
@@ -106,7 +118,7 @@ impl UpstreamBody {
     /// Whether the body has been read to its end.
     pub(super) fn done(&mut self) -> bool {
         match self {
-            Self::Origin { exchange, source } => match source {
+            Self::Origin { exchange, source, .. } => match source {
                 BodySource::Direct(body) => body.left == 0,
                 _ => exchange.session.response_done(),
             },
@@ -124,12 +136,35 @@ impl UpstreamBody {
     /// Gives an origin connection whose body was read to its end back to the pool.
     pub(super) async fn release(self, client: &OriginClient) {
         match self {
-            Self::Origin { exchange, source: BodySource::Direct(_) } => {
+            Self::Origin { exchange, source: BodySource::Direct(_), .. } => {
                 client.release_read_past(*exchange);
             }
             Self::Origin { exchange, .. } => client.release(*exchange).await,
             Self::Cache(_) => {}
         }
+    }
+}
+
+/// Feeds the cache's fill of a body without a length with what was `read` of it: kept at the
+/// body's end (`done`, or the end read), dropped unkept when the body is cut.
+fn feed(fill: &mut Option<Box<StreamedFill>>, read: &Result<Option<Bytes>>, done: bool) {
+    match read {
+        Ok(Some(chunk)) => {
+            if let Some(fill) = fill.as_mut() {
+                fill.push(chunk);
+            }
+            if !done {
+                return;
+            }
+        }
+        Ok(None) => {}
+        Err(_) => {
+            *fill = None;
+            return;
+        }
+    }
+    if let Some(fill) = fill.take() {
+        fill.finish();
     }
 }
 
@@ -259,10 +294,7 @@ impl BodyReader {
                     match Box::pin(pump.continued(broke, &mut self.tries)).await {
                         Ok(next) => {
                             pump.attempt_from = pump.at;
-                            self.body = Some(UpstreamBody::Origin {
-                                exchange: Box::new(next),
-                                source: BodySource::Unread,
-                            });
+                            self.body = Some(UpstreamBody::origin(Box::new(next)));
                         }
                         Err(broke) => {
                             self.body = None;
@@ -370,7 +402,7 @@ impl Pump {
                 Error::explain(ErrorType::ReadError, "fetching a stretch of the ranges asked for")
                     .into_up()
             })?;
-        Ok(UpstreamBody::Origin { exchange: Box::new(exchange), source: BodySource::Unread })
+        Ok(UpstreamBody::origin(Box::new(exchange)))
     }
 
     /// `part` of the version the body is of, from the slice cache, on a route that uses one:

@@ -49,6 +49,12 @@ pub(crate) enum Behaviour {
     NoLengthOnHead,
     /// The correct answer framed with `Transfer-Encoding: chunked` and no Content-Length.
     Chunked,
+    /// The whole object, whatever the Range, chunked and without `Accept-Ranges`: a body whose
+    /// length no answer gives, as an application server streams one.
+    ChunkedWhole,
+    /// As [`Behaviour::ChunkedWhole`], but closes the connection after this many body bytes,
+    /// without the last chunk: a body of no length cut off.
+    ChunkedCutAfter(u64),
     /// The correct answer, after an interim response with this status (100, 102, or 103 Early
     /// Hints with a `Link` field, as CDNs send).
     Interim(u16),
@@ -557,7 +563,8 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
     }
     let len = object.body.len() as u64;
     let range = match (&behaviour, request.header("range")) {
-        (Behaviour::IgnoreRange, _) | (_, None) => None,
+        (Behaviour::IgnoreRange | Behaviour::ChunkedWhole | Behaviour::ChunkedCutAfter(_), _)
+        | (_, None) => None,
         (_, Some(range)) => {
             let if_range = request.header("if-range");
             if if_range.is_none_or(|value| if_range_passes(value, etag, &last_modified)) {
@@ -585,7 +592,11 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
         body[..n].copy_from_slice(&link.as_bytes()[..n]);
         object.body = Bytes::from(body);
     }
-    if behaviour != Behaviour::IgnoreRange {
+    let chunked = matches!(
+        behaviour,
+        Behaviour::Chunked | Behaviour::ChunkedWhole | Behaviour::ChunkedCutAfter(_)
+    );
+    if !chunked && behaviour != Behaviour::IgnoreRange {
         response.header("Accept-Ranges", "bytes");
     }
     let (status, first, last) = match range {
@@ -608,7 +619,7 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
     let end = usize::try_from(last).expect("range end within the object");
     let body = object.body.slice(start..end);
     response.header("Content-Type", "application/octet-stream");
-    if behaviour == Behaviour::Chunked {
+    if chunked {
         response.header("Transfer-Encoding", "chunked");
     } else if !(head_only && behaviour == Behaviour::NoLengthOnHead) {
         response.header("Content-Length", &body.len().to_string());
@@ -668,12 +679,20 @@ fn respond(shared: &Shared, request: &RecordedRequest, out: &mut TcpStream) -> i
             out.write_all(&body)?;
             Ok(keep_alive)
         }
-        Behaviour::Chunked => {
-            for piece in body.chunks(CHUNK_SIZE) {
+        Behaviour::Chunked | Behaviour::ChunkedWhole | Behaviour::ChunkedCutAfter(_) => {
+            let sent = match behaviour {
+                Behaviour::ChunkedCutAfter(sent) => usize::try_from(sent).unwrap_or(usize::MAX),
+                _ => body.len(),
+            };
+            for piece in body[..sent.min(body.len())].chunks(CHUNK_SIZE) {
                 out.write_all(format!("{:x}\r\n", piece.len()).as_bytes())?;
                 count(piece);
                 out.write_all(piece)?;
                 out.write_all(b"\r\n")?;
+            }
+            if sent < body.len() {
+                let _ = out.shutdown(Shutdown::Write);
+                return Ok(false);
             }
             out.write_all(b"0\r\n\r\n")?;
             Ok(keep_alive)
