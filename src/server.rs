@@ -381,8 +381,9 @@ fn certificates(tls: &TlsConfig) -> Result<Certificates, StartError> {
 }
 
 /// The HTTP/3 listeners beside the TLS ones, on their addresses (UDP), presenting the
-/// certificates `resolver` picks. Their sockets are bound now, but for an `upgrade`, whose
-/// running process holds them until it has drained (`h3::bind_when_free`).
+/// certificates `resolver` picks. Their sockets are bound now: for an `upgrade`, beside the
+/// running process's, which finishes its connections meanwhile (`h3::steering`); if it does
+/// not share them, once it has drained (`h3::bind_when_free`).
 fn h3_service(
     config: &Config,
     tls: &TlsConfig,
@@ -393,19 +394,23 @@ fn h3_service(
     upgrade: bool,
 ) -> Result<GenBackgroundService<H3Service>, StartError> {
     let server_config = crate::h3::server_config(h3, resolver).map_err(StartError::Tls)?;
+    let key = "tls.listen (UDP, for tls.h3)";
+    let marker = crate::h3::Marker::random();
     let mut sockets = Vec::with_capacity(tls.listen.len());
     for &addr in &tls.listen {
         let socket = match upgrade {
-            true => None,
-            false => Some(crate::h3::bind(addr).map_err(|source| StartError::Listen {
-                key: "tls.listen (UDP, for tls.h3)",
-                addr,
-                source,
-            })?),
+            true => crate::h3::bind_beside(addr, marker)
+                .inspect_err(|e| info!(%addr, error = %e, "HTTP/3 cannot share the UDP port with the process it upgrades"))
+                .ok(),
+            false => Some(
+                crate::h3::bind(addr, marker)
+                    .map_err(|source| StartError::Listen { key, addr, source })?,
+            ),
         };
         sockets.push((addr, socket));
     }
     let limits = (config.server.client_limits, places);
+    let sockets = (sockets, marker);
     let listener = H3Service::new(sockets, server_config, *h3, proxy, limits, Arc::clone(metrics));
     let mut service = background_service("rangeway http/3", listener);
     service.threads = Some(config.server.threads.get());

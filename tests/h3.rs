@@ -603,16 +603,16 @@ fn an_idle_connection_is_closed_after_idle_timeout() {
 }
 
 #[test]
-fn an_upgrade_lets_quic_downloads_finish_on_the_old_process_then_the_new_one_serves_h3() {
+fn an_upgrade_serves_new_quic_connections_at_once_while_the_old_process_finishes_its_own() {
     let pki = TestPki::new();
     let origin = Origin::start();
-    let object = test_bytes(3 << 20, 53);
+    let object = test_bytes(4 << 20, 53);
     origin.put("/obj.bin", object.clone());
     origin.put("/small.bin", b"small".to_vec());
-    // About 3 s for the whole object.
+    // About 10 s for the whole object.
     origin.set_behaviour(
         "/obj.bin",
-        Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(250) },
+        Behaviour::Slow { chunk: 256 * 1024, delay: Duration::from_millis(600) },
     );
     let work = TempDir::new("h3-upgrade");
     let (old_log, new_log) = (work.join("old.log"), work.join("new.log"));
@@ -643,22 +643,39 @@ fn an_upgrade_lets_quic_downloads_finish_on_the_old_process_then_the_new_one_ser
         std::fs::metadata(&socket).ok().filter(|m| m.file_type().is_socket())
     });
     old.signal("QUIT");
-    // The new process waits for the UDP port the old one still serves its download on.
-    log_until(&new_log, "the wait for the UDP port", Duration::from_secs(15), |text| {
-        text.contains("HTTP/3 waits for the UDP port")
+    // The new process shares the UDP port at once: a new connection is its, while the old
+    // process still sends its download.
+    log_until(&new_log, "HTTP/3 on the new process", Duration::from_secs(15), |text| {
+        text.contains("HTTP/3 listening (UDP)")
     });
+    // Five connections, each from a port of its own: the kernel's hash alone would send some
+    // of them to the old process (all five to this one once in 32 times).
+    for n in 0..5 {
+        let small = work.join(format!("small-{n}"));
+        let seen = aioquic(&pki, addr, &[request("/small.bin", &[], &small)], &[]);
+        assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
+        assert_eq!(read(&small), b"small");
+    }
+    assert!(!download.is_finished(), "the old process's download is still under way");
+    log_until(&new_log, "the new connections' access lines", WITHIN, |text| {
+        text.matches("/small.bin").count() == 5
+    });
+    // Every packet of the old process's connection still reaches it: its download completes
+    // there, byte for byte.
     let done = report(download.join().expect("the download's thread"));
     assert_eq!(done.answers[0]["status"], 200, "{}", done.run);
     assert_eq!(read(&file), object, "the download finished on the old process");
     let exited = old.wait_exit(Duration::from_secs(15));
     assert!(exited.is_some_and(|s| s.success()), "the old process did not leave: {exited:?}");
-    log_until(&new_log, "HTTP/3 on the new process", WITHIN, |text| {
-        text.contains("HTTP/3 listening (UDP)")
-    });
-    let small = work.join("small");
-    let seen = aioquic(&pki, addr, &[request("/small.bin", &[], &small)], &[]);
+    let old_text = std::fs::read_to_string(&old_log).expect("the old process's log");
+    assert!(old_text.contains("/obj.bin") && !old_text.contains("/small.bin"), "{old_text}");
+    let new_text = std::fs::read_to_string(&new_log).expect("the new process's log");
+    assert!(!new_text.contains("/obj.bin"), "{new_text}");
+    // Alone on the port, the new process serves every connection.
+    let again = work.join("again");
+    let seen = aioquic(&pki, addr, &[request("/small.bin", &[], &again)], &[]);
     assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
-    assert_eq!(read(&small), b"small");
+    assert_eq!(read(&again), b"small");
 }
 
 #[test]

@@ -19,9 +19,12 @@
 //! On SIGTERM new connections are refused, each connection is told GOAWAY (RFC 9114 §5.2), its
 //! requests finish, and it closes once the client has acknowledged every response on it: the
 //! drain (`crate::server`) waits for the connections as for the responses, since their last
-//! bytes go out from this process. h3 runs over quinn through `crate::h3_transport`, which gives each
-//! request its stream's `stopped()` for that and for a client that stops reading, and lets its
-//! body's chunks reach quinn uncopied.
+//! bytes go out from this process. h3 runs over quinn through `crate::h3_transport`, which gives
+//! each request its stream's `stopped()` for that and for a client that stops reading, and lets
+//! its body's chunks reach quinn uncopied.
+//!
+//! A graceful `--upgrade` shares each UDP port between the two processes: new connections reach
+//! the new one at once, while the old one finishes its own ([`steering`]).
 
 use std::collections::HashMap;
 use std::io;
@@ -45,6 +48,9 @@ use crate::h3_transport::{LastAccepted, Transport};
 use crate::proxy::{H3Client, Proxy};
 use crate::telemetry::metrics::{Metrics, QuicHandshake};
 use crate::tls::{H3Config, SniResolver, TlsConfig};
+pub(crate) use steering::Marker;
+
+mod steering;
 
 /// Unidirectional streams a client may open: HTTP/3's control stream and QPACK's two, and room
 /// for the reserved (grease) ones clients send.
@@ -72,14 +78,30 @@ pub(crate) fn alt_svc(tls: &TlsConfig) -> Option<http::HeaderValue> {
 }
 
 /// A UDP socket for QUIC on `addr`, bound now (so that a taken port is an error at start, and
-/// packets wait in the kernel until the listener runs).
-pub(crate) fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
+/// packets wait in the kernel until the listener runs), its packets steered by `marker`.
+pub(crate) fn bind(addr: SocketAddr, marker: Marker) -> io::Result<UdpSocket> {
+    // Shared only with a process this one hands over to: bound alone first, so that another
+    // process on the port is found, not joined.
+    drop(socket(addr, false)?);
+    bind_beside(addr, marker)
+}
+
+/// A UDP socket for QUIC on `addr`, which the process this one upgrades holds too (see
+/// [`steering`]): an error when that process did not share it.
+pub(crate) fn bind_beside(addr: SocketAddr, marker: Marker) -> io::Result<UdpSocket> {
+    let socket = socket(addr, true)?;
+    marker.steer(&socket)?;
+    Ok(socket)
+}
+
+fn socket(addr: SocketAddr, shared: bool) -> io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     // The kernel may cap them lower (net.core.[rw]mem_max): what it gives is what there is.
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
     socket.set_nonblocking(true)?;
+    socket.set_reuse_port(shared)?;
     socket.bind(&addr.into())?;
     Ok(socket.into())
 }
@@ -122,6 +144,8 @@ pub(crate) struct H3Service {
     /// Each listener's address, and its socket when it was bound at start (not when taken over
     /// from a running rangeway with `--upgrade`, which holds it until it has drained).
     sockets: Mutex<Vec<(SocketAddr, Option<UdpSocket>)>>,
+    /// What this process's connection IDs begin with, and its sockets steer by.
+    marker: Marker,
     server_config: quinn::ServerConfig,
     listener: Arc<Listener>,
 }
@@ -140,7 +164,7 @@ struct Listener {
 
 impl H3Service {
     pub(crate) fn new(
-        sockets: Vec<(SocketAddr, Option<UdpSocket>)>,
+        (sockets, marker): (Vec<(SocketAddr, Option<UdpSocket>)>, Marker),
         server_config: quinn::ServerConfig,
         config: H3Config,
         proxy: Proxy,
@@ -151,7 +175,8 @@ impl H3Service {
         let proxy = Arc::new(proxy);
         let handshakes = Arc::new(AtomicUsize::new(0));
         let listener = Listener { proxy, metrics, limits, config, places, everyone, handshakes };
-        Self { sockets: Mutex::new(sockets), server_config, listener: Arc::new(listener) }
+        let sockets = Mutex::new(sockets);
+        Self { sockets, marker, server_config, listener: Arc::new(listener) }
     }
 }
 
@@ -163,14 +188,16 @@ impl BackgroundService for H3Service {
         let mut listeners = JoinSet::new();
         for (addr, socket) in sockets {
             let (config, listener) = (self.server_config.clone(), Arc::clone(&self.listener));
-            let shutdown = shutdown.clone();
+            let (shutdown, marker) = (shutdown.clone(), self.marker);
             listeners.spawn(async move {
                 let socket = match socket {
                     Some(socket) => socket,
-                    None => bind_when_free(addr).await,
+                    None => bind_when_free(addr, marker).await,
                 };
                 let runtime = Arc::new(quinn::TokioRuntime);
-                match Endpoint::new(EndpointConfig::default(), Some(config), socket, runtime) {
+                let mut endpoint = EndpointConfig::default();
+                endpoint.cid_generator(marker.cid_generator());
+                match Endpoint::new(endpoint, Some(config), socket, runtime) {
                     Ok(endpoint) => {
                         info!(%addr, "HTTP/3 listening (UDP)");
                         listener.accept(endpoint, shutdown).await;
@@ -183,13 +210,14 @@ impl BackgroundService for H3Service {
     }
 }
 
-/// A socket on `addr` once it can be bound: a rangeway started with `--upgrade` shares the port
-/// with the one it replaces only after that one has drained its QUIC connections (packets of
-/// theirs reaching this process would end them), so until then HTTP/3 clients go to TCP.
-async fn bind_when_free(addr: SocketAddr) -> UdpSocket {
+/// A socket on `addr` once it can be bound, for a rangeway started with `--upgrade` that could
+/// not share the port with the one it replaces (a rangeway from before [`steering`], or a
+/// kernel without it): only once that one has drained its QUIC connections, whose packets
+/// reaching this process would end them. Until then HTTP/3 clients go to TCP.
+async fn bind_when_free(addr: SocketAddr, marker: Marker) -> UdpSocket {
     let mut told = false;
     loop {
-        match bind(addr) {
+        match bind(addr, marker) {
             Ok(socket) => return socket,
             Err(e) if !told => {
                 info!(%addr, error = %e, "HTTP/3 waits for the UDP port (the process before this one still drains it)");
