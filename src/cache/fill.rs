@@ -18,7 +18,7 @@ use tracing::Instrument as _;
 use tracing::{info, warn};
 
 use super::store::{HEADER_LEN, OpenSlice, SliceId};
-use super::{Inner, Version};
+use super::{Inner, Version, mapped};
 use crate::routes::Route;
 use crate::routes::UpstreamResume;
 use crate::routes::origin_client::{Exchange, FetchError, OriginClient, Pinned, Tries};
@@ -117,9 +117,12 @@ pub(crate) struct CacheBody {
 }
 
 enum Source {
+    /// A complete slice; `mapped`: its bytes, once a reader in user space has mapped them
+    /// (`super::mapped`).
     Complete {
         id: SliceId,
         file: Arc<File>,
+        mapped: Option<Bytes>,
     },
     Filling {
         id: SliceId,
@@ -291,7 +294,7 @@ impl CacheBody {
             let rest = slice.end().min(self.end) - self.at;
             let want = rest.min(READ_BYTES);
             match source {
-                Source::Complete { id, file } => {
+                Source::Complete { id, file, mut mapped } => {
                     // What the kernel sends needs no buffer: the rest of the slice at once.
                     let want = if zero_copy { rest } else { want };
                     let segment = if zero_copy {
@@ -301,22 +304,32 @@ impl CacheBody {
                             len: want,
                         }
                     } else {
-                        Segment::Bytes(
-                            read_at(Arc::clone(&file), HEADER_LEN + offset, want).await.map_err(
-                                |e| {
+                        let bytes = match mapped.take() {
+                            Some(bytes) => bytes,
+                            None => mapped::slice_bytes(Arc::clone(&file), slice.len())
+                                .await
+                                .map_err(|e| {
                                     self.inner.store.remove(id);
                                     Error::because(
                                         ErrorType::ReadError,
-                                        "reading a cached slice",
+                                        "mapping a cached slice",
                                         e,
                                     )
                                     .into_up()
-                                },
-                            )?,
-                        )
+                                })?,
+                        };
+                        let chunk = usize::try_from(offset)
+                            .ok()
+                            .zip(usize::try_from(offset + want).ok())
+                            .and_then(|(start, end)| bytes.get(start..end))
+                            .map(|chunk| bytes.slice_ref(chunk));
+                        mapped = Some(bytes);
+                        Segment::Bytes(chunk.ok_or_else(|| {
+                            Error::explain(ErrorType::ReadError, "a cached slice is short")
+                        })?)
                     };
                     self.advance(want);
-                    self.current = Some(Source::Complete { id, file });
+                    self.current = Some(Source::Complete { id, file, mapped });
                     return Ok(Some(segment));
                 }
                 Source::Filling { id, file, mut progress } => {
@@ -411,7 +424,7 @@ impl CacheBody {
         loop {
             if let Some(slice) = self.inner.store.open_slice(id) {
                 if let Some(file) = self.checked(id, slice).await {
-                    return Ok(Source::Complete { id, file });
+                    return Ok(Source::Complete { id, file, mapped: None });
                 }
                 continue;
             }

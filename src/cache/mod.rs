@@ -37,6 +37,7 @@
 //!   for that slice, whose readers get the rest of it from the origin.
 
 mod fill;
+mod mapped;
 mod origin;
 mod store;
 mod streamed;
