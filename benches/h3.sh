@@ -13,9 +13,12 @@
 #     and reorders as many: MB/s over HTTP/3, rangeway and Caddy. HTTP/2 under the same loss
 #     would need dropping TCP segments (tc netem, or a TUN relay): this machine has no sch_netem,
 #     so HTTP/3 alone.
+#  4. cache hits: SIZE_MIB downloads by CONC connections over HTTP/3 of an object rangeway's
+#     slice cache holds (warmed first), REPS runs: downloads/s and the proxy's CPU seconds per
+#     GB; BEFORE_BIN=PATH runs that rangeway binary beside it, alternating.
 #
 #   bash benches/h3.sh        (SIZE_MIB=10 CONC=100 REQUESTS_PER_CONN=3 REPS=3 BIG_MIB=1024
-#                              LOSS_MIB=64 PARTS="1 2 3")
+#                              LOSS_MIB=64 PARTS="1 2 3 4" BEFORE_BIN=)
 #
 # HTTP/3 load comes from benches/load/h3_load.rs (h2load and curl speak no HTTP/3 as Debian
 # builds them). Every server's answer is checked against the object's bytes before anything is
@@ -30,7 +33,7 @@ BIG_MIB=${BIG_MIB:-1024}
 LOSS_MIB=${LOSS_MIB:-64}
 PROXY_CPU=${PROXY_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
-PARTS=${PARTS:-1 2 3}
+PARTS=${PARTS:-1 2 3 4}
 source benches/lib.sh
 bench_setup rangeway-h3-bench
 cargo build --release --example h3-load >/dev/null
@@ -49,21 +52,24 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -su
     -addext extendedKeyUsage=serverAuth -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
 
 declare -A ports procs
+# start_rangeway [NAME BIN EXTRA]: rangeway (NAME, default rangeway) from BIN (default this
+# build's), EXTRA appended to its config.
 start_rangeway() {
-    local port plain
+    local name=${1:-rangeway} binary=${2:-$bin} extra=${3:-} port plain
     port=$(free_port)
     plain=$(free_port)
     { rangeway_conf "$plain" "$origin_port"
+      printf '%s\n' "$extra"
       printf '[tls]\nlisten = "127.0.0.1:%s"\n' "$port"
       printf '[[tls.certificates]]\ncert_file = "%s"\nkey_file = "%s"\n' \
           "$work/cert.pem" "$work/key.pem"
       # Every connection comes from one address here: the per-address bound and the Retry
       # threshold, there for many clients, would refuse or delay the load's own connections.
       printf '[tls.h3]\nmax_connections_per_client = %s\nretry_above_handshakes = %s\n' \
-          $((CONC + 16)) $((CONC + 16)); } > "$work/rangeway.toml"
-    RUST_LOG=warn start_bg taskset -c "$PROXY_CPU" "$bin" serve --config "$work/rangeway.toml" \
-        >"$work/rangeway.log" 2>&1
-    ports[rangeway]=$port; procs[rangeway]=$last_pid
+          $((CONC + 16)) $((CONC + 16)); } > "$work/$name.toml"
+    RUST_LOG=warn start_bg taskset -c "$PROXY_CPU" "$binary" serve --config "$work/$name.toml" \
+        >"$work/$name.log" 2>&1
+    ports[$name]=$port; procs[$name]=$last_pid
     wait_port "$port"
 }
 start_caddy() {
@@ -197,5 +203,49 @@ for loss in 0.01 0.05; do
     done
     echo "loss $loss: rangeway $(tr ' ' '\n' <<<"${lossy[rangeway]}" | grep . | median) MB/s," \
         "caddy $(tr ' ' '\n' <<<"${lossy[caddy]}" | grep . | median) MB/s (medians)"
+done
+fi
+
+if part 4; then
+requests=$((CONC * REQUESTS_PER_CONN))
+echo "4. cache hits over HTTP/3: ${SIZE_MIB} MiB downloads, $CONC connections, $requests a run, $REPS runs"
+cached=(rangeway-cache)
+start_rangeway rangeway-cache "$bin" "$(printf '[cache]\ndir = "%s"' "$work/cache")"
+if [[ -n ${BEFORE_BIN:-} ]]; then
+    start_rangeway rangeway-cache-before "$BEFORE_BIN" \
+        "$(printf '[cache]\ndir = "%s"' "$work/cache-before")"
+    cached+=(rangeway-cache-before)
+    echo "rangeway-cache-before: $BEFORE_BIN"
+fi
+want=$(sha256sum < "$work/root/obj.bin" | cut -d' ' -f1)
+for t in "${cached[@]}"; do
+    # The first download fills the cache; the second is a hit, checked byte for byte.
+    h3_load "$t" --path /obj.bin --sha256 >/dev/null
+    sleep 1
+    [[ $(h3_load "$t" --path /obj.bin --sha256) == "$want" ]] ||
+        { echo "$t served wrong bytes of obj.bin from its cache" >&2; exit 1; }
+done
+declare -A hit_rates hit_cpus
+for rep in $(seq "$REPS"); do
+    line="run $rep:"
+    for t in "${cached[@]}"; do
+        before=$(cpu_seconds "${procs[$t]}")
+        out=$(h3_load "$t" --path /obj.bin --connections "$CONC" --requests "$requests")
+        [[ $(field "$out" requests) == "$requests" && $(field "$out" failed) == 0 ]] ||
+            { echo "$t: $out" >&2; exit 1; }
+        after=$(cpu_seconds "${procs[$t]}")
+        rate=$(awk -v n="$requests" -v s="$(field "$out" seconds)" 'BEGIN { printf "%.1f", n / s }')
+        gb=$(awk -v n="$requests" -v m="$SIZE_MIB" 'BEGIN { print n * m * 1048576 / 1e9 }')
+        hit_rates[$t]+="$rate "
+        hit_cpus[$t]+="$(awk -v a="$after" -v b="$before" -v g="$gb" 'BEGIN { printf "%.3f", (a - b) / g }') "
+        line+=" $t $rate/s"
+    done
+    echo "$line"
+done
+printf '%-22s %12s %12s\n' proxy "downloads/s" "CPU s/GB"
+for t in "${cached[@]}"; do
+    printf '%-22s %12s %12s\n' "$t" \
+        "$(tr ' ' '\n' <<<"${hit_rates[$t]}" | grep . | median)" \
+        "$(tr ' ' '\n' <<<"${hit_cpus[$t]}" | grep . | median)"
 done
 fi
