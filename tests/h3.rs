@@ -11,12 +11,12 @@ mod support;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 use support::clients::{CLIENT_TIMEOUT, ClientRun, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
+use support::h3::quic_client_config;
 use support::lossy_relay::LossyRelay;
 use support::origin::Behaviour;
 use support::origin::Origin;
@@ -508,22 +508,9 @@ fn quic_client(pki: &TestPki) -> quinn::Endpoint {
 
 /// [`quic_client`], its socket on the loopback address `ip`.
 fn quic_client_on(pki: &TestPki, ip: [u8; 4]) -> quinn::Endpoint {
-    let pem = std::fs::read(pki.ca_cert()).expect("read the CA");
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-        roots.add(cert.expect("a CA certificate")).expect("a usable CA certificate");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("TLS 1.3")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("a QUIC client");
     let local = SocketAddr::from((ip, 0));
     let mut endpoint = quinn::Endpoint::client(local).expect("a client endpoint");
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    endpoint.set_default_client_config(quic_client_config(pki));
     endpoint
 }
 

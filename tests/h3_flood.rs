@@ -10,14 +10,13 @@ mod support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use support::clients::{CLIENT_TIMEOUT, run, sha256_file, sha256_hex};
+use support::clients::{sha256_file, sha256_hex};
 use support::data::test_bytes;
+use support::h3::{aioquic_get, quic_client_config};
 use support::ports::free_port;
 use support::proxy::{Instance, ProxyProcess, usage};
 use support::tls::TestPki;
@@ -36,45 +35,6 @@ fn h3_proxy(pki: &TestPki, port: u16, files: &Path, server_keys: &str) -> ProxyP
         files.display()
     );
     ProxyProcess::start_with(&body, server_keys, &[])
-}
-
-/// `path` over HTTP/3 from `server` with aioquic, into `out`: the answer's status.
-fn aioquic_get(pki: &TestPki, server: SocketAddr, path: &str, out: &Path) -> u64 {
-    let request = serde_json::json!({ "path": path, "out": out });
-    let mut client = Command::new("python3");
-    client
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
-        .args(["--connect", &server.to_string(), "--ca"])
-        .arg(pki.ca_cert())
-        .args(["--request", &request.to_string()]);
-    let seen = run(client, CLIENT_TIMEOUT);
-    seen.assert_success();
-    let answer: Value = seen
-        .stdout
-        .lines()
-        .next()
-        .and_then(|line| serde_json::from_str(line).ok())
-        .unwrap_or_else(|| panic!("an answer line: {seen}"));
-    assert_eq!(answer["reset"], false, "{seen}");
-    answer["status"].as_u64().unwrap_or_else(|| panic!("a status: {seen}"))
-}
-
-/// What a QUIC client trusting `pki`'s CA and offering `h3` connects with.
-fn quic_client_config(pki: &TestPki) -> quinn::ClientConfig {
-    let pem = std::fs::read(pki.ca_cert()).expect("read the CA");
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-        roots.add(cert.expect("a CA certificate")).expect("a usable CA certificate");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("TLS 1.3")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("a QUIC client");
-    quinn::ClientConfig::new(Arc::new(quic))
 }
 
 /// Connection attempts for a flood: real Initial packets to `server`, each from a fresh quinn
@@ -152,7 +112,8 @@ fn a_flood_of_initials_that_never_finish_costs_bounded_memory_and_clients_still_
     let server = SocketAddr::from(([127, 0, 0, 1], port));
     let download = |name: &str| {
         let out = work.join(name);
-        assert_eq!(aioquic_get(&pki, server, "/big.bin", &out), 200, "{name}");
+        let request = serde_json::json!({ "path": "/big.bin", "out": out });
+        assert_eq!(aioquic_get(&pki, server, &request), 200, "{name}");
         assert_eq!(sha256_file(&out), sha256_hex(&object), "{name}: byte for byte");
     };
     let handshakes = |outcome: &str| proxy.metric("rangeway_quic_handshakes_total", outcome);

@@ -7,6 +7,7 @@
 mod support;
 
 use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 use support::clients::{CLIENT_TIMEOUT, run};
 use support::data::test_bytes;
+use support::h3::aioquic_get;
 use support::http::get;
 use support::origin::{Behaviour, Origin};
 use support::ports::free_port;
@@ -401,22 +403,7 @@ fn get_h3(pki: &TestPki, port: u16, path: &str, traceparent: &str, out: &Path) -
     let request = serde_json::json!({
         "path": path, "headers": { "traceparent": traceparent }, "out": out,
     });
-    let mut client = Command::new("python3");
-    client
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
-        .args(["--connect", &format!("127.0.0.1:{port}"), "--ca"])
-        .arg(pki.ca_cert())
-        .args(["--request", &request.to_string()]);
-    let seen = run(client, CLIENT_TIMEOUT);
-    seen.assert_success();
-    let answer: Value = seen
-        .stdout
-        .lines()
-        .next()
-        .and_then(|line| serde_json::from_str(line).ok())
-        .unwrap_or_else(|| panic!("an answer line: {seen}"));
-    assert_eq!(answer["reset"], false, "{seen}");
-    answer["status"].as_u64().unwrap_or_else(|| panic!("a status: {seen}"))
+    aioquic_get(pki, SocketAddr::from(([127, 0, 0, 1], port)), &request)
 }
 
 /// `url` over HTTP/2 with curl, `traceparent` sent; the body goes to `out`, and the answer's

@@ -11,6 +11,7 @@
 
 pub(crate) mod clients;
 pub(crate) mod data;
+pub(crate) mod h3;
 pub(crate) mod haproxy;
 pub(crate) mod http;
 pub(crate) mod lossy_relay;
