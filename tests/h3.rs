@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use support::clients::{CLIENT_TIMEOUT, ClientRun, run, sha256_file, sha256_hex};
 use support::data::test_bytes;
-use support::h3::quic_client_config;
+use support::h3::{aioquic_command, quic_client_config};
 use support::lossy_relay::LossyRelay;
 use support::origin::Behaviour;
 use support::origin::Origin;
@@ -86,31 +86,14 @@ struct H3Run {
 /// Runs `tests/h3_client.py` against `connect` (rangeway, or a relay in front of it), trusting
 /// `pki`'s CA, with `requests` on one connection and `extra` arguments.
 fn aioquic(pki: &TestPki, connect: SocketAddr, requests: &[String], extra: &[&str]) -> H3Run {
-    let mut client = Command::new("python3");
-    client
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
-        .args(["--connect", &connect.to_string(), "--ca"])
-        .arg(pki.ca_cert())
-        .args(extra);
-    for request in requests {
-        client.args(["--request", request]);
-    }
-    let run = run(client, CLIENT_TIMEOUT);
+    let run = run(aioquic_command(pki, connect, requests, extra), CLIENT_TIMEOUT);
     run.assert_success();
     report(run)
 }
 
 /// `tests/h3_client.py` as [`aioquic`] runs it, whatever its outcome.
 fn aioquic_run(pki: &TestPki, connect: SocketAddr, requests: &[String]) -> ClientRun {
-    let mut client = Command::new("python3");
-    client
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
-        .args(["--connect", &connect.to_string(), "--ca"])
-        .arg(pki.ca_cert());
-    for request in requests {
-        client.args(["--request", request]);
-    }
-    run(client, CLIENT_TIMEOUT)
+    run(aioquic_command(pki, connect, requests, &[]), CLIENT_TIMEOUT)
 }
 
 /// What `tests/h3_client.py` printed.
@@ -448,16 +431,8 @@ fn sigterm_lets_quic_downloads_finish_refuses_new_connections_then_exits() {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let file = work.join("obj.bin");
     let download = {
-        let (pki_ca, request) = (pki.ca_cert().to_owned(), request("/obj.bin", &[], &file));
-        std::thread::spawn(move || {
-            let mut client = Command::new("python3");
-            client
-                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
-                .args(["--connect", &addr.to_string(), "--ca"])
-                .arg(pki_ca)
-                .args(["--request", &request]);
-            run(client, CLIENT_TIMEOUT)
-        })
+        let client = aioquic_command(&pki, addr, &[request("/obj.bin", &[], &file)], &[]);
+        std::thread::spawn(move || run(client, CLIENT_TIMEOUT))
     };
     support::wait::until("the download under way", WITHIN, || {
         (proxy.metric("rangeway_active_downloads", "") == 1).then_some(())
@@ -610,16 +585,8 @@ fn an_upgrade_serves_new_quic_connections_at_once_while_the_old_process_finishes
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let file = work.join("obj.bin");
     let download = {
-        let (ca, request) = (pki.ca_cert().to_owned(), request("/obj.bin", &[], &file));
-        std::thread::spawn(move || {
-            let mut client = Command::new("python3");
-            client
-                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
-                .args(["--connect", &addr.to_string(), "--ca"])
-                .arg(ca)
-                .args(["--request", &request]);
-            run(client, CLIENT_TIMEOUT)
-        })
+        let client = aioquic_command(&pki, addr, &[request("/obj.bin", &[], &file)], &[]);
+        std::thread::spawn(move || run(client, CLIENT_TIMEOUT))
     };
     support::wait::until("the download under way", WITHIN, || {
         (old.metric("rangeway_active_downloads", "") == 1).then_some(())
@@ -899,16 +866,8 @@ fn a_client_that_stops_its_stream_frees_a_silent_origin() {
         "path": "/silent", "out": work.join("silent"), "cancel_after": 1.5, "hold": 4,
     });
     let client = {
-        let (ca, spec) = (pki.ca_cert().to_owned(), spec.to_string());
-        std::thread::spawn(move || {
-            let mut client = Command::new("python3");
-            client
-                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
-                .args(["--connect", &addr.to_string(), "--ca"])
-                .arg(ca)
-                .args(["--request", &spec]);
-            run(client, CLIENT_TIMEOUT)
-        })
+        let client = aioquic_command(&pki, addr, &[spec.to_string()], &[]);
+        std::thread::spawn(move || run(client, CLIENT_TIMEOUT))
     };
     support::wait::until("the origin asked, the download under way", WITHIN, || {
         (origin.requests().len() == 1 && proxy.metric("rangeway_active_downloads", "") == 1)

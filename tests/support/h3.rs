@@ -15,13 +15,7 @@ use super::tls::TestPki;
 /// tests/h3_client.py takes it (`path`, `headers`, `out`, ...). The answer's status; an answer
 /// whose stream was reset fails.
 pub(crate) fn aioquic_get(pki: &TestPki, server: SocketAddr, request: &Value) -> u64 {
-    let mut client = Command::new("python3");
-    client
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
-        .args(["--connect", &server.to_string(), "--ca"])
-        .arg(pki.ca_cert())
-        .args(["--request", &request.to_string()]);
-    let seen = run(client, CLIENT_TIMEOUT);
+    let seen = run(aioquic_command(pki, server, &[request.to_string()], &[]), CLIENT_TIMEOUT);
     seen.assert_success();
     let answer: Value = seen
         .stdout
@@ -31,6 +25,26 @@ pub(crate) fn aioquic_get(pki: &TestPki, server: SocketAddr, request: &Value) ->
         .unwrap_or_else(|| panic!("an answer line: {seen}"));
     assert_eq!(answer["reset"], false, "{seen}");
     answer["status"].as_u64().unwrap_or_else(|| panic!("a status: {seen}"))
+}
+
+/// tests/h3_client.py (aioquic) to `server`, trusting `pki`'s CA, with `extra` options: one
+/// connection, each of `requests` (JSON, as the script takes them) on a stream of its own.
+pub(crate) fn aioquic_command(
+    pki: &TestPki,
+    server: SocketAddr,
+    requests: &[String],
+    extra: &[&str],
+) -> Command {
+    let mut client = Command::new("python3");
+    client
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3_client.py"))
+        .args(["--connect", &server.to_string(), "--ca"])
+        .arg(pki.ca_cert())
+        .args(extra);
+    for request in requests {
+        client.args(["--request", request]);
+    }
+    client
 }
 
 /// What a quinn client trusting `pki`'s CA and offering `h3` connects with.
