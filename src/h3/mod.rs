@@ -83,7 +83,13 @@ pub(crate) fn bind(addr: SocketAddr, marker: Marker) -> io::Result<UdpSocket> {
     // Shared only with a process this one hands over to: bound alone first, so that another
     // process on the port is found, not joined.
     drop(socket(addr, false)?);
-    bind_beside(addr, marker)
+    let socket = socket(addr, true)?;
+    // Alone on the port, nothing needs steering yet: a kernel that refuses the program (a
+    // sandbox's) costs only the sharing at an upgrade, which a process that can steer still has.
+    if let Err(e) = marker.steer(&socket) {
+        warn!(%addr, error = %e, "HTTP/3: QUIC packets cannot be steered between processes on this port");
+    }
+    Ok(socket)
 }
 
 /// A UDP socket for QUIC on `addr`, which the process this one upgrades holds too (see
