@@ -88,12 +88,10 @@ impl StreamedFill {
         let Self { inner, mut version, object, staged, len, .. } = self;
         let Some(staged) = staged else { return };
         version.len = len;
-        let kept = async move {
-            let sliced =
-                tokio::task::spawn_blocking(move || inner.keep_staged(version, &object, &staged));
-            let _ = sliced.await;
-        };
-        tokio::spawn(kept.in_current_span());
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            span.in_scope(|| inner.keep_staged(version, &object, &staged));
+        });
     }
 
     /// Reads `exchange`'s body to its end into the fill, for an answer no client reads (its
