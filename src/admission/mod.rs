@@ -115,10 +115,12 @@ pub const HEADER_TIMED_OUT: &str = "the request header took longer than client_h
 const DEFAULT_NOTSENT_LOWAT: u32 = 128 * 1024;
 /// Below this a socket would wake its writer for every few segments.
 const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
-/// Descriptors kept aside from the clients' share: listeners, the store, logs, cache files.
+/// Descriptors kept aside from the clients' share: listeners, the store, logs, cache files, the
+/// empty pipes kept for the next spliced bodies.
 const RESERVED_DESCRIPTORS: u64 = 256;
-/// What one client connection may hold: its socket, an origin connection, a splice's pipe (two).
-const DESCRIPTORS_PER_CONNECTION: u64 = 4;
+/// What one client connection may hold: its socket and the client watch's duplicate of it, an
+/// origin connection and the splice's duplicate of it, a splice's pipe (two).
+const DESCRIPTORS_PER_CONNECTION: u64 = 6;
 /// `max_request_body` when it is not set: larger than the bodies of forms and APIs and than the
 /// parts of an S3 multipart upload as SDKs cut them (8 to 64 MiB), while one request still cannot
 /// tie an origin connection up for an unbounded upload; a route for larger uploads raises it.
@@ -187,8 +189,8 @@ pub(crate) fn fitting_connections(max: usize) -> Result<usize, Problem> {
                  descriptors (RLIMIT_NOFILE), and each connection needs one"
             ),
             format!(
-                "use at most {descriptors}, or leave it unset ({}: room for an origin connection \
-                 and a pipe each), or raise the limit (LimitNOFILE= in the systemd unit, ulimit -n)",
+                "use at most {descriptors}, or leave it unset ({}: room for an origin connection, \
+                 a pipe and their duplicates each), or raise the limit (LimitNOFILE= in the systemd unit, ulimit -n)",
                 default_max_connections(Some(descriptors))
             ),
         ),
