@@ -189,7 +189,7 @@ impl Proxy {
         async move {
             let watch = ClientWatch::of(session);
             let mut sourced = self.source(session, ctx, &route, &watch).await?;
-            if let Some(kept) = self.shape(session, &mut sourced.response, ctx).await? {
+            if let Some(kept) = self.shape(session, &mut sourced.response, ctx, &watch).await? {
                 sourced.answer_with_kept(kept);
             }
             self.deliver(session, ctx, &route, sourced, &watch).await

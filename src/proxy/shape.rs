@@ -16,7 +16,7 @@ use super::Proxy;
 use super::answer::{
     ACCEPT_BYTES, answer_without_body, refuse_changed, refuse_lost_session, set_partial,
 };
-use super::client_session::ClientSession;
+use super::client_session::{ClientSession, ClientWatch};
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
 use super::origin_digest::OriginDigestCheck;
@@ -134,6 +134,7 @@ impl Proxy {
         session: &impl ClientSession,
         response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
+        watch: &ClientWatch,
     ) -> Result<Option<Box<CacheBody>>> {
         if let Some(id) = self.changed_resume(response, ctx) {
             refuse_changed(response, ctx, &id)?;
@@ -166,10 +167,11 @@ impl Proxy {
             if result.is_ok() && !matches!(ctx.answer.body, BodyPlan::Discard) {
                 ctx.answer.origin_digest = origin_digest;
             }
-            self.go_live(session, ctx);
+            self.go_live(watch, ctx);
             return result;
         }
         self.shape_plain(session, response, ctx, &answer_validators, version, origin_digest)?;
+        self.go_live(watch, ctx);
         Ok(None)
     }
 
@@ -272,7 +274,6 @@ impl Proxy {
         if !matches!(ctx.answer.body, BodyPlan::Discard) {
             ctx.answer.origin_digest = origin_digest;
         }
-        self.go_live(session, ctx);
         Ok(())
     }
 

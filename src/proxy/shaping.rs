@@ -18,9 +18,10 @@ use tracing::warn;
 
 use super::Proxy;
 use super::answer::{ACCEPT_BYTES, answer_without_body, empty_answer, refuse_changed, set_partial};
-use super::client_session::ClientSession;
+use super::client_session::{ClientSession, ClientWatch};
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
+use super::splice::RawSocket;
 use crate::cache::{CacheBody, Outcome, OutputWriter, SliceCache, Version};
 use crate::fingerprint::fingerprint;
 use crate::range::{
@@ -305,9 +306,10 @@ impl Proxy {
     }
 
     /// Shows the response in the admin API while it is in flight, when it delivers to a download.
-    /// On HTTP/1 the live view holds a duplicate of the client's socket, so that it counts what
-    /// the client took, not what was written ahead of it (see `admin::live::LiveResponse`).
-    pub(super) fn go_live(&self, session: &impl ClientSession, ctx: &mut RequestCtx) {
+    /// On HTTP/1 the live view holds the client watch's duplicate of the client's socket, so that
+    /// it counts what the client took, not what was written ahead of it (see
+    /// `telemetry::live::LiveResponse`).
+    pub(super) fn go_live(&self, watch: &ClientWatch, ctx: &mut RequestCtx) {
         if matches!(ctx.answer.body, BodyPlan::Discard) {
             return;
         }
@@ -320,8 +322,7 @@ impl Proxy {
         if let Some(delivery) =
             ctx.identity.delivery(0, false).filter(|d| d.ending != Ending::Parts)
         {
-            let client =
-                session.connection_fd().and_then(|fd| super::splice::duplicate_fd(fd).ok());
+            let client = watch.socket().map(RawSocket::shared_fd);
             ctx.answer.live = Some(self.live.register(delivery, client));
         }
     }

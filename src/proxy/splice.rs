@@ -8,9 +8,10 @@
 //! gets exactly as the origin sends it.
 
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -52,8 +53,9 @@ const SENDFILE_BYTES: usize = 2 << 20;
 #[derive(Debug)]
 pub(super) struct RawSocket {
     /// A duplicate of the socket, registered with tokio's reactor on its own (the original is
-    /// registered by its owner, and one descriptor cannot be registered twice).
-    fd: AsyncFd<OwnedFd>,
+    /// registered by its owner, and one descriptor cannot be registered twice); shared with the
+    /// live view ([`Self::shared_fd`]).
+    fd: AsyncFd<Arc<OwnedFd>>,
 }
 
 /// A duplicate of the socket `raw`, a live connection's (pingora's session holds it, and the
@@ -84,16 +86,20 @@ impl RawSocket {
         let owned = duplicate_fd(raw)?;
         // SAFETY: an `OwnedFd` is open and names the same description until it is dropped, which
         // the `AsyncFd` owning it does last.
-        let fd = unsafe { AsyncFd::register(owned) }.map_err(io::Error::from)?;
+        let fd = unsafe { AsyncFd::register(Arc::new(owned)) }.map_err(io::Error::from)?;
         Ok(Self { fd })
+    }
+
+    /// The duplicate descriptor, for a reader that outlives this value (the live view).
+    pub(super) fn shared_fd(&self) -> Arc<OwnedFd> {
+        Arc::clone(self.fd.get_ref())
     }
 
     /// Writes all of `bytes`, each wait for the socket bounded by `timeout`.
     pub(super) async fn write_all(&self, mut bytes: &[u8], timeout: Duration) -> io::Result<()> {
         while !bytes.is_empty() {
-            let (written, _) = self
-                .wait_for(Interest::WRITABLE, timeout, |fd| Ok(rustix::io::write(fd, bytes)?))
-                .await?;
+            let (written, _) =
+                self.send(bytes.len(), timeout, |fd| Ok(rustix::io::write(fd, bytes)?)).await?;
             if written == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
@@ -150,7 +156,7 @@ impl RawSocket {
             // As much as the socket takes: the kernel sends from the page cache, no buffer here.
             let want = usize::try_from(end - offset).unwrap_or(usize::MAX).min(SENDFILE_BYTES);
             let (sent, waited) = self
-                .wait_for(Interest::WRITABLE, timeout, |fd| {
+                .send(want, timeout, |fd| {
                     Ok(rustix::fs::sendfile(fd, file, Some(&mut offset), want)?)
                 })
                 .await?;
@@ -198,7 +204,33 @@ impl RawSocket {
         &self,
         interest: Interest,
         timeout: Duration,
+        op: impl FnMut(BorrowedFd<'_>) -> io::Result<T>,
+    ) -> io::Result<(T, bool)> {
+        self.attempt(interest, timeout, op, |_| true).await
+    }
+
+    /// Writes with `op` what the socket takes of `want` bytes, waiting at most `timeout` for room:
+    /// the bytes written, and whether this task had to wait. Fewer than `want` means the socket
+    /// is full, and the next write waits for it to have room again rather than first try and
+    /// fail (as nginx reads its events).
+    async fn send(
+        &self,
+        want: usize,
+        timeout: Duration,
+        op: impl FnMut(BorrowedFd<'_>) -> io::Result<usize>,
+    ) -> io::Result<(usize, bool)> {
+        self.attempt(Interest::WRITABLE, timeout, op, |written| *written == want).await
+    }
+
+    /// `wait_for`, the socket taken for no longer ready after a result `still_ready` refuses. Not
+    /// for reads into a pipe: a short one may be the pipe's (its slots ran out), the socket still
+    /// holding bytes, and no new edge would come for them.
+    async fn attempt<T>(
+        &self,
+        interest: Interest,
+        timeout: Duration,
         mut op: impl FnMut(BorrowedFd<'_>) -> io::Result<T>,
+        still_ready: impl Fn(&T) -> bool,
     ) -> io::Result<(T, bool)> {
         let mut waited = false;
         loop {
@@ -214,22 +246,50 @@ impl RawSocket {
             let ready = tokio::time::timeout(timeout, ready).await;
             let mut guard = ready.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
             match guard.try_io(|fd| op(fd.get_ref().as_fd())) {
-                Ok(result) => return result.map(|value| (value, waited)),
+                Ok(result) => {
+                    // A readiness event that came after the guard's is not cleared (tokio's ticks).
+                    if result.as_ref().is_ok_and(|value| !still_ready(value)) {
+                        guard.clear_ready();
+                    }
+                    return result.map(|value| (value, waited));
+                }
                 Err(_would_block) => {}
             }
         }
     }
 }
 
-/// A pipe to splice through, empty when a body is done; counted in its budget until dropped.
+/// A pipe to splice through; counted in its budget until dropped, and then, empty, kept by the
+/// budget for the next body.
 #[derive(Debug)]
 pub(super) struct Pipe {
-    read: OwnedFd,
-    write: OwnedFd,
-    capacity: usize,
+    /// Taken back by `drop`, and not used after.
+    ends: ManuallyDrop<PipeEnds>,
+    /// Bytes in it, on their way to the client: a pipe that still holds some when its body ends
+    /// (the client went away) is closed, not kept.
+    holds: usize,
     /// The last size the kernel refused it (not asked again).
     refused: usize,
     budget: &'static PipeBudget,
+}
+
+/// A pipe's two ends, and what it holds at most.
+#[derive(Debug)]
+struct PipeEnds {
+    read: OwnedFd,
+    write: OwnedFd,
+    capacity: usize,
+}
+
+impl PipeEnds {
+    /// A new pipe of `share` bytes; past the user's quota (taken by other processes of the same
+    /// user) the kernel refuses the size, and the pipe keeps what it made, which may be two pages.
+    fn new(share: usize) -> io::Result<Self> {
+        let (read, write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+        let capacity = rustix::pipe::fcntl_setpipe_size(&write, share)
+            .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
+        Ok(Self { read, write, capacity })
+    }
 }
 
 impl Pipe {
@@ -241,47 +301,63 @@ impl Pipe {
 
     fn take_from(budget: &'static PipeBudget) -> Option<Self> {
         let share = budget.join()?;
-        let made = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).and_then(
-            |(read, write)| {
-                // Refused past the user's quota (by other processes of the same user): the pipe
-                // keeps what the kernel made it, which may be two pages.
-                let capacity = rustix::pipe::fcntl_setpipe_size(&write, share)
-                    .or_else(|_| rustix::pipe::fcntl_getpipe_size(&write))?;
-                Ok(Self { read, write, capacity, refused: 0, budget })
+        let pipe = |ends| Self { ends: ManuallyDrop::new(ends), holds: 0, refused: 0, budget };
+        let pipe = match budget.idle() {
+            Some(ends) => {
+                let mut kept = pipe(ends);
+                kept.fit(share);
+                kept
+            }
+            None => match PipeEnds::new(share) {
+                Ok(ends) => pipe(ends),
+                Err(e) => {
+                    budget.leave();
+                    debug!(error = %e, "no pipe: the body is copied");
+                    return None;
+                }
             },
-        );
-        match made {
-            Ok(pipe) if pipe.capacity >= PIPE_MIN_BYTES => Some(pipe),
-            Ok(pipe) => {
-                debug!(bytes = pipe.capacity, "the kernel gave a smaller pipe: the body is copied");
-                None
-            }
-            Err(e) => {
-                budget.leave();
-                debug!(error = %e, "no pipe: the body is copied");
-                None
-            }
+        };
+        if pipe.ends.capacity < PIPE_MIN_BYTES {
+            debug!(
+                bytes = pipe.ends.capacity,
+                "the kernel gave a smaller pipe: the body is copied"
+            );
+            return None;
         }
+        Some(pipe)
     }
 
     /// Resizes the pipe, empty, to its share now: the bodies that came when few were spliced
-    /// give up their larger pipes as more come, and take them back as those end. A size the
-    /// kernel refuses leaves the pipe as it was.
+    /// give up their larger pipes as more come, and take them back as those end.
     fn refit(&mut self) {
-        let share = self.budget.share_now();
-        if share == self.capacity || share == self.refused {
+        self.fit(self.budget.share_now());
+    }
+
+    /// Resizes the pipe, empty, to `share`; a size the kernel refuses leaves it as it was.
+    fn fit(&mut self, share: usize) {
+        if share == self.ends.capacity || share == self.refused {
             return;
         }
-        match rustix::pipe::fcntl_setpipe_size(&self.write, share) {
-            Ok(capacity) => self.capacity = capacity,
+        match rustix::pipe::fcntl_setpipe_size(&self.ends.write, share) {
+            Ok(capacity) => self.ends.capacity = capacity,
             Err(_) => self.refused = share,
         }
+    }
+
+    fn capacity(&self) -> usize {
+        self.ends.capacity
     }
 }
 
 impl Drop for Pipe {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
         self.budget.leave();
+        // SAFETY: `ends` is taken once, here, and the pipe is not used after.
+        let ends = unsafe { ManuallyDrop::take(&mut self.ends) };
+        if self.holds == 0 {
+            self.budget.keep(ends);
+        }
     }
 }
 
@@ -298,11 +374,37 @@ struct PipeBudget {
     limit: usize,
     /// The pipes out.
     pipes: AtomicUsize,
+    /// Empty pipes kept for the next bodies, which then skip making one (pipe2, its size, and two
+    /// closes at the end: four system calls a body); at most [`IDLE_PIPES`], holding at most
+    /// [`IDLE_SHARE`] of `limit` in all.
+    idle: Mutex<Vec<PipeEnds>>,
 }
+
+/// The most empty pipes a budget keeps: their descriptors come out of those the process keeps
+/// aside from its connections' (`admission::RESERVED_DESCRIPTORS`).
+const IDLE_PIPES: usize = 8;
+
+/// The part of a budget its idle pipes may hold, beyond its pipes in use: the kernel counts an
+/// idle pipe's size against the user's quota as it does a busy one's.
+const IDLE_SHARE: usize = 16;
 
 impl PipeBudget {
     const fn new(limit: usize) -> Self {
-        Self { limit, pipes: AtomicUsize::new(0) }
+        Self { limit, pipes: AtomicUsize::new(0), idle: Mutex::new(Vec::new()) }
+    }
+
+    /// An empty pipe kept from a body before, if any.
+    fn idle(&self) -> Option<PipeEnds> {
+        self.idle.lock().ok()?.pop()
+    }
+
+    /// Keeps an empty pipe for the next body, if the idle ones leave room for it; else it closes.
+    fn keep(&self, ends: PipeEnds) {
+        let Ok(mut idle) = self.idle.lock() else { return };
+        let held: usize = idle.iter().map(|ends| ends.capacity).sum();
+        if idle.len() < IDLE_PIPES && held + ends.capacity <= self.limit / IDLE_SHARE {
+            idle.push(ends);
+        }
     }
 
     /// Counts one more pipe in: its share, or none (and not counted) when the budget cannot
@@ -401,29 +503,29 @@ pub(super) async fn splice(
     mut delivered: impl FnMut(usize),
 ) -> Result<(), SpliceError> {
     let mut left = len;
-    let mut in_pipe = 0usize;
     let mut upstream_error = None;
     // Bytes moved since this task last let the thread's other tasks run.
     let mut since_yield = 0;
-    while left > 0 || in_pipe > 0 {
+    while left > 0 || pipe.holds > 0 {
         // While both sockets keep up, nothing here waits: the other connections of this thread
         // get their turn after each pipe-full, as they would between pingora's reads.
-        if since_yield >= pipe.capacity {
+        if since_yield >= pipe.capacity() {
             since_yield = 0;
             tokio::task::yield_now().await;
         }
         if upstream_error.is_none() && left > 0 {
-            if in_pipe == 0 {
+            if pipe.holds == 0 {
                 pipe.refit();
             }
-            let want = (pipe.capacity - in_pipe).min(usize::try_from(left).unwrap_or(usize::MAX));
+            let want =
+                (pipe.capacity() - pipe.holds).min(usize::try_from(left).unwrap_or(usize::MAX));
             let more = SpliceFlags::NONBLOCK | SpliceFlags::MOVE;
             let fill = |fd: BorrowedFd<'_>| {
-                Ok(rustix::pipe::splice(fd, None, &pipe.write, None, want, more)?)
+                Ok(rustix::pipe::splice(fd, None, &pipe.ends.write, None, want, more)?)
             };
             // With bytes in the pipe, a would-block may be the pipe's (its slots are pages, not
             // bytes): those go out first. Only an empty pipe waits for the origin.
-            let filled = if in_pipe == 0 {
+            let filled = if pipe.holds == 0 {
                 // Waiting for the origin, the client is watched too: one that hangs up ends the
                 // body at once (and its download is recorded), not at the next bytes to send.
                 tokio::select! {
@@ -441,27 +543,27 @@ pub(super) async fn splice(
                     if waited {
                         since_yield = 0;
                     }
-                    in_pipe += moved;
+                    pipe.holds += moved;
                     left -= moved as u64;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => upstream_error = Some(e),
             }
         }
-        if in_pipe > 0 {
+        if pipe.holds > 0 {
             let flags = if left > 0 {
                 SpliceFlags::NONBLOCK | SpliceFlags::MOVE | SpliceFlags::MORE
             } else {
                 SpliceFlags::NONBLOCK | SpliceFlags::MOVE
             };
             let drain = |fd: BorrowedFd<'_>| {
-                Ok(rustix::pipe::splice(&pipe.read, None, fd, None, in_pipe, flags)?)
+                Ok(rustix::pipe::splice(&pipe.ends.read, None, fd, None, pipe.holds, flags)?)
             };
             let (moved, waited) = to
-                .wait_for(Interest::WRITABLE, timeouts.write, drain)
+                .send(pipe.holds, timeouts.write, drain)
                 .await
                 .map_err(SpliceError::Downstream)?;
-            in_pipe -= moved;
+            pipe.holds -= moved;
             since_yield = if waited { moved } else { since_yield + moved };
             delivered(moved);
         } else if let Some(e) = upstream_error {
@@ -568,16 +670,53 @@ mod tests {
         static BUDGET: PipeBudget = PipeBudget::new(2 * PIPE_MAX_BYTES);
         let mut first = Pipe::take_from(&BUDGET).unwrap();
         let second = Pipe::take_from(&BUDGET).unwrap();
-        assert_eq!((first.capacity, second.capacity), (PIPE_MAX_BYTES, PIPE_MAX_BYTES));
+        assert_eq!((first.capacity(), second.capacity()), (PIPE_MAX_BYTES, PIPE_MAX_BYTES));
         let third = Pipe::take_from(&BUDGET).unwrap();
-        assert_eq!(third.capacity, PIPE_MAX_BYTES / 2);
+        assert_eq!(third.capacity(), PIPE_MAX_BYTES / 2);
         first.refit();
-        assert_eq!(first.capacity, PIPE_MAX_BYTES / 2);
+        assert_eq!(first.capacity(), PIPE_MAX_BYTES / 2);
         drop((second, third));
         first.refit();
-        assert_eq!(first.capacity, PIPE_MAX_BYTES);
+        assert_eq!(first.capacity(), PIPE_MAX_BYTES);
         drop(first);
         assert_eq!(BUDGET.pipes.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn an_empty_pipe_is_kept_for_the_next_body_and_one_holding_bytes_is_not() {
+        static BUDGET: PipeBudget = PipeBudget::new(IDLE_SHARE * PIPE_MAX_BYTES);
+        let idle = || BUDGET.idle.lock().unwrap().len();
+        let Ends { mut origin, client: _client, upstream: _u, downstream: _d, from, to } = ends();
+        let mut pipe = Pipe::take_from(&BUDGET).unwrap();
+        let kept = pipe.ends.read.as_raw_fd();
+        origin.write_all(&pattern(100_000)).await.unwrap();
+        splice(&from, &to, &mut pipe, 100_000, TIMEOUTS, |_| {}).await.unwrap();
+        drop(pipe);
+        assert_eq!(idle(), 1);
+        // The next body gets that pipe, not a new one.
+        let mut pipe = Pipe::take_from(&BUDGET).unwrap();
+        assert_eq!(pipe.ends.read.as_raw_fd(), kept);
+        assert_eq!(idle(), 0);
+        // A client that stops reading leaves bytes in the pipe: it is closed.
+        tokio::spawn(async move { origin.write_all(&pattern(4 * MIB)).await });
+        let timeouts = Timeouts { read: TIMEOUTS.read, write: Duration::from_millis(100) };
+        let cut = splice(&from, &to, &mut pipe, 4 << 20, timeouts, |_| {}).await;
+        assert!(cut.is_err() && pipe.holds > 0, "{cut:?}, {} bytes left in the pipe", pipe.holds);
+        drop(pipe);
+        assert_eq!(idle(), 0);
+        assert_eq!(BUDGET.pipes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn idle_pipes_hold_at_most_their_share_of_the_budget_and_are_few() {
+        static SMALL: PipeBudget = PipeBudget::new(IDLE_SHARE * 2 * PIPE_MAX_BYTES);
+        let pipes: Vec<_> = (0..3).map(|_| Pipe::take_from(&SMALL).unwrap()).collect();
+        drop(pipes);
+        assert_eq!(SMALL.idle.lock().unwrap().len(), 2, "by their bytes");
+        static LARGE: PipeBudget = PipeBudget::new(IDLE_SHARE * 64 * PIPE_MAX_BYTES);
+        let pipes: Vec<_> = (0..IDLE_PIPES + 2).map(|_| Pipe::take_from(&LARGE).unwrap()).collect();
+        drop(pipes);
+        assert_eq!(LARGE.idle.lock().unwrap().len(), IDLE_PIPES, "by their number");
     }
 
     #[test]

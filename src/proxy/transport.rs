@@ -7,7 +7,7 @@
 use http::Method;
 use pingora_http::ResponseHeader;
 
-use super::client_session::ClientSession;
+use super::client_session::{ClientSession, ClientWatch};
 use super::source_body::UpstreamBody;
 use super::splice::{Pipe, RawSocket, is_plain};
 use crate::range::content_length;
@@ -42,16 +42,16 @@ pub(super) enum Transport {
 
 /// How an answer's body goes to its client, with what that way needs: the one value the deliver
 /// step chooses for it ([`BodyWay::choose`]).
-pub(super) enum BodyWay {
+pub(super) enum BodyWay<'w> {
     /// Read by rangeway and written through pingora's writer: through the transform step, in
     /// paced steps on a shaped route (pace.rs).
     Copy,
     /// Spliced from the origin's plain socket to the client's through the body's pipe (its share
     /// of the pipe budget, `Pipe::take`), in paced steps on a shaped route; continued as the
     /// relay's where the origin breaks it off.
-    Splice { client: RawSocket, len: u64, pipe: Pipe },
+    Splice { client: &'w RawSocket, len: u64, pipe: Pipe },
     /// Sent from the slice cache's files to the client's socket.
-    Sendfile { client: RawSocket, len: u64 },
+    Sendfile { client: &'w RawSocket, len: u64 },
 }
 
 /// Where a relayed answer's body comes from.
@@ -68,12 +68,13 @@ enum BodyFrom<'a> {
 /// closes), and a body below it is read in a few chunks anyway.
 const SPLICE_MIN_BYTES: u64 = 256 * 1024;
 
-impl BodyWay {
+impl<'w> BodyWay<'w> {
     /// The way of an answer's `body`, once its header (`response`) is shaped: passed on by the
     /// kernel when it goes out `untouched` (no stage, digest check, cut or stretches), else
     /// copied. A `paced` body from the cache is copied too: sendfile has no steps.
     pub(super) fn choose(
         session: &impl ClientSession,
+        watch: &'w ClientWatch,
         untouched: bool,
         paced: bool,
         body: Option<&UpstreamBody>,
@@ -84,17 +85,18 @@ impl BodyWay {
             Some(UpstreamBody::Cache(_)) if !paced => BodyFrom::Cache,
             _ => return Self::Copy,
         };
-        Self::kernel_way(session, untouched, from, response).unwrap_or(Self::Copy)
+        Self::kernel_way(session, watch, untouched, from, response).unwrap_or(Self::Copy)
     }
 
     /// The kernel's way for a GET's body that goes out untouched — of known length, at least
     /// [`SPLICE_MIN_BYTES`] — to a client whose session hands the kernel its socket
-    /// (`ClientSession::kernel_socket`: a plain HTTP/1 client on rangeway's `ClientConnection`,
+    /// (`ClientSession::kernel_sends`: a plain HTTP/1 client on rangeway's `ClientConnection`,
     /// which the server puts under every proxy connection and which accounts for bytes that go
-    /// past pingora's writer): spliced from a plain origin socket when a pipe can be had
+    /// past pingora's writer; the socket is the client watch's duplicate): spliced from a plain origin socket when a pipe can be had
     /// (`Pipe::take`), sent from the cache's files; `None` when it cannot have one.
     fn kernel_way(
         session: &impl ClientSession,
+        watch: &'w ClientWatch,
         untouched: bool,
         from: BodyFrom<'_>,
         response: &ResponseHeader,
@@ -111,7 +113,7 @@ impl BodyWay {
         if !untouched {
             return None;
         }
-        let client = session.kernel_socket()?;
+        let client = watch.socket().filter(|_| session.kernel_sends())?;
         // Taken last: a pipe is held from here to the body's end.
         Some(match spliced {
             true => Self::Splice { client, len, pipe: Pipe::take()? },

@@ -38,7 +38,7 @@ pub struct LiveResponse {
     sent: AtomicU64,
     /// A duplicate of the client's socket when the response has it to itself (HTTP/1), for what
     /// is still queued in it.
-    client: Option<OwnedFd>,
+    client: Option<Arc<OwnedFd>>,
 }
 
 /// A response's place in [`LiveResponses`]; leaves it when dropped (the response ended).
@@ -57,7 +57,11 @@ impl LiveResponses {
     /// Adds a response that makes `delivery` (whose range starts where the response does, and whose
     /// time is when it began), written to `client` (a duplicate of the client's socket, when the
     /// response has the connection to itself).
-    pub fn register(self: &Arc<Self>, delivery: Delivery, client: Option<OwnedFd>) -> LiveGuard {
+    pub fn register(
+        self: &Arc<Self>,
+        delivery: Delivery,
+        client: Option<Arc<OwnedFd>>,
+    ) -> LiveGuard {
         let entry = Arc::new(LiveResponse { delivery, sent: AtomicU64::new(0), client });
         let key = self.next.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(key, Arc::clone(&entry));

@@ -15,7 +15,6 @@ use pingora_error::Result;
 use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::ClientSession;
-use crate::proxy::splice::RawSocket;
 
 /// `session`, whose response headers say `alt_svc` when there is one.
 pub(in crate::proxy) struct AltSvc<'s, S> {
@@ -101,8 +100,8 @@ impl<S: ClientSession> ClientSession for AltSvc<'_, S> {
         self.session.body_bytes_sent()
     }
 
-    fn kernel_socket(&self) -> Option<RawSocket> {
-        self.session.kernel_socket()
+    fn kernel_sends(&self) -> bool {
+        self.session.kernel_sends()
     }
 
     fn connection_fd(&self) -> Option<RawFd> {

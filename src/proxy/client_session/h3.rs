@@ -1,7 +1,7 @@
 //! [`ClientSession`] for an HTTP/3 request: one bidirectional stream of a QUIC connection that
 //! `crate::h3` accepted. It has no socket of its own — the connection's packets go out through
 //! the listener's UDP socket, encrypted per packet — so the kernel's ways are not for it
-//! (`kernel_socket` is `None`), and a client's going is its stream stopped or its connection
+//! (`kernel_sends` is `false`), and a client's going is its stream stopped or its connection
 //! ended (quinn's `stopped()`), as HTTP/2's is its stream reset or its connection closed.
 //!
 //! The client is the address that made the handshake, whatever address its packets come from
@@ -20,7 +20,6 @@ use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::ClientSession;
 use crate::h3_transport::{Acknowledged, BidiStream, BodyHandoff, StreamHandle};
-use crate::proxy::splice::RawSocket;
 
 /// A request's stream, as h3 hands it over.
 pub(crate) type H3Stream = RequestStream<BidiStream, Bytes>;
@@ -269,8 +268,8 @@ impl ClientSession for H3Session {
         self.sent
     }
 
-    fn kernel_socket(&self) -> Option<RawSocket> {
-        None
+    fn kernel_sends(&self) -> bool {
+        false
     }
 
     fn connection_fd(&self) -> Option<RawFd> {

@@ -13,7 +13,6 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use tokio::sync::watch;
 
 use super::ClientSession;
-use crate::proxy::splice::RawSocket;
 
 /// A request answered into memory.
 #[derive(Debug)]
@@ -163,8 +162,8 @@ impl ClientSession for MemorySession {
         self.body.len() as u64
     }
 
-    fn kernel_socket(&self) -> Option<RawSocket> {
-        None
+    fn kernel_sends(&self) -> bool {
+        false
     }
 
     fn connection_fd(&self) -> Option<RawFd> {

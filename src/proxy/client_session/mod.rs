@@ -28,8 +28,6 @@ use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_error::Result;
 use pingora_http::{RequestHeader, ResponseHeader};
 
-use super::splice::RawSocket;
-
 pub(crate) use self::h3::{H3Client, H3Session, H3Stream};
 pub(super) use alt_svc::AltSvc;
 pub(super) use pingora::answer_pipelined;
@@ -84,7 +82,7 @@ pub(super) trait ClientSession: Send + Sync {
     ) -> impl Future<Output = Result<()>> + Send;
 
     /// Writes the response's header and sends it at once, for a body that goes out past this
-    /// session's writer (spliced, or sent from the cache's files on [`Self::kernel_socket`]):
+    /// session's writer (spliced, or sent from the cache's files where [`Self::kernel_sends`]):
     /// a writer may otherwise hold a header until body bytes follow it.
     fn write_header_now(
         &mut self,
@@ -104,10 +102,10 @@ pub(super) trait ClientSession: Send + Sync {
     /// The body bytes the response sent: through the writer, and those it was told went past it.
     fn body_bytes_sent(&self) -> u64;
 
-    /// A duplicate of the client's socket for a body the kernel sends (splice, sendfile): only a
-    /// plain socket whose bytes sent past the writer can be accounted for
-    /// ([`Self::note_sent_aside`]); `None` for every other session.
-    fn kernel_socket(&self) -> Option<RawSocket>;
+    /// Whether the kernel may send a body to the client's socket ([`Self::connection_fd`]) with
+    /// splice or sendfile: only a plain socket whose bytes sent past the writer can be accounted
+    /// for ([`Self::note_sent_aside`]).
+    fn kernel_sends(&self) -> bool;
 
     /// The socket of the client's connection when the request has it to itself (HTTP/1, plain or
     /// TLS): the live view reads what the client took from it, and the client watch sees it

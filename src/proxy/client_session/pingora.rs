@@ -15,8 +15,7 @@ use pingora_proxy::Session;
 
 use super::ClientSession;
 use crate::admission::ClientConnection;
-use crate::proxy::splice::RawSocket;
-use crate::proxy::splice::plain_socket;
+use crate::proxy::splice::is_plain;
 
 impl ClientSession for Session {
     fn req_header(&self) -> &RequestHeader {
@@ -106,10 +105,9 @@ impl ClientSession for Session {
         self.as_downstream().body_bytes_sent() as u64
     }
 
-    fn kernel_socket(&self) -> Option<RawSocket> {
-        let ServerSession::H1(h1) = self.as_downstream() else { return None };
-        ClientConnection::of(h1.stream())?;
-        plain_socket(Some(h1.stream()))
+    fn kernel_sends(&self) -> bool {
+        let ServerSession::H1(h1) = self.as_downstream() else { return false };
+        ClientConnection::of(h1.stream()).is_some() && is_plain(Some(h1.stream()))
     }
 
     fn connection_fd(&self) -> Option<RawFd> {

@@ -27,6 +27,15 @@ impl ClientWatch {
         }
     }
 
+    /// The duplicate of the client's socket it watches, which the kernel's ways of a body send to
+    /// and the live view reads: one duplicate for all three.
+    pub(in crate::proxy) fn socket(&self) -> Option<&RawSocket> {
+        match self {
+            Self::Socket(socket) => Some(socket),
+            Self::Stream | Self::Unwatched => None,
+        }
+    }
+
     /// `work`'s outcome, or a client-gone error as soon as the client is gone.
     pub(in crate::proxy) fn unless_gone<'a, W: Future>(
         &'a self,

@@ -26,12 +26,12 @@ impl Proxy {
         session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
-        (client, len, mut pipe): (RawSocket, u64, Pipe),
+        (client, len, mut pipe): (&RawSocket, u64, Pipe),
         exchange: Exchange,
         pump: Pump,
     ) -> Result<()> {
         session.write_header_now(Box::new(response)).await?;
-        let spliced = self.splice_body(ctx, &client, &mut pipe, len, exchange, pump).await;
+        let spliced = self.splice_body(ctx, client, &mut pipe, len, exchange, pump).await;
         self.account_sent_aside(session, ctx, spliced).await
     }
 
@@ -43,7 +43,7 @@ impl Proxy {
         session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
-        (client, len): (RawSocket, u64),
+        (client, len): (&RawSocket, u64),
         mut body: Box<CacheBody>,
     ) -> Result<()> {
         session.write_header_now(Box::new(response)).await?;

@@ -87,7 +87,7 @@ impl Proxy {
             pump.read_max = pacer.step().min(READ_BYTES);
         }
         let (untouched, paced) = (ctx.answer.passes_body_untouched(), ctx.delivery.pacer.is_some());
-        let way = BodyWay::choose(session, untouched, paced, body.as_ref(), &response);
+        let way = BodyWay::choose(session, watch, untouched, paced, body.as_ref(), &response);
         ctx.delivery.transport = Some(way.transport());
         session.bound_unsent(way.by_kernel());
         match (way, body) {
