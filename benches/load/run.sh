@@ -625,13 +625,14 @@ case $PROFILE in
             first_run "$trace" syscalls
             switches=$(awk -F, '/sched_switch/ { print $1 }' "$work/switches-$name.csv")
             echo "== $workload, $target: $gb GB in the first run; per GB:"
-            calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4 }' "$trace"; }
+            calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4, $3 }' "$trace"; }
             calls | awk -v gb="$gb" -v sw="$switches" '{ total += $2 } END {
                 printf "  %-22s %10.0f\n  %-22s %10.0f\n", "context switches", sw / gb, "system calls", total / gb }'
             # mawk (Debian's awk) has no sort: per call, summed, then sort(1).
-            calls | awk -v gb="$gb" '{ n[$1] += $2; ms[$1] += $3 } END {
-                for (c in n) printf "    %-20s %10.0f  (%.0f ms in the call)\n", c, n[c] / gb, ms[c] / gb }' |
-                sort -k2,2nr | head -10
+            # Failed calls are mostly EAGAIN: a try on a descriptor that was not ready after all.
+            calls | awk -v gb="$gb" '{ n[$1] += $2; ms[$1] += $3; err[$1] += $4 } END {
+                for (c in n) printf "    %-20s %10.0f  (%.0f failed; %.0f ms in the call)\n", c, n[c] / gb, err[c] / gb, ms[c] / gb }' |
+                sort -k2,2nr | head -16
             echo
         done > "$profile"
         ;;
