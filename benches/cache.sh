@@ -5,6 +5,8 @@
 #  1. hits: a warm SIZE_MIB object downloaded whole by HIT_CONC connections for DURATION seconds,
 #     REPS times each, alternating: MB/s delivered, p99, the proxy's CPU seconds per GB, and the
 #     whole machine's (proxy, wrk and the idle origin: see machine_seconds in lib.sh for why);
+#     beside them the floor of any cache hit, a bare sendfile server (nginx serving the object
+#     from its folder, on the proxies' core): rangeway's CPU per GB as a multiple of its;
 #  2. origin egress: COLD_CLIENTS clients at once, each asking three random ranges (up to 4 MiB)
 #     of a cold COLD_MIB object, through an empty cache: the bytes the origin sent, as a multiple
 #     of the object's size;
@@ -122,6 +124,28 @@ CONF
     wait_port "$port"
 }
 
+# nginx_files NAME: nginx serving the objects' folder itself with sendfile, as the origin does but
+# on the proxies' core: what serving a hit costs at the least; sets $port, $pid.
+nginx_files() {
+    port=$(free_port)
+    mkdir -p "$work/$1/tmp"
+    cat > "$work/$1/nginx.conf" <<CONF
+master_process off;
+$(nginx_common "$work/$1")
+worker_rlimit_nofile $(ulimit -n);
+events { worker_connections 4096; }
+http {
+$(nginx_http_common "$work/$1")
+  sendfile on;
+  keepalive_requests 1000000;
+  server { listen 127.0.0.1:$port backlog=4096; root $work/root; location / { } }
+}
+CONF
+    start_nginx "$work/$1" taskset -c "$PROXY_CPU"
+    pid=$last_pid
+    wait_port "$port"
+}
+
 # The origin's body bytes sent so far (the caches are asked one after the other).
 origin_bytes() {
     awk '{ s += $1 } END { print s + 0 }' "$work/origin/access.log"
@@ -131,6 +155,7 @@ want_hot=$(sha256sum < "$work/root/hot.bin" | cut -d' ' -f1)
 declare -A ports procs
 rangeway_cache rangeway; ports[rangeway]=$port; procs[rangeway]=$pid
 nginx_cache nginx-cache; ports[nginx-cache]=$port; procs[nginx-cache]=$pid
+nginx_files sendfile-floor; ports[sendfile-floor]=$port; procs[sendfile-floor]=$pid
 targets=(rangeway nginx-cache)
 if [[ -n ${SERVER_B:-} ]]; then
     rangeway_cache rangeway-b "$SERVER_B"; ports[rangeway-b]=$port; procs[rangeway-b]=$pid
@@ -148,7 +173,9 @@ part() { [[ " $PARTS " == *" $1 "* ]]; }
 
 if part 1; then
 echo "1. hits: a warm ${SIZE_MIB} MiB object, $HIT_CONC connections, ${DURATION} s, $REPS runs each"
-for t in "${targets[@]}"; do
+# The floor is not a cache: only the hits are asked of it.
+hit_targets=("${targets[@]}" sendfile-floor)
+for t in "${hit_targets[@]}"; do
     for _ in 1 2; do   # the second download is the hit
         got=$(curl -s "http://127.0.0.1:${ports[$t]}/hot.bin" | sha256sum | cut -d' ' -f1)
     done
@@ -157,7 +184,7 @@ done
 declare -A speeds p99s cpus machine
 for rep in $(seq "$REPS"); do
     line="run $rep:"
-    for t in "${targets[@]}"; do
+    for t in "${hit_targets[@]}"; do
         before=$(cpu_seconds "${procs[$t]}"); machine_before=$(machine_seconds)
         wrk_download "$HIT_CONC" "$DURATION" "http://127.0.0.1:${ports[$t]}/hot.bin"
         after=$(cpu_seconds "${procs[$t]}"); machine_after=$(machine_seconds)
@@ -169,14 +196,17 @@ for rep in $(seq "$REPS"); do
     done
     echo "$line"
 done
-printf '%-12s %10s %12s %14s %18s\n' cache "MB/s" "p99 ms" "CPU s/GB" "machine CPU s/GB"
-for t in "${targets[@]}"; do
-    printf '%-12s %10s %12s %14s %18s\n' "$t" \
+printf '%-14s %10s %12s %14s %18s\n' cache "MB/s" "p99 ms" "CPU s/GB" "machine CPU s/GB"
+for t in "${hit_targets[@]}"; do
+    printf '%-14s %10s %12s %14s %18s\n' "$t" \
         "$(tr ' ' '\n' <<<"${speeds[$t]}" | grep . | median)" \
         "$(tr ' ' '\n' <<<"${p99s[$t]}" | grep . | median)" \
         "$(tr ' ' '\n' <<<"${cpus[$t]}" | grep . | median)" \
         "$(tr ' ' '\n' <<<"${machine[$t]}" | grep . | median)"
 done
+floor_cpu=$(tr ' ' '\n' <<<"${cpus[sendfile-floor]}" | grep . | median)
+rangeway_cpu=$(tr ' ' '\n' <<<"${cpus[rangeway]}" | grep . | median)
+echo "rangeway's CPU per GB of hits: $(awk -v r="$rangeway_cpu" -v f="$floor_cpu" 'BEGIN { printf "%.2f", r / f }')× the bare sendfile server's"
 fi
 
 if part 3; then
