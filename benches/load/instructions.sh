@@ -12,47 +12,92 @@
 # completed. Prints both counts, their difference (rangeway's own instructions per request) and
 # rangeway's functions by inclusive instructions per request. memcpy's `rep movsb` counts one
 # instruction per byte here, so copies weigh more than they cost on the CPU.
+#
+#   OBJECT_MIB=10 CONC=4 bash benches/load/instructions.sh   (~8 min)
+#
+# counts per MiB relayed instead, of an OBJECT_MIB object: rangeway splicing it (a route with
+# `cache = false`), rangeway answering it from its slice cache (a warm hit, sent with sendfile),
+# and pingora alone copying it. The kernel's part of a splice or a sendfile is not counted: these
+# are rangeway's own instructions, what a change to its body path moves.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DURATION=${DURATION:-15}
 CONC=${CONC:-50}
 TOP=${TOP:-25}
 BEFORE_BIN=${BEFORE_BIN:-}   # a rangeway binary of the build before a change, counted the same way
+OBJECT_MIB=${OBJECT_MIB:-}   # per MiB of a large object instead (above)
 
 source benches/lib.sh
 small_request_setup rangeway-instructions
+if [[ -n $OBJECT_MIB ]]; then
+    fill_object "$work/root/large.bin" $((OBJECT_MIB << 20))
+    # Fresh by RFC 9111's heuristic for a day: every download after the first is a hit.
+    touch -d '10 days ago' "$work/root/large.bin"
+    # The route rangeway_conf ends with ("/") splices; /cached/ answers from the slice cache.
+    { printf 'cache = false\n[[routes]]\npath_prefix = "/cached/"\nupstream = "origin"\nstrip_prefix = true\n'
+      printf '[cache]\ndir = "%s"\nmax_size = "%dMiB"\n' "$work/slices" $((4 * OBJECT_MIB + 64)); } \
+        >> "$work/rangeway.toml"
+fi
 
-# count NAME PORT CMD...: prints "requests instructions" for CMD under callgrind.
+# count NAME PORT PATHS CMD...: prints "requests bytes instructions" for CMD under callgrind, for
+# each of PATHS (space-separated) in turn, its counters zeroed after a warm-up of each.
 count() {
-    local name=$1 port=$2
-    shift 2
+    local name=$1 port=$2 paths=$3
+    shift 3
     RUST_LOG=warn start_bg valgrind --tool=callgrind -q --callgrind-out-file="$work/$name.out" "$@" \
         >"$work/$name.log" 2>&1
-    local pid=$last_pid
+    local pid=$last_pid dump=0
     wait_port "$port" 180
-    wrk -t1 -c "$CONC" -d 5s "http://127.0.0.1:$port/small.bin" >/dev/null
-    callgrind_control -z "$pid" >/dev/null
-    local requests
-    requests=$(wrk -t1 -c "$CONC" -d "${DURATION}s" --timeout 30s -s benches/load/wrk.lua \
-        "http://127.0.0.1:$port/small.bin" | sed -n 's/^WRK requests=\([0-9]*\).*/\1/p')
-    callgrind_control -d "$pid" >/dev/null
+    for path in $paths; do
+        wrk -t1 -c "$CONC" -d 5s "http://127.0.0.1:$port$path" >/dev/null
+        callgrind_control -z "$pid" >/dev/null
+        local result
+        result=$(wrk -t1 -c "$CONC" -d "${DURATION}s" --timeout 60s -s benches/load/wrk.lua \
+            "http://127.0.0.1:$port$path" | sed -n 's/^WRK requests=\([0-9]*\) bytes=\([0-9]*\).*/\1 \2/p')
+        callgrind_control -d "$pid" >/dev/null
+        dump=$((dump + 1))
+        echo "$result $(callgrind_annotate "$work/$name.out.$dump" |
+            awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')"
+    done
     kill "$pid"
     wait "$pid" 2>/dev/null || true
-    local total
-    total=$(callgrind_annotate "$work/$name.out.1" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-    echo "$requests $total"
 }
 
+if [[ -n $OBJECT_MIB ]]; then
+    # per_mib "REQUESTS BYTES TOTAL": instructions per MiB received.
+    per_mib() { awk '{ printf "%.0f", $3 / ($2 / 1048576) }' <<<"$1"; }
+    echo "counting per MiB of a ${OBJECT_MIB} MiB object, ${DURATION} s at $CONC connections each..."
+    { read -r spliced; read -r hit; } < <(count rangeway "$rangeway_port" "/large.bin /cached/large.bin" \
+        "$release/rangeway" serve --config "$work/rangeway.toml")
+    if [[ -n $BEFORE_BIN ]]; then
+        rm -rf "$work/slices"
+        { read -r before_spliced; read -r before_hit; } < <(count rangeway-before "$rangeway_port" \
+            "/large.bin /cached/large.bin" "$BEFORE_BIN" serve --config "$work/rangeway.toml")
+    fi
+    read -r copied < <(count pingora "$pingora_port" /large.bin \
+        "$release/examples/pingora-floor" "127.0.0.1:$pingora_port" "127.0.0.1:$origin_port")
+    echo
+    echo "instructions per MiB delivered (callgrind, $CONC connections; the kernel's part not counted):"
+    echo "  rangeway, spliced          $(per_mib "$spliced")"
+    echo "  rangeway, a cache hit      $(per_mib "$hit")"
+    if [[ -n $BEFORE_BIN ]]; then
+        echo "  the build before, spliced  $(per_mib "$before_spliced")"
+        echo "  the build before, a hit    $(per_mib "$before_hit")"
+    fi
+    echo "  pingora alone, copied      $(per_mib "$copied")"
+    exit 0
+fi
+
 echo "rangeway under callgrind: ${DURATION} s at $CONC connections..."
-read -r rangeway_requests rangeway_total < <(count rangeway "$rangeway_port" \
+read -r rangeway_requests _ rangeway_total < <(count rangeway "$rangeway_port" /small.bin \
     "$release/rangeway" serve --config "$work/rangeway.toml")
 if [[ -n $BEFORE_BIN ]]; then
     echo "the build before under callgrind: ${DURATION} s at $CONC connections..."
-    read -r before_requests before_total < <(count rangeway-before "$rangeway_port" \
+    read -r before_requests _ before_total < <(count rangeway-before "$rangeway_port" /small.bin \
         "$BEFORE_BIN" serve --config "$work/rangeway.toml")
 fi
 echo "pingora alone under callgrind: ${DURATION} s at $CONC connections..."
-read -r pingora_requests pingora_total < <(count pingora "$pingora_port" \
+read -r pingora_requests _ pingora_total < <(count pingora "$pingora_port" /small.bin \
     "$release/examples/pingora-floor" "127.0.0.1:$pingora_port" "127.0.0.1:$origin_port")
 
 rangeway_per=$((rangeway_total / rangeway_requests))
