@@ -63,9 +63,9 @@ enum BodyFrom<'a> {
     Cache,
 }
 
-/// The smallest body spliced. Chosen, not measured: setting a splice up takes about a dozen
-/// system calls (two duplicated descriptors and their registrations, the pipe and its size, the
-/// closes), and a body below it is read in a few chunks anyway.
+/// The smallest body spliced. Chosen, not measured: setting a splice up takes a few system calls
+/// (the origin socket's duplicate, its registration and their undoing; a pipe when none is kept),
+/// and a body below it is read in a few chunks anyway.
 const SPLICE_MIN_BYTES: u64 = 256 * 1024;
 
 impl<'w> BodyWay<'w> {
