@@ -476,8 +476,10 @@ measure() {
     # some under load), those that would block, and context switches over its first run.
     if [[ $PROFILE == counts && -n $pid && $3 == 1 ]]; then
         local eagain=()
-        for call in splice recvfrom read sendfile sendto write writev readv; do
-            eagain+=(-e "syscalls:sys_exit_$call" --filter 'ret == -11')
+        for call in splice recvfrom read sendfile64 sendfile sendto write writev readv; do
+            # Only the tracepoints this kernel has (sendfile is sendfile64 on 64-bit x86).
+            [[ -e /sys/kernel/tracing/events/syscalls/sys_exit_$call ]] &&
+                eagain+=(-e "syscalls:sys_exit_$call" --filter 'ret == -11')
         done
         { perf stat -x, -e sched:sched_switch -p "$pid" -o "$work/switches-$1-$2.csv" -- sleep "$DURATION" &
           perf stat -x, -e 'syscalls:sys_enter_*' "${eagain[@]}" -p "$pid" \
