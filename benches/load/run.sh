@@ -79,9 +79,10 @@ SYSTEM_NOTSENT_LOWAT=${SYSTEM_NOTSENT_LOWAT:-} # bytes: net.ipv4.tcp_notsent_low
 PROFILE=${PROFILE:-}                       # perf: sample rangeway during its first run of each
                                            # workload; callgrind: run rangeway under valgrind
                                            # (slow: figures meaningless); counts: system calls
-                                           # and context switches per GB of every proxy in its
-                                           # first run (perf trace: that run's CPU is inflated,
-                                           # the medians of REPS >= 3 are not); kernel: the proxy
+                                           # by name (and their EAGAINs) and context switches
+                                           # per GB of every proxy in its first run (perf stat
+                                           # of each call's tracepoint: that run's CPU is a
+                                           # little inflated, the medians of REPS >= 3 are not); kernel: the proxy
                                            # core sampled (kernel and user functions) during every
                                            # proxy's first run; client: the same of the client
                                            # core (origin and wrk), by process; profile with the raw captures
@@ -470,10 +471,19 @@ measure() {
             -- sleep "$DURATION" 2>/dev/null &
         perf_pid=$!
     fi
-    # Every proxy's system calls (all its threads) and context switches over its first run.
+    # Every proxy's system calls by name (all its threads; counted in the kernel, each call's
+    # tracepoint, as the counting run counts them all: perf trace copies every call out and loses
+    # some under load), those that would block, and context switches over its first run.
     if [[ $PROFILE == counts && -n $pid && $3 == 1 ]]; then
+        local eagain=()
+        for call in splice recvfrom read sendfile64 sendfile sendto write writev readv; do
+            # Only the tracepoints this kernel has (sendfile is sendfile64 on 64-bit x86).
+            [[ -e /sys/kernel/tracing/events/syscalls/sys_exit_$call ]] &&
+                eagain+=(-e "syscalls:sys_exit_$call" --filter 'ret == -11')
+        done
         { perf stat -x, -e sched:sched_switch -p "$pid" -o "$work/switches-$1-$2.csv" -- sleep "$DURATION" &
-          perf trace -s -p "$pid" -o "$work/syscalls-$1-$2.txt" -- sleep "$DURATION"; wait; } 2>/dev/null &
+          perf stat -x, -e 'syscalls:sys_enter_*' "${eagain[@]}" -p "$pid" \
+              -o "$work/syscalls-$1-$2.csv" -- sleep "$DURATION"; wait; } 2>/dev/null &
         perf_pid=$!
     fi
     # The proxy's core, whoever runs there (the proxy alone, pinned): where its time goes in the
@@ -618,20 +628,21 @@ case $PROFILE in
         done > "$profile"
         ;;
     counts)
-        # perf trace -s prints a table per thread: summed here per system call, then per GB moved
-        # in the same run (rep 1's bytes, from the raw rows).
-        for trace in "$work"/syscalls-*.txt; do
-            [[ -e $trace ]] || continue
-            first_run "$trace" syscalls
+        # perf stat's CSV: a count per tracepoint; per GB moved in the same run (rep 1's bytes,
+        # from the raw rows). An EAGAIN is a try on a descriptor that was not ready after all.
+        for counts in "$work"/syscalls-*.csv; do
+            [[ -e $counts ]] || continue
+            first_run "$counts" syscalls
             switches=$(awk -F, '/sched_switch/ { print $1 }' "$work/switches-$name.csv")
             echo "== $workload, $target: $gb GB in the first run; per GB:"
-            calls() { awk '$1 ~ /^[a-z_0-9]+$/ && $2 ~ /^[0-9]+$/ { print $1, $2, $4, $3 }' "$trace"; }
-            calls | awk -v gb="$gb" -v sw="$switches" '{ total += $2 } END {
-                printf "  %-22s %10.0f\n  %-22s %10.0f\n", "context switches", sw / gb, "system calls", total / gb }'
-            # mawk (Debian's awk) has no sort: per call, summed, then sort(1).
-            # Failed calls are mostly EAGAIN: a try on a descriptor that was not ready after all.
-            calls | awk -v gb="$gb" '{ n[$1] += $2; ms[$1] += $3; err[$1] += $4 } END {
-                for (c in n) printf "    %-20s %10.0f  (%.0f failed; %.0f ms in the call)\n", c, n[c] / gb, err[c] / gb, ms[c] / gb }' |
+            awk -F, -v gb="$gb" -v sw="$switches" '$1 ~ /^[0-9]+$/ && $3 ~ /sys_enter_/ { total += $1 }
+                END { printf "  %-22s %10.0f\n  %-22s %10.0f\n", "context switches", sw / gb, "system calls", total / gb }' "$counts"
+            # mawk (Debian's awk) has no sort: per call, then sort(1).
+            awk -F, -v gb="$gb" '$1 ~ /^[0-9]+$/ {
+                    if ($3 ~ /sys_enter_/) { sub(/.*sys_enter_/, "", $3); n[$3] = $1 }
+                    else if ($3 ~ /sys_exit_/) { sub(/.*sys_exit_/, "", $3); eagain[$3] = $1 } }
+                END { for (c in n) if (n[c] > 0)
+                    printf "    %-20s %10.0f%s\n", c, n[c] / gb, c in eagain ? sprintf("  (%.0f EAGAIN)", eagain[c] / gb) : "" }' "$counts" |
                 sort -k2,2nr | head -16
             echo
         done > "$profile"
