@@ -85,11 +85,10 @@ rangeway_cache() {
     wait_port "$port"
 }
 
-# nginx_cache NAME: nginx with proxy_cache, the slice module and the cache lock, as nginx's
-# documentation sets a range-aware cache up; sets $port, $pid.
-nginx_cache() {
-    port=$(free_port)
-    mkdir -p "$work/$1/tmp" "$work/$1/cache"
+# proxy_nginx NAME HTTP_LINES: an nginx on the proxies' core, its http block the lines every one
+# here has and then HTTP_LINES (which may name $port: the caller chooses it first); sets $pid.
+proxy_nginx() {
+    mkdir -p "$work/$1/tmp"
     cat > "$work/$1/nginx.conf" <<CONF
 master_process off;
 $(nginx_common "$work/$1")
@@ -99,6 +98,20 @@ http {
 $(nginx_http_common "$work/$1")
   sendfile on;
   keepalive_requests 1000000;
+$2
+}
+CONF
+    start_nginx "$work/$1" taskset -c "$PROXY_CPU"
+    pid=$last_pid
+    wait_port "$port"
+}
+
+# nginx_cache NAME: nginx with proxy_cache, the slice module and the cache lock, as nginx's
+# documentation sets a range-aware cache up; sets $port, $pid.
+nginx_cache() {
+    port=$(free_port)
+    mkdir -p "$work/$1/cache"
+    proxy_nginx "$1" "$(cat <<LINES
   proxy_cache_path $work/$1/cache levels=1:2 keys_zone=slices:16m max_size=$((2 * COLD_MIB + 1024))m inactive=1h use_temp_path=off;
   upstream origin { server 127.0.0.1:$origin_port; keepalive 64; }
   server {
@@ -117,33 +130,15 @@ $(nginx_http_common "$work/$1")
       proxy_pass http://origin;
     }
   }
-}
-CONF
-    start_nginx "$work/$1" taskset -c "$PROXY_CPU"
-    pid=$last_pid
-    wait_port "$port"
+LINES
+)"
 }
 
 # nginx_files NAME: nginx serving the objects' folder itself with sendfile, as the origin does but
 # on the proxies' core: what serving a hit costs at the least; sets $port, $pid.
 nginx_files() {
     port=$(free_port)
-    mkdir -p "$work/$1/tmp"
-    cat > "$work/$1/nginx.conf" <<CONF
-master_process off;
-$(nginx_common "$work/$1")
-worker_rlimit_nofile $(ulimit -n);
-events { worker_connections 4096; }
-http {
-$(nginx_http_common "$work/$1")
-  sendfile on;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$port backlog=4096; root $work/root; location / { } }
-}
-CONF
-    start_nginx "$work/$1" taskset -c "$PROXY_CPU"
-    pid=$last_pid
-    wait_port "$port"
+    proxy_nginx "$1" "  server { listen 127.0.0.1:$port backlog=4096; root $work/root; location / { } }"
 }
 
 # The origin's body bytes sent so far (the caches are asked one after the other).
