@@ -398,8 +398,12 @@ impl PipeBudget {
         self.idle.lock().ok()?.pop()
     }
 
-    /// Keeps an empty pipe for the next body, if the idle ones leave room for it; else it closes.
+    /// Keeps an empty pipe for the next body, if the idle ones leave room for it; else it closes,
+    /// as does one the kernel made too small to splice through (the next would refuse it again).
     fn keep(&self, ends: PipeEnds) {
+        if ends.capacity < PIPE_MIN_BYTES {
+            return;
+        }
         let Ok(mut idle) = self.idle.lock() else { return };
         let held: usize = idle.iter().map(|ends| ends.capacity).sum();
         if idle.len() < IDLE_PIPES && held + ends.capacity <= self.limit / IDLE_SHARE {
@@ -705,6 +709,17 @@ mod tests {
         drop(pipe);
         assert_eq!(idle(), 0);
         assert_eq!(BUDGET.pipes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_pipe_too_small_to_splice_through_is_not_kept() {
+        static BUDGET: PipeBudget = PipeBudget::new(IDLE_SHARE * PIPE_MAX_BYTES);
+        let small = PipeEnds::new(PIPE_MIN_BYTES / 2).unwrap();
+        assert!(small.capacity < PIPE_MIN_BYTES, "{} bytes", small.capacity);
+        BUDGET.keep(small);
+        assert_eq!(BUDGET.idle.lock().unwrap().len(), 0);
+        BUDGET.keep(PipeEnds::new(PIPE_MIN_BYTES).unwrap());
+        assert_eq!(BUDGET.idle.lock().unwrap().len(), 1);
     }
 
     #[test]
