@@ -15,7 +15,7 @@ use rangeway_middleware::ByteRange;
 use tracing::{info, warn};
 
 use super::Proxy;
-use super::splice::RawSocket;
+use super::splice::OriginSocket;
 use crate::cache::{CacheAnswer, CacheBody, SliceCache, StreamedFill};
 use crate::range::{Continuable, content_length};
 use crate::routes::UpstreamResume;
@@ -41,9 +41,9 @@ pub(super) enum Piece {
 /// read size"). What a download holds grows with it.
 pub(super) const READ_BYTES: usize = 256 * 1024;
 
-/// The rest of a body of known length, read from the origin's socket by rangeway.
+/// The rest of a body of known length, read from the origin's socket by rangeway (lent by the
+/// exchange's stream for each read).
 pub(super) struct DirectBody {
-    socket: RawSocket,
     left: u64,
     timeout: Duration,
 }
@@ -74,10 +74,8 @@ impl BodySource {
             .and_then(|header| content_length(&header.headers))
             .and_then(|len| len.checked_sub(received))
             .filter(|left| *left > 0)
-            // Only then: a socket is duplicated and registered for it.
-            .and_then(|left| Some((left, super::splice::plain_socket(exchange.session.stream())?)))
-            .map(|(left, socket)| DirectBody {
-                socket,
+            .filter(|_| OriginSocket::of(exchange.session.stream()).is_some())
+            .map(|left| DirectBody {
                 left,
                 // As pingora: no read timeout configured, none applied.
                 timeout: exchange.read_timeout().unwrap_or(Duration::MAX),
@@ -186,8 +184,10 @@ async fn next_chunk(
         return Ok(None);
     }
     let max = usize::try_from(body.left).unwrap_or(usize::MAX).min(max);
-    let chunk = body
-        .socket
+    let socket = OriginSocket::of(exchange.session.stream()).ok_or_else(|| {
+        Error::explain(ErrorType::InternalError, "the origin connection cannot be read directly")
+    })?;
+    let chunk = socket
         .read(max, body.timeout)
         .await
         .or_err(ErrorType::ReadError, "reading the body")

@@ -16,10 +16,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use pingora_core::protocols::Stream;
+use pingora_core::protocols::l4::stream::Stream as L4Stream;
 use rustix::net::RecvFlags;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
+use tokio::net::{TcpStream, UnixStream};
 use tracing::debug;
 
 use super::unless::Unless;
@@ -49,7 +51,8 @@ const PIPES_MAX_BYTES: usize = 128 << 20;
 /// on cache hits (see docs/benchmarks.md, "The sendfile chunk").
 const SENDFILE_BYTES: usize = 2 << 20;
 
-/// A socket rangeway writes or reads itself, beside the connection object that owns it.
+/// A client's socket, which rangeway writes itself and watches for its close, beside the
+/// connection object that owns it.
 #[derive(Debug)]
 pub(super) struct RawSocket {
     /// A duplicate of the socket, registered with tokio's reactor on its own (the original is
@@ -66,11 +69,6 @@ pub(super) fn duplicate_fd(raw: RawFd) -> io::Result<OwnedFd> {
     // duplicated, and the duplicate is what the caller owns.
     let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
     Ok(rustix::io::fcntl_dupfd_cloexec(borrowed, 0)?)
-}
-
-/// A connection's socket for rangeway's own reads and writes, unless it is TLS.
-pub(super) fn plain_socket(stream: Option<&Stream>) -> Option<RawSocket> {
-    RawSocket::duplicate(stream.filter(|s| is_plain(Some(s)))?.id()).ok()
 }
 
 /// Whether the stream is a plain socket: not TLS, and a socket at all — a stream in memory has
@@ -106,30 +104,6 @@ impl RawSocket {
             bytes = &bytes[written..];
         }
         Ok(())
-    }
-
-    /// Reads what has arrived, up to `max` bytes, into a buffer of its own, waiting at most
-    /// `timeout` for the first; empty when the peer closed. The bytes are read straight into
-    /// the `Bytes` handed on: no copy after the kernel's.
-    pub(super) async fn read(&self, max: usize, timeout: Duration) -> io::Result<Bytes> {
-        let (buffer, _) = self
-            .wait_for(Interest::READABLE, timeout, |fd| {
-                // A buffer the size of what has arrived (up to `max`): a reader ahead of its origin
-                // allocates no more than it reads, and nothing is shrunk or copied after.
-                let arrived = usize::try_from(rustix::io::ioctl_fionread(fd)?).unwrap_or(max);
-                if arrived == 0 {
-                    // Nothing yet (the read would block) or the end: a byte on the stack tells
-                    // which without a buffer; one that arrived in between is a chunk of one.
-                    let mut byte = [0u8; 1];
-                    let read = rustix::io::read(fd, &mut byte)?;
-                    return Ok(byte[..read].to_vec());
-                }
-                let mut buffer = Vec::with_capacity(arrived.min(max.max(1)));
-                rustix::io::read(fd, rustix::buffer::spare_capacity(&mut buffer))?;
-                Ok(buffer)
-            })
-            .await?;
-        Ok(Bytes::from(buffer))
     }
 
     /// Sends `len` bytes of `file` from `offset` with sendfile(2): the pages go from the page
@@ -198,48 +172,21 @@ impl RawSocket {
         Unless::new(work, self.closed())
     }
 
-    /// Runs `op` until it does not block, waiting for `interest` at most `timeout` each time:
-    /// its result, and whether this task had to wait (and so let the thread's others run).
-    async fn wait_for<T>(
-        &self,
-        interest: Interest,
-        timeout: Duration,
-        op: impl FnMut(BorrowedFd<'_>) -> io::Result<T>,
-    ) -> io::Result<(T, bool)> {
-        self.attempt(interest, timeout, op, |_| true).await
-    }
-
     /// Writes with `op` what the socket takes of `want` bytes, waiting at most `timeout` for room:
-    /// the bytes written, and whether this task had to wait. Fewer than `want` means the socket
-    /// is full, and the next write waits for it to have room again rather than first try and
-    /// fail (as nginx reads its events).
+    /// the bytes written, and whether this task had to wait (and so let the thread's others
+    /// run). Fewer than `want` means the socket is full: it is taken for no longer ready, and the
+    /// next write waits for it to have room again rather than first try and fail (as nginx reads
+    /// its events).
     async fn send(
         &self,
         want: usize,
         timeout: Duration,
-        op: impl FnMut(BorrowedFd<'_>) -> io::Result<usize>,
+        mut op: impl FnMut(BorrowedFd<'_>) -> io::Result<usize>,
     ) -> io::Result<(usize, bool)> {
-        self.attempt(Interest::WRITABLE, timeout, op, |written| *written == want).await
-    }
-
-    /// `wait_for`, the socket taken for no longer ready after a result `still_ready` refuses. Not
-    /// for reads into a pipe: a short one may be the pipe's (its slots ran out), the socket still
-    /// holding bytes, and no new edge would come for them.
-    async fn attempt<T>(
-        &self,
-        interest: Interest,
-        timeout: Duration,
-        mut op: impl FnMut(BorrowedFd<'_>) -> io::Result<T>,
-        still_ready: impl Fn(&T) -> bool,
-    ) -> io::Result<(T, bool)> {
         let mut waited = false;
         loop {
             let ready = std::future::poll_fn(|cx| {
-                let poll = if interest.is_readable() {
-                    self.fd.poll_read_ready(cx)
-                } else {
-                    self.fd.poll_write_ready(cx)
-                };
+                let poll = self.fd.poll_write_ready(cx);
                 waited |= poll.is_pending();
                 poll
             });
@@ -248,14 +195,99 @@ impl RawSocket {
             match guard.try_io(|fd| op(fd.get_ref().as_fd())) {
                 Ok(result) => {
                     // A readiness event that came after the guard's is not cleared (tokio's ticks).
-                    if result.as_ref().is_ok_and(|value| !still_ready(value)) {
+                    if result.as_ref().is_ok_and(|written| *written < want) {
                         guard.clear_ready();
                     }
-                    return result.map(|value| (value, waited));
+                    return result.map(|written| (written, waited));
                 }
                 Err(_would_block) => {}
             }
         }
+    }
+}
+
+/// An origin connection's socket, lent by pingora's stream for rangeway's own reads (splice, a
+/// direct body): read through tokio's registration of it, pingora's, so that none is duplicated
+/// and registered for a response (four system calls).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum OriginSocket<'s> {
+    Tcp(&'s TcpStream),
+    Unix(&'s UnixStream),
+}
+
+impl<'s> OriginSocket<'s> {
+    /// The socket of `stream`: one of pingora's plain sockets whose buffers hold none of its bytes
+    /// (a reader of the socket would skip them). None for TLS, or a stream in memory.
+    pub(super) fn of(stream: Option<&'s Stream>) -> Option<Self> {
+        let l4 = stream?.as_any().downcast_ref::<L4Stream>()?;
+        l4.tcp_socket().map(Self::Tcp).or_else(|| l4.unix_socket().map(Self::Unix))
+    }
+
+    fn fd(self) -> BorrowedFd<'s> {
+        match self {
+            Self::Tcp(socket) => socket.as_fd(),
+            Self::Unix(socket) => socket.as_fd(),
+        }
+    }
+
+    /// `op`'s result if tokio has the socket readable; a would-block `op` returns clears that.
+    fn try_read<T>(self, op: impl FnOnce(BorrowedFd<'_>) -> io::Result<T>) -> io::Result<T> {
+        let fd = self.fd();
+        match self {
+            Self::Tcp(socket) => socket.try_io(Interest::READABLE, || op(fd)),
+            Self::Unix(socket) => socket.try_io(Interest::READABLE, || op(fd)),
+        }
+    }
+
+    /// Runs `op` until it does not block, waiting at most `timeout` each time for bytes: its
+    /// result, and whether this task had to wait (and so let the thread's others run).
+    async fn read_with<T>(
+        self,
+        timeout: Duration,
+        mut op: impl FnMut(BorrowedFd<'_>) -> io::Result<T>,
+    ) -> io::Result<(T, bool)> {
+        let mut waited = false;
+        loop {
+            let ready = std::future::poll_fn(|cx| {
+                let poll = match self {
+                    Self::Tcp(socket) => socket.poll_read_ready(cx),
+                    Self::Unix(socket) => socket.poll_read_ready(cx),
+                };
+                waited |= poll.is_pending();
+                poll
+            });
+            tokio::time::timeout(timeout, ready)
+                .await
+                .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+            match self.try_read(&mut op) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                result => return result.map(|value| (value, waited)),
+            }
+        }
+    }
+
+    /// Reads what has arrived, up to `max` bytes, into a buffer of its own, waiting at most
+    /// `timeout` for the first; empty when the peer closed. The bytes are read straight into
+    /// the `Bytes` handed on: no copy after the kernel's.
+    pub(super) async fn read(self, max: usize, timeout: Duration) -> io::Result<Bytes> {
+        let (buffer, _) = self
+            .read_with(timeout, |fd| {
+                // A buffer the size of what has arrived (up to `max`): a reader ahead of its origin
+                // allocates no more than it reads, and nothing is shrunk or copied after.
+                let arrived = usize::try_from(rustix::io::ioctl_fionread(fd)?).unwrap_or(max);
+                if arrived == 0 {
+                    // Nothing yet (the read would block) or the end: a byte on the stack tells
+                    // which without a buffer; one that arrived in between is a chunk of one.
+                    let mut byte = [0u8; 1];
+                    let read = rustix::io::read(fd, &mut byte)?;
+                    return Ok(byte[..read].to_vec());
+                }
+                let mut buffer = Vec::with_capacity(arrived.min(max.max(1)));
+                rustix::io::read(fd, rustix::buffer::spare_capacity(&mut buffer))?;
+                Ok(buffer)
+            })
+            .await?;
+        Ok(Bytes::from(buffer))
     }
 }
 
@@ -499,7 +531,7 @@ pub(super) struct Timeouts {
 /// bytes the client's socket took. When the origin fails, what it sent is still delivered before
 /// the error is returned, so the bytes delivered are exactly the bytes received.
 pub(super) async fn splice(
-    from: &RawSocket,
+    from: OriginSocket<'_>,
     to: &RawSocket,
     pipe: &mut Pipe,
     len: u64,
@@ -528,22 +560,32 @@ pub(super) async fn splice(
                 Ok(rustix::pipe::splice(fd, None, &pipe.ends.write, None, want, more)?)
             };
             // With bytes in the pipe, a would-block may be the pipe's (its slots are pages, not
-            // bytes): those go out first. Only an empty pipe waits for the origin.
+            // bytes), the socket still holding bytes for which no new edge would come: it must
+            // not clear the socket's readiness, and those in the pipe go out first. Only an empty
+            // pipe waits for the origin.
             let filled = if pipe.holds == 0 {
                 // Waiting for the origin, the client is watched too: one that hangs up ends the
                 // body at once (and its download is recorded), not at the next bytes to send.
                 tokio::select! {
-                    filled = from.wait_for(Interest::READABLE, timeouts.read, fill) => filled,
+                    filled = from.read_with(timeouts.read, fill) => filled.map(|(moved, waited)| (Some(moved), waited)),
                     () = to.closed() => {
                         return Err(SpliceError::Downstream(io::ErrorKind::ConnectionReset.into()));
                     }
                 }
             } else {
-                fill(from.fd.get_ref().as_fd()).map(|moved| (moved, false))
+                // Only when tokio has the socket readable: no call that would find it empty.
+                from.try_read(|fd| match fill(fd) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                    moved => moved.map(Some),
+                })
+                .map(|moved| (moved, false))
             };
             match filled {
-                Ok((0, _)) => upstream_error = Some(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                Ok((moved, waited)) => {
+                Ok((None, _)) => {}
+                Ok((Some(0), _)) => {
+                    upstream_error = Some(io::Error::from(io::ErrorKind::UnexpectedEof));
+                }
+                Ok((Some(moved), waited)) => {
                     if waited {
                         since_yield = 0;
                     }
@@ -592,22 +634,21 @@ mod tests {
     }
 
     /// The origin's end and the client's end of two socket pairs, and rangeway's sockets between
-    /// them (`upstream` and `downstream` own what `from` and `to` duplicate).
+    /// them: `upstream` (spliced from as the origin's) and `downstream`, which owns what `to`
+    /// duplicates.
     struct Ends {
         origin: UnixStream,
         client: UnixStream,
         upstream: UnixStream,
         downstream: UnixStream,
-        from: RawSocket,
         to: RawSocket,
     }
 
     fn ends() -> Ends {
         let (origin, upstream) = UnixStream::pair().unwrap();
         let (downstream, client) = UnixStream::pair().unwrap();
-        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
         let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
-        Ends { origin, client, upstream, downstream, from, to }
+        Ends { origin, client, upstream, downstream, to }
     }
 
     /// An origin socket pair, a client socket pair, and the bytes the client end received.
@@ -616,7 +657,7 @@ mod tests {
         len: u64,
         close_after: usize,
     ) -> (Result<(), SpliceError>, Vec<u8>, usize) {
-        let Ends { mut origin, mut client, upstream, downstream, from, to } = ends();
+        let Ends { mut origin, mut client, upstream, downstream, to } = ends();
         let sender = tokio::spawn(async move {
             origin.write_all(&body[..close_after]).await.unwrap();
             drop(origin);
@@ -628,8 +669,9 @@ mod tests {
         });
         let mut pipe = Pipe::take().unwrap();
         let mut counted = 0;
-        let result = splice(&from, &to, &mut pipe, len, TIMEOUTS, |n| counted += n).await;
-        drop((from, to, upstream, downstream));
+        let from = OriginSocket::Unix(&upstream);
+        let result = splice(from, &to, &mut pipe, len, TIMEOUTS, |n| counted += n).await;
+        drop((to, upstream, downstream));
         sender.await.unwrap();
         (result, reader.await.unwrap(), counted)
     }
@@ -690,11 +732,12 @@ mod tests {
     async fn an_empty_pipe_is_kept_for_the_next_body_and_one_holding_bytes_is_not() {
         static BUDGET: PipeBudget = PipeBudget::new(IDLE_SHARE * PIPE_MAX_BYTES);
         let idle = || BUDGET.idle.lock().unwrap().len();
-        let Ends { mut origin, client: _client, upstream: _u, downstream: _d, from, to } = ends();
+        let Ends { mut origin, client: _client, upstream, downstream: _d, to } = ends();
+        let from = OriginSocket::Unix(&upstream);
         let mut pipe = Pipe::take_from(&BUDGET).unwrap();
         let kept = pipe.ends.read.as_raw_fd();
         origin.write_all(&pattern(100_000)).await.unwrap();
-        splice(&from, &to, &mut pipe, 100_000, TIMEOUTS, |_| {}).await.unwrap();
+        splice(from, &to, &mut pipe, 100_000, TIMEOUTS, |_| {}).await.unwrap();
         drop(pipe);
         assert_eq!(idle(), 1);
         // The next body gets that pipe, not a new one.
@@ -704,7 +747,7 @@ mod tests {
         // A client that stops reading leaves bytes in the pipe: it is closed.
         tokio::spawn(async move { origin.write_all(&pattern(4 * MIB)).await });
         let timeouts = Timeouts { read: TIMEOUTS.read, write: Duration::from_millis(100) };
-        let cut = splice(&from, &to, &mut pipe, 4 << 20, timeouts, |_| {}).await;
+        let cut = splice(from, &to, &mut pipe, 4 << 20, timeouts, |_| {}).await;
         assert!(cut.is_err() && pipe.holds > 0, "{cut:?}, {} bytes left in the pipe", pipe.holds);
         drop(pipe);
         assert_eq!(idle(), 0);
@@ -786,8 +829,8 @@ mod tests {
     async fn a_silent_origin_fails_at_the_read_timeout() {
         let ends = ends();
         let timeouts = Timeouts { read: Duration::from_millis(100), write: Duration::from_secs(5) };
-        let result =
-            splice(&ends.from, &ends.to, &mut Pipe::take().unwrap(), 10, timeouts, |_| {}).await;
+        let from = OriginSocket::Unix(&ends.upstream);
+        let result = splice(from, &ends.to, &mut Pipe::take().unwrap(), 10, timeouts, |_| {}).await;
         assert!(
             matches!(&result, Err(SpliceError::Upstream(e)) if e.kind() == io::ErrorKind::TimedOut),
             "{result:?}"
@@ -797,25 +840,26 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_stops_reading_fails_at_the_write_timeout() {
         let body = pattern(8 * 1024 * 1024);
-        let Ends { mut origin, client: _client, upstream: _u, downstream: _d, from, to } = ends();
+        let Ends { mut origin, client: _client, upstream, downstream: _d, to } = ends();
         tokio::spawn(async move {
             let _ = origin.write_all(&body).await;
         });
+        let from = OriginSocket::Unix(&upstream);
         let timeouts = Timeouts { read: Duration::from_secs(5), write: Duration::from_millis(100) };
-        let result =
-            splice(&from, &to, &mut Pipe::take().unwrap(), 8 << 20, timeouts, |_| {}).await;
+        let result = splice(from, &to, &mut Pipe::take().unwrap(), 8 << 20, timeouts, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
     }
 
     #[tokio::test]
     async fn a_client_that_hangs_up_while_the_origin_is_silent_ends_it_at_once() {
-        let Ends { origin: _origin, client, upstream: _u, downstream: _d, from, to } = ends();
+        let Ends { origin: _origin, client, upstream, downstream: _d, to } = ends();
+        let from = OriginSocket::Unix(&upstream);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             drop(client);
         });
         let started = std::time::Instant::now();
-        let result = splice(&from, &to, &mut Pipe::take().unwrap(), 10, TIMEOUTS, |_| {}).await;
+        let result = splice(from, &to, &mut Pipe::take().unwrap(), 10, TIMEOUTS, |_| {}).await;
         assert!(matches!(result, Err(SpliceError::Downstream(_))), "{result:?}");
         assert!(
             started.elapsed() < Duration::from_secs(2),
@@ -827,15 +871,15 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_sends_bytes_meanwhile_is_not_taken_for_gone() {
         let body = pattern(100_000);
-        let Ends { mut origin, mut client, upstream: _u, mut downstream, from, to } = ends();
+        let Ends { mut origin, mut client, upstream, mut downstream, to } = ends();
+        let from = OriginSocket::Unix(&upstream);
         let expected = body.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             origin.write_all(&body).await.unwrap();
         });
         client.write_all(b"GET /next HTTP/1.1\r\n\r\n").await.unwrap();
-        let result =
-            splice(&from, &to, &mut Pipe::take().unwrap(), 100_000, TIMEOUTS, |_| {}).await;
+        let result = splice(from, &to, &mut Pipe::take().unwrap(), 100_000, TIMEOUTS, |_| {}).await;
         assert!(result.is_ok(), "{result:?}");
         let mut got = vec![0; 100_000];
         client.read_exact(&mut got).await.unwrap();
@@ -847,9 +891,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn pingora_lends_its_socket_only_while_its_buffers_hold_none_of_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let connect = || TcpStream::connect(listener.local_addr().unwrap());
+        let plain: Stream = Box::new(L4Stream::from(connect().await.unwrap()));
+        let lent = OriginSocket::of(Some(&plain));
+        assert!(matches!(lent, Some(OriginSocket::Tcp(_))), "{lent:?}");
+        // Bytes put back into the stream are not in the socket: a reader of it would skip them.
+        let mut rewound = L4Stream::from(connect().await.unwrap());
+        rewound.rewind(b"HTTP/1.1");
+        let rewound: Stream = Box::new(rewound);
+        assert!(OriginSocket::of(Some(&rewound)).is_none());
+        // A stream in memory has no socket.
+        let memory: Stream = Box::new(tokio::io::duplex(64).0);
+        assert!(OriginSocket::of(Some(&memory)).is_none());
+    }
+
+    #[tokio::test]
     async fn read_takes_what_arrived_up_to_its_limit_then_sees_the_close() {
         let (mut origin, upstream) = UnixStream::pair().unwrap();
-        let from = RawSocket::duplicate(upstream.as_raw_fd()).unwrap();
+        let from = OriginSocket::Unix(&upstream);
         let body = pattern(100_000);
         origin.write_all(&body).await.unwrap();
         let first = from.read(64 * 1024, TIMEOUTS.read).await.unwrap();

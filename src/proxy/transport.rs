@@ -9,7 +9,7 @@ use pingora_http::ResponseHeader;
 
 use super::client_session::{ClientSession, ClientWatch};
 use super::source_body::UpstreamBody;
-use super::splice::{Pipe, RawSocket, is_plain};
+use super::splice::{OriginSocket, Pipe, RawSocket};
 use crate::range::content_length;
 use crate::routes::origin_client::Exchange;
 
@@ -106,7 +106,9 @@ impl<'w> BodyWay<'w> {
         }
         let len = content_length(&response.headers).filter(|len| *len >= SPLICE_MIN_BYTES)?;
         let spliced = match from {
-            BodyFrom::Origin(exchange) if is_plain(exchange.session.stream()) => true,
+            BodyFrom::Origin(exchange) if OriginSocket::of(exchange.session.stream()).is_some() => {
+                true
+            }
             BodyFrom::Origin(_) => return None,
             BodyFrom::Cache => false,
         };

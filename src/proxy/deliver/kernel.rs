@@ -13,7 +13,7 @@ use super::super::client_session::client_gone;
 use super::super::context::RequestCtx;
 use super::super::pace::Pacer;
 use super::super::source_body::Pump;
-use super::super::splice::{Pipe, RawSocket, SpliceError, Timeouts, splice};
+use super::super::splice::{OriginSocket, Pipe, RawSocket, SpliceError, Timeouts, splice};
 use crate::cache::{CacheBody, Segment};
 use crate::routes::origin_client::{Exchange, Tries};
 use crate::telemetry::live::LiveGuard;
@@ -173,23 +173,22 @@ async fn splice_exchange(
         *sent += first.len() as u64;
         live.inspect(|live| live.sent(first.len()));
     }
-    let origin =
-        super::super::splice::plain_socket(exchange.session.stream()).ok_or_else(|| {
-            Error::explain(ErrorType::InternalError, "the origin connection cannot be spliced")
-        })?;
+    let origin = OriginSocket::of(exchange.session.stream()).ok_or_else(|| {
+        Error::explain(ErrorType::InternalError, "the origin connection cannot be spliced")
+    })?;
     let mut left = len - *sent;
     let mut delivered = |n: usize| {
         *sent += n as u64;
         live.inspect(|live| live.sent(n));
     };
     let spliced = match pacer.as_mut() {
-        None => splice(&origin, client, pipe, left, timeouts, delivered).await,
+        None => splice(origin, client, pipe, left, timeouts, delivered).await,
         Some(pacer) => {
             let mut spliced = Ok(());
             while left > 0 && spliced.is_ok() {
                 let step = left.min(pacer.step() as u64);
                 pacer.wait(step as usize).await;
-                spliced = splice(&origin, client, pipe, step, timeouts, &mut delivered).await;
+                spliced = splice(origin, client, pipe, step, timeouts, &mut delivered).await;
                 left -= step;
             }
             spliced

@@ -623,6 +623,38 @@ impl Stream {
         }
     }
 
+    /// The TCP socket under this stream, for a caller that reads it directly (e.g. `splice(2)`
+    /// out of it, through tokio's registration of it: `poll_read_ready`, `try_io`), so that it
+    /// need not duplicate and register the descriptor again. `None` for other sockets, and while
+    /// bytes taken from the socket wait in this stream (its read buffer, data put back with
+    /// [`Self::rewind`]): a direct reader would skip them.
+    pub fn tcp_socket(&self) -> Option<&TcpStream> {
+        match self.unbuffered_raw()? {
+            RawStream::Tcp(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The Unix socket under this stream, as [`Self::tcp_socket`].
+    #[cfg(unix)]
+    pub fn unix_socket(&self) -> Option<&UnixStream> {
+        match self.unbuffered_raw()? {
+            RawStream::Unix(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn unbuffered_raw(&self) -> Option<&RawStream> {
+        let read_buffered = match self.stream() {
+            BufferedStream::UnbufferedRead(_) => false,
+            BufferedStream::BufferedRead(reader) => !reader.buffer().is_empty(),
+        };
+        if read_buffered || !self.rewind_read_buf.is_empty() {
+            return None;
+        }
+        Some(&self.stream().get_ref().stream)
+    }
+
     /// Set the read and write buffer sizes
     /// It is only set later because of the malloc overhead in critical accept() path
     pub(crate) fn set_buffer(&mut self, buffer: L4BufferSettings) {
