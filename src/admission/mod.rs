@@ -119,8 +119,8 @@ const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
 /// empty pipes kept for the next spliced bodies.
 const RESERVED_DESCRIPTORS: u64 = 256;
 /// What one client connection may hold: its socket and the client watch's duplicate of it, an
-/// origin connection and the splice's duplicate of it, a splice's pipe (two).
-const DESCRIPTORS_PER_CONNECTION: u64 = 6;
+/// origin connection, a splice's pipe (two).
+const DESCRIPTORS_PER_CONNECTION: u64 = 5;
 /// `max_request_body` when it is not set: larger than the bodies of forms and APIs and than the
 /// parts of an S3 multipart upload as SDKs cut them (8 to 64 MiB), while one request still cannot
 /// tie an origin connection up for an unbounded upload; a route for larger uploads raises it.

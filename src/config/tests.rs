@@ -2358,8 +2358,8 @@ mod listeners {
 
     #[test]
     fn the_default_connection_cap_leaves_room_for_origins_and_files() {
-        assert_eq!(default_max_connections(Some(65_536)), 10_880);
-        assert_eq!(default_max_connections(Some(1024)), 128);
+        assert_eq!(default_max_connections(Some(65_536)), 13_056);
+        assert_eq!(default_max_connections(Some(1024)), 153);
         assert_eq!(default_max_connections(Some(10)), 1, "never none");
         assert_eq!(default_max_connections(None), 1_000_000);
     }
