@@ -7,6 +7,7 @@ pub mod admin;
 pub mod admission;
 pub(crate) mod cache;
 pub(crate) mod client_address;
+pub(crate) mod client_socket;
 pub(crate) mod client_writes;
 pub mod config;
 pub mod fingerprint;

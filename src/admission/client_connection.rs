@@ -5,8 +5,8 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use tracing::debug;
 
 use super::connections::Place;
 use super::{ClientLimits, HEADER_TIMED_OUT, Slot};
+use crate::client_socket::ClientSocket;
 use crate::client_writes::ClientWrites;
 use crate::telemetry::metrics::Metrics;
 
@@ -61,6 +62,8 @@ pub(crate) struct ClientConnection {
     /// What the deliver step needs of its writes: bytes sent aside, the unsent bound, HTTP/2's
     /// writes gathered.
     pub(super) writes: ClientWrites,
+    /// The duplicate of its socket its requests' steps use ([`Self::socket`]).
+    socket: OnceLock<Arc<ClientSocket>>,
 }
 
 impl std::fmt::Debug for ClientConnection {
@@ -92,7 +95,21 @@ impl ClientConnection {
             idle_timer: None,
             metrics: Arc::clone(metrics),
             writes: ClientWrites::new(limits.notsent_lowat),
+            socket: OnceLock::new(),
         }
+    }
+
+    /// A duplicate of the connection's socket, registered with the reactor on its own, for the
+    /// steps of its requests: the client watch, the kernel's ways of a body, the live view. Made
+    /// at the first request that asks and kept for the connection's life, so that a kept-alive
+    /// connection's next requests skip making one (dup, its registration and their undoing: four
+    /// system calls a request).
+    pub(crate) fn socket(&self) -> io::Result<Arc<ClientSocket>> {
+        if let Some(socket) = self.socket.get() {
+            return Ok(Arc::clone(socket));
+        }
+        let socket = Arc::new(ClientSocket::duplicate(self.inner.id())?);
+        Ok(Arc::clone(self.socket.get_or_init(|| socket)))
     }
 
     /// Bounds the socket's unsent bytes while the kernel sends a body, or lifts the bound (see
@@ -416,6 +433,23 @@ mod tests {
     }
 
     /// The clock stops at the header's empty line, however its lines end, and only there.
+    /// A kept-alive connection's requests share one duplicate of its socket, which writes reach
+    /// the peer through, and which closes with the connection.
+    #[tokio::test]
+    async fn the_requests_of_a_connection_share_one_duplicate_of_its_socket() {
+        let (watched, mut peer) = watched_pair();
+        let first = watched.socket().unwrap();
+        let second = watched.socket().unwrap();
+        assert!(Arc::ptr_eq(&first, &second), "a second duplicate");
+        second.write_all(b"through the duplicate", Duration::from_secs(5)).await.unwrap();
+        let mut got = [0u8; 21];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"through the duplicate");
+        let shared = first.shared_fd();
+        drop((first, second, watched));
+        assert_eq!(Arc::strong_count(&shared), 1, "the connection kept its duplicate");
+    }
+
     #[tokio::test]
     async fn a_header_ends_at_its_empty_line_with_crlf_or_bare_lf() {
         let (mut watched, _peer) = watched_pair();

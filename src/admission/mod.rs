@@ -118,7 +118,7 @@ const MIN_NOTSENT_LOWAT: u64 = 16 * 1024;
 /// Descriptors kept aside from the clients' share: listeners, the store, logs, cache files, the
 /// empty pipes kept for the next spliced bodies.
 const RESERVED_DESCRIPTORS: u64 = 256;
-/// What one client connection may hold: its socket and the client watch's duplicate of it, an
+/// What one client connection may hold: its socket and the duplicate it keeps for its requests, an
 /// origin connection, a splice's pipe (two).
 const DESCRIPTORS_PER_CONNECTION: u64 = 5;
 /// `max_request_body` when it is not set: larger than the bodies of forms and APIs and than the

@@ -45,7 +45,7 @@ mod traced;
 mod transform;
 mod transport;
 mod under_way;
-mod unless;
+pub(crate) mod unless;
 
 use std::sync::Arc;
 

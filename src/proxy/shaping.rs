@@ -21,8 +21,8 @@ use super::answer::{ACCEPT_BYTES, answer_without_body, empty_answer, refuse_chan
 use super::client_session::{ClientSession, ClientWatch};
 use super::context::{BodyPlan, RequestCtx};
 use super::hop_by_hop::forwarded;
-use super::splice::RawSocket;
 use crate::cache::{CacheBody, Outcome, OutputWriter, SliceCache, Version};
+use crate::client_socket::ClientSocket;
 use crate::fingerprint::fingerprint;
 use crate::range::{
     Asked, ClientRange, PART_GAP, Shape, body_range, covering, shape_response, validators,
@@ -322,7 +322,7 @@ impl Proxy {
         if let Some(delivery) =
             ctx.identity.delivery(0, false).filter(|d| d.ending != Ending::Parts)
         {
-            let client = watch.socket().map(RawSocket::shared_fd);
+            let client = watch.socket().map(ClientSocket::shared_fd);
             ctx.answer.live = Some(self.live.register(delivery, client));
         }
     }

@@ -9,22 +9,20 @@
 
 use std::io;
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use pingora_core::protocols::Stream;
 use pingora_core::protocols::l4::stream::Stream as L4Stream;
-use rustix::net::RecvFlags;
 use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
 use tokio::net::{TcpStream, UnixStream};
 use tracing::debug;
 
-use super::unless::Unless;
+use crate::client_socket::ClientSocket;
 
 /// The most a pipe holds, and so what one spliced body has in flight between the origin's socket
 /// and the client's; the kernel moves up to this much a call. The largest pipe an unprivileged
@@ -45,166 +43,6 @@ const PIPE_MIN_BYTES: usize = 64 << 10;
 /// ([`pipes_limit`]). As much as nginx buffered in memory holds at 128 connections with the
 /// harness's 16 × 64 KiB buffers.
 const PIPES_MAX_BYTES: usize = 128 << 20;
-
-/// The most one sendfile(2) is asked to send, as nginx's `sendfile_max_chunk`: a call holds the
-/// socket's lock while it copies, and other work of the thread waits. A larger cap saved no CPU
-/// on cache hits (see docs/benchmarks.md, "The sendfile chunk").
-const SENDFILE_BYTES: usize = 2 << 20;
-
-/// A client's socket, which rangeway writes itself and watches for its close, beside the
-/// connection object that owns it.
-#[derive(Debug)]
-pub(super) struct RawSocket {
-    /// A duplicate of the socket, registered with tokio's reactor on its own (the original is
-    /// registered by its owner, and one descriptor cannot be registered twice); shared with the
-    /// live view ([`Self::shared_fd`]).
-    fd: AsyncFd<Arc<OwnedFd>>,
-}
-
-/// A duplicate of the socket `raw`, a live connection's (pingora's session holds it, and the
-/// caller holds the session for longer than this call).
-#[allow(unsafe_code)]
-pub(super) fn duplicate_fd(raw: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: `raw` is open for the length of this call (above); it is only borrowed to be
-    // duplicated, and the duplicate is what the caller owns.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
-    Ok(rustix::io::fcntl_dupfd_cloexec(borrowed, 0)?)
-}
-
-/// Whether the stream is a plain socket: not TLS, and a socket at all — a stream in memory has
-/// no socket digest, and its id names no descriptor of its own.
-pub(super) fn is_plain(stream: Option<&Stream>) -> bool {
-    stream.is_some_and(|s| s.get_ssl_digest().is_none() && s.get_socket_digest().is_some())
-}
-
-impl RawSocket {
-    /// Takes hold of the socket `raw`, owned by a connection that outlives this value.
-    #[allow(unsafe_code)]
-    pub(super) fn duplicate(raw: RawFd) -> io::Result<Self> {
-        let owned = duplicate_fd(raw)?;
-        // SAFETY: an `OwnedFd` is open and names the same description until it is dropped, which
-        // the `AsyncFd` owning it does last.
-        let fd = unsafe { AsyncFd::register(Arc::new(owned)) }.map_err(io::Error::from)?;
-        Ok(Self { fd })
-    }
-
-    /// The duplicate descriptor, for a reader that outlives this value (the live view).
-    pub(super) fn shared_fd(&self) -> Arc<OwnedFd> {
-        Arc::clone(self.fd.get_ref())
-    }
-
-    /// Writes all of `bytes`, each wait for the socket bounded by `timeout`.
-    pub(super) async fn write_all(&self, mut bytes: &[u8], timeout: Duration) -> io::Result<()> {
-        while !bytes.is_empty() {
-            let (written, _) =
-                self.send(bytes.len(), timeout, |fd| Ok(rustix::io::write(fd, bytes)?)).await?;
-            if written == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            bytes = &bytes[written..];
-        }
-        Ok(())
-    }
-
-    /// Sends `len` bytes of `file` from `offset` with sendfile(2): the pages go from the page
-    /// cache to the socket without entering rangeway's memory. Each wait for the socket bounded
-    /// by `timeout`; `delivered` is told of every send.
-    pub(super) async fn send_file(
-        &self,
-        file: &std::fs::File,
-        mut offset: u64,
-        len: u64,
-        timeout: Duration,
-        mut delivered: impl FnMut(usize),
-    ) -> io::Result<()> {
-        let end = offset + len;
-        // Bytes sent since this task last let the thread's other tasks run: a client that takes
-        // all it is sent never makes a send wait, and would otherwise hold the thread for the
-        // whole file while the thread's other downloads wait (as splice, after each pipe-full).
-        let mut since_yield = 0;
-        while offset < end {
-            if since_yield >= SENDFILE_BYTES {
-                since_yield = 0;
-                tokio::task::yield_now().await;
-            }
-            // As much as the socket takes: the kernel sends from the page cache, no buffer here.
-            let want = usize::try_from(end - offset).unwrap_or(usize::MAX).min(SENDFILE_BYTES);
-            let (sent, waited) = self
-                .send(want, timeout, |fd| {
-                    Ok(rustix::fs::sendfile(fd, file, Some(&mut offset), want)?)
-                })
-                .await?;
-            if sent == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            since_yield = if waited { sent } else { since_yield + sent };
-            delivered(sent);
-        }
-        Ok(())
-    }
-
-    /// Waits until the peer closes the connection (its FIN or a reset). Bytes it sends meanwhile
-    /// (a pipelined request, a TLS alert) are left for their reader, and the watch goes on: a
-    /// client that sent its next request and then hung up is gone all the same.
-    pub(super) async fn closed(&self) {
-        loop {
-            let Ok(mut guard) = self.fd.readable().await else { return };
-            if guard.ready().is_read_closed() {
-                return;
-            }
-            let mut byte = [0u8; 1];
-            let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
-            match rustix::net::recv(self.fd.get_ref(), &mut byte, peek) {
-                Ok((_, 0)) => return,
-                Err(e) if e != rustix::io::Errno::WOULDBLOCK => return,
-                // Bytes are waiting for their reader: readiness is edge-triggered, so the next
-                // wake-up is the peer's next bytes or its close, not these bytes again.
-                _ => guard.clear_ready(),
-            }
-        }
-    }
-
-    /// `work`'s outcome, or `Err(())` as soon as the peer closes the connection.
-    pub(super) fn unless_closed<W: Future>(
-        &self,
-        work: W,
-    ) -> Unless<W, impl Future<Output = ()> + '_> {
-        Unless::new(work, self.closed())
-    }
-
-    /// Writes with `op` what the socket takes of `want` bytes, waiting at most `timeout` for room:
-    /// the bytes written, and whether this task had to wait (and so let the thread's others
-    /// run). Fewer than `want` means the socket is full: it is taken for no longer ready, and the
-    /// next write waits for it to have room again rather than first try and fail (as nginx reads
-    /// its events).
-    async fn send(
-        &self,
-        want: usize,
-        timeout: Duration,
-        mut op: impl FnMut(BorrowedFd<'_>) -> io::Result<usize>,
-    ) -> io::Result<(usize, bool)> {
-        let mut waited = false;
-        loop {
-            let ready = std::future::poll_fn(|cx| {
-                let poll = self.fd.poll_write_ready(cx);
-                waited |= poll.is_pending();
-                poll
-            });
-            let ready = tokio::time::timeout(timeout, ready).await;
-            let mut guard = ready.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-            match guard.try_io(|fd| op(fd.get_ref().as_fd())) {
-                Ok(result) => {
-                    // A readiness event that came after the guard's is not cleared (tokio's ticks).
-                    if result.as_ref().is_ok_and(|written| *written < want) {
-                        guard.clear_ready();
-                    }
-                    return result.map(|written| (written, waited));
-                }
-                Err(_would_block) => {}
-            }
-        }
-    }
-}
 
 /// An origin connection's socket, lent by pingora's stream for rangeway's own reads (splice, a
 /// direct body): read through tokio's registration of it, pingora's, so that none is duplicated
@@ -532,7 +370,7 @@ pub(super) struct Timeouts {
 /// the error is returned, so the bytes delivered are exactly the bytes received.
 pub(super) async fn splice(
     from: OriginSocket<'_>,
-    to: &RawSocket,
+    to: &ClientSocket,
     pipe: &mut Pipe,
     len: u64,
     timeouts: Timeouts,
@@ -641,13 +479,13 @@ mod tests {
         client: UnixStream,
         upstream: UnixStream,
         downstream: UnixStream,
-        to: RawSocket,
+        to: ClientSocket,
     }
 
     fn ends() -> Ends {
         let (origin, upstream) = UnixStream::pair().unwrap();
         let (downstream, client) = UnixStream::pair().unwrap();
-        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
+        let to = ClientSocket::duplicate(downstream.as_raw_fd()).unwrap();
         Ends { origin, client, upstream, downstream, to }
     }
 
@@ -922,21 +760,5 @@ mod tests {
         assert_eq!(silent.kind(), io::ErrorKind::TimedOut);
         drop(origin);
         assert!(from.read(10, TIMEOUTS.read).await.unwrap().is_empty());
-    }
-
-    #[tokio::test]
-    async fn write_all_writes_everything() {
-        let (downstream, mut client) = UnixStream::pair().unwrap();
-        let body = pattern(2 * 1024 * 1024);
-        let expected = body.clone();
-        let reader = tokio::spawn(async move {
-            let mut got = Vec::new();
-            client.read_to_end(&mut got).await.unwrap();
-            got
-        });
-        let to = RawSocket::duplicate(downstream.as_raw_fd()).unwrap();
-        to.write_all(&body, TIMEOUTS.write).await.unwrap();
-        drop((to, downstream));
-        assert!(reader.await.unwrap() == expected);
     }
 }

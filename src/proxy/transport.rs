@@ -9,7 +9,8 @@ use pingora_http::ResponseHeader;
 
 use super::client_session::{ClientSession, ClientWatch};
 use super::source_body::UpstreamBody;
-use super::splice::{OriginSocket, Pipe, RawSocket};
+use super::splice::{OriginSocket, Pipe};
+use crate::client_socket::ClientSocket;
 use crate::range::content_length;
 use crate::routes::origin_client::Exchange;
 
@@ -49,9 +50,9 @@ pub(super) enum BodyWay<'w> {
     /// Spliced from the origin's plain socket to the client's through the body's pipe (its share
     /// of the pipe budget, `Pipe::take`), in paced steps on a shaped route; continued as the
     /// relay's where the origin breaks it off.
-    Splice { client: &'w RawSocket, len: u64, pipe: Pipe },
+    Splice { client: &'w ClientSocket, len: u64, pipe: Pipe },
     /// Sent from the slice cache's files to the client's socket.
-    Sendfile { client: &'w RawSocket, len: u64 },
+    Sendfile { client: &'w ClientSocket, len: u64 },
 }
 
 /// Where a relayed answer's body comes from.

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 pin_project_lite::pin_project! {
     /// `work`'s output, or `stop`'s as the error once `stop` resolves first.
-    pub(super) struct Unless<W, S> {
+    pub(crate) struct Unless<W, S> {
         #[pin]
         work: W,
         #[pin]
@@ -18,7 +18,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<W, S> Unless<W, S> {
-    pub(super) fn new(work: W, stop: S) -> Self {
+    pub(crate) fn new(work: W, stop: S) -> Self {
         Self { work, stop }
     }
 }

@@ -5,7 +5,8 @@
 //! A session wrapped: every header the pipeline writes through it gets the field, whichever step
 //! wrote it (an error, a refusal, a body); the rest goes to the session as it is.
 
-use std::os::fd::RawFd;
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,6 +16,7 @@ use pingora_error::Result;
 use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::ClientSession;
+use crate::client_socket::ClientSocket;
 
 /// `session`, whose response headers say `alt_svc` when there is one.
 pub(in crate::proxy) struct AltSvc<'s, S> {
@@ -104,8 +106,8 @@ impl<S: ClientSession> ClientSession for AltSvc<'_, S> {
         self.session.kernel_sends()
     }
 
-    fn connection_fd(&self) -> Option<RawFd> {
-        self.session.connection_fd()
+    fn connection_socket(&self) -> Option<io::Result<Arc<ClientSocket>>> {
+        self.session.connection_socket()
     }
 
     async fn stream_gone(&mut self) {

@@ -7,7 +7,8 @@
 //! The client is the address that made the handshake, whatever address its packets come from
 //! after a migration: its downloads, limits and access line stay one client's.
 
-use std::os::fd::RawFd;
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -19,6 +20,7 @@ use pingora_error::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 
 use super::ClientSession;
+use crate::client_socket::ClientSocket;
 use crate::h3_transport::{Acknowledged, BidiStream, BodyHandoff, StreamHandle};
 
 /// A request's stream, as h3 hands it over.
@@ -272,7 +274,7 @@ impl ClientSession for H3Session {
         false
     }
 
-    fn connection_fd(&self) -> Option<RawFd> {
+    fn connection_socket(&self) -> Option<io::Result<Arc<ClientSocket>>> {
         None
     }
 

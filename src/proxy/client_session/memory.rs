@@ -3,7 +3,8 @@
 //! client that goes away when the test says.
 
 use std::collections::VecDeque;
-use std::os::fd::RawFd;
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use tokio::sync::watch;
 
 use super::ClientSession;
+use crate::client_socket::ClientSocket;
 
 /// A request answered into memory.
 #[derive(Debug)]
@@ -166,7 +168,7 @@ impl ClientSession for MemorySession {
         false
     }
 
-    fn connection_fd(&self) -> Option<RawFd> {
+    fn connection_socket(&self) -> Option<io::Result<Arc<ClientSocket>>> {
         None
     }
 

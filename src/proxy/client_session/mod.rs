@@ -20,13 +20,16 @@ mod watch;
 pub(super) mod memory;
 
 use std::future::Future;
-use std::os::fd::RawFd;
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_error::Result;
 use pingora_http::{RequestHeader, ResponseHeader};
+
+use crate::client_socket::ClientSocket;
 
 pub(crate) use self::h3::{H3Client, H3Session, H3Stream};
 pub(super) use alt_svc::AltSvc;
@@ -102,19 +105,20 @@ pub(super) trait ClientSession: Send + Sync {
     /// The body bytes the response sent: through the writer, and those it was told went past it.
     fn body_bytes_sent(&self) -> u64;
 
-    /// Whether the kernel may send a body to the client's socket ([`Self::connection_fd`]) with
+    /// Whether the kernel may send a body to the client's socket ([`Self::connection_socket`]) with
     /// splice or sendfile: only a plain socket whose bytes sent past the writer can be accounted
     /// for ([`Self::note_sent_aside`]).
     fn kernel_sends(&self) -> bool;
 
     /// The socket of the client's connection when the request has it to itself (HTTP/1, plain or
-    /// TLS): the live view reads what the client took from it, and the client watch sees it
-    /// close. `None` where the connection carries other requests or is no socket: then
-    /// [`Self::stream_gone`] tells when the client goes.
-    fn connection_fd(&self) -> Option<RawFd>;
+    /// TLS), as a duplicate registered with the reactor on its own: the client watch sees it
+    /// close, the kernel's ways send to it, the live view reads what the client took from it.
+    /// `None` where the connection carries other requests or is no socket: then
+    /// [`Self::stream_gone`] tells when the client goes; an error when it cannot be duplicated.
+    fn connection_socket(&self) -> Option<io::Result<Arc<ClientSocket>>>;
 
     /// Resolves once the client has gone — its stream reset, its connection closed — for a
-    /// session without [`Self::connection_fd`]; never where that cannot be told.
+    /// session without [`Self::connection_socket`]; never where that cannot be told.
     fn stream_gone(&mut self) -> impl Future<Output = ()> + Send;
 
     /// `bytes` of the body went out past the writer: the writer's next `bytes` are its account

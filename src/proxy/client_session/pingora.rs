@@ -3,7 +3,8 @@
 //! pingora's `Session` (its downstream modules, none of which rangeway turns on); the kernel's
 //! ways and their accounting are HTTP/1's alone.
 
-use std::os::fd::RawFd;
+use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use pingora_proxy::Session;
 
 use super::ClientSession;
 use crate::admission::ClientConnection;
-use crate::proxy::splice::is_plain;
+use crate::client_socket::{ClientSocket, is_plain};
 
 impl ClientSession for Session {
     fn req_header(&self) -> &RequestHeader {
@@ -110,11 +111,13 @@ impl ClientSession for Session {
         ClientConnection::of(h1.stream()).is_some() && is_plain(Some(h1.stream()))
     }
 
-    fn connection_fd(&self) -> Option<RawFd> {
-        match self.as_downstream() {
-            ServerSession::H1(h1) => Some(h1.stream().id()),
-            _ => None,
-        }
+    fn connection_socket(&self) -> Option<io::Result<Arc<ClientSocket>>> {
+        let ServerSession::H1(h1) = self.as_downstream() else { return None };
+        Some(match ClientConnection::of(h1.stream()) {
+            Some(connection) => connection.socket(),
+            // Over TLS the stream wraps the admission's: a duplicate for this request alone.
+            None => ClientSocket::duplicate(h1.stream().id()).map(Arc::new),
+        })
     }
 
     async fn stream_gone(&mut self) {

@@ -1,11 +1,12 @@
 //! How the pipeline learns that its client went away while the source keeps it waiting.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use pingora_error::{Error, ErrorType};
 
 use super::ClientSession;
-use crate::proxy::splice::RawSocket;
+use crate::client_socket::ClientSocket;
 use crate::proxy::unless::Unless;
 
 /// How the pipeline learns that its client went away while the origin (or the cache's fetch)
@@ -13,7 +14,7 @@ use crate::proxy::unless::Unless;
 /// without a socket of their own), its stream reset or stopped or its connection gone, as the
 /// session tells (`ClientSession::stream_gone`). Dropping the wait drops the origin's request with it.
 pub(in crate::proxy) enum ClientWatch {
-    Socket(RawSocket),
+    Socket(Arc<ClientSocket>),
     Stream,
     /// The socket could not be duplicated.
     Unwatched,
@@ -21,17 +22,18 @@ pub(in crate::proxy) enum ClientWatch {
 
 impl ClientWatch {
     pub(in crate::proxy) fn of(session: &impl ClientSession) -> Self {
-        match session.connection_fd() {
-            Some(fd) => RawSocket::duplicate(fd).map_or(Self::Unwatched, Self::Socket),
+        match session.connection_socket() {
+            Some(Ok(socket)) => Self::Socket(socket),
+            Some(Err(_)) => Self::Unwatched,
             None => Self::Stream,
         }
     }
 
     /// The duplicate of the client's socket it watches, which the kernel's ways of a body send to
-    /// and the live view reads: one duplicate for all three.
-    pub(in crate::proxy) fn socket(&self) -> Option<&RawSocket> {
+    /// and the live view reads: the connection's one for all three.
+    pub(in crate::proxy) fn socket(&self) -> Option<&ClientSocket> {
         match self {
-            Self::Socket(socket) => Some(socket),
+            Self::Socket(socket) => Some(socket.as_ref()),
             Self::Stream | Self::Unwatched => None,
         }
     }

@@ -13,8 +13,9 @@ use super::super::client_session::client_gone;
 use super::super::context::RequestCtx;
 use super::super::pace::Pacer;
 use super::super::source_body::Pump;
-use super::super::splice::{OriginSocket, Pipe, RawSocket, SpliceError, Timeouts, splice};
+use super::super::splice::{OriginSocket, Pipe, SpliceError, Timeouts, splice};
 use crate::cache::{CacheBody, Segment};
+use crate::client_socket::ClientSocket;
 use crate::routes::origin_client::{Exchange, Tries};
 use crate::telemetry::live::LiveGuard;
 
@@ -26,7 +27,7 @@ impl Proxy {
         session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
-        (client, len, mut pipe): (&RawSocket, u64, Pipe),
+        (client, len, mut pipe): (&ClientSocket, u64, Pipe),
         exchange: Exchange,
         pump: Pump,
     ) -> Result<()> {
@@ -43,7 +44,7 @@ impl Proxy {
         session: &mut impl ClientSession,
         ctx: &mut RequestCtx,
         response: ResponseHeader,
-        (client, len): (&RawSocket, u64),
+        (client, len): (&ClientSocket, u64),
         mut body: Box<CacheBody>,
     ) -> Result<()> {
         session.write_header_now(Box::new(response)).await?;
@@ -88,7 +89,7 @@ impl Proxy {
     async fn splice_body(
         &self,
         ctx: &mut RequestCtx,
-        client: &RawSocket,
+        client: &ClientSocket,
         pipe: &mut Pipe,
         len: u64,
         mut exchange: Exchange,
@@ -151,7 +152,7 @@ impl Proxy {
 /// all (`sent` counts them, and so does the live view).
 async fn splice_exchange(
     exchange: &mut Exchange,
-    client: &RawSocket,
+    client: &ClientSocket,
     pipe: &mut Pipe,
     (len, timeouts): (u64, Timeouts),
     mut pacer: Option<&mut Pacer>,
