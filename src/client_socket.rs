@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pingora_core::protocols::Stream;
-use rustix::net::RecvFlags;
 use tokio::io::unix::AsyncFd;
 
 use crate::proxy::unless::Unless;
@@ -117,18 +116,15 @@ impl ClientSocket {
     pub(crate) async fn closed(&self) {
         loop {
             let Ok(mut guard) = self.fd.readable().await else { return };
+            // The peer's FIN or reset is an event of its own that says the read side closed
+            // (EPOLLRDHUP, EPOLLHUP): nothing need be read to tell it from bytes. Any other
+            // readiness is bytes for their reader, or the connection's own request read since
+            // the readiness was set (the duplicate is kept across requests): set aside without a
+            // call, edge-triggered, the next wake-up is the peer's next bytes or its close.
             if guard.ready().is_read_closed() {
                 return;
             }
-            let mut byte = [0u8; 1];
-            let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
-            match rustix::net::recv(self.fd.get_ref(), &mut byte, peek) {
-                Ok((_, 0)) => return,
-                Err(e) if e != rustix::io::Errno::WOULDBLOCK => return,
-                // Bytes are waiting for their reader: readiness is edge-triggered, so the next
-                // wake-up is the peer's next bytes or its close, not these bytes again.
-                _ => guard.clear_ready(),
-            }
+            guard.clear_ready();
         }
     }
 
@@ -178,8 +174,31 @@ impl ClientSocket {
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
-    use tokio::io::AsyncReadExt;
-    use tokio::net::UnixStream;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream, UnixStream};
+
+    /// The watch over a TCP connection's socket, kept across its requests: bytes (a request read
+    /// by its reader since, a pipelined one waiting) are not a close; the peer's FIN is, with
+    /// bytes unread or not.
+    #[tokio::test]
+    async fn only_the_peers_close_ends_the_watch_not_its_bytes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut served, _) = listener.accept().await.unwrap();
+        let watch = ClientSocket::duplicate(served.as_raw_fd()).unwrap();
+        let open_for = |watch| tokio::time::timeout(Duration::from_millis(100), watch);
+        // A request its reader took: the readiness it left is not a close.
+        peer.write_all(b"GET /one HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut request = [0u8; 21];
+        served.read_exact(&mut request).await.unwrap();
+        assert!(open_for(watch.closed()).await.is_err(), "a read request taken for a close");
+        // A pipelined request waiting for its reader is not one either.
+        peer.write_all(b"GET /two HTTP/1.1\r\n\r\n").await.unwrap();
+        assert!(open_for(watch.closed()).await.is_err(), "a waiting request taken for a close");
+        // The peer's FIN is, its request still unread.
+        drop(peer);
+        assert!(open_for(watch.closed()).await.is_ok(), "the close not seen");
+    }
 
     #[tokio::test]
     async fn write_all_writes_everything() {
