@@ -6,6 +6,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pingora_core::protocols::Stream;
@@ -149,13 +150,8 @@ impl ClientSocket {
     ) -> io::Result<(usize, bool)> {
         let mut waited = false;
         loop {
-            let ready = std::future::poll_fn(|cx| {
-                let poll = self.fd.poll_write_ready(cx);
-                waited |= poll.is_pending();
-                poll
-            });
-            let ready = tokio::time::timeout(timeout, ready).await;
-            let mut guard = ready.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+            let mut guard =
+                ready_within(timeout, &mut waited, |cx| self.fd.poll_write_ready(cx)).await?;
             match guard.try_io(|fd| op(fd.get_ref().as_fd())) {
                 Ok(result) => {
                     // A readiness event that came after the guard's is not cleared (tokio's ticks).
@@ -168,6 +164,23 @@ impl ClientSocket {
             }
         }
     }
+}
+
+/// What `poll` gives once ready, waiting at most `timeout`; `waited` is set when it had to wait
+/// (and so let the thread's other tasks run).
+pub(crate) async fn ready_within<T>(
+    timeout: Duration,
+    waited: &mut bool,
+    mut poll: impl FnMut(&mut Context<'_>) -> Poll<io::Result<T>>,
+) -> io::Result<T> {
+    let ready = std::future::poll_fn(|cx| {
+        let ready = poll(cx);
+        *waited |= ready.is_pending();
+        ready
+    });
+    tokio::time::timeout(timeout, ready)
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
 #[cfg(test)]

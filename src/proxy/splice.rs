@@ -22,7 +22,7 @@ use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 use tracing::debug;
 
-use crate::client_socket::ClientSocket;
+use crate::client_socket::{ClientSocket, ready_within};
 
 /// The most a pipe holds, and so what one spliced body has in flight between the origin's socket
 /// and the client's; the kernel moves up to this much a call. The largest pipe an unprivileged
@@ -86,17 +86,11 @@ impl<'s> OriginSocket<'s> {
     ) -> io::Result<(T, bool)> {
         let mut waited = false;
         loop {
-            let ready = std::future::poll_fn(|cx| {
-                let poll = match self {
-                    Self::Tcp(socket) => socket.poll_read_ready(cx),
-                    Self::Unix(socket) => socket.poll_read_ready(cx),
-                };
-                waited |= poll.is_pending();
-                poll
-            });
-            tokio::time::timeout(timeout, ready)
-                .await
-                .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+            ready_within(timeout, &mut waited, |cx| match self {
+                Self::Tcp(socket) => socket.poll_read_ready(cx),
+                Self::Unix(socket) => socket.poll_read_ready(cx),
+            })
+            .await?;
             match self.try_read(&mut op) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 result => return result.map(|value| (value, waited)),
