@@ -16,7 +16,8 @@
 # and two relays that only move bytes (benches/load/floor_relay.c, built here with cc): the floors
 # of any relay, splicing (splice-floor) and copying through a buffer (copy-floor).
 # The proxy under test runs on core PROXY_CPU; origin and wrk on CLIENT_CPU. Each
-# workload runs every target once per repetition, the order rotated each repetition. Results:
+# workload runs every target once per repetition, the order rotated each repetition and
+# reversed every other one. Results:
 # the one summary, benches/results/load-<date>.md (the tables, the machine, the versions, the
 # command), also printed; the raw captures (every run's row in .tsv, the .meta the report is drawn
 # from, the .svg chart, a profile) go to a directory outside the repository, printed at the end.
@@ -537,10 +538,14 @@ for workload in $WORKLOADS; do
     echo "$workload: warm-up (${WARMUP} s per target)"
     for target in "${targets[@]}"; do wrk_run "$workload" "$target" "$WARMUP" > /dev/null; done
     for rep in $(seq "$REPS"); do
-        # Rotate the order each repetition so no target always follows the same neighbour.
+        # Rotate the order each repetition, and run it backwards every other one: rotation alone
+        # has each target follow the same neighbour in all but one position (rangeway right
+        # after rangeway-before), and in one A/B the build run first of the two moved more in
+        # all five repetitions (docs/benchmarks.md, "Known gaps").
         n=${#targets[@]}
         for i in $(seq 0 $((n - 1))); do
-            measure "$workload" "${targets[$(((i + rep - 1) % n))]}" "$rep"
+            ((rep % 2)) && at=$i || at=$((n - 1 - i))
+            measure "$workload" "${targets[$(((at + rep - 1) % n))]}" "$rep"
         done
     done
     # A counting run of each proxy (beside: the counted window would hold only part of the large
