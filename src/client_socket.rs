@@ -1,7 +1,7 @@
 //! The client's socket as rangeway writes it itself — splice and sendfile send to it, the client
 //! watch sees it close, the live view reads what the client took — beside pingora's stream, which
 //! owns it: a duplicate of the descriptor, registered with tokio's reactor on its own, made once a
-//! connection (`ClientConnection::socket`).
+//! connection (`ClientConnection::socket`; over TLS, whose stream wraps that one, once a request).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
@@ -12,7 +12,7 @@ use std::time::Duration;
 use pingora_core::protocols::Stream;
 use tokio::io::unix::AsyncFd;
 
-use crate::proxy::unless::Unless;
+use crate::unless::Unless;
 
 /// The most one sendfile(2) is asked to send, as nginx's `sendfile_max_chunk`: a call holds the
 /// socket's lock while it copies, and other work of the thread waits. A larger cap saved no CPU
@@ -29,16 +29,6 @@ pub(crate) struct ClientSocket {
     fd: AsyncFd<Arc<OwnedFd>>,
 }
 
-/// A duplicate of the socket `raw`, a live connection's (pingora's session holds it, and the
-/// caller holds the session for longer than this call).
-#[allow(unsafe_code)]
-pub(crate) fn duplicate_fd(raw: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: `raw` is open for the length of this call (above); it is only borrowed to be
-    // duplicated, and the duplicate is what the caller owns.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
-    Ok(rustix::io::fcntl_dupfd_cloexec(borrowed, 0)?)
-}
-
 /// Whether the stream is a plain socket: not TLS, and a socket at all — a stream in memory has
 /// no socket digest, and its id names no descriptor of its own.
 pub(crate) fn is_plain(stream: Option<&Stream>) -> bool {
@@ -46,10 +36,13 @@ pub(crate) fn is_plain(stream: Option<&Stream>) -> bool {
 }
 
 impl ClientSocket {
-    /// Takes hold of the socket `raw`, owned by a connection that outlives this value.
+    /// Takes hold of the socket `raw`, owned by a connection that outlives this value (pingora's
+    /// session holds it, and the caller holds the session for longer than this call).
     #[allow(unsafe_code)]
     pub(crate) fn duplicate(raw: RawFd) -> io::Result<Self> {
-        let owned = duplicate_fd(raw)?;
+        // SAFETY: `raw` is open for the length of this call (above); it is only borrowed to be
+        // duplicated, and the duplicate is what this value owns.
+        let owned = rustix::io::fcntl_dupfd_cloexec(unsafe { BorrowedFd::borrow_raw(raw) }, 0)?;
         // SAFETY: an `OwnedFd` is open and names the same description until it is dropped, which
         // the `AsyncFd` owning it does last.
         let fd = unsafe { AsyncFd::register(Arc::new(owned)) }.map_err(io::Error::from)?;

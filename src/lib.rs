@@ -29,4 +29,5 @@ pub mod state;
 pub mod telemetry;
 pub mod tls;
 pub mod traces;
+pub(crate) mod unless;
 pub mod values;

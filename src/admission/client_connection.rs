@@ -432,7 +432,6 @@ mod tests {
         (ClientConnection::new(inner, &test_limits(), None, &Arc::new(Metrics::new())), peer)
     }
 
-    /// The clock stops at the header's empty line, however its lines end, and only there.
     /// A kept-alive connection's requests share one duplicate of its socket, which writes reach
     /// the peer through, and which closes with the connection.
     #[tokio::test]
@@ -450,6 +449,7 @@ mod tests {
         assert_eq!(Arc::strong_count(&shared), 1, "the connection kept its duplicate");
     }
 
+    /// The clock stops at the header's empty line, however its lines end, and only there.
     #[tokio::test]
     async fn a_header_ends_at_its_empty_line_with_crlf_or_bare_lf() {
         let (mut watched, _peer) = watched_pair();

@@ -45,7 +45,6 @@ mod traced;
 mod transform;
 mod transport;
 mod under_way;
-pub(crate) mod unless;
 
 use std::sync::Arc;
 

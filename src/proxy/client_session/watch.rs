@@ -7,7 +7,7 @@ use pingora_error::{Error, ErrorType};
 
 use super::ClientSession;
 use crate::client_socket::ClientSocket;
-use crate::proxy::unless::Unless;
+use crate::unless::Unless;
 
 /// How the pipeline learns that its client went away while the origin (or the cache's fetch)
 /// keeps it waiting: on HTTP/1, plain or TLS, its socket closing; on HTTP/2 and HTTP/3 (sessions
