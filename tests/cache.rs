@@ -707,6 +707,15 @@ fn a_miss_costs_the_origin_one_request() {
     // An answer that varies by a field is kept apart by its values (RFC 9111 §4.1): the cache's
     // request carries the client's field, and each value is its own variant, asked once.
     let varies = proxy.url("/varies.bin");
+    // A miss answers its ten bytes before its slice is whole; until then the variant's next
+    // client joins the fill ("coalesced"), so each miss is waited on until its slice is kept.
+    let variants_kept = || {
+        let listed = get(&proxy.admin_url("/v1/cache?path=/varies.bin"), &[]);
+        let listed: serde_json::Value = serde_json::from_slice(&listed.body).unwrap_or_default();
+        let objects = listed["objects"].as_array().cloned().unwrap_or_default();
+        objects.iter().filter(|o| o["slices"].as_array().is_some_and(|s| !s.is_empty())).count()
+    };
+    let mut misses = 0;
     for (mine, outcome) in [
         (None, "miss"),
         (Some("a"), "miss"),
@@ -726,6 +735,10 @@ fn a_miss_costs_the_origin_one_request() {
         assert_eq!(seen.len(), usize::from(outcome == "miss"), "X-Mine: {mine:?}: {seen:?}");
         if let Some(request) = seen.first() {
             assert_eq!(request.header("x-mine"), mine, "the client's field, as it sent it");
+            misses += 1;
+            support::wait::until("the variant kept", Duration::from_secs(10), || {
+                (variants_kept() == misses).then_some(())
+            });
         }
     }
     // `Vary: *` names no field to keep variants apart by: not kept, its first answer the
