@@ -53,6 +53,8 @@ FLOOR_COPY_KIB=${FLOOR_COPY_KIB:-1024}     # copy-floor: its buffer a connection
 COUNT_SECONDS=${COUNT_SECONDS:-$d_count}   # a counting run per proxy and workload after the timed
                                            #   ones: its system calls (perf stat); 0: none
 STEAL_MAX=${STEAL_MAX:-2}                  # %: the report leaves out runs with more steal
+FRESH=${FRESH:-1}                          # 1: rangeway (and the build before) restarted before
+                                           #   every repetition after the first; 0: one process
 NGINX_BUFFERS=${NGINX_BUFFERS:-16 64k}     # nginx-buffered: proxy_buffers (per connection)
 HAPROXY_SPLICE=${HAPROXY_SPLICE:-0}        # 1: haproxy with option splice-auto (kernel splicing)
 PROXY_CPU=${PROXY_CPU:-0}                  # core of the proxy under test
@@ -103,7 +105,7 @@ command_line+=" WRK_THREADS=$WRK_THREADS WRK_TIMEOUT=$WRK_TIMEOUT${PROFILE:+ PRO
 command_line+="${RANGEWAY_BIN:+ RANGEWAY_BIN=$RANGEWAY_BIN}${RANGEWAY_SERVER:+ RANGEWAY_SERVER='$RANGEWAY_SERVER'}"
 command_line+="${SYSTEM_NOTSENT_LOWAT:+ SYSTEM_NOTSENT_LOWAT=$SYSTEM_NOTSENT_LOWAT}"
 command_line+="${BEFORE_BIN:+ BEFORE_BIN=$BEFORE_BIN}"
-command_line+=" FLOOR_PIPE_KIB=$FLOOR_PIPE_KIB FLOOR_COPY_KIB=$FLOOR_COPY_KIB COUNT_SECONDS=$COUNT_SECONDS STEAL_MAX=$STEAL_MAX"
+command_line+=" FLOOR_PIPE_KIB=$FLOOR_PIPE_KIB FLOOR_COPY_KIB=$FLOOR_COPY_KIB COUNT_SECONDS=$COUNT_SECONDS STEAL_MAX=$STEAL_MAX FRESH=$FRESH"
 command_line+=" bash benches/load/run.sh"
 
 # ---- tools, build -----------------------------------------------------------------------------
@@ -531,6 +533,37 @@ measure() {
         printf "\n" }'
 }
 
+# Two processes of one build, in one run, differed by 4 % in MB/s and 18 % in p99, each way in
+# two runs of the same A/A (docs/benchmarks.md, "Known gaps"): something a process keeps for its
+# life sets its pace. So rangeway and the build before start afresh for every repetition after
+# the first (not under callgrind, whose profile is one process's), warmed up as at the start,
+# and a repetition's pair compares two new processes.
+fresh_rangeways() { # WORKLOAD
+    ((FRESH)) && [[ $PROFILE != callgrind ]] || return 0
+    local pid
+    for pid in "$rangeway_pid" $before_pid; do
+        kill -TERM "$pid"
+        wait "$pid" 2>/dev/null || true
+    done
+    RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "$bin" serve \
+        --config "$work/rangeway.toml" >>"$work/rangeway.log" 2>&1
+    rangeway_pid=$last_pid
+    pid_of[rangeway]=$rangeway_pid pid_of[rangeway-aes]=$rangeway_pid pid_of[rangeway-gzip1]=$rangeway_pid
+    wait_port "$rangeway_port" 10
+    if [[ -n $BEFORE_BIN ]]; then
+        RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "$BEFORE_BIN" serve \
+            --config "$work/rangeway-before.toml" >>"$work/rangeway-before.log" 2>&1
+        before_pid=$last_pid
+        pid_of[rangeway-before]=$before_pid
+        wait_port "$before_port" 10
+    fi
+    local target
+    for target in "${targets[@]}"; do
+        [[ $target == rangeway* ]] && wrk_run "$1" "$target" "$WARMUP" > /dev/null
+    done
+    return 0
+}
+
 start_uptime=$(uptime)
 echo "machine before: $start_uptime"
 for workload in $WORKLOADS; do
@@ -538,10 +571,11 @@ for workload in $WORKLOADS; do
     echo "$workload: warm-up (${WARMUP} s per target)"
     for target in "${targets[@]}"; do wrk_run "$workload" "$target" "$WARMUP" > /dev/null; done
     for rep in $(seq "$REPS"); do
+        ((rep == 1)) || fresh_rangeways "$workload"
         # Rotate the order each repetition, and run it backwards every other one: rotation alone
         # has each target follow the same neighbour in all but one position (rangeway right
         # after rangeway-before), and in one A/B the build run first of the two moved more in
-        # all five repetitions (docs/benchmarks.md, "Known gaps").
+        # all five repetitions (benches/results/load-2026-12-07-1344.md).
         n=${#targets[@]}
         for i in $(seq 0 $((n - 1))); do
             ((rep % 2)) && at=$i || at=$((n - 1 - i))
