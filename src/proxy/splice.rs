@@ -372,8 +372,9 @@ pub(super) async fn splice(
 ) -> Result<(), SpliceError> {
     let mut left = len;
     let mut upstream_error = None;
-    // Bytes moved since this task last let the thread's other tasks run.
-    let mut since_yield = 0;
+    // Bytes moved since this task last let the thread's other tasks run. A body starts by
+    // letting them (its origin's socket is already readable: the header came through it).
+    let mut since_yield = pipe.capacity();
     while left > 0 || pipe.holds > 0 {
         // While both sockets keep up, nothing here waits: the other connections of this thread
         // get their turn after each pipe-full, as they would between pingora's reads.
@@ -455,6 +456,8 @@ pub(super) async fn splice(
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::UnixStream;
 
@@ -584,6 +587,31 @@ mod tests {
         drop(pipe);
         assert_eq!(idle(), 0);
         assert_eq!(BUDGET.pipes.load(Ordering::Relaxed), 0);
+    }
+
+    /// A body whose origin is readable from the start still lets the thread's other tasks run
+    /// before its first bytes: on a busy thread, each response's start is a turn for the others.
+    #[tokio::test]
+    async fn a_body_lets_the_threads_other_tasks_run_before_its_first_bytes() {
+        let Ends { mut origin, client: _client, upstream, downstream: _d, to } = ends();
+        origin.write_all(&pattern(1000)).await.unwrap();
+        // Known readable, as a pooled origin's socket is after its header was read through it.
+        upstream.readable().await.unwrap();
+        let other_ran = Arc::new(AtomicBool::new(false));
+        // Spawned, not run: a current-thread runtime runs it only when this task yields.
+        tokio::spawn({
+            let other_ran = Arc::clone(&other_ran);
+            async move { other_ran.store(true, Ordering::Relaxed) }
+        });
+        static BUDGET: PipeBudget = PipeBudget::new(PIPE_MAX_BYTES);
+        let mut pipe = Pipe::take_from(&BUDGET).unwrap();
+        let mut ran_before_first = None;
+        splice(OriginSocket::Unix(&upstream), &to, &mut pipe, 1000, TIMEOUTS, |_| {
+            ran_before_first.get_or_insert(other_ran.load(Ordering::Relaxed));
+        })
+        .await
+        .unwrap();
+        assert_eq!(ran_before_first, Some(true));
     }
 
     #[test]
