@@ -533,9 +533,9 @@ measure() {
         printf "\n" }'
 }
 
-# Two processes of one build, in one run, differed by 4 % in MB/s and 18 % in p99, each way in
-# two runs of the same A/A (docs/benchmarks.md, "Known gaps"): something a process keeps for its
-# life sets its pace. So rangeway and the build before start afresh for every repetition after
+# Two processes of one build, in one run, differed as much as the changes being measured, and
+# each way in two runs of the same A/A (docs/benchmarks.md, "Known gaps"): something a process
+# keeps for its life sets its pace. So rangeway and the build before start afresh for every repetition after
 # the first (not under callgrind, whose profile is one process's), warmed up as at the start,
 # and a repetition's pair compares two new processes.
 fresh_rangeways() { # WORKLOAD
