@@ -118,9 +118,7 @@ fn a_cold_range_fetches_its_slices_only_and_what_was_fetched_is_served_again() {
     assert!(proxy.metric("rangeway_transport_total", "transport=\"sendfile\"") >= 1);
 
     // What the admin API says is cached, and a purge.
-    let listed = get(&proxy.admin_url("/v1/cache?path=/big.bin"), &[]);
-    assert_eq!(listed.status, 200);
-    let listed: serde_json::Value = serde_json::from_slice(&listed.body).expect("json");
+    let listed = proxy.cache_listing("path=/big.bin");
     let slices = listed["objects"][0]["slices"].as_array().map(Vec::len);
     assert_eq!(slices, Some(11), "{listed}");
     let purged = support::http::request(
@@ -441,9 +439,8 @@ fn many_small_objects_stay_within_both_bounds() {
     // Within a block per entry of what du finds.
     assert!(metric_bytes.abs_diff(du) <= 4096 * entries, "the metric {metric_bytes}, du {du}");
     // What was evicted was evicted whole: a version's folder with its metadata and slice.
-    let listed = get(&proxy.admin_url("/v1/cache?prefix=/small.bin"), &[]);
-    let listed: serde_json::Value = serde_json::from_slice(&listed.body).expect("json");
-    let kept = listed["objects"].as_array().map_or(0, Vec::len) as u64;
+    let kept =
+        proxy.cache_listing("prefix=/small.bin")["objects"].as_array().map_or(0, Vec::len) as u64;
     assert!(kept > 0 && kept * 3 <= entries, "{kept} objects kept in {entries} entries");
     // What is kept is served without asking the origin.
     let url = proxy.url("/small.bin?z=again");
@@ -652,8 +649,7 @@ fn a_miss_costs_the_origin_one_request() {
     assert_eq!((first.status, &first.body[..]), (206, &object[100..200]));
     assert_eq!(asked().len(), 1);
     support::wait::until("the whole object kept", Duration::from_secs(10), || {
-        let listed = get(&proxy.admin_url("/v1/cache?path=/ignores.bin"), &[]);
-        let listed: serde_json::Value = serde_json::from_slice(&listed.body).ok()?;
+        let listed = proxy.cache_listing("path=/ignores.bin");
         (listed["objects"][0]["slices"].as_array().map(Vec::len) == Some(6)).then_some(())
     });
     for (spec, bytes) in [
@@ -710,10 +706,9 @@ fn a_miss_costs_the_origin_one_request() {
     // A miss answers its ten bytes before its slice is whole; until then the variant's next
     // client joins the fill ("coalesced"), so each miss is waited on until its slice is kept.
     let variants_kept = || {
-        let listed = get(&proxy.admin_url("/v1/cache?path=/varies.bin"), &[]);
-        let listed: serde_json::Value = serde_json::from_slice(&listed.body).unwrap_or_default();
-        let objects = listed["objects"].as_array().cloned().unwrap_or_default();
-        objects.iter().filter(|o| o["slices"].as_array().is_some_and(|s| !s.is_empty())).count()
+        let listed = proxy.cache_listing("path=/varies.bin");
+        let objects = listed["objects"].as_array().into_iter().flatten();
+        objects.filter(|o| o["slices"].as_array().is_some_and(|s| !s.is_empty())).count()
     };
     let mut misses = 0;
     for (mine, outcome) in [

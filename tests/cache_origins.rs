@@ -14,7 +14,7 @@ use support::clients::sha256_hex;
 use support::data::test_bytes;
 use support::http::{RawRequest, Response, get, head};
 use support::origin::{Behaviour, Origin};
-use support::proxy::{Proxy, cache_config};
+use support::proxy::{Instance, Proxy, cache_config};
 use support::tmp::TempDir;
 
 const MIB: usize = 1024 * 1024;
@@ -84,8 +84,7 @@ fn every_kind_of_origin_is_cached_with_one_request_a_miss() {
 /// Waits until the cache holds `path` whole: as many slices as its length takes.
 fn kept_whole(proxy: &Proxy, path: &str, len: usize) {
     support::wait::until("the whole object kept", Duration::from_secs(10), || {
-        let listed = get(&proxy.admin_url(&format!("/v1/cache?path={path}")), &[]);
-        let listed: serde_json::Value = serde_json::from_slice(&listed.body).ok()?;
+        let listed = proxy.cache_listing(&format!("path={path}"));
         let object = &listed["objects"][0];
         let slice = object["slice_size"].as_u64().filter(|size| *size > 0)?;
         let slices = object["slices"].as_array().map(Vec::len)? as u64;

@@ -18,7 +18,7 @@ use support::http::{Response, get, head, head_until};
 use support::multipart::parts;
 use support::origin::{Behaviour, Origin};
 use support::ports::free_port;
-use support::proxy::{Proxy, ProxyProcess};
+use support::proxy::{Instance, Proxy, ProxyProcess};
 use support::s3::{ACCESS_KEY, S3Server, SECRET_KEY, credentials_file};
 use support::tls::TestPki;
 use support::tmp::TempDir;
@@ -613,8 +613,7 @@ fn an_s3_route_through_the_slice_cache() {
     assert_eq!(tail.header("x-rangeway-cache"), Some("miss"));
     let whole = get(&url, &[]);
     assert!(whole.body == object);
-    let listed = get(&proxy.admin_url("/v1/cache?path=/s3/cached/obj.bin"), &[]);
-    let listed: serde_json::Value = serde_json::from_slice(&listed.body).expect("json");
+    let listed = proxy.cache_listing("path=/s3/cached/obj.bin");
     assert_eq!(listed["objects"][0]["slices"].as_array().map(Vec::len), Some(4), "{listed}");
     assert_eq!(proxy.metric("rangeway_cache_fill_failures_total", ""), 0);
     let served = proxy.metric("rangeway_cache_served_bytes_total", "");

@@ -105,6 +105,13 @@ pub(crate) trait Instance {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     }
+
+    /// What the admin API lists of the cache for `query` (`path=…` or `prefix=…`): its JSON
+    /// (`{"objects": [...]}`), or null when the answer is not JSON.
+    fn cache_listing(&self, query: &str) -> serde_json::Value {
+        let listed = super::http::get(&self.admin_url(&format!("/v1/cache?{query}")), &[]);
+        serde_json::from_slice(&listed.body).unwrap_or_default()
+    }
 }
 
 impl Instance for Proxy {
