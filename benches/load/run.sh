@@ -194,8 +194,15 @@ rangeway_toml "$rangeway_port" > "$work/rangeway.toml"
 # when rangeway exits, which the report step arranges.
 rangeway_wrapper=()
 [[ $PROFILE == callgrind ]] && rangeway_wrapper=(valgrind --tool=callgrind -q --callgrind-out-file="$work/callgrind.out")
-RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "${rangeway_wrapper[@]}" "$bin" serve \
-    --config "$work/rangeway.toml" >"$work/rangeway.log" 2>&1
+# start_rangeway NAME BIN [WRAPPER...]: BIN serving NAME.toml, pinned with the proxies, logging
+# to NAME.log, run through WRAPPER if given; its pid in $last_pid.
+start_rangeway() {
+    local name=$1 binary=$2
+    shift 2
+    RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "$@" "$binary" serve \
+        --config "$work/$name.toml" >>"$work/$name.log" 2>&1
+}
+start_rangeway rangeway "$bin" "${rangeway_wrapper[@]}"
 rangeway_pid=$last_pid
 
 # ---- the build before a change, beside it ------------------------------------------------------
@@ -204,8 +211,7 @@ if [[ -n $BEFORE_BIN ]]; then
     before_port=$(free_port)
     rangeway_toml "$before_port" > "$work/rangeway-before.toml"
     "$BEFORE_BIN" check --config "$work/rangeway-before.toml" >/dev/null
-    RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "$BEFORE_BIN" serve \
-        --config "$work/rangeway-before.toml" >"$work/rangeway-before.log" 2>&1
+    start_rangeway rangeway-before "$BEFORE_BIN"
     before_pid=$last_pid
     PROXIES="rangeway-before $PROXIES"
 fi
@@ -545,14 +551,12 @@ fresh_rangeways() { # WORKLOAD
         kill -TERM "$pid"
         wait "$pid" 2>/dev/null || true
     done
-    RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "$bin" serve \
-        --config "$work/rangeway.toml" >>"$work/rangeway.log" 2>&1
+    start_rangeway rangeway "$bin"
     rangeway_pid=$last_pid
     pid_of[rangeway]=$rangeway_pid pid_of[rangeway-aes]=$rangeway_pid pid_of[rangeway-gzip1]=$rangeway_pid
     wait_port "$rangeway_port" 10
     if [[ -n $BEFORE_BIN ]]; then
-        RUST_LOG=warn start_bg "${on_proxy_cpu[@]}" "$BEFORE_BIN" serve \
-            --config "$work/rangeway-before.toml" >>"$work/rangeway-before.log" 2>&1
+        start_rangeway rangeway-before "$BEFORE_BIN"
         before_pid=$last_pid
         pid_of[rangeway-before]=$before_pid
         wait_port "$before_port" 10
