@@ -20,6 +20,9 @@
 # SERVER_B='client_notsent_lowat = 0' adds a second rangeway to the hits, with that line in its
 # [server] section: an A/B of a setting in the same run. BEFORE_BIN=PATH adds the rangeway binary
 # at PATH (the build before a change), with the same config: an A/B of a change in the same run.
+# SYSTEM_NOTSENT_LOWAT=131072 (root) sets net.ipv4.tcp_notsent_lowat on the whole machine for the
+# run: every server's sockets then bound their unsent bytes as rangeway's client sockets do
+# (`client_notsent_lowat`), the sendfile floor's and nginx's included.
 #
 # Every answer is checked before anything is timed: a whole download through each cache, and the
 # cold clients' ranges, against the object's bytes.
@@ -34,8 +37,10 @@ COLD_CLIENTS=${COLD_CLIENTS:-100}
 PROXY_CPU=${PROXY_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 PARTS=${PARTS:-1 3 2}
+SYSTEM_NOTSENT_LOWAT=${SYSTEM_NOTSENT_LOWAT:-}
 source benches/lib.sh
 bench_setup rangeway-cache-bench
+[[ -z $SYSTEM_NOTSENT_LOWAT ]] || system_notsent_lowat "$SYSTEM_NOTSENT_LOWAT"
 
 mkdir -p "$work/root" "$work/origin"
 fill_object "$work/root/hot.bin" $((SIZE_MIB << 20))

@@ -62,6 +62,14 @@ bench_summary() {
     exec > >(tee -a "$summary")
     summary_tee=$!
 }
+# system_notsent_lowat BYTES: net.ipv4.tcp_notsent_lowat set to BYTES on the whole machine (root)
+# for the rest of the bench, on every socket of every process; the system's value is restored on
+# exit, before the servers are stopped (bench_cleanup still sees the run's exit status).
+system_notsent_lowat() {
+    system_lowat=$(sysctl -n net.ipv4.tcp_notsent_lowat)
+    sysctl -qw net.ipv4.tcp_notsent_lowat="$1"
+    trap 'status=$?; sysctl -qw net.ipv4.tcp_notsent_lowat="$system_lowat"; (exit $status); bench_cleanup' EXIT
+}
 bench_cleanup() {
     local status=$? p f
     # On failure, the servers' own words are the quickest diagnosis: show their logs' tails.

@@ -119,12 +119,7 @@ bench_init rangeway-load --no-summary
 # The floors: one C source, two modes, built with the system's compiler for this run.
 command -v cc >/dev/null || { echo "the floors need a C compiler: apt-get install gcc" >&2; exit 2; }
 cc -O2 -Wall -Wextra -Werror -o "$work/floor-relay" benches/load/floor_relay.c
-if [[ -n $SYSTEM_NOTSENT_LOWAT ]]; then
-    system_lowat=$(sysctl -n net.ipv4.tcp_notsent_lowat)
-    sysctl -qw net.ipv4.tcp_notsent_lowat="$SYSTEM_NOTSENT_LOWAT"
-    # Restored before the servers are stopped; bench_cleanup still sees the run's exit status.
-    trap 'status=$?; sysctl -qw net.ipv4.tcp_notsent_lowat="$system_lowat"; (exit $status); bench_cleanup' EXIT
-fi
+[[ -z $SYSTEM_NOTSENT_LOWAT ]] || system_notsent_lowat "$SYSTEM_NOTSENT_LOWAT"
 case $PROFILE in
     '') ;;
     perf | counts | kernel | client) command -v perf >/dev/null || { echo "PROFILE=$PROFILE: no perf (apt-get install linux-perf)" >&2; exit 2; } ;;
