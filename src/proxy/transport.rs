@@ -65,8 +65,8 @@ enum BodyFrom<'a> {
 }
 
 /// The smallest body spliced. Chosen, not measured: setting a splice up takes a few system calls
-/// (the origin socket's duplicate, its registration and their undoing; a pipe when none is kept),
-/// and a body below it is read in a few chunks anyway.
+/// (a pipe made and sized when none is kept, the bytes that came with the header written on their
+/// own), and a body below it is read in a few chunks anyway.
 const SPLICE_MIN_BYTES: u64 = 256 * 1024;
 
 impl<'w> BodyWay<'w> {
