@@ -536,19 +536,22 @@ measure() {
 
 # Two processes of one build, in one run, differed as much as the changes being measured, and
 # each way in two runs of the same A/A (docs/benchmarks.md, "Known gaps"): something a process
-# keeps for its life sets its pace. So rangeway and the build before start afresh for every repetition after
-# the first (not under callgrind, whose profile is one process's), warmed up as at the start,
-# and a repetition's pair compares two new processes.
+# keeps for its life sets its pace. So rangeway and the build before start afresh for every
+# repetition after the first (not under callgrind, whose profile is one process's), warmed up as
+# at the start, and a repetition's pair compares two new processes.
 fresh_rangeways() { # WORKLOAD
     ((FRESH)) && [[ $PROFILE != callgrind ]] || return 0
-    local pid
+    local pid target old=$rangeway_pid
     for pid in "$rangeway_pid" $before_pid; do
         kill -TERM "$pid"
         wait "$pid" 2>/dev/null || true
     done
     start_rangeway rangeway "$bin"
     rangeway_pid=$last_pid
-    pid_of[rangeway]=$rangeway_pid pid_of[rangeway-aes]=$rangeway_pid pid_of[rangeway-gzip1]=$rangeway_pid
+    # Every target served by that process (its routes) is served by the new one.
+    for target in "${!pid_of[@]}"; do
+        [[ ${pid_of[$target]} != "$old" ]] || pid_of[$target]=$rangeway_pid
+    done
     wait_port "$rangeway_port" 10
     if [[ -n $BEFORE_BIN ]]; then
         start_rangeway rangeway-before "$BEFORE_BIN"
@@ -556,7 +559,6 @@ fresh_rangeways() { # WORKLOAD
         pid_of[rangeway-before]=$before_pid
         wait_port "$before_port" 10
     fi
-    local target
     for target in "${targets[@]}"; do
         [[ $target == rangeway* ]] && wrk_run "$1" "$target" "$WARMUP" > /dev/null
     done
