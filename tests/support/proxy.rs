@@ -106,11 +106,17 @@ pub(crate) trait Instance {
             .sum()
     }
 
-    /// What the admin API lists of the cache for `query` (`path=…` or `prefix=…`): its JSON
-    /// (`{"objects": [...]}`), or null when the answer is not JSON.
+    /// What the admin API lists of the cache for `query` (`path=…` or `prefix=…`): its JSON,
+    /// `{"objects": [...]}`.
     fn cache_listing(&self, query: &str) -> serde_json::Value {
         let listed = super::http::get(&self.admin_url(&format!("/v1/cache?{query}")), &[]);
-        serde_json::from_slice(&listed.body).unwrap_or_default()
+        assert_eq!(
+            listed.status,
+            200,
+            "/v1/cache?{query}: {}",
+            String::from_utf8_lossy(&listed.body)
+        );
+        serde_json::from_slice(&listed.body).expect("the cache listing is JSON")
     }
 }
 
