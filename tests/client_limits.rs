@@ -119,6 +119,27 @@ fn a_get_or_head_with_a_body_is_refused_and_its_connection_closed() {
     assert_eq!(origin.requests().len(), 1);
 }
 
+/// A request header that is not HTTP is answered 400 — dated now, as every answer is (RFC 9110
+/// §6.6.1) — on a connection that ends there, the origin never asked.
+#[test]
+fn a_header_that_is_not_http_is_answered_400_dated_now() {
+    let origin = Origin::start();
+    let proxy = proxy(&origin, "");
+    let mut stream = TcpStream::connect(proxy.addr()).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream.write_all(b"GET /a.bin HTTP/1.1\r\nHost x\r\n\r\n").expect("write");
+    let answer = String::from_utf8_lossy(&read_to_close(&mut stream)).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    let date = answer
+        .lines()
+        .find_map(|line| line.strip_prefix("Date: ").or_else(|| line.strip_prefix("date: ")))
+        .unwrap_or_else(|| panic!("no Date: {answer}"));
+    let date = httpdate::parse_http_date(date).expect("an HTTP date");
+    let off = date.elapsed().unwrap_or_default();
+    assert!(off < Duration::from_secs(60), "dated {off:?} ago: {answer}");
+    assert!(origin.requests().is_empty());
+}
+
 #[test]
 fn one_address_holds_at_most_its_connections() {
     let origin = Origin::start();

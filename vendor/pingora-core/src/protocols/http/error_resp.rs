@@ -27,8 +27,6 @@ pub fn gen_error_response(code: u16) -> ResponseHeader {
     let mut resp = ResponseHeader::build(code, Some(4)).unwrap();
     resp.insert_header(header::SERVER, &SERVER_NAME[..])
         .unwrap();
-    resp.insert_header(header::DATE, "Sun, 06 Nov 1994 08:49:37 GMT")
-        .unwrap(); // placeholder
     resp.insert_header(header::CONTENT_LENGTH, "0").unwrap();
     resp.insert_header(header::CACHE_CONTROL, "private, no-store")
         .unwrap();
