@@ -14,11 +14,16 @@
 # instruction per byte here, so copies weigh more than they cost on the CPU.
 #
 #   OBJECT_MIB=10 CONC=4 bash benches/load/instructions.sh   (~8 min)
+#   CACHE_SIM=1 bash benches/load/instructions.sh              (~8 min)
 #
 # counts per MiB relayed instead, of an OBJECT_MIB object: rangeway splicing it (a route with
 # `cache = false`), rangeway answering it from its slice cache (a warm hit, sent with sendfile),
 # and pingora alone copying it. The kernel's part of a splice or a sendfile is not counted: these
 # are rangeway's own instructions, what a change to its body path moves.
+#
+# CACHE_SIM=1 runs valgrind's cache model too (`--cache-sim=yes`) and prints each small request's
+# first-level misses, instruction and data: where a request's CPU time goes beyond its
+# instruction count (a machine without hardware counters, as a VM often is, has no other).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DURATION=${DURATION:-15}
@@ -26,6 +31,7 @@ CONC=${CONC:-50}
 TOP=${TOP:-25}
 BEFORE_BIN=${BEFORE_BIN:-}   # a rangeway binary of the build before a change, counted the same way
 OBJECT_MIB=${OBJECT_MIB:-}   # per MiB of a large object instead (above)
+CACHE_SIM=${CACHE_SIM:-0}    # 1: first-level cache misses a small request too (above)
 
 source benches/lib.sh
 small_request_setup rangeway-instructions
@@ -40,12 +46,14 @@ if [[ -n $OBJECT_MIB ]]; then
 fi
 
 # count NAME PORT PATHS CMD...: prints "requests bytes instructions" for CMD under callgrind, for
-# each of PATHS (space-separated) in turn, its counters zeroed after a warm-up of each.
+# each of PATHS (space-separated) in turn, its counters zeroed after a warm-up of each; with
+# CACHE_SIM=1, then its first-level instruction and data cache misses.
 count() {
-    local name=$1 port=$2 paths=$3
+    local name=$1 port=$2 paths=$3 sim=()
     shift 3
-    RUST_LOG=warn start_bg valgrind --tool=callgrind -q --callgrind-out-file="$work/$name.out" "$@" \
-        >"$work/$name.log" 2>&1
+    ((CACHE_SIM)) && sim=(--cache-sim=yes)
+    RUST_LOG=warn start_bg valgrind --tool=callgrind "${sim[@]}" -q \
+        --callgrind-out-file="$work/$name.out" "$@" >"$work/$name.log" 2>&1
     local pid=$last_pid dump=0
     wait_port "$port" 180
     for path in $paths; do
@@ -56,8 +64,10 @@ count() {
             "http://127.0.0.1:$port$path" | sed -n 's/^WRK requests=\([0-9]*\) bytes=\([0-9]*\).*/\1 \2/p')
         callgrind_control -d "$pid" >/dev/null
         dump=$((dump + 1))
-        echo "$result $(callgrind_annotate "$work/$name.out.$dump" |
-            awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')"
+        # The totals' columns with the cache model: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw, each
+        # followed by its share.
+        echo "$result $(callgrind_annotate "$work/$name.out.$dump" | awk '/PROGRAM TOTALS/ {
+            gsub(",", ""); if (NF > 4) print $1, $7, $9 + $11; else print $1 }')"
     done
     kill "$pid"
     wait "$pid" 2>/dev/null || true
@@ -89,15 +99,15 @@ if [[ -n $OBJECT_MIB ]]; then
 fi
 
 echo "rangeway under callgrind: ${DURATION} s at $CONC connections..."
-read -r rangeway_requests _ rangeway_total < <(count rangeway "$rangeway_port" /small.bin \
+read -r rangeway_requests _ rangeway_total rangeway_i1 rangeway_d1 < <(count rangeway "$rangeway_port" /small.bin \
     "$release/rangeway" serve --config "$work/rangeway.toml")
 if [[ -n $BEFORE_BIN ]]; then
     echo "the build before under callgrind: ${DURATION} s at $CONC connections..."
-    read -r before_requests _ before_total < <(count rangeway-before "$rangeway_port" /small.bin \
+    read -r before_requests _ before_total before_i1 before_d1 < <(count rangeway-before "$rangeway_port" /small.bin \
         "$BEFORE_BIN" serve --config "$work/rangeway.toml")
 fi
 echo "pingora alone under callgrind: ${DURATION} s at $CONC connections..."
-read -r pingora_requests _ pingora_total < <(count pingora "$pingora_port" /small.bin \
+read -r pingora_requests _ pingora_total pingora_i1 pingora_d1 < <(count pingora "$pingora_port" /small.bin \
     "$release/examples/pingora-floor" "127.0.0.1:$pingora_port" "127.0.0.1:$origin_port")
 
 rangeway_per=$((rangeway_total / rangeway_requests))
@@ -110,6 +120,15 @@ echo "  rangeway's own  $((rangeway_per - pingora_per))"
 if [[ -n $BEFORE_BIN ]]; then
     before_per=$((before_total / before_requests))
     echo "  the build before $before_per   ($before_requests requests; its own $((before_per - pingora_per)))"
+fi
+if ((CACHE_SIM)); then
+    echo
+    echo "first-level cache misses per request (valgrind's cache model), instruction and data:"
+    echo "  rangeway        $((rangeway_i1 / rangeway_requests))  $((rangeway_d1 / rangeway_requests))"
+    echo "  pingora alone   $((pingora_i1 / pingora_requests))  $((pingora_d1 / pingora_requests))"
+    if [[ -n $BEFORE_BIN ]]; then
+        echo "  the build before $((before_i1 / before_requests))  $((before_d1 / before_requests))"
+    fi
 fi
 echo
 echo "rangeway's functions, inclusive instructions per request:"
