@@ -3,17 +3,14 @@
 //! bridged into it; and, with traces on, the bridge that makes rangeway's trace spans
 //! OpenTelemetry's (see `traces`).
 
-use std::fmt;
 use std::io::IsTerminal;
 
-use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Metadata, Subscriber};
+use tracing::{Level, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::{FilterExt as _, LevelFilter, Targets};
-use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt as _};
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::{Layer, SubscriberExt as _};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-use crate::admission::HEADER_TIMED_OUT;
 use crate::traces;
 
 /// `[log]`.
@@ -67,85 +64,14 @@ fn subscriber(
             .with_tracked_inactivity(false)
             .with_filter(spans)
     });
-    tracing_subscriber::registry()
-        .with(lines.with_filter(logged.and(SlowClientsUnlogged)))
-        .with(bridge)
-}
-
-/// Drops pingora's ERROR line for a connection cut because its request header was too slow (see
-/// `admission`): one per connection, so its volume would be in the hands of whoever opens slow
-/// connections. They are counted instead, and logged by rangeway at debug.
-pub struct SlowClientsUnlogged;
-
-impl<S: Subscriber> Filter<S> for SlowClientsUnlogged {
-    fn enabled(&self, _: &Metadata<'_>, _: &Context<'_, S>) -> bool {
-        true
-    }
-
-    // No level of its own: the log's stays its `EnvFilter`'s (`And` keeps the lower of the two),
-    // so `log` records above it are refused before they are made.
-    fn max_level_hint(&self) -> Option<LevelFilter> {
-        Some(LevelFilter::TRACE)
-    }
-
-    fn event_enabled(&self, event: &Event<'_>, _: &Context<'_, S>) -> bool {
-        // pingora's line comes through the `log` bridge, whose events carry its target in a
-        // field rather than in the metadata: the message alone tells them, as rangeway itself
-        // never logs it at ERROR.
-        if *event.metadata().level() != Level::ERROR {
-            return true;
-        }
-        let mut message = MessageMentions { needle: HEADER_TIMED_OUT, found: false };
-        event.record(&mut message);
-        !message.found
-    }
-}
-
-/// Whether an event's message mentions `needle`.
-struct MessageMentions {
-    needle: &'static str,
-    found: bool,
-}
-
-impl Visit for MessageMentions {
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if field.name() == "message" {
-            self.found |= format!("{value:?}").contains(self.needle);
-        }
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.found |= value.contains(self.needle);
-        }
-    }
+    tracing_subscriber::registry().with(lines.with_filter(logged)).with(bridge)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use tracing_subscriber::Registry;
+    use tracing_subscriber::filter::LevelFilter;
 
     use super::*;
-
-    /// Keeps the messages of the events it sees.
-    #[derive(Clone, Default)]
-    struct Seen(Arc<Mutex<Vec<String>>>);
-
-    impl<S: Subscriber> Layer<S> for Seen {
-        fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-            struct Message(String);
-            impl Visit for Message {
-                fn record_debug(&mut self, _: &Field, value: &dyn fmt::Debug) {
-                    self.0.push_str(&format!("{value:?}"));
-                }
-            }
-            let mut message = Message(String::new());
-            event.record(&mut message);
-            self.0.lock().unwrap().push(message.0);
-        }
-    }
 
     /// The log's level is the most any layer wants: `log` records above it (pingora's debug
     /// lines) are refused by the `log` crate before they are made.
@@ -160,21 +86,5 @@ mod tests {
             let on = subscriber(EnvFilter::new("warn"), format, Some(tracer));
             assert_eq!(on.max_level_hint(), Some(LevelFilter::INFO), "the trace spans are INFO");
         }
-    }
-
-    #[test]
-    fn only_pingoras_error_for_a_slow_header_is_dropped() {
-        let seen = Seen::default();
-        let subscriber = Registry::default().with(seen.clone().with_filter(SlowClientsUnlogged));
-        tracing::subscriber::with_default(subscriber, || {
-            let slow = format!("Downstream ReadError cause: {HEADER_TIMED_OUT} (10s)");
-            tracing::error!(target: "pingora_proxy", "Fail to proxy: {slow}");
-            tracing::error!(target: "pingora_proxy", "Fail to proxy: Downstream ReadError");
-            tracing::warn!(target: "pingora_proxy", "{slow}");
-            tracing::error!(target: "rangeway", "something else went wrong");
-        });
-        let seen = seen.0.lock().unwrap().clone();
-        assert_eq!(seen.len(), 3, "{seen:?}");
-        assert!(seen.iter().all(|m| !m.starts_with("Fail to proxy: Downstream ReadError cause")));
     }
 }

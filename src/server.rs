@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::fingerprint::{FingerprintKey, IdKeySource};
 use crate::h3::H3Service;
 use crate::origin::dir::{self, DirOrigin};
-use crate::proxy::Proxy;
+use crate::proxy::{Proxy, ProxyApp};
 use crate::routes::health::HealthChecks;
 use crate::routes::upstream::{
     HttpUpstream, ReplicaSpec, Timeouts, TlsSettings, Upstream, UpstreamError, UpstreamKind,
@@ -180,13 +180,11 @@ pub fn build(
 
     let routes_in_force = Arc::clone(&routes);
     server.add_service(background_service("health checks", HealthChecks::new(Arc::clone(&routes))));
-    let mut proxy = pingora_proxy::http_proxy(&server.configuration, proxy);
-    proxy.h2_options = Some(h2_options());
     // HTTP/1's idle wait is timed by the admission's wrapper; HTTP/2's, with no stream open, by
     // pingora's accept loop (which then drops the connection).
     let mut server_options = pingora_core::apps::HttpServerOptions::default();
     server_options.h2_idle_timeout = Some(config.server.client_limits.keepalive_timeout);
-    proxy.server_options = Some(server_options);
+    let proxy = ProxyApp::new(proxy, h2_options(), server_options);
     let admission = Admission::new(proxy, config.server.client_limits, Arc::clone(&metrics))
         .with_proxy_protocol(config.server.proxy_protocol);
     // The TLS listeners: plain TCP to pingora, the handshake made by the admission (within the

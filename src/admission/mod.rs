@@ -103,11 +103,11 @@ const FULL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/pla
 charset=utf-8\r\ncontent-length: 28\r\nretry-after: 1\r\nconnection: close\r\n\r\ntoo many \
 connections open\n";
 
-/// What a connection cut for its slow header is told, and logged with. pingora logs such a
-/// connection at ERROR, which would put the log's volume in the hands of whoever opens slow
-/// connections: the binary's log drops pingora's line for them (they are counted, in
-/// `rangeway_client_connections_refused_total{reason="header_timeout"}`).
-pub const HEADER_TIMED_OUT: &str = "the request header took longer than client_header_timeout";
+/// What a connection cut for its slow header is told, and logged with at debug only: at a higher
+/// level the log's volume would be in the hands of whoever opens slow connections (they are
+/// counted, in `rangeway_client_connections_refused_total{reason="header_timeout"}`).
+pub(crate) const HEADER_TIMED_OUT: &str =
+    "the request header took longer than client_header_timeout";
 
 /// A socket that queues no more than this unsent pushes its bytes out in the call that writes
 /// them rather than leaving it to the ACKs (docs/benchmarks.md, "The unsent bound"); eight times

@@ -37,10 +37,10 @@ pub(super) enum BodyPlan {
 }
 
 /// Per-request state: what the whole request carries, and what each step of the pipeline left
-/// for the steps after it and for `record` (which pingora calls with the context only). Each
-/// step's facts are its own type, in its own module.
+/// for the steps after it and for `record`. Each step's facts are its own type, in its own
+/// module.
 #[derive(Debug)]
-pub struct RequestCtx {
+pub(super) struct RequestCtx {
     pub(super) started: Instant,
     /// The client as admit's `client_address` found it (`None` off TCP, a Unix socket).
     pub(super) client: Option<crate::client_address::Client>,

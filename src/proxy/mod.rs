@@ -1,4 +1,5 @@
-//! The proxy: rangeway's request pipeline, behind pingora's `ProxyHttp` as a thin adapter.
+//! The proxy: rangeway's request pipeline, and the HTTP application pingora's listeners run it
+//! as (app.rs).
 //!
 //! pingora reads the request header and hands the session — to the steps a `ClientSession`
 //! (client_session/), their one view of the client, which another listener can implement — to
@@ -9,8 +10,8 @@
 //! broken body continued) → shape (shape.rs, shaping.rs: the RFC 9110 answer; a transformed
 //! representation the cache keeps becomes the source's body) → deliver (deliver/: the body's way
 //! chosen once, transport.rs; each chunk through the stages and cut, transform.rs; the body
-//! written, spliced or sent from the cache's files) → record (record.rs, from pingora's
-//! `logging`: the store, the metrics, the trace, the access line). A method other than GET and
+//! written, spliced or sent from the cache's files) → record (record.rs: the store, the metrics,
+//! the trace, the access line). A method other than GET and
 //! HEAD that its route lets through takes the pass-through way after admit (pass_through.rs:
 //! its body streamed to the origin, the answer delivered). pingora's own proxying never runs.
 //! Each way an answer can take is followed step by step in `LIFECYCLE.md` beside this file;
@@ -18,6 +19,7 @@
 
 mod admit;
 mod answer;
+mod app;
 mod client_session;
 mod completion;
 mod context;
@@ -48,12 +50,8 @@ mod under_way;
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use http::Method;
-use pingora_core::modules::http::HttpModules;
-use pingora_core::upstreams::peer::HttpPeer;
-use pingora_error::{Error, ErrorType, Result};
-use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use pingora_error::Result;
 use rangeway_middleware::rfc9110::RangeLimits;
 use tracing::Instrument as _;
 
@@ -69,11 +67,13 @@ use crate::telemetry::live::LiveResponses;
 use crate::telemetry::metrics::Metrics;
 use crate::traces::Traces;
 use client_session::H3Session;
-use client_session::{AltSvc, ClientSession, ClientWatch, answer_pipelined};
+use client_session::{ClientSession, ClientWatch};
 pub(crate) use client_session::{H3Client, H3Stream};
 use completion::Completions;
 use context::RequestCtx;
 use traced::{RequestTrace, request_span};
+
+pub use app::ProxyApp;
 
 /// The proxy, built once from config and shared by every request. A clone shares all it keeps
 /// (its tables and counts are behind `Arc`s): pingora's listeners answer through one, the
@@ -172,7 +172,7 @@ impl Proxy {
 impl Proxy {
     /// Answers the request: its way through the pipeline's steps. Every step but the last may
     /// answer it itself (a refusal, an error), and the rest is skipped; `record` follows in any
-    /// case, from pingora's `logging`.
+    /// case (`ProxyApp`, `answer_h3`).
     async fn answer(&self, session: &mut impl ClientSession, ctx: &mut RequestCtx) -> Result<()> {
         if let Some(traces) = &self.traces {
             ctx.trace = traces.start(&session.req_header().headers).map(RequestTrace::new);
@@ -231,58 +231,5 @@ impl Proxy {
         session.end(whole).await;
         self.record(&session, answered.err().as_deref(), &mut ctx).await;
         session.acknowledged()
-    }
-}
-
-#[async_trait]
-impl ProxyHttp for Proxy {
-    /// Boxed: pingora keeps the context in every response's future, which it boxes and moves
-    /// (a copy of the whole future per request), and the context was a large part of it (see
-    /// docs/benchmarks.md, "Boxed futures").
-    type CTX = Box<RequestCtx>;
-
-    fn init_downstream_modules(&self, _modules: &mut HttpModules) {
-        // None: pingora's default is a compression module switched off, which rangeway (whose
-        // codings are stages of a route's chain) never switches on; it cost every request a
-        // box and a look at its Accept-Encoding.
-    }
-
-    fn new_ctx(&self) -> Self::CTX {
-        Box::default()
-    }
-
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
-        answer_pipelined(session);
-        self.answer(&mut AltSvc::new(session, self.alt_svc.as_ref()), ctx).await?;
-        Ok(true)
-    }
-
-    async fn upstream_peer(
-        &self,
-        _session: &mut Session,
-        _ctx: &mut Self::CTX,
-    ) -> Result<Box<HttpPeer>> {
-        // Required by pingora, never called: every request is answered in `request_filter`.
-        Err(Error::explain(ErrorType::InternalError, "rangeway relays every request itself"))
-    }
-
-    fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {
-        // `logging` writes one line per request, errors included, at the right level.
-        true
-    }
-
-    async fn fail_to_proxy(
-        &self,
-        session: &mut Session,
-        e: &Error,
-        ctx: &mut Self::CTX,
-    ) -> FailToProxy {
-        let mut session = AltSvc::new(session, self.alt_svc.as_ref());
-        let (status, reusable) = self.answer_failure(&mut session, e, ctx).await;
-        FailToProxy { error_code: status, can_reuse_downstream: reusable }
-    }
-
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
-        self.record(session, e, ctx).await;
     }
 }

@@ -1,7 +1,6 @@
 //! [`ClientSession`] for pingora's sessions, HTTP/1 (plain or TLS, on rangeway's
-//! `ClientConnection`) and HTTP/2: the one place the pipeline names them. Writes go through
-//! pingora's `Session` (its downstream modules, none of which rangeway turns on); the kernel's
-//! ways and their accounting are HTTP/1's alone.
+//! `ClientConnection`) and HTTP/2: the one place the pipeline names them. The kernel's ways and
+//! their accounting are HTTP/1's alone.
 
 use std::io;
 use std::sync::Arc;
@@ -12,41 +11,40 @@ use pingora_core::protocols::http::{HttpTask, ServerSession};
 use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
-use pingora_proxy::Session;
 
 use super::ClientSession;
 use crate::admission::ClientConnection;
 use crate::client_socket::{ClientSocket, is_plain};
 
-impl ClientSession for Session {
+impl ClientSession for ServerSession {
     fn req_header(&self) -> &RequestHeader {
-        self.as_downstream().req_header()
+        self.req_header()
     }
 
     fn peer(&self) -> Option<&SocketAddr> {
-        self.as_downstream().client_addr()
+        self.client_addr()
     }
 
     fn is_tls(&self) -> bool {
-        self.as_downstream().digest().is_some_and(|d| d.ssl_digest.is_some())
+        self.digest().is_some_and(|d| d.ssl_digest.is_some())
     }
 
     fn version(&self) -> http::Version {
-        self.as_downstream().req_header().version
+        self.req_header().version
     }
 
     async fn read_body(&mut self) -> Result<Option<Bytes>> {
-        self.as_downstream_mut().read_request_body().await
+        self.read_request_body().await
     }
 
     fn request_body_done(&mut self) -> bool {
-        self.as_downstream_mut().is_body_done()
+        self.is_body_done()
     }
 
     /// HTTP/1 only: an HTTP/2 client's body is sent under the stream's flow control, and
     /// pingora's HTTP/2 session takes no interim answer.
     async fn write_continue(&mut self) -> Result<()> {
-        match self.as_downstream_mut() {
+        match self {
             ServerSession::H1(h1) => h1.write_continue_response().await,
             _ => Ok(()),
         }
@@ -54,7 +52,7 @@ impl ClientSession for Session {
 
     async fn write_interim(&mut self, header: Box<ResponseHeader>) -> Result<()> {
         let http_11 = self.req_header().version == http::Version::HTTP_11;
-        match self.as_downstream_mut() {
+        match self {
             ServerSession::H1(h1) if http_11 => h1.write_response_header(header).await,
             ServerSession::H2(h2) => h2.write_response_header(header, false),
             _ => Ok(()),
@@ -62,15 +60,15 @@ impl ClientSession for Session {
     }
 
     fn set_write_timeout(&mut self, timeout: Duration) {
-        self.as_downstream_mut().set_write_timeout(Some(timeout));
+        self.set_write_timeout(Some(timeout));
     }
 
     fn close_after_response(&mut self) {
-        self.as_downstream_mut().set_keepalive(None);
+        self.set_keepalive(None);
     }
 
-    async fn write_header(&mut self, header: Box<ResponseHeader>, end: bool) -> Result<()> {
-        self.write_response_header(header, end).await
+    async fn write_header(&mut self, header: Box<ResponseHeader>, _end: bool) -> Result<()> {
+        self.write_response_header(header).await
     }
 
     /// pingora buffers a header with a Content-Length until body bytes follow, and offers no
@@ -78,7 +76,7 @@ impl ClientSession for Session {
     /// and quit").
     async fn write_header_now(&mut self, header: Box<ResponseHeader>) -> Result<()> {
         const FLUSHED: ErrorType = ErrorType::Custom("HeaderFlushed");
-        let ServerSession::H1(h1) = self.as_downstream_mut() else {
+        let ServerSession::H1(h1) = self else {
             return Err(Error::explain(
                 ErrorType::InternalError,
                 "splicing to a client not on HTTP/1",
@@ -93,26 +91,30 @@ impl ClientSession for Session {
     }
 
     async fn write_body(&mut self, body: Option<Bytes>, end: bool) -> Result<()> {
-        self.write_response_body(body, end).await
+        match body {
+            Some(body) => self.write_response_body(body, end).await,
+            None if end => self.write_response_body(Bytes::new(), true).await,
+            None => Ok(()),
+        }
     }
 
     /// The final answer's: pingora keeps a `100 Continue` written before it as the header
     /// written, which no answer would follow were it taken for one.
     fn response_written(&self) -> Option<&ResponseHeader> {
-        self.as_downstream().response_written().filter(|header| !header.status.is_informational())
+        self.response_written().filter(|header| !header.status.is_informational())
     }
 
     fn body_bytes_sent(&self) -> u64 {
-        self.as_downstream().body_bytes_sent() as u64
+        self.body_bytes_sent() as u64
     }
 
     fn kernel_sends(&self) -> bool {
-        let ServerSession::H1(h1) = self.as_downstream() else { return false };
+        let ServerSession::H1(h1) = self else { return false };
         ClientConnection::of(h1.stream()).is_some() && is_plain(Some(h1.stream()))
     }
 
     fn connection_socket(&self) -> Option<io::Result<Arc<ClientSocket>>> {
-        let ServerSession::H1(h1) = self.as_downstream() else { return None };
+        let ServerSession::H1(h1) = self else { return None };
         Some(match ClientConnection::of(h1.stream()) {
             Some(connection) => connection.socket(),
             // Over TLS the stream wraps the admission's: a duplicate for this request alone.
@@ -121,7 +123,7 @@ impl ClientSession for Session {
     }
 
     async fn stream_gone(&mut self) {
-        match self.as_downstream_mut() {
+        match self {
             ServerSession::H2(h2) => {
                 // Its reason does not matter: the stream will not take an answer.
                 let _ = h2.idle().await;
@@ -154,16 +156,16 @@ impl ClientSession for Session {
 }
 
 /// The admission wrapper of an HTTP/1 session's connection (HTTP/2's streams share theirs).
-fn connection(session: &Session) -> Option<&ClientConnection> {
-    let ServerSession::H1(h1) = session.as_downstream() else { return None };
+fn connection(session: &ServerSession) -> Option<&ClientConnection> {
+    let ServerSession::H1(h1) = session else { return None };
     ClientConnection::of(h1.stream())
 }
 
 /// Readies `session` to be answered: on HTTP/1, requests a client pipelines on its connection
 /// are answered in turn (RFC 9112 §9.3.2), where pingora would close the connection after the
 /// first and drop the others.
-pub(in crate::proxy) fn answer_pipelined(session: &mut Session) {
-    if let ServerSession::H1(h1) = session.as_downstream_mut() {
+pub(in crate::proxy) fn answer_pipelined(session: &mut ServerSession) {
+    if let ServerSession::H1(h1) = session {
         h1.set_pipelining_enabled(true);
     }
 }
