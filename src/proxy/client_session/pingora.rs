@@ -67,6 +67,8 @@ impl ClientSession for ServerSession {
         self.set_keepalive(None);
     }
 
+    /// `end` is not pingora's to be told: it frames the body from the header itself, and ends it
+    /// with the body's last write or the session's `finish`.
     async fn write_header(&mut self, header: Box<ResponseHeader>, _end: bool) -> Result<()> {
         self.write_response_header(header).await
     }
