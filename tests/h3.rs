@@ -808,10 +808,20 @@ fn zero_rtt_is_refused_by_default_and_only_get_and_head_ride_it_when_on() {
     assert!(accepted, "0-RTT not taken while on: {}", seen.run);
     assert_eq!(seen.answers[0]["status"], 200, "{}", seen.run);
     assert_eq!(read(&out), object);
+    // A POST is early while the handshake is not confirmed when its stream is taken; once it is,
+    // the request is the route's to answer (RFC 8470 §5.1: a server may wait for the handshake),
+    // here 405, POST not being its method. Which a try meets is timing: a few tries meet the first.
     let post = serde_json::json!({ "path": "/obj.bin", "method": "POST" }).to_string();
-    let (seen, accepted) = zero_rtt(&pki, addr, &[post]);
-    assert!(accepted, "{}", seen.run);
-    assert_eq!(seen.answers[0]["status"], 425, "{}", seen.run);
+    let mut statuses = Vec::new();
+    while statuses.len() < 5 && !statuses.contains(&Some(425)) {
+        let (seen, accepted) = zero_rtt(&pki, addr, std::slice::from_ref(&post));
+        assert!(accepted, "{}", seen.run);
+        let status = seen.answers[0]["status"].as_u64();
+        assert!(matches!(status, Some(425 | 405)), "{}", seen.run);
+        statuses.push(status);
+    }
+    assert!(statuses.contains(&Some(425)), "no POST in 0-RTT data refused: {statuses:?}");
+    assert!(origin.requests().iter().all(|r| r.method != "POST"), "a POST reached the origin");
 }
 
 #[test]
