@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use support::clients::{CLIENT_TIMEOUT, run};
 use support::data::test_bytes;
+use support::http::{Connection, RawRequest};
 use support::origin::{Behaviour, Origin};
 use support::proxy::{Instance, ProxyProcess};
 use support::tmp::TempDir;
@@ -90,6 +91,24 @@ fn sigterm_on_an_idle_rangeway_exits_at_once_and_sigint_during_a_drain_cuts_it_s
     busy.wait_exit(Duration::from_secs(5)).expect("SIGINT cuts the drain short");
     assert!(interrupted.elapsed() < Duration::from_secs(5));
     assert!(!download.join().expect("the download thread").success(), "that download was cut");
+}
+
+/// A kept-alive connection waiting for its next request holds nothing: the drain ends at once
+/// and closes it, not after its idle timeout or the grace period.
+#[test]
+fn sigterm_closes_kept_alive_connections_between_requests() {
+    let origin = Origin::start();
+    origin.put("/obj.bin", test_bytes(4096, 43));
+    let mut proxy = ProxyProcess::start_with(&route(&origin), GRACE, &[]);
+    let mut kept = Connection::open(proxy.addr()).expect("connect");
+    let answer = kept.send(&RawRequest::get("/obj.bin")).expect("an answer");
+    assert_eq!(answer.status, 200);
+    let signalled = Instant::now();
+    proxy.signal("TERM");
+    assert!(kept.closed_within(Duration::from_secs(5)).expect("read"), "still open");
+    let status = proxy.wait_exit(Duration::from_secs(5)).expect("exits once the drain is done");
+    assert!(status.success(), "{status}");
+    assert!(signalled.elapsed() < Duration::from_secs(10), "{:?}", signalled.elapsed());
 }
 
 /// Waits until `proxy` has a response in flight.

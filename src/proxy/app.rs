@@ -9,7 +9,6 @@
 //! request; see docs/benchmarks.md, "Rangeway's own HTTP application".
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use http::Method;
@@ -20,7 +19,6 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::http::v2::server::H2Options;
 use pingora_core::server::ShutdownWatch;
 use pingora_error::ErrorType;
-use tokio::sync::Notify;
 use tracing::debug;
 
 use super::Proxy;
@@ -33,32 +31,26 @@ pub struct ProxyApp {
     proxy: Proxy,
     h2_options: H2Options,
     server_options: HttpServerOptions,
-    /// Set when the service stops; `stopped` wakes the connections waiting for their next
-    /// request, which then close.
-    stopping: AtomicBool,
-    stopped: Notify,
 }
 
 impl ProxyApp {
     pub fn new(proxy: Proxy, h2_options: H2Options, server_options: HttpServerOptions) -> Self {
-        Self {
-            proxy,
-            h2_options,
-            server_options,
-            stopping: AtomicBool::new(false),
-            stopped: Notify::new(),
-        }
+        Self { proxy, h2_options, server_options }
     }
 
     /// Reads `session`'s request header: false when there is none to answer — the connection
     /// closed or broke, its header was refused (400, or 405 for CONNECT, whose tunnel rangeway
-    /// does not make and whose framing it would misread), or the service is stopping.
-    async fn read_request(&self, session: &mut ServerSession) -> bool {
+    /// does not make and whose framing it would misread), or the server is stopping (a
+    /// kept-alive connection waiting for its next request then closes).
+    async fn read_request(session: &mut ServerSession, shutdown: &ShutdownWatch) -> bool {
+        // pingora's watch, whose waits tokio spreads over several locks: connections waiting on
+        // every thread do not all take one.
+        let mut stopping = shutdown.clone();
         let read = tokio::select! {
             // A request already read is answered, stopping or not.
             biased;
             read = session.read_request() => read,
-            () = self.stopping() => return false,
+            _ = stopping.wait_for(|stopping| *stopping) => return false,
         };
         let refusal = match read {
             Ok(true) if session.req_header().method == Method::CONNECT => Some(405),
@@ -79,15 +71,6 @@ impl ProxyApp {
         session.shutdown().await;
         false
     }
-
-    /// Returns once the service is stopping.
-    async fn stopping(&self) {
-        // Made first: `notify_waiters` wakes a `Notified` made before it, polled or not.
-        let stopped = self.stopped.notified();
-        if !self.stopping.load(Ordering::Acquire) {
-            stopped.await;
-        }
-    }
 }
 
 #[async_trait]
@@ -97,7 +80,7 @@ impl HttpServerApp for ProxyApp {
         mut session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        if !self.read_request(&mut session).await {
+        if !Self::read_request(&mut session, shutdown).await {
             return None;
         }
         if *shutdown.borrow() {
@@ -121,11 +104,6 @@ impl HttpServerApp for ProxyApp {
         let settings = HttpPersistentSettings::for_session(&session);
         let reused = session.finish().await.ok().flatten()?;
         Some(ReusedHttpStream::from_reusable_stream(reused, settings))
-    }
-
-    async fn http_cleanup(&self) {
-        self.stopping.store(true, Ordering::Release);
-        self.stopped.notify_waiters();
     }
 
     fn server_options(&self) -> Option<&HttpServerOptions> {
