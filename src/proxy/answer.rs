@@ -253,27 +253,27 @@ pub(super) fn error_kind(e: &Error) -> &'static str {
 
 impl Proxy {
     /// Answers a request the pipeline failed with `e`, unless its header went out already or
-    /// its client is gone: the status the failure is counted with (0: none), and whether the
-    /// connection may carry the client's next request — only after a whole error answer. Cut
-    /// short after its header, a response ends its connection (nothing else frames its end).
+    /// its client is gone: whether the connection may carry the client's next request — only
+    /// after a whole error answer. Cut short after its header, a response ends its connection
+    /// (nothing else frames its end).
     pub(super) async fn answer_failure(
         &self,
         session: &mut impl ClientSession,
         e: &Error,
         ctx: &RequestCtx,
-    ) -> (u16, bool) {
+    ) -> bool {
         let (status, message) = error_answer(e);
         if status == 0 || session.response_written().is_some() {
             session.close_after_response();
-            return (status, false);
+            return false;
         }
         let status_code = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
         match respond(session, status_code, message, &[]).await {
-            Ok(()) => (status, true),
+            Ok(()) => true,
             Err(write_error) => {
                 info!(route = ctx.identity.route_name(), error = %write_error, "could not send the error answer");
                 session.close_after_response();
-                (status, false)
+                false
             }
         }
     }

@@ -94,7 +94,7 @@ impl HttpServerApp for ProxyApp {
         let client = &mut AltSvc::new(&mut session, self.proxy.alt_svc.as_ref());
         let failed = self.proxy.answer(client, &mut ctx).await.err();
         let reusable = match &failed {
-            Some(e) => self.proxy.answer_failure(client, e, &ctx).await.1,
+            Some(e) => self.proxy.answer_failure(client, e, &ctx).await,
             None => true,
         };
         self.proxy.record(&session, failed.as_deref(), &mut ctx).await;

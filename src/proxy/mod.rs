@@ -223,10 +223,7 @@ impl Proxy {
         };
         let whole = match &answered {
             Ok(()) => true,
-            Err(e) => {
-                let (_, answered) = self.answer_failure(&mut session, e, &ctx).await;
-                answered
-            }
+            Err(e) => self.answer_failure(&mut session, e, &ctx).await,
         };
         session.end(whole).await;
         self.record(&session, answered.err().as_deref(), &mut ctx).await;
